@@ -1,0 +1,1 @@
+"""Rollout: inference engines, versioned (partial) trajectories and agent environments."""

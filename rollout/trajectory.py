@@ -1,0 +1,73 @@
+"""The unit of data between rollout and training: a versioned trajectory.
+
+Every token carries the policy version that produced it and its inference-side log-prob ``mu``;
+prompt and environment (tool) tokens carry ``version = -1``, ``logp_mu = 0`` and
+``loss_mask = False`` and are never trained on (ARCHITECTURE §3). Plain Python lists: it crosses
+process boundaries through Ray and stays free of torch.
+"""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+NO_VERSION = -1
+
+
+class TrajectoryStatus(StrEnum):
+    """How a trajectory ended."""
+
+    FINISHED = "finished"  # the episode ended (answer given, or the environment closed it)
+    TRUNCATED = "truncated"  # hit task.maxNewTokens without an answer (reward as the task says)
+    ABORTED = "aborted"  # cut off for good (shutdown, error); never trained on, always counted
+
+
+@dataclass
+class Trajectory:
+    """One episode: prompt + agent tokens + environment tokens, aligned per token.
+
+    All per-token lists have length ``len(tokens)`` (``T``).
+    """
+
+    traj_id: str
+    group_id: str  # trajectories of one prompt share it (GRPO group)
+    task: str
+    tokens: list[int]
+    prompt_len: int
+    loss_mask: list[bool]  # True = sampled by the agent, trained on
+    versions: list[int]  # version that generated each token; NO_VERSION for prompt/env tokens
+    logp_mu: list[float]  # inference-side log-prob of each sampled token; 0.0 elsewhere
+    turn_ids: list[int]  # assistant turn index of each sampled token; -1 elsewhere
+    reward: float = 0.0
+    success: bool = False
+    status: TrajectoryStatus = TrajectoryStatus.FINISHED
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        for name in ("loss_mask", "versions", "logp_mu", "turn_ids"):
+            got = len(getattr(self, name))
+            if got != n:
+                raise ValueError(f"Trajectory {self.traj_id}: {name} has {got} entries, tokens has {n}")
+
+    @property
+    def sampled_versions(self) -> list[int]:
+        """Versions of the trained (agent-sampled) tokens."""
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
+
+    @property
+    def min_version(self) -> int:
+        """Oldest version among sampled tokens (NO_VERSION if there are none)."""
+        vs = self.sampled_versions
+        return min(vs) if vs else NO_VERSION
+
+    @property
+    def max_version(self) -> int:
+        """Newest version among sampled tokens (NO_VERSION if there are none)."""
+        vs = self.sampled_versions
+        return max(vs) if vs else NO_VERSION
+
+    @property
+    def is_partial(self) -> bool:
+        """True when the sampled tokens span more than one version (a partial rollout)."""
+        vs = self.sampled_versions
+        return bool(vs) and min(vs) != max(vs)
