@@ -67,6 +67,7 @@ class _Converter:
 
     def convert(self, node: dict[str, Any], model: type[BaseModel] | None = None) -> dict[str, Any]:
         node = dict(node)
+        out: dict[str, Any]
         description = node.pop("description", None)
         if "$ref" in node:
             name = node.pop("$ref").rsplit("/", 1)[-1]
@@ -96,7 +97,7 @@ class _Converter:
             if description:
                 out["description"] = description
             return out
-        out: dict[str, Any] = {}
+        out = {}
         if description:
             out["description"] = description
         if model is not None and getattr(model, "crd_scalar_shorthand", False):

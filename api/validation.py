@@ -98,7 +98,7 @@ def problems_from(exc: ValidationError) -> list[SpecProblem]:
     """Turn a pydantic error into one :class:`SpecProblem` per failing field."""
     seen: dict[tuple[str, str], None] = {}
     for err in exc.errors():
-        seen.setdefault(_describe(err), None)
+        seen.setdefault(_describe(dict(err)), None)
     # A union field (e.g. decay: number | 'auto') reports each branch; keep the clearest one.
     out: list[SpecProblem] = []
     paths: set[str] = set()
