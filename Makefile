@@ -1,7 +1,7 @@
 # Two entry points a newcomer needs: `make run` (the embedded default job) and `make test`.
 # Both create .venv on first use. torch is installed first and pinned to the CPU build this
 # platform provides, so no multi-GB CUDA build is pulled in.
-PY ?= python3.11
+PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
