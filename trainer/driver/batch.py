@@ -1,0 +1,138 @@
+"""GRPO advantages and batch assembly: groups of trajectories -> padded ``[B, T]`` tensors.
+
+Advantage (DeepSeekMath GRPO, with the group mean as baseline):
+
+    A_i = r_i - mean_{j in group(i)} r_j                      (normalize_std = False)
+    A_i = (r_i - mean_j r_j) / (std_j r_j + eps)              (normalize_std = True)
+
+``std`` is the population standard deviation of the group's rewards (``unbiased=False``), so a
+group of identical rewards has ``A = 0`` either way and contributes no gradient. The measured
+recipe for this task (rl-on-cpu §4) uses the plain difference: dividing by a small std inflates
+the advantage of nearly-solved groups and did not help. A sequence's advantage is broadcast to
+all its tokens; ``loss_mask`` decides which of them count.
+
+Pure functions: tensors and plain records in, tensors out; torch only.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
+
+
+def grpo_advantages(
+    rewards: torch.Tensor, group_index: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Group-baseline advantages.
+
+    Args:
+        rewards: ``[N]`` float rewards, one per trajectory.
+        group_index: ``[N]`` int64 group of each trajectory, values in ``[0, G)``.
+        normalize_std: also divide by the group's reward std (population std, plus ``eps``).
+        eps: added to the std so that single-sample and uniform groups stay finite.
+
+    Returns:
+        ``[N]`` advantages (float32).
+    """
+    if rewards.dim() != 1 or rewards.shape != group_index.shape:
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} must both be [N]"
+        )
+    rewards = rewards.to(torch.float32)
+    n_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
+    count = torch.zeros(n_groups).index_add_(0, group_index, torch.ones_like(rewards))
+    mean = torch.zeros(n_groups).index_add_(0, group_index, rewards) / count.clamp(min=1)
+    centred = rewards - mean[group_index]
+    if not normalize_std:
+        return centred
+    var = torch.zeros(n_groups).index_add_(0, group_index, centred.square()) / count.clamp(min=1)
+    return centred / (var.sqrt()[group_index] + eps)
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """A padded batch; every tensor is ``[B, T]`` with ``T`` the longest trajectory.
+
+    Padding positions have ``loss_mask = False``, ``versions = NO_VERSION``, ``logp_mu = 0``,
+    ``advantages = 0``, ``segment_ids = -1`` and ``attention_mask = False``.
+
+    Attributes:
+        tokens: ``[B, T]`` int64 token ids (right-padded with ``pad_id``).
+        loss_mask: ``[B, T]`` bool, True = an agent-sampled token that is trained on.
+        logp_mu: ``[B, T]`` float32 inference-side log-prob of each sampled token (0 elsewhere).
+        versions: ``[B, T]`` int64 version that generated each token (NO_VERSION: prompt/env/pad).
+        advantages: ``[B, T]`` float32 sequence advantage broadcast over the sequence.
+        segment_ids: ``[B, T]`` int64 assistant turn of each sampled token (-1 elsewhere).
+        attention_mask: ``[B, T]`` bool, True = a real (non-padding) token.
+        rewards: ``[B]`` float32 reward of each trajectory.
+    """
+
+    tokens: torch.Tensor
+    loss_mask: torch.Tensor
+    logp_mu: torch.Tensor
+    versions: torch.Tensor
+    advantages: torch.Tensor
+    segment_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    rewards: torch.Tensor
+
+
+def assemble_batch(
+    groups: Sequence[Sequence[Trajectory]], pad_id: int, normalize_std: bool = False
+) -> PaddedBatch:
+    """Flatten groups (in order) into one right-padded batch with GRPO advantages.
+
+    Raises:
+        ValueError: a trajectory trains on a token without a version, or on a prompt token.
+    """
+    trajs = [t for g in groups for t in g]
+    if not trajs:
+        raise ValueError("assemble_batch needs at least one trajectory")
+    B, T = len(trajs), max(len(t.tokens) for t in trajs)
+    group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g], dtype=torch.int64)
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    adv = grpo_advantages(rewards, group_index, normalize_std)
+
+    tokens = torch.full((B, T), pad_id, dtype=torch.int64)
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    logp_mu = torch.zeros(B, T, dtype=torch.float32)
+    versions = torch.full((B, T), NO_VERSION, dtype=torch.int64)
+    segment_ids = torch.full((B, T), -1, dtype=torch.int64)
+    attention_mask = torch.zeros(B, T, dtype=torch.bool)
+    for b, t in enumerate(trajs):
+        n = len(t.tokens)
+        tokens[b, :n] = torch.tensor(t.tokens, dtype=torch.int64)
+        loss_mask[b, :n] = torch.tensor(t.loss_mask, dtype=torch.bool)
+        logp_mu[b, :n] = torch.tensor(t.logp_mu, dtype=torch.float32)
+        versions[b, :n] = torch.tensor(t.versions, dtype=torch.int64)
+        segment_ids[b, :n] = torch.tensor(t.turn_ids, dtype=torch.int64)
+        attention_mask[b, :n] = True
+    # Why check here: a trained token without a version would make its staleness unknowable
+    # (ARCHITECTURE §5), and a trained prompt token has no logp_mu to correct against.
+    bad = loss_mask & (versions == NO_VERSION)
+    if bad.any():
+        b = int(bad.any(dim=1).nonzero()[0].item())
+        raise ValueError(f"trajectory {trajs[b].traj_id} trains on tokens without a version (loss_mask True, version -1)")
+    if any(any(t.loss_mask[: t.prompt_len]) for t in trajs):
+        raise ValueError("a trajectory has loss_mask True inside its prompt")
+    segment_ids = torch.where(loss_mask, segment_ids, torch.full_like(segment_ids, -1))
+    advantages = adv[:, None].expand(B, T) * attention_mask
+    return PaddedBatch(tokens, loss_mask, logp_mu, versions, advantages.contiguous(), segment_ids, attention_mask, rewards)
+
+
+def token_staleness(versions: torch.Tensor, loss_mask: torch.Tensor, actor_version: int) -> torch.Tensor:
+    """Per-token version gaps of the trained tokens.
+
+    Args:
+        versions: ``[B, T]`` int64 token versions.
+        loss_mask: ``[B, T]`` bool, True = trained token.
+        actor_version: the version of the weights the batch trains.
+
+    Returns:
+        ``[K]`` int64 gaps ``actor_version - versions`` of the ``K`` trained tokens.
+    """
+    if versions.shape != loss_mask.shape:
+        raise ValueError(f"versions {tuple(versions.shape)} and loss_mask {tuple(loss_mask.shape)} must match")
+    return actor_version - versions[loss_mask]
