@@ -1,0 +1,245 @@
+"""The one place that knows whether megatron-core runs on a GPU or on the CPU.
+
+megatron-core 0.16.1 is GPU code: it hard-codes ``torch.cuda.current_device()`` in the RoPE
+buffers, the attention scratch buffer and the DDP grad buffers, seeds a CUDA RNG tracker, and its
+optimizers assert ``torch.cuda.FloatTensor``. On a CUDA machine this module leaves all of that as
+designed (NCCL, the CUDA RNG tracker, megatron's own optimizer). Without CUDA it applies the
+smallest shim that was measured to work (``shared/reference/feasibility.md`` §2):
+
+1. ``torch.cuda.current_device`` answers ``"cpu"``, so every ``device=current_device()`` lands on
+   the CPU;
+2. the RNG tracker is megatron's *inference* tracker (public API): its ``fork()`` is a null
+   context, so dropout (0 here anyway) uses the ordinary CPU generator;
+3. a gloo process group of world size 1, then ``initialize_model_parallel(1, 1)``;
+4. a ``torch.optim.AdamW`` over the DDP wrapper's ``main_grad`` buffers instead of megatron's
+   optimizer (see :class:`MainGradAdamW` for why).
+
+Nothing outside this module branches on the device kind; callers ask :func:`init_megatron` for a
+:class:`MegatronRuntime` and use its ``device`` and the optimizer from :func:`make_optimizer`.
+"""
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+_RUNTIME: "MegatronRuntime | None" = None
+
+
+@dataclass(frozen=True)
+class MegatronRuntime:
+    """What the rest of the actor needs to know about the process's megatron setup."""
+
+    device: torch.device
+    on_cpu: bool  # True = the CPU shim is active (gloo, inference RNG tracker, torch AdamW)
+    backend: str  # torch.distributed backend: "gloo" or "nccl"
+
+    @property
+    def use_cpu_initialization(self) -> bool:
+        """Initialise weights with the CPU generator (deterministic under ``torch.manual_seed``)."""
+        return self.on_cpu
+
+
+def init_megatron(seed: int = 0) -> MegatronRuntime:
+    """Set up torch.distributed and megatron's parallel state for TP = PP = 1; idempotent.
+
+    A second call in the same process re-seeds megatron's RNG tracker and returns the same
+    runtime; the process group and the parallel state are created only once (megatron's parallel
+    state is per process, so tests share it through a module-scoped fixture).
+
+    Args:
+        seed: seed of megatron's RNG tracker (and of torch's default generators).
+    """
+    global _RUNTIME
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        # (1) megatron calls torch.cuda.current_device() at ~170 sites; on CPU they must mean "cpu".
+        torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
+    from megatron.core import parallel_state, tensor_parallel
+
+    if _RUNTIME is None:
+        backend = "gloo" if on_cpu else "nccl"
+        if on_cpu:
+            device = torch.device("cpu")
+        else:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            _init_process_group(backend)
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=1, pipeline_model_parallel_size=1
+            )
+        _RUNTIME = MegatronRuntime(device=device, on_cpu=on_cpu, backend=backend)
+
+    torch.manual_seed(seed)
+    # (2) The training tracker snapshots CUDA RNG states; the inference tracker does not.
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=on_cpu)
+    return _RUNTIME
+
+
+def _cpu_current_device() -> str:
+    return "cpu"
+
+
+def _init_process_group(backend: str) -> None:
+    """A launcher's group (``torchrun`` sets ``MASTER_ADDR``/``WORLD_SIZE``) or a private one of size 1."""
+    if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend, init_method="env://")
+        return
+    # A file rendezvous in a fresh folder: no port to collide with the other processes on the host.
+    rendezvous = os.path.join(tempfile.mkdtemp(prefix="asyncrl-pg-"), "rendezvous")
+    dist.init_process_group(backend, init_method=f"file://{rendezvous}", world_size=1, rank=0)
+
+
+def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap a megatron module in megatron's DDP (grads accumulate into fp32 ``param.main_grad``)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+    )
+    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one optimizer step did."""
+
+    grad_norm: float  # global L2 norm of the gradients before clipping (nan/inf when non-finite)
+    stepped: bool  # False = the update was skipped (non-finite gradients)
+
+
+class ActorOptimizer(Protocol):
+    """The optimizer interface the actor uses, whichever implementation sits behind it."""
+
+    def zero_grad(self) -> None: ...
+
+    def step(self) -> StepOutcome: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW hyper-parameters (from ``spec.train``)."""
+
+    lr: float
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    max_grad_norm: float | None = 1.0  # None = no clipping (the norm is still measured)
+
+
+def make_optimizer(ddp_model: torch.nn.Module, settings: OptimizerSettings) -> ActorOptimizer:
+    """The actor's optimizer: megatron's on a GPU, :class:`MainGradAdamW` on the CPU."""
+    runtime = _require_runtime()
+    if runtime.on_cpu:
+        return MainGradAdamW(ddp_model, settings)
+    return MegatronAdam(ddp_model, settings)
+
+
+class MainGradAdamW:
+    """``torch.optim.AdamW`` over the gradients that megatron's DDP accumulates in ``main_grad``.
+
+    Why not megatron's optimizer on the CPU: ``FP32Optimizer`` allocates ``device='cuda'`` tensors
+    in its constructor, ``clip_grads`` asserts ``param.grad.type() == 'torch.cuda.FloatTensor'`` and
+    the distributed optimizer rejects CPU tensors outright (feasibility.md §2.2 B/C) — none of it
+    runs without editing megatron's source. The DDP wrapper itself works, so gradients still flow
+    the megatron way (hooks into contiguous fp32 ``main_grad`` buffers, ``finish_grad_sync``); this
+    class points ``param.grad`` at those buffers, clips with torch and steps AdamW.
+    """
+
+    def __init__(self, ddp_model: torch.nn.Module, settings: OptimizerSettings) -> None:
+        self._ddp = ddp_model
+        self._params = [p for p in ddp_model.parameters() if p.requires_grad]
+        self._max_grad_norm = settings.max_grad_norm
+        self._opt = torch.optim.AdamW(
+            self._params,
+            lr=settings.lr,
+            betas=settings.betas,
+            eps=settings.eps,
+            weight_decay=settings.weight_decay,
+        )
+
+    def zero_grad(self) -> None:
+        # param.grad must be None before backward: DDP's hook adds param.grad into main_grad, and
+        # a param.grad still aliasing main_grad would be accumulated into twice.
+        self._opt.zero_grad(set_to_none=True)
+        self._ddp.zero_grad_buffer()
+
+    def step(self) -> StepOutcome:
+        self._ddp.finish_grad_sync()
+        for p in self._params:
+            p.grad = p.main_grad
+        max_norm = self._max_grad_norm if self._max_grad_norm is not None else math.inf
+        # One sync point: the norm decides whether the update is applied at all.
+        norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+        if not math.isfinite(norm):
+            return StepOutcome(grad_norm=norm, stepped=False)
+        self._opt.step()
+        return StepOutcome(grad_norm=norm, stepped=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._opt.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._opt.load_state_dict(state)
+
+
+class MegatronAdam:
+    """megatron's own optimizer (``get_megatron_optimizer``), used unchanged on a GPU.
+
+    Clipping is megatron's (``clip_grad``); a non-finite gradient makes megatron skip the update.
+    Not exercised by the CPU test suite (marker ``gpu``).
+    """
+
+    def __init__(self, ddp_model: torch.nn.Module, settings: OptimizerSettings) -> None:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        config = OptimizerConfig(
+            optimizer="adam",
+            lr=settings.lr,
+            min_lr=settings.lr,
+            weight_decay=settings.weight_decay,
+            adam_beta1=settings.betas[0],
+            adam_beta2=settings.betas[1],
+            adam_eps=settings.eps,
+            clip_grad=settings.max_grad_norm or 0.0,
+            use_distributed_optimizer=False,
+        )
+        self._ddp = ddp_model
+        self._opt = get_megatron_optimizer(config, [ddp_model])
+        # No scheduler drives this optimizer: pin the constant learning rate on every group.
+        for group in self._opt.param_groups:
+            group["lr"] = settings.lr
+
+    def zero_grad(self) -> None:
+        self._opt.zero_grad(set_to_none=True)
+        self._ddp.zero_grad_buffer()
+
+    def step(self) -> StepOutcome:
+        self._ddp.finish_grad_sync()
+        update_successful, grad_norm, _ = self._opt.step()
+        norm = float(grad_norm) if grad_norm is not None else math.nan
+        return StepOutcome(grad_norm=norm, stepped=bool(update_successful))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._opt.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._opt.load_state_dict(state)
+
+
+def _require_runtime() -> MegatronRuntime:
+    if _RUNTIME is None:
+        raise RuntimeError(
+            "megatron is not initialised in this process; call compat.init_megatron(seed) first"
+        )
+    return _RUNTIME
