@@ -1,0 +1,235 @@
+"""The driver's Prometheus metric catalogue: defined once here, documented from the same table.
+
+``CATALOGUE`` is the single source: :func:`create_metrics` builds the metrics of one process
+into a caller-supplied ``CollectorRegistry`` (tests use a private one) and
+:func:`metrics_markdown` renders ``docs/metrics.md`` from it (a test fails when the file drifts;
+regenerate with ``python -m asyncrl.trainer.driver.metrics docs/metrics.md``).
+
+Conventions (Prometheus naming guide): one ``asyncrl_`` prefix, base units (seconds), counters
+end in ``_total``; ratios are exported as numerator and denominator counters so that
+``rate(num) / rate(den)`` is correct over any window; labels are bounded and every value is
+pre-set to 0 so that series exist before the first event.
+"""
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import start_http_server
+
+from asyncrl.api.correction import ReferencePolicy
+
+REFERENCES = tuple(r.value for r in ReferencePolicy)
+TRAJECTORY_STATUSES = ("finished", "truncated", "aborted")
+DROP_REASONS = ("stale",)
+CLIP_SIDES = ("low", "high", "dual")
+TOKEN_KINDS = ("prompt", "sampled", "environment")
+# Why these reasons: keep_ratio is the paper's §6.5 rule (train–inference keep ratio below tau
+# for k steps); nonfinite resets theta_prox when the EWMA itself went NaN/Inf.
+EWMA_RESET_REASONS = ("keep_ratio", "nonfinite")
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric: its kind, full exposed name, help text, bounded labels and buckets."""
+
+    attr: str
+    kind: str  # counter | gauge | histogram | info
+    name: str  # the name as exposed (counters include _total)
+    help: str
+    labels: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    buckets: tuple[float, ...] = ()
+    ratio: str = ""  # documents a numerator/denominator pair
+
+
+_STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, 64)
+_STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_SYNC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+
+CATALOGUE: tuple[MetricDef, ...] = (
+    MetricDef("job", "info", "asyncrl_job_info",
+              "The running job: name, correction.reference (what produced pi_ref), async.maxStaleness, task."),
+    MetricDef("policy_version", "gauge", "asyncrl_policy_version",
+              "Version of the actor's weights (optimizer steps taken, including resumed ones)."),
+    MetricDef("optimizer_steps", "counter", "asyncrl_optimizer_steps_total",
+              "Optimizer steps applied by this process."),
+    MetricDef("token_staleness", "histogram", "asyncrl_token_staleness_versions",
+              "Version gap (actor version - token version) of every trained token when it reaches the actor.",
+              buckets=_STALENESS_BUCKETS),
+    MetricDef("tokens_kept", "counter", "asyncrl_discrepancy_kept_tokens_total",
+              "Valid tokens kept by the train–inference discrepancy mask (and veto).",
+              labels=(("reference", REFERENCES),), ratio="keep ratio = kept / valid"),
+    MetricDef("tokens_valid", "counter", "asyncrl_discrepancy_valid_tokens_total",
+              "Valid tokens seen by the correction loss (loss_mask True, all inputs finite), before the mask.",
+              labels=(("reference", REFERENCES),), ratio="denominator of keep and clip ratios"),
+    MetricDef("tokens_clipped", "counter", "asyncrl_staleness_clipped_tokens_total",
+              "Valid tokens whose gradient the sign-aware PPO clip on r_s stops (side low, high or dual clip).",
+              labels=(("reference", REFERENCES), ("side", CLIP_SIDES)),
+              ratio="clip fraction = clipped / discrepancy_valid_tokens"),
+    MetricDef("nonfinite_tokens", "counter", "asyncrl_nonfinite_tokens_total",
+              "Trained tokens masked out of the loss because a log-prob or advantage was NaN/Inf."),
+    MetricDef("nonfinite_losses", "counter", "asyncrl_nonfinite_losses_total",
+              "Steps whose loss was NaN/Inf; the step is skipped (no weight update) and the batch is logged."),
+    MetricDef("ewma_resets", "counter", "asyncrl_ewma_resets_total",
+              "Resets of the PPO-EWMA reference theta_prox to the current weights, by reason.",
+              labels=(("reason", EWMA_RESET_REASONS),)),
+    MetricDef("trajectories", "counter", "asyncrl_trajectories_total",
+              "Trajectories returned by rollout workers, by how they ended.",
+              labels=(("status", TRAJECTORY_STATUSES),)),
+    MetricDef("trajectories_partial", "counter", "asyncrl_partial_trajectories_total",
+              "Returned trajectories whose sampled tokens span more than one policy version (partial rollout).",
+              ratio="partial ratio = partial / trajectories_total"),
+    MetricDef("trajectories_dropped", "counter", "asyncrl_dropped_trajectories_total",
+              "Trajectories dropped before training (stale: version gap above async.maxStaleness).",
+              labels=(("reason", DROP_REASONS),)),
+    MetricDef("tokens_dropped", "counter", "asyncrl_dropped_tokens_total",
+              "Sampled tokens of dropped trajectories.", labels=(("reason", DROP_REASONS),)),
+    MetricDef("trajectories_scored", "counter", "asyncrl_scored_trajectories_total",
+              "Finished or truncated trajectories scored by the environment.",
+              ratio="denominator of success ratio and mean reward"),
+    MetricDef("trajectories_succeeded", "counter", "asyncrl_succeeded_trajectories_total",
+              "Scored trajectories the environment marked successful.", ratio="success ratio = succeeded / scored"),
+    MetricDef("reward_sum", "counter", "asyncrl_reward_sum_total",
+              "Sum of rewards of scored trajectories (built-in task rewards are in [0, 1]).",
+              ratio="mean reward = reward_sum / scored"),
+    MetricDef("rollout_tokens", "counter", "asyncrl_rollout_tokens_total",
+              "Tokens in returned trajectories, by kind (prompt, agent-sampled, environment/tool).",
+              labels=(("kind", TOKEN_KINDS),)),
+    MetricDef("trained_tokens", "counter", "asyncrl_trained_tokens_total",
+              "Sampled tokens handed to the actor (loss_mask True), before the discrepancy mask."),
+    MetricDef("rollout_errors", "counter", "asyncrl_rollout_errors_total",
+              "Rollout calls that raised (environment or worker error); their groups count as aborted."),
+    MetricDef("step_duration", "histogram", "asyncrl_train_step_duration_seconds",
+              "Wall time of one actor step (reference log-probs, loss, backward, optimizer).",
+              buckets=_STEP_BUCKETS),
+    MetricDef("weight_sync_duration", "histogram", "asyncrl_weight_sync_duration_seconds",
+              "Wall time from new weights to every rollout worker having acknowledged them.",
+              buckets=_SYNC_BUCKETS),
+    MetricDef("rollout_idle", "counter", "asyncrl_rollout_idle_seconds_total",
+              "Worker-seconds rollout workers spent without a generate call (blocked by staleness capacity).",
+              ratio="rollout idle ratio = rollout_idle / rollout_worker"),
+    MetricDef("rollout_worker", "counter", "asyncrl_rollout_worker_seconds_total",
+              "Worker-seconds of rollout workers' lifetime in the loop (denominator of the idle ratio)."),
+    MetricDef("trainer_idle", "counter", "asyncrl_trainer_idle_seconds_total",
+              "Seconds the actor waited for a full batch.", ratio="trainer idle ratio = trainer_idle / trainer"),
+    MetricDef("trainer_seconds", "counter", "asyncrl_trainer_seconds_total",
+              "Seconds of the training loop (denominator of the trainer idle ratio)."),
+    MetricDef("buffer_ready", "gauge", "asyncrl_buffer_ready_groups",
+              "GRPO groups waiting in the staleness buffer."),
+    MetricDef("rollout_running", "gauge", "asyncrl_rollout_running_groups",
+              "GRPO groups admitted and still being generated."),
+    MetricDef("admission_capacity", "gauge", "asyncrl_admission_capacity_groups",
+              "Groups rollout may still start at the current version (AReaL staleness capacity)."),
+)
+
+
+class DriverMetrics:
+    """The catalogue's metrics in one registry; attribute names are ``MetricDef.attr``."""
+
+    def __getattr__(self, name: str) -> Any:  # attributes are set from CATALOGUE in __init__
+        raise AttributeError(f"no metric {name!r}; valid: {', '.join(d.attr for d in CATALOGUE)}")
+
+    def __init__(self, registry: CollectorRegistry, defs: tuple[MetricDef, ...] = CATALOGUE) -> None:
+        self.registry = registry
+        for d in defs:
+            labelnames = [name for name, _ in d.labels]
+            if d.kind == "counter":
+                metric = Counter(d.name.removesuffix("_total"), d.help, labelnames, registry=registry)
+            elif d.kind == "gauge":
+                metric = Gauge(d.name, d.help, labelnames, registry=registry)
+            elif d.kind == "histogram":
+                metric = Histogram(d.name, d.help, labelnames, registry=registry, buckets=d.buckets)
+            elif d.kind == "info":
+                metric = Info(d.name.removesuffix("_info"), d.help, registry=registry)
+            else:
+                raise ValueError(f"{d.name}: unknown kind {d.kind!r}; valid: counter, gauge, histogram, info")
+            # Pre-set every bounded label combination to 0 so that the series exist from the start.
+            for combo in _combinations(d.labels):
+                metric.labels(*combo)
+            setattr(self, d.attr, metric)
+
+
+def _combinations(labels: tuple[tuple[str, tuple[str, ...]], ...]) -> list[tuple[str, ...]]:
+    if not labels:
+        return []
+    out: list[tuple[str, ...]] = [()]
+    for _, values in labels:
+        out = [(*prefix, v) for prefix in out for v in values]
+    return out
+
+
+def create_metrics(registry: CollectorRegistry) -> DriverMetrics:
+    """The driver's metrics, registered in ``registry``."""
+    return DriverMetrics(registry)
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` HTTP endpoint."""
+
+    host: str
+    port: int
+    _server: object
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()  # type: ignore[attr-defined]
+        self._server.server_close()  # type: ignore[attr-defined]
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve ``registry`` on ``host:port`` (port 0 picks a free port) in a daemon thread."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(host, server.server_port, server)
+
+
+def metrics_markdown(defs: tuple[MetricDef, ...] = CATALOGUE) -> str:
+    """``docs/metrics.md``, rendered from the catalogue."""
+    lines = [
+        "# Metrics",
+        "",
+        "<!-- Generated from asyncrl.trainer.driver.metrics.CATALOGUE; do not edit by hand. -->",
+        "<!-- Regenerate: python -m asyncrl.trainer.driver.metrics docs/metrics.md -->",
+        "",
+        "The job driver (`asyncrl run`, or the driver pod) serves these on `/metrics`",
+        "(`spec.monitoring.port`, bound to 127.0.0.1 locally). Ratios are exported as a numerator and a",
+        "denominator counter: compute them as `rate(numerator[5m]) / rate(denominator[5m])`. Every",
+        "label value listed is pre-set to 0.",
+        "",
+        "| metric | type | labels | meaning | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for d in defs:
+        labels = "<br>".join(f"`{n}`: {', '.join(v)}" for n, v in d.labels) or "-"
+        lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help} | {d.ratio or '-'} |")
+    lines += ["", "Histogram buckets:", ""]
+    for d in defs:
+        if d.kind == "histogram":
+            lines.append(f"- `{d.name}`: {', '.join(f'{b:g}' for b in d.buckets)}")
+    lines += [
+        "",
+        "The run directory's `metrics.jsonl` has one line per step with the same quantities as",
+        "per-step values (`keep_ratio`, `clip_low_frac`, `reward_mean`, `success_rate`,",
+        "`staleness_mean`, `staleness_max`, `ewma_reset`, ...).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    text = metrics_markdown()
+    if args:
+        Path(args[0]).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
