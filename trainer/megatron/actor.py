@@ -1,0 +1,365 @@
+"""The training actor: a megatron-core Llama ``GPTModel``, its optimizer and the policy version.
+
+One :meth:`MegatronActor.train_step` is one optimizer step and one version (paper §3.2, ARCHITECTURE §3):
+
+1. reference forward, if the reference needs one (``ewma``: EWMA weights swapped in, no grad);
+2. gradient forward: ``logp_theta`` ``[B, T]`` at the rollout temperature;
+3. ``logp_ref`` from the reference rule (:mod:`asyncrl.trainer.megatron.references`);
+4. ``correction_loss(logp_theta, logp_ref, logp_mu, ...)``; a non-finite loss stops here: no
+   backward, no update, the batch statistics are logged and the step is counted;
+5. backward, clip (``train.maxGradNorm``), optimizer step, ``version += 1``;
+6. ``ewma``: the EWMA controller takes the new weights and the step's keep ratio (it may reset).
+"""
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
+from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.model_arch import LlamaArch, resolve_arch
+from asyncrl.trainer.megatron import compat
+from asyncrl.trainer.megatron.batch import TrainBatch
+from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
+from asyncrl.trainer.megatron.convert import hf_to_megatron, load_hf, megatron_to_hf
+from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
+from asyncrl.trainer.megatron.model import build_gpt_model
+from asyncrl.trainer.megatron.references import reference_rule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """Everything the actor needs, adapted once from the job spec (:meth:`from_spec`)."""
+
+    arch: LlamaArch
+    correction: CorrectionSpec
+    optimizer: compat.OptimizerSettings
+    temperature: float = 1.0  # rollout sampling temperature; logp_theta uses the same
+    seed: int = 0
+    ewma_decay: float = 0.5  # beta of theta_prox (spec.ewma_decay: W/(W+2) when auto)
+    max_staleness: int = 2  # W (async.maxStaleness), for the linear/loglinear references
+    num_threads: int | None = None  # torch intra-op threads of this process (None: leave as is)
+    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES  # fp32 logits alive per log-prob chunk
+    init_weights: str | None = None  # folder of HF-named safetensors (None: random init)
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: AsyncRLJobSpec,
+        vocab_size: int,
+        *,
+        num_threads: int | None = None,
+        max_sequence_length: int | None = None,
+    ) -> "ActorSettings":
+        arch = resolve_arch(spec.model, vocab_size, max_sequence_length)
+        optimizer = compat.OptimizerSettings(
+            lr=spec.train.learning_rate,
+            weight_decay=spec.train.weight_decay,
+            max_grad_norm=spec.train.max_grad_norm,
+        )
+        return cls(
+            arch=arch,
+            correction=spec.correction,
+            optimizer=optimizer,
+            temperature=spec.task.temperature,
+            seed=spec.train.seed,
+            ewma_decay=spec.ewma_decay,
+            max_staleness=spec.async_.max_staleness,
+            num_threads=num_threads,
+            init_weights=spec.model.weights,
+        )
+
+
+@dataclass(frozen=True)
+class TrainStepMetrics:
+    """What one :meth:`MegatronActor.train_step` did. Counters (``*_total``) are cumulative."""
+
+    version: int  # actor version after the step
+    reference: str  # which reference produced logp_ref (ARCHITECTURE §5: always said)
+    stepped: bool  # False: no update (non-finite loss or gradients)
+    loss: float
+    grad_norm: float  # before clipping; nan when the step stopped before backward
+    valid_tokens: int  # loss_mask.sum()
+    nonfinite_loss_total: int
+    nonfinite_grad_total: int
+    ewma_reset: bool
+    ewma_resets_total: int
+    reference_seconds: float  # the extra forward of the reference (0 when none)
+    forward_seconds: float
+    backward_seconds: float  # backward + clip + optimizer step
+    correction: dict[str, float] = field(default_factory=dict)  # CorrectionStats, as floats
+
+    def as_dict(self, prefix: str = "actor/") -> dict[str, float | str]:
+        """Flat ``{name: value}`` for logs; correction metrics under ``<prefix>correction/``."""
+        out: dict[str, float | str] = {}
+        for f in dataclasses.fields(self):
+            if f.name != "correction":
+                value = getattr(self, f.name)
+                out[prefix + f.name] = value if isinstance(value, str) else float(value)
+        out |= {f"{prefix}correction/{k}": v for k, v in self.correction.items()}
+        return out
+
+
+@dataclass(frozen=True)
+class SftStepMetrics:
+    """What one :meth:`MegatronActor.sft_step` did."""
+
+    version: int
+    stepped: bool
+    loss: float  # mean next-token cross-entropy over loss_mask tokens (nats)
+    grad_norm: float
+    valid_tokens: int
+    seconds: float
+
+
+class MegatronActor:
+    """The policy being trained. Build with :meth:`from_spec`; one instance per process."""
+
+    def __init__(self, settings: ActorSettings) -> None:
+        self.settings = settings
+        self.reference = ReferencePolicy(settings.correction.reference)
+        self._rule = reference_rule(self.reference)
+        if settings.num_threads is not None:
+            torch.set_num_threads(settings.num_threads)
+        self.runtime = compat.init_megatron(settings.seed)
+        gpt = build_gpt_model(settings.arch, use_cpu_initialization=self.runtime.use_cpu_initialization)
+        self._gpt = gpt.to(self.runtime.device)
+        if settings.init_weights is not None:
+            self.load_hf_state_dict(load_hf(settings.init_weights))
+        self._ddp = compat.wrap_ddp(self._gpt)
+        self._params = [p for p in self._gpt.parameters() if p.requires_grad]
+        self._optimizer = compat.make_optimizer(self._ddp, settings.optimizer)
+        self.version = 0
+        self._ewma: Any = None  # EwmaController, created from the weights RL starts with
+        self._scratch: list[torch.Tensor] | None = None
+        self.nonfinite_loss_total = 0
+        self.nonfinite_grad_total = 0
+        self.ewma_resets_total = 0
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: AsyncRLJobSpec,
+        vocab_size: int,
+        *,
+        num_threads: int | None = None,
+        max_sequence_length: int | None = None,
+    ) -> "MegatronActor":
+        """The actor of a job (``spec.model``, ``spec.train``, ``spec.correction``, ``spec.task.temperature``)."""
+        return cls(
+            ActorSettings.from_spec(
+                spec, vocab_size, num_threads=num_threads, max_sequence_length=max_sequence_length
+            )
+        )
+
+    # ---------------------------------------------------------------- forward passes
+    def logprobs(self, tokens: torch.Tensor, *, temperature: float | None = None) -> torch.Tensor:
+        """No-grad ``logp_theta`` ``[B, T]`` of ``tokens`` ``[B, T]`` under the current weights
+        (position 0 = 0; default temperature: the rollout's)."""
+        t = self.settings.temperature if temperature is None else temperature
+        with torch.no_grad():
+            return self._logprobs(tokens.to(self.runtime.device), t)
+
+    def ewma_logprobs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """No-grad log-probs ``[B, T]`` under the EWMA weights ``theta_prox`` (swapped in, then back)."""
+        ewma = self._ensure_ewma()
+        with torch.no_grad():
+            if self._scratch is None:
+                self._scratch = [torch.empty_like(p) for p in self._params]
+            for keep, p, e in zip(self._scratch, self._params, ewma.params, strict=True):
+                keep.copy_(p)
+                p.copy_(e)
+            try:
+                return self._logprobs(tokens.to(self.runtime.device), self.settings.temperature)
+            finally:
+                for keep, p in zip(self._scratch, self._params, strict=True):
+                    p.copy_(keep)
+
+    def _logprobs(self, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+        return token_logprobs(
+            self._ddp, tokens, temperature=temperature, max_chunk_bytes=self.settings.max_chunk_bytes
+        )
+
+    # ---------------------------------------------------------------- training
+    def train_step(self, batch: TrainBatch) -> TrainStepMetrics:
+        """One RL optimizer step on ``batch`` with the job's correction (see the module docstring)."""
+        from asyncrl.trainer.correction import correction_loss
+
+        if batch.logp_ref is not None and self.reference is not ReferencePolicy.EXACT:
+            raise ValueError(
+                f"the batch carries logp_ref but correction.reference is {self.reference.value!r}; "
+                "only reference 'exact' takes a caller-supplied logp_ref"
+            )
+        batch = batch.to(self.runtime.device)
+        self._optimizer.zero_grad()
+        t0 = time.perf_counter()
+        logp_ref = self._rule.before(self, batch) if self._rule.before is not None else None
+        t1 = time.perf_counter()
+        logp_theta = self._logprobs(batch.tokens, self.settings.temperature)
+        if logp_ref is None:
+            assert self._rule.after is not None  # every rule sets one phase (references.REFERENCES)
+            logp_ref = self._rule.after(self, batch, logp_theta)
+        result = correction_loss(
+            logp_theta,
+            logp_ref,
+            batch.logp_mu,
+            batch.advantages,
+            batch.loss_mask,
+            self.settings.correction,
+            segment_ids=batch.segment_ids,
+        )
+        correction = {k: float(v) for k, v in result.metrics.as_dict().items()}
+        loss = float(result.loss.detach())
+        t2 = time.perf_counter()
+        grad_norm, stepped, reset = math.nan, False, False
+        if not math.isfinite(loss):
+            self.nonfinite_loss_total += 1
+            log.warning(
+                "non-finite loss %s at version %d (reference %s): step skipped; batch %s",
+                loss, self.version, self.reference.value, batch.summary(),
+            )  # fmt: skip
+        else:
+            result.loss.backward()
+            outcome = self._optimizer.step()
+            grad_norm, stepped = outcome.grad_norm, outcome.stepped
+            if stepped:
+                self.version += 1
+                if self._ewma is not None:
+                    reset = self._update_ewma(correction["keep_ratio"])
+            else:
+                self.nonfinite_grad_total += 1
+                log.warning(
+                    "non-finite gradient norm %s at version %d: update skipped; batch %s",
+                    grad_norm, self.version, batch.summary(),
+                )  # fmt: skip
+        t3 = time.perf_counter()
+        return TrainStepMetrics(
+            version=self.version,
+            reference=self.reference.value,
+            stepped=stepped,
+            loss=loss,
+            grad_norm=grad_norm,
+            valid_tokens=int(batch.loss_mask.sum()),
+            nonfinite_loss_total=self.nonfinite_loss_total,
+            nonfinite_grad_total=self.nonfinite_grad_total,
+            ewma_reset=reset,
+            ewma_resets_total=self.ewma_resets_total,
+            reference_seconds=t1 - t0,
+            forward_seconds=t2 - t1,
+            backward_seconds=t3 - t2,
+            correction=correction,
+        )
+
+    def sft_step(self, tokens: torch.Tensor, loss_mask: torch.Tensor) -> SftStepMetrics:
+        """One supervised step (warm start): mean cross-entropy of the ``loss_mask`` tokens.
+
+        Args:
+            tokens: ``[B, T]`` long, right-padded demonstrations.
+            loss_mask: ``[B, T]`` bool, True = a token to imitate (position 0 is never one).
+        """
+        if tokens.shape != loss_mask.shape or loss_mask.dtype != torch.bool:
+            raise ValueError(
+                f"tokens {tuple(tokens.shape)} and loss_mask {tuple(loss_mask.shape)} {loss_mask.dtype} "
+                "must be the same [B, T] shape, loss_mask bool"
+            )
+        t0 = time.perf_counter()
+        tokens, loss_mask = tokens.to(self.runtime.device), loss_mask.to(self.runtime.device)
+        self._optimizer.zero_grad()
+        logp = self._logprobs(tokens, 1.0)  # [B, T]; supervised targets, no sampling temperature
+        n = int(loss_mask.sum())
+        loss = -(logp * loss_mask).sum() / max(n, 1)
+        value, grad_norm, stepped = float(loss.detach()), math.nan, False
+        if not math.isfinite(value):
+            self.nonfinite_loss_total += 1
+            log.warning("non-finite SFT loss %s at version %d: step skipped", value, self.version)
+        else:
+            loss.backward()
+            outcome = self._optimizer.step()
+            grad_norm, stepped = outcome.grad_norm, outcome.stepped
+            if stepped:
+                self.version += 1
+            else:
+                self.nonfinite_grad_total += 1
+        return SftStepMetrics(self.version, stepped, value, grad_norm, n, time.perf_counter() - t0)
+
+    # ---------------------------------------------------------------- EWMA reference
+    def _ensure_ewma(self) -> Any:
+        """The EWMA controller, started from the current weights on first use (RL start)."""
+        if self._ewma is None:
+            from asyncrl.trainer.correction.ewma import EwmaController
+
+            self._ewma = EwmaController(
+                [p.detach() for p in self._params],
+                decay=self.settings.ewma_decay,
+                reset=self.settings.correction.ewma.reset,
+            )
+        return self._ewma
+
+    def _update_ewma(self, keep_ratio: float) -> bool:
+        """Fold the post-step weights into ``theta_prox``; True when the controller reset it."""
+        before = self._ewma.resets
+        self._ewma.update([p.detach() for p in self._params], keep_ratio)
+        reset = self._ewma.resets > before
+        self.ewma_resets_total += int(reset)
+        return reset
+
+    # ---------------------------------------------------------------- weights and checkpoints
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """HF Llama-named fp32 CPU copies of the weights (weight sync to the rollout engine).
+
+        Tied architectures list ``lm_head.weight`` as the same tensor as ``model.embed_tokens.weight``,
+        so ``LlamaForCausalLM.load_state_dict(..., strict=True)`` accepts it.
+        """
+        own = {k: v.detach().to("cpu", torch.float32).clone() for k, v in self._gpt.state_dict().items()
+               if not k.endswith("_extra_state")}  # fmt: skip
+        return megatron_to_hf(own, self.settings.arch)
+
+    def load_hf_state_dict(self, hf: dict[str, torch.Tensor]) -> None:
+        """Load HF Llama-named weights (shapes checked against the architecture)."""
+        mcore = hf_to_megatron(hf, self.settings.arch)
+        self._gpt.load_state_dict({k: v.to(self.runtime.device) for k, v in mcore.items()}, strict=True)
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Model, optimizer, version, EWMA state and counters; atomic (temporary folder, then rename)."""
+        state = {
+            "model": {k: v for k, v in self._gpt.state_dict().items() if not k.endswith("_extra_state")},
+            "optimizer": self._optimizer.state_dict(),
+            "ewma": self._ewma.state_dict() if self._ewma is not None else None,
+            "version": self.version,
+            "counters": {
+                "nonfinite_loss_total": self.nonfinite_loss_total,
+                "nonfinite_grad_total": self.nonfinite_grad_total,
+                "ewma_resets_total": self.ewma_resets_total,
+            },
+        }
+        meta = {
+            "version": self.version,
+            "reference": self.reference.value,
+            "arch": dataclasses.asdict(self.settings.arch),
+        }
+        write_checkpoint(directory, state, meta)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore everything :meth:`save_checkpoint` wrote (the architecture must match)."""
+        state, meta = read_checkpoint(directory)
+        arch = dataclasses.asdict(self.settings.arch)
+        if meta["arch"] != arch:
+            raise ValueError(f"checkpoint {directory} has architecture {meta['arch']}, this actor has {arch}")
+        self._gpt.load_state_dict(
+            {k: v.to(self.runtime.device) for k, v in state["model"].items()}, strict=True
+        )
+        self._optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        if state["ewma"] is not None:
+            self._ensure_ewma().load_state_dict(state["ewma"])
+        else:
+            self._ewma = None
+        for name, value in state["counters"].items():
+            setattr(self, name, int(value))
