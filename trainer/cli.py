@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command line: validate, crd, thresholds (and run, once the loop exists).
+"""The ``asyncrl`` command line: validate, crd, thresholds, run.
 
 Imports stay inside the commands so that ``asyncrl validate`` never loads torch.
 """
@@ -56,6 +56,53 @@ def _cmd_thresholds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_run_job(path: str | None):  # -> AsyncRLJob (imported lazily)
+    """The job to run: ``path``, or the embedded default ``asyncrl.api/examples/quickstart.yaml``."""
+    import importlib.resources
+
+    import yaml
+
+    from asyncrl.api.validation import load_jobs, validate_job
+
+    if path is None:
+        text = importlib.resources.files("asyncrl.api").joinpath("examples/quickstart.yaml").read_text()
+        return validate_job(yaml.safe_load(text), "quickstart.yaml")
+    jobs = load_jobs(path)
+    if len(jobs) != 1:
+        raise ValueError(f"{path}: asyncrl run takes one AsyncRLJob per file, found {len(jobs)}")
+    return jobs[0]
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from asyncrl.api.validation import SpecError
+
+    source = args.file or "(embedded quickstart.yaml)"
+    try:
+        job = _load_run_job(args.file)
+    except FileNotFoundError:
+        print(f"{source}: no such file", file=sys.stderr)
+        return 2
+    except SpecError as exc:  # a job that fails validation never starts Ray
+        for problem in exc.problems:
+            print(f"{source}: {problem}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"asyncrl run: {exc}", file=sys.stderr)
+        return 2
+    if args.steps is not None and args.steps < 1:
+        print(f"asyncrl run: --steps must be >= 1, got {args.steps}", file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    from asyncrl.trainer.driver.console import run_with_progress
+    from asyncrl.trainer.driver.loop import RunOptions
+
+    options = RunOptions(
+        run_dir=Path(args.run_dir) if args.run_dir else None, steps=args.steps, port=args.port,
+    )
+    return run_with_progress(job, options, quiet=args.quiet)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous RL for LLM agents with decoupled off-policy correction."
@@ -81,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interp", choices=("linear", "loglinear"), required=True)
     p.add_argument("--json", action="store_true", help='print {"mask": [lo, hi], "clip": [lo, hi]} only')
     p.set_defaults(func=_cmd_thresholds)
+
+    p = sub.add_parser(
+        "run", help="run an AsyncRLJob locally (local Ray, CPU); no file = the embedded quickstart job"
+    )
+    p.add_argument("file", nargs="?", metavar="JOB.yaml", help="job file (default: embedded quickstart.yaml)")
+    p.add_argument("--run-dir", metavar="DIR", help="run directory (default: runs/<job>-<timestamp>)")
+    p.add_argument("--steps", type=int, metavar="N", help="override spec.train.steps")
+    p.add_argument("--port", type=int, metavar="P", help="metrics port (0 = any free port; default spec.monitoring.port)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar; print only the final summary")
+    p.set_defaults(func=_cmd_run)
     return parser
 
 

@@ -1,0 +1,82 @@
+"""What ``asyncrl run`` shows: a tqdm bar while the job runs, then a short summary."""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from asyncrl.api.job import AsyncRLJob
+from asyncrl.trainer.driver.loop import RunOptions, RunResult, default_run_dir, run_job
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The final lines printed after a run (also after Ctrl-C or a failure)."""
+
+    def pct(x: Any) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
+    lines = [
+        f"{summary.get('job')}: {summary.get('status')} after {summary.get('steps_done', 0)} steps "
+        f"in {summary.get('wall_s', 0):.1f} s (maxStaleness {summary.get('max_staleness')}, "
+        f"reference {summary.get('reference')})",
+        f"  success (mean of the first / last 10 steps): {pct(summary.get('start_success'))} -> "
+        f"{pct(summary.get('final_success'))}",
+        f"  run directory: {summary.get('run_dir')}  (report: {summary.get('report')})",
+    ]
+    if summary.get("error"):
+        lines.append(f"  error: {summary['error']}")
+    return "\n".join(lines)
+
+
+def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = False) -> int:
+    """Run ``job`` with a progress bar; returns the process exit code."""
+    from tqdm import tqdm
+
+    total = options.steps or job.spec.train.steps
+    bar: Any = None
+
+    def on_start(info: dict[str, Any]) -> None:
+        nonlocal bar
+        if not quiet:
+            warm = info.get("warm_start") or {}
+            note = "cached" if warm.get("cached") else f"{warm.get('seconds', 0)} s" if warm else "skipped"
+            print(f"metrics: {info.get('metrics_url')}  run dir: {info.get('run_dir')}  warm start: {note}",
+                  file=sys.stderr)
+            bar = tqdm(total=total, initial=info.get("version", 0), desc=job.metadata.name, unit="step",
+                       file=sys.stderr, dynamic_ncols=True)
+
+    def on_step(r: dict[str, Any]) -> None:
+        if bar is not None:
+            bar.set_postfix(reward=f"{r.get('reward_mean', 0):.2f}", success=f"{r.get('success_rate', 0):.2f}",
+                            keep=f"{r.get('keep_ratio', 1.0):.3f}", v=r.get("version", "-"), refresh=False)
+            if r.get("version") is not None:
+                bar.update(1)
+
+    if not quiet:
+        print(f"starting {job.metadata.name}: local Ray, {job.spec.rollout.replicas} rollout workers, "
+              "warm start first ...", file=sys.stderr)
+    options = replace(options, run_dir=options.run_dir or default_run_dir(job))
+    result: RunResult | None = None
+    code = 0
+    try:
+        result = run_job(job, options, on_step=on_step, on_start=on_start)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:  # noqa: BLE001 -- the summary below carries the error
+        code = 1
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = result.summary if result is not None else _summary_from_disk(job, options)
+    print(format_summary(summary))
+    return code
+
+
+def _summary_from_disk(job: AsyncRLJob, options: RunOptions) -> dict[str, Any]:
+    """After an exception run_job has still written summary.json; read it back for the printout."""
+    import json
+
+    try:
+        return json.loads((Path(options.run_dir or ".") / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {"job": job.metadata.name, "status": "failed"}

@@ -1,0 +1,178 @@
+"""The job's processes as Ray actors: rollout workers and the Megatron actor.
+
+Each host wraps a real component in its own process and caps that process's torch threads, so
+that the job's processes share the cores instead of oversubscribing them (each torch process
+would otherwise start one thread per core). Tensors cross processes as numpy arrays: Ray
+stores them once and readers map them zero-copy (reference/feasibility.md §1.2).
+
+- :class:`RolloutHost`: a :class:`~asyncrl.rollout.worker.RolloutWorker`. A *threaded* actor
+  (``max_concurrency=2``): ``update_weights`` runs on a second thread while ``generate`` runs,
+  which is how a weight update reaches a generating worker (partial rollout).
+- :class:`ActorHost`: a :class:`~asyncrl.trainer.megatron.actor.MegatronActor` with its warm
+  start, train step, weights and checkpoints.
+"""
+
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncrl.api.job import AsyncRLJobSpec
+
+Weights = dict[str, np.ndarray]
+
+
+def _limit_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process (a reused Ray worker)
+        pass
+
+
+def _to_torch(weights: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    import torch
+
+    with warnings.catch_warnings():
+        # Arrays from the object store are read-only; the engine copies them into its parameters.
+        warnings.simplefilter("ignore", UserWarning)
+        return {k: torch.from_numpy(v) for k, v in weights.items()}
+
+
+class RolloutHost:
+    """One rollout worker process."""
+
+    def __init__(self, spec_json: dict[str, Any], worker_index: int, threads: int) -> None:
+        _limit_threads(threads)
+        from asyncrl.rollout.worker import RolloutWorker
+
+        spec = AsyncRLJobSpec.model_validate(spec_json)
+        self.worker = RolloutWorker(spec.task, spec.model, spec.async_, worker_index=worker_index, seed=spec.train.seed)
+
+    def generate(self, n_groups: int) -> list[Any]:
+        return self.worker.generate(n_groups)
+
+    def update_weights(self, weights: Weights, version: int) -> float:
+        """Load (first time, worker idle) or hand over (thread-safe) new weights; returns seconds."""
+        t0 = time.perf_counter()
+        state = _to_torch(weights)
+        if self.worker.version < 0:
+            self.worker.load_weights(state, version)
+        else:
+            self.worker.update_weights(state, version)
+        return time.perf_counter() - t0
+
+    def stats(self) -> dict[str, Any]:
+        return vars(self.worker.stats()).copy()
+
+
+class ActorHost:
+    """The Megatron actor process."""
+
+    def __init__(self, spec_json: dict[str, Any], threads: int) -> None:
+        _limit_threads(threads)
+        from asyncrl.rollout.tokenizer import TOKENIZER
+        from asyncrl.trainer.megatron.actor import MegatronActor
+
+        self.spec = AsyncRLJobSpec.model_validate(spec_json)
+        self.pad = TOKENIZER.pad_id
+        self.actor = MegatronActor.from_spec(self.spec, TOKENIZER.vocab_size, num_threads=threads)
+
+    def pad_id(self) -> int:
+        return self.pad
+
+    def warm_start(self, steps: int, cache_dir: str, batch_size: int = 128) -> dict[str, Any]:
+        """Supervised steps on generated demonstrations; reuses ``cache_dir`` when it holds a result.
+
+        RL starts at version 0 either way: warm-start steps are not policy versions.
+        """
+        cache = Path(cache_dir)
+        if (cache / "meta.json").exists():  # the actor writes checkpoints atomically
+            self.actor.load_checkpoint(str(cache))
+            self.actor.version = 0
+            return {"cached": True, "steps": steps, "seconds": 0.0}
+        import random
+
+        from asyncrl.rollout.envs.demos import demonstrations, pad_batch
+
+        rng = random.Random(self.spec.train.seed)
+        t0 = time.perf_counter()
+        losses = []
+        for _ in range(steps):
+            demos = demonstrations(self.spec.task.name, batch_size, rng, max_tool_calls=self.spec.task.max_tool_calls)
+            b = pad_batch(demos)
+            losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
+        seconds = time.perf_counter() - t0
+        self.actor.version = 0
+        self.actor.save_checkpoint(str(cache))
+        return {"cached": False, "steps": steps, "seconds": round(seconds, 2),
+                "loss_first": round(losses[0], 4) if losses else None,
+                "loss_last": round(losses[-1], 4) if losses else None}
+
+    def train_step(self, batch: dict[str, np.ndarray], version: int) -> tuple[dict[str, Any], Weights | None]:
+        """One optimizer step; returns (flat stats, new weights or None when the step was skipped)."""
+        import torch
+
+        from asyncrl.trainer.megatron.batch import TrainBatch
+
+        if self.actor.version != version:
+            raise RuntimeError(f"driver expected actor version {version}, actor is at {self.actor.version}")
+        fields = {k: torch.from_numpy(v) for k, v in batch.items()}
+        tb = TrainBatch(**{k: fields[k] for k in ("tokens", "loss_mask", "logp_mu", "versions", "advantages",
+                                                   "segment_ids")})
+        out = self.actor.train_step(tb)
+        stats: dict[str, Any] = {
+            "applied": out.stepped, "loss": out.loss, "grad_norm": out.grad_norm, "reference": out.reference,
+            "ewma_reset": int(out.ewma_reset), "actor_forward_s": round(out.forward_seconds, 4),
+            "actor_reference_s": round(out.reference_seconds, 4), "actor_backward_s": round(out.backward_seconds, 4),
+            **out.correction,
+        }
+        if not out.stepped:
+            stats["batch_summary"] = tb.summary()
+        return stats, (self.weights() if out.stepped else None)
+
+    def weights(self) -> Weights:
+        return {k: v.numpy() for k, v in self.actor.hf_state_dict().items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> int:
+        self.actor.load_checkpoint(path)
+        return int(self.actor.version)
+
+
+@dataclass
+class HostHandles:
+    """Ray handles of one job's processes."""
+
+    actor: Any
+    rollout: list[Any]
+    pad_id: int
+
+    def kill(self) -> None:
+        import ray
+
+        for h in [self.actor, *self.rollout]:
+            ray.kill(h)
+
+
+def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int, rollout_threads: int) -> HostHandles:
+    """Start the actor and ``spec.rollout.replicas`` rollout workers; wait until all are up."""
+    import ray
+
+    spec_json = spec.model_dump(mode="json", by_alias=True)
+    actor = ray.remote(ActorHost).options(num_cpus=n_procs_cpus, max_concurrency=1).remote(spec_json, actor_threads)
+    rollout = [
+        ray.remote(RolloutHost).options(num_cpus=n_procs_cpus, max_concurrency=2).remote(spec_json, i, rollout_threads)
+        for i in range(spec.rollout.replicas)
+    ]
+    pad_id = ray.get(actor.pad_id.remote())
+    ray.get([w.stats.remote() for w in rollout])  # surfaces construction errors here, not mid-loop
+    return HostHandles(actor, rollout, pad_id)

@@ -1,0 +1,399 @@
+"""The job driver: one asynchronous GRPO run on Ray, read top to bottom.
+
+    setup    run directory, metrics endpoint, local Ray, rollout workers, actor
+    warm     supervised warm start (cached in the run directory), or resume from a checkpoint
+    loop     admit groups (staleness capacity) -> collect -> batch -> actor step -> weight sync
+    cleanup  summary.json, report.png, Ray shutdown -- on every exit path, Ctrl-C included
+
+Data flow (ARCHITECTURE §3): rollout workers (threaded Ray actors, so that ``update_weights``
+reaches a worker in the middle of ``generate``) return versioned trajectories; the
+:class:`StalenessBuffer` admits and releases whole GRPO groups so that no trained token is more
+than ``async.maxStaleness`` versions old; the actor (a Ray actor: megatron keeps process-global
+parallel state, and a separate process keeps the driver responsive while it trains) computes the
+reference log-probs, the correction loss and the optimizer step; its new weights go once into
+the object store (numpy arrays) and every worker loads them from there. ``maxStaleness: 0`` is the
+synchronous baseline with this same code: admission then allows exactly one batch per version.
+"""
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry
+
+from asyncrl.api.job import AsyncRLJob
+from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
+from asyncrl.trainer.driver import checkpoints
+from asyncrl.trainer.driver.batch import assemble_batch, token_staleness
+from asyncrl.trainer.driver.hosts import HostHandles, start_hosts
+from asyncrl.trainer.driver.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
+from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.rundir import RunDir, write_report
+from asyncrl.trainer.driver.staleness import Group, StalenessBuffer, check_staleness
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a job locally (everything the YAML does not say)."""
+
+    run_dir: Path | None = None  # default runs/<job>-<UTC timestamp>
+    steps: int | None = None  # override spec.train.steps
+    port: int | None = None  # override spec.monitoring.port; 0 = any free port
+    metrics_host: str = "127.0.0.1"
+    num_cpus: float = 2.0  # logical CPUs given to Ray (cores of this machine)
+    actor_threads: int = 1  # torch threads of the actor process
+    rollout_threads: int = 1  # torch threads per rollout worker
+    warm_start: bool = True  # run (or reuse) the supervised warm start
+
+
+@dataclass
+class RunResult:
+    """What ``run_job`` hands back (also written to ``summary.json``)."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    metrics_url: str | None = None
+
+
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when too many consecutive steps had a non-finite loss."""
+
+
+def default_run_dir(job: AsyncRLJob) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{job.metadata.name}-{stamp}"
+
+
+def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCallback | None = None,
+            on_start: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    """Run ``job`` (already validated) on a local Ray; returns the summary and per-step records."""
+    spec = job.spec
+    total_steps = options.steps or spec.train.steps
+    run = RunDir.create(options.run_dir or default_run_dir(job))
+    run.job_yaml.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True), sort_keys=False))
+
+    # --- setup: metrics ------------------------------------------------------------------------
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry)
+    metrics.job.info({
+        "name": job.metadata.name, "reference": spec.correction.reference.value,
+        "max_staleness": str(spec.async_.max_staleness), "task": spec.task.name,
+    })
+    server: MetricsServer | None = None
+    port = spec.monitoring.port if options.port is None else options.port
+    if spec.monitoring.enabled:
+        server = serve_metrics(registry, port, options.metrics_host)
+
+    started = time.monotonic()
+    summary: dict[str, Any] = {
+        "job": job.metadata.name, "run_dir": str(run.path), "status": "running",
+        "max_staleness": spec.async_.max_staleness, "reference": spec.correction.reference.value,
+        "metrics_url": server.url if server else None,
+    }
+    records: list[dict[str, Any]] = []
+    try:
+        n_procs = spec.rollout.replicas + 1
+        with local_ray(num_cpus=max(options.num_cpus, 1.0)):
+            hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs, actor_threads=options.actor_threads,
+                                rollout_threads=options.rollout_threads)
+            # --- warm start or resume ------------------------------------------------------
+            version = _warm_or_resume(hosts, job, run, options, summary)
+            if on_start is not None:
+                on_start({**summary, "version": version, "total_steps": total_steps})
+            # --- the loop ---------------------------------------------------------------------
+            loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
+                         on_step=on_step, records=records, summary=summary, started=started)
+            loop.run(total_steps)
+        summary["status"] = "succeeded"
+    except KeyboardInterrupt:
+        summary["status"] = "interrupted"
+        raise
+    except BaseException as exc:
+        summary["status"] = "failed"
+        summary["error"] = _cause(exc)
+        raise
+    finally:
+        # --- cleanup: always leave a usable run directory -------------------------------------
+        summary.update(_summarise(records, time.monotonic() - started))
+        summary["report"] = str(run.report_png)
+        run.write_summary(summary)
+        write_report(records, run.report_png, f"{job.metadata.name} (maxStaleness {spec.async_.max_staleness})")
+        if server is not None:
+            server.close()
+    return RunResult(run.path, summary, records, summary.get("metrics_url"))
+
+
+def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: RunOptions,
+                    summary: dict[str, Any]) -> int:
+    """Resume from the newest checkpoint, else warm-start (reusing a cached warm start)."""
+    import ray
+
+    spec = job.spec
+    ckpt_dir = run.checkpoint_dir(spec.checkpoint.dir)
+    latest = checkpoints.latest(ckpt_dir) if spec.checkpoint.resume else None
+    if latest is not None:
+        version = ray.get(hosts.actor.load_checkpoint.remote(str(latest.path)))
+        summary["resumed_from"] = str(latest.path)
+    elif options.warm_start and spec.train.warm_start_steps > 0:
+        warm = ray.get(hosts.actor.warm_start.remote(spec.train.warm_start_steps, str(run.warm_start_dir)))
+        summary["warm_start"] = warm
+        version = 0
+    else:
+        version = 0
+    weights = hosts.actor.weights.remote()
+    ray.get([w.update_weights.remote(weights, version) for w in hosts.rollout])
+    return int(version)
+
+
+class _Loop:
+    """The asynchronous loop's state; ``run`` is the story, the methods are its steps."""
+
+    def __init__(self, *, spec: Any, hosts: HostHandles, metrics: DriverMetrics, run: RunDir, version: int,
+                 on_step: StepCallback | None, records: list[dict[str, Any]], summary: dict[str, Any],
+                 started: float) -> None:
+        self.spec, self.hosts, self.m, self.run_dir = spec, hosts, metrics, run
+        self.version = version
+        self.on_step, self.records, self.summary, self.started = on_step, records, summary, started
+        self.W = spec.async_.max_staleness
+        B = spec.train.prompts_per_step
+        self.buffer = StalenessBuffer(self.W, B, base_version=version)
+        n = len(hosts.rollout)
+        self.chunk = max(1, math.ceil(B / n))  # groups per generate call
+        self.pending: dict[Any, tuple[int, int]] = {}  # ref -> (worker index, reserved groups)
+        self.idle_since: dict[int, float] = {i: time.monotonic() for i in range(n)}
+        self.consecutive_nonfinite = 0
+        self.m.policy_version.set(version)
+
+    # ---------------------------------------------------------------------------------------------
+    def run(self, total_steps: int) -> None:
+        import ray
+
+        loop_start = time.monotonic()
+        while self.version < total_steps:
+            self._admit()
+            wait_start = time.monotonic()
+            batch = self._next_batch()
+            while batch is None:
+                done, _ = ray.wait(list(self.pending), num_returns=1)
+                self._collect(done[0])
+                self._admit()
+                batch = self._next_batch()
+            self.m.trainer_idle.inc(time.monotonic() - wait_start)
+            self._train(batch)
+        self._drain()
+        now = time.monotonic()
+        for since in self.idle_since.values():
+            self.m.rollout_idle.inc(now - since)
+        wall = now - loop_start
+        self.m.trainer_seconds.inc(wall)
+        self.m.rollout_worker.inc(wall * len(self.hosts.rollout))
+
+    def _admit(self) -> None:
+        """Give every idle worker as many new groups as the staleness capacity allows."""
+        now = time.monotonic()
+        for i, worker in enumerate(self.hosts.rollout):
+            if i not in self.idle_since:
+                continue
+            n = self.buffer.reserve(self.chunk, self.version)
+            if n == 0:
+                break
+            self.m.rollout_idle.inc(now - self.idle_since.pop(i))
+            self.pending[worker.generate.remote(n)] = (i, n)
+        self._gauges()
+
+    def _collect(self, ref: Any) -> None:
+        """One generate call came back: count it and put its groups in the buffer."""
+        import ray
+
+        i, reserved = self.pending.pop(ref)
+        self.idle_since[i] = time.monotonic()
+        try:
+            trajs: list[Trajectory] = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 -- reported with the task and trajectories it hit
+            self.m.rollout_errors.inc()
+            self.buffer.abort(reserved)
+            raise RuntimeError(f"rollout worker {i} failed: {_cause(exc)}") from exc
+        self._count_rollouts(trajs)
+        self.buffer.put(trajs, reserved)
+
+    def _next_batch(self) -> list[Group] | None:
+        batch, dropped = self.buffer.take_batch(self.version)
+        if dropped.groups:
+            self.m.trajectories_dropped.labels("stale").inc(dropped.trajectories)
+            self.m.tokens_dropped.labels("stale").inc(dropped.sampled_tokens)
+        if batch is None and not self.pending:
+            # Nothing in flight and not enough ready: admission must be able to make progress.
+            self._admit()
+            if not self.pending:
+                raise RuntimeError(
+                    f"staleness buffer stalled: {self.buffer.ready} groups ready, capacity "
+                    f"{self.buffer.capacity(self.version)} at version {self.version}"
+                )
+        return batch
+
+    def _train(self, groups: list[Group]) -> None:
+        """Batch -> actor step -> new version -> weight sync; one step record."""
+        import ray
+
+        worst = check_staleness(groups, self.version, self.W)  # the hard guard
+        batch = assemble_batch(groups, pad_id=self.hosts.pad_id)
+        gaps = token_staleness(batch.versions, batch.loss_mask, self.version)
+        t0 = time.monotonic()
+        stats_ref, weights_ref = self.hosts.actor.train_step.options(num_returns=2).remote(
+            {k: v.numpy() for k, v in vars(batch).items()}, self.version
+        )
+        # Keep feeding rollout while the actor trains: that overlap is the whole point of async.
+        while True:
+            done, _ = ray.wait([stats_ref, *self.pending], num_returns=1)
+            if done[0] == stats_ref:
+                break
+            self._collect(done[0])
+            self._admit()
+        stats: dict[str, Any] = ray.get(stats_ref)
+        step_s = time.monotonic() - t0
+        self.m.step_duration.observe(step_s)
+        rewards = batch.rewards
+        record: dict[str, Any] = {
+            "step": self.version + 1, "wall_s": round(time.monotonic() - self.started, 3),
+            "reward_mean": float(rewards.mean()), "success_rate": _success_rate(groups),
+            "staleness_mean": float(gaps.float().mean()) if gaps.numel() else 0.0,
+            "staleness_max": worst, "trajectories": int(rewards.numel()),
+            "partial_frac": sum(t.is_partial for g in groups for t in g) / max(1, int(rewards.numel())),
+            "step_s": round(step_s, 4),
+            **stats,
+        }
+        if not stats.get("applied", True):
+            # Non-finite loss: the actor skipped the update; the batch's statistics are logged.
+            self.m.nonfinite_losses.inc()
+            self.consecutive_nonfinite += 1
+            record["nonfinite_batch"] = _batch_stats(batch)
+            self._record(record)
+            if self.consecutive_nonfinite >= 3:
+                raise NonFiniteLossError(f"3 consecutive non-finite losses at version {self.version}: {record}")
+            return
+        self.consecutive_nonfinite = 0
+        for g in gaps.tolist():
+            self.m.token_staleness.observe(g)
+        self._count_correction(stats, int(batch.loss_mask.sum()))
+        self.version += 1
+        record["version"] = self.version
+        t0 = time.monotonic()
+        ray.get([w.update_weights.remote(weights_ref, self.version) for w in self.hosts.rollout])
+        sync_s = time.monotonic() - t0
+        self.m.weight_sync_duration.observe(sync_s)
+        record["sync_s"] = round(sync_s, 4)
+        self.m.policy_version.set(self.version)
+        self.m.optimizer_steps.inc()
+        every = self.spec.checkpoint.every_steps
+        if self.version % every == 0:
+            ckpt = checkpoints.path_for(self.run_dir.checkpoint_dir(self.spec.checkpoint.dir), self.version)
+            ray.get(self.hosts.actor.save_checkpoint.remote(str(ckpt)))
+            checkpoints.prune(ckpt.parent, self.spec.checkpoint.keep)
+            record["checkpoint"] = str(ckpt)
+        self._record(record)
+
+    def _record(self, record: dict[str, Any]) -> None:
+        record["dropped_groups_total"] = self.buffer.counts.groups_dropped_stale
+        self.records.append(record)
+        self.run_dir.append_step(record)
+        self._gauges()
+        if self.on_step is not None:
+            self.on_step(record)
+
+    def _drain(self) -> None:
+        """Let in-flight generate calls finish so that every admitted group is accounted for."""
+        import ray
+
+        for ref in list(self.pending):
+            i, reserved = self.pending.pop(ref)
+            try:
+                trajs = ray.get(ref)
+            except Exception:  # noqa: BLE001 -- shutting down; counted as aborted
+                self.buffer.abort(reserved)
+                continue
+            self._count_rollouts(trajs)
+            self.buffer.put(trajs, reserved)
+        self.summary["buffer"] = vars(self.buffer.counts).copy()
+        self.summary["buffer"]["left_unused_groups"] = self.buffer.ready
+
+    # --- metrics helpers -------------------------------------------------------------------------
+    def _count_rollouts(self, trajs: list[Trajectory]) -> None:
+        m = self.m
+        for t in trajs:
+            m.trajectories.labels(t.status.value if t.status.value in ("finished", "truncated", "aborted")
+                                  else "aborted").inc()
+            if t.status is TrajectoryStatus.ABORTED:
+                continue
+            m.trajectories_partial.inc(int(t.is_partial))
+            m.trajectories_scored.inc()
+            m.trajectories_succeeded.inc(int(t.success))
+            m.reward_sum.inc(max(0.0, t.reward))
+            sampled = sum(t.loss_mask)
+            m.rollout_tokens.labels("prompt").inc(t.prompt_len)
+            m.rollout_tokens.labels("sampled").inc(sampled)
+            m.rollout_tokens.labels("environment").inc(len(t.tokens) - t.prompt_len - sampled)
+
+    def _count_correction(self, stats: dict[str, Any], trained_tokens: int) -> None:
+        ref = self.spec.correction.reference.value
+        valid = float(stats.get("valid_tokens", trained_tokens))
+        self.m.trained_tokens.inc(trained_tokens)
+        self.m.tokens_valid.labels(ref).inc(valid)
+        self.m.tokens_kept.labels(ref).inc(round(valid * float(stats.get("keep_ratio", 1.0))))
+        for side, key in (("low", "clip_low_frac"), ("high", "clip_high_frac"), ("dual", "dual_clip_frac")):
+            self.m.tokens_clipped.labels(ref, side).inc(round(valid * float(stats.get(key, 0.0))))
+        self.m.nonfinite_tokens.inc(float(stats.get("nonfinite_tokens", 0.0)))
+        if stats.get("ewma_reset"):
+            self.m.ewma_resets.labels(str(stats.get("ewma_reset_reason", "keep_ratio"))).inc()
+
+    def _gauges(self) -> None:
+        self.m.buffer_ready.set(self.buffer.ready)
+        self.m.rollout_running.set(self.buffer.running)
+        self.m.admission_capacity.set(self.buffer.capacity(self.version))
+
+
+def _success_rate(groups: list[Group]) -> float:
+    trajs = [t for g in groups for t in g]
+    return sum(t.success for t in trajs) / max(1, len(trajs))
+
+
+def _batch_stats(batch: Any) -> dict[str, float]:
+    """Statistics of a batch whose loss was non-finite (what to look at first)."""
+    mask = batch.loss_mask
+    mu = batch.logp_mu[mask]
+    return {
+        "trajectories": int(batch.tokens.shape[0]), "tokens": int(batch.tokens.shape[1]),
+        "trained_tokens": int(mask.sum()), "logp_mu_min": float(mu.min()) if mu.numel() else 0.0,
+        "logp_mu_nonfinite": int((~mu.isfinite()).sum()), "advantage_abs_max": float(batch.advantages.abs().max()),
+        "reward_mean": float(batch.rewards.mean()),
+    }
+
+
+def _cause(exc: BaseException) -> str:
+    """The original exception's message (Ray wraps it in a RayTaskError with a long traceback)."""
+    cause = getattr(exc, "cause", None) or exc
+    return f"{type(cause).__name__}: {cause}"
+
+
+def _summarise(records: list[dict[str, Any]], wall_s: float, window: int = 10) -> dict[str, Any]:
+    """Start/final success (mean over the first/last ``window`` steps) and wall time."""
+    def mean(xs: list[float]) -> float | None:
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    ok = [r for r in records if "success_rate" in r]
+    return {
+        "steps_done": len(ok), "wall_s": round(wall_s, 2),
+        "start_success": mean([r["success_rate"] for r in ok[:window]]),
+        "final_success": mean([r["success_rate"] for r in ok[-window:]]),
+        "start_reward": mean([r["reward_mean"] for r in ok[:window]]),
+        "final_reward": mean([r["reward_mean"] for r in ok[-window:]]),
+        "final_version": ok[-1].get("version") if ok else None,
+    }
