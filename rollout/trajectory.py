@@ -19,6 +19,10 @@ class TrajectoryStatus(StrEnum):
     FINISHED = "finished"  # the episode ended (answer given, or the environment closed it)
     TRUNCATED = "truncated"  # hit task.maxNewTokens without an answer (reward as the task says)
     ABORTED = "aborted"  # cut off for good (shutdown, error); never trained on, always counted
+    # A snapshot of an in-flight episode taken by ``interrupt()`` (interrupt-sync): its prefix is
+    # final, but the episode stays resumable in its worker and comes back later as FINISHED or
+    # TRUNCATED. Use it to compute old logits for the prefix; never train on it as an episode.
+    INTERRUPTED = "interrupted"
 
 
 @dataclass

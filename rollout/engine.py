@@ -1,0 +1,87 @@
+"""The rollout engine interface: versioned sampling with per-token ``logp_mu``, weight updates at
+token boundaries, interrupts, and release/acquire of the engine's memory.
+
+Semantics every backend keeps:
+
+- ``logp_mu`` of a sampled token is ``log softmax(z / T)[token]`` with ``z`` the engine's logits
+  upcast to float32 and ``T`` the task temperature: the log-prob under the distribution actually
+  sampled from. The actor must apply the same ``T`` when it computes ``logp_theta``/``logp_old``.
+- ``versions[t]`` is the weight version loaded when token ``t`` was sampled; prompt and
+  environment tokens carry ``-1``.
+- ``update_weights`` may be called from another thread while ``generate`` runs. It takes effect at
+  the next token boundary when ``partial_rollout`` is True (every in-flight episode continues under
+  the new version; its KV cache is recomputed from the whole prefix under the new weights), and
+  after the batch has finished under the old weights when it is False.
+- ``interrupt`` stops a running ``generate`` at the next token boundary and returns snapshots of
+  the unfinished episodes (status ``INTERRUPTED``); ``generate`` then returns with those episodes
+  left resumable (``done`` False). Passing them to a later ``generate`` continues them.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from asyncrl.rollout.episode import Episode
+from asyncrl.rollout.trajectory import Trajectory
+
+
+class RolloutError(RuntimeError):
+    """An environment or engine failure, naming the task and the trajectories it hit."""
+
+    def __init__(self, message: str, *, task: str, traj_ids: Sequence[str]) -> None:
+        self.task = task
+        self.traj_ids = tuple(traj_ids)
+        shown = ", ".join(self.traj_ids[:8]) + (
+            f" (+{len(self.traj_ids) - 8} more)" if len(self.traj_ids) > 8 else ""
+        )
+        super().__init__(f"{message} [task {task}, trajectories {shown}]")
+
+
+class EngineReleasedError(RuntimeError):
+    """The engine's model is released; call ``acquire()`` first."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A sampling backend for multi-turn episodes (transformers today, vLLM later)."""
+
+    @property
+    def version(self) -> int:
+        """Version of the weights new tokens are sampled with (-1 before any load)."""
+        ...
+
+    @property
+    def released(self) -> bool: ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load HF-named weights now (the engine must be idle)."""
+        ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Thread-safe weight update; applied at a token boundary (see the module docstring)."""
+        ...
+
+    def generate(
+        self,
+        episodes: Sequence[Episode],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        partial_rollout: bool = True,
+        seed: int | None = None,
+    ) -> list[Episode]:
+        """Advance ``episodes`` until each is done or an interrupt arrives; returns them (same order)."""
+        ...
+
+    def interrupt(self, timeout_s: float = 30.0) -> list[Trajectory]:
+        """Stop a running ``generate`` at the next token boundary; snapshots of its unfinished episodes."""
+        ...
+
+    def release(self) -> None:
+        """Drop the model and KV memory, keeping a host copy of the last loaded weights."""
+        ...
+
+    def acquire(self) -> None:
+        """Rebuild the model with the last loaded weights (and apply a weight update that arrived meanwhile)."""
+        ...

@@ -1,0 +1,93 @@
+"""An in-flight episode: the mutable state the engine advances token by token.
+
+It holds the environment, the aligned per-token lists that become a :class:`Trajectory`, the queue
+of environment tokens still to force and the text of the current assistant turn. An interrupted
+episode keeps all of it, so a later ``generate`` call resumes it exactly where it stopped (with
+whatever weights are loaded by then: the prefix keeps its versions and ``logp_mu``).
+"""
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from asyncrl.rollout.envs.base import Environment
+from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
+
+
+@dataclass
+class Episode:
+    """One trajectory being generated. Per-token lists all have length ``len(tokens)``."""
+
+    traj_id: str
+    group_id: str
+    env: Environment
+    tokens: list[int]
+    prompt_len: int
+    loss_mask: list[bool] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    logp_mu: list[float] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    forced: deque[int] = field(default_factory=deque)  # environment tokens still to feed
+    turn: int = 0  # assistant turn index (environment answers seen so far)
+    turn_text: str = ""  # agent text of the current turn
+    done: bool = False
+    status: TrajectoryStatus = TrajectoryStatus.FINISHED
+    reward: float = 0.0
+    success: bool = False
+    reason: str = ""
+
+    @classmethod
+    def start(cls, traj_id: str, group_id: str, env: Environment, rng: random.Random) -> "Episode":
+        """Reset ``env`` with ``rng`` and hold its prompt."""
+        prompt = env.reset(rng)
+        n = len(prompt)
+        return cls(
+            traj_id, group_id, env, list(prompt), n, [False] * n, [NO_VERSION] * n, [0.0] * n, [-1] * n
+        )
+
+    @property
+    def task(self) -> str:
+        return self.env.task
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens after the prompt (agent and environment)."""
+        return len(self.tokens) - self.prompt_len
+
+    def add_sampled(self, token: int, version: int, logp: float) -> None:
+        self.tokens.append(token)
+        self.loss_mask.append(True)
+        self.versions.append(version)
+        self.logp_mu.append(logp)
+        self.turn_ids.append(self.turn)
+
+    def add_forced(self, token: int) -> None:
+        self.tokens.append(token)
+        self.loss_mask.append(False)
+        self.versions.append(NO_VERSION)
+        self.logp_mu.append(0.0)
+        self.turn_ids.append(-1)
+
+    def finish(self, status: TrajectoryStatus, reward: float, success: bool, reason: str) -> None:
+        self.done, self.status, self.reward, self.success, self.reason = True, status, reward, success, reason
+        self.forced.clear()
+
+    def to_trajectory(self, status: TrajectoryStatus | None = None) -> Trajectory:
+        """A snapshot (copies of the lists) as a :class:`Trajectory`; ``status`` overrides the episode's."""
+        info = dict(self.env.info())
+        info["end_reason"] = self.reason
+        return Trajectory(
+            traj_id=self.traj_id,
+            group_id=self.group_id,
+            task=self.task,
+            tokens=list(self.tokens),
+            prompt_len=self.prompt_len,
+            loss_mask=list(self.loss_mask),
+            versions=list(self.versions),
+            logp_mu=list(self.logp_mu),
+            turn_ids=list(self.turn_ids),
+            reward=self.reward,
+            success=self.success,
+            status=self.status if status is None else status,
+            info=info,
+        )

@@ -1,0 +1,331 @@
+"""The transformers backend of :class:`~asyncrl.rollout.engine.RolloutEngine`.
+
+A manual lock-step sampling loop over a batch of episodes with one HF ``DynamicCache``
+(``reference/rl-on-cpu.md`` §1-2: 15-20 % faster than ``generate`` and the only way to force
+environment tokens without re-prefilling). Each decode step feeds one token per in-flight episode:
+the next queued environment token (``loss_mask`` False, version -1) or the token the policy sampled
+at the previous step. Episodes of different lengths are left-padded with an attention mask and
+explicit position ids; finished episodes are dropped from the batch and the cache.
+
+Precision: the model runs in ``dtype`` (bfloat16 by default, ``spec.model.rolloutDtype``); logits
+are upcast to float32 before ``log_softmax`` (a bf16 softmax alone puts ~15 % of tokens outside a
+±1 % ratio window, rl-on-cpu.md §5b).
+
+Temperature: tokens are sampled from ``softmax(z / T)`` and ``logp_mu`` is the log-prob under that
+same temperature-scaled distribution, so the actor must divide its logits by ``T`` too.
+"""
+
+import gc
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, LlamaForCausalLM
+
+from asyncrl.api.model_arch import LlamaArch
+from asyncrl.rollout.engine import EngineReleasedError, RolloutError
+from asyncrl.rollout.episode import Episode
+from asyncrl.rollout.hf_model import build_model, load_hf_state_dict, torch_dtype
+from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
+
+StateDict = Mapping[str, torch.Tensor]
+
+
+@dataclass
+class EngineCounters:
+    """Monotonic counters of one engine (read them as a snapshot with ``dataclasses.replace``)."""
+
+    sampled_tokens: int = 0
+    forced_tokens: int = 0
+    decode_steps: int = 0
+    prefills: int = 0  # full-prefix forwards (batch start, resume, re-prefill after a swap)
+    swaps_in_flight: int = 0  # weight updates applied while episodes were in flight
+    updates_superseded: int = 0  # pending updates replaced by a newer one before being applied
+    interrupts: int = 0
+
+
+class HFEngine:
+    """Samples episodes with a transformers ``LlamaForCausalLM`` built from ``arch``.
+
+    Args:
+        arch: the architecture both actor and rollout resolve from ``spec.model``.
+        dtype: ``"bfloat16"`` or ``"float32"``.
+        seed: seed of the engine's sampling generator (used when ``generate`` gets no ``seed``).
+        pad_id: token fed at left-padding positions (masked out; any valid id works).
+    """
+
+    def __init__(self, arch: LlamaArch, *, dtype: str = "bfloat16", seed: int = 0, pad_id: int = 0) -> None:
+        self.arch = arch
+        self.dtype = torch_dtype(dtype)
+        self.pad_id = pad_id
+        self.counters = EngineCounters()
+        self._model: LlamaForCausalLM | None = None
+        self._host: dict[str, torch.Tensor] | None = None  # weights kept while released
+        self._released = False
+        self._version = NO_VERSION
+        self._sampler = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()  # guards _pending, _generating, _snapshots
+        self._gen_lock = threading.Lock()  # one generate at a time
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._generating = False
+        self._interrupt_req = threading.Event()
+        self._stopped = threading.Event()
+        self._snapshots: list[Trajectory] = []
+
+    # ----------------------------------------------------------------------------- state
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def model(self) -> LlamaForCausalLM:
+        """The live model (for tests and tools); raises when released or never loaded."""
+        if self._released:
+            raise EngineReleasedError("HFEngine: the model is released; call acquire() first")
+        if self._model is None:
+            raise RuntimeError(
+                "HFEngine: no weights loaded yet; call load_weights(state_dict, version) first"
+            )
+        return self._model
+
+    def _copy(self, state_dict: StateDict) -> dict[str, torch.Tensor]:
+        # Copy now: the caller (an in-process actor) may update its tensors in place right after.
+        return {k: v.detach().to("cpu", self.dtype, copy=True) for k, v in state_dict.items()}
+
+    def _apply(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Install ``weights`` as ``version`` (caller holds ``_lock`` and no forward is running)."""
+        if self._released:
+            self._host = weights  # installed on acquire()
+        else:
+            if self._model is None:
+                self._model = build_model(self.arch, self.dtype)
+            load_hf_state_dict(self._model, weights)
+        self._version = version
+
+    def load_weights(self, state_dict: StateDict, version: int) -> None:
+        with self._lock:
+            if self._generating:
+                raise RuntimeError(
+                    "HFEngine.load_weights: a generate() is running; use update_weights() to swap at a token boundary"
+                )
+            self._pending = None
+            self._apply(self._copy(state_dict), version)
+
+    def update_weights(self, state_dict: StateDict, version: int) -> None:
+        weights = self._copy(state_dict)
+        with self._lock:
+            if not self._generating:
+                self._pending = None
+                self._apply(weights, version)
+                return
+            if self._pending is not None:
+                self.counters.updates_superseded += 1
+            self._pending = (weights, version)
+
+    def _swap_pending(self) -> bool:
+        with self._lock:
+            if self._pending is None:
+                return False
+            weights, version = self._pending
+            self._pending = None
+            self._apply(weights, version)
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._generating:
+                raise RuntimeError("HFEngine.release: a generate() is running; interrupt() it first")
+            if self._released:
+                return
+            if self._model is not None:
+                self._host = {k: v.detach().to("cpu") for k, v in self._model.state_dict().items()}
+            self._model = None
+            self._released = True
+        gc.collect()
+
+    def acquire(self) -> None:
+        with self._lock:
+            if not self._released:
+                return
+            self._released = False
+            if self._host is not None:
+                self._model = build_model(self.arch, self.dtype)
+                load_hf_state_dict(self._model, self._host)
+            self._host = None
+
+    # ----------------------------------------------------------------------------- interrupt
+    def interrupt(self, timeout_s: float = 30.0) -> list[Trajectory]:
+        with self._lock:
+            if not self._generating:
+                return []
+            self._interrupt_req.set()
+        if not self._stopped.wait(timeout_s):
+            raise TimeoutError(
+                f"HFEngine.interrupt: generate() did not reach a token boundary within {timeout_s} s"
+            )
+        with self._lock:
+            return list(self._snapshots)
+
+    # ----------------------------------------------------------------------------- generate
+    def generate(
+        self,
+        episodes: Sequence[Episode],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        partial_rollout: bool = True,
+        seed: int | None = None,
+    ) -> list[Episode]:
+        if temperature <= 0:
+            raise ValueError(f"HFEngine.generate: temperature must be > 0, got {temperature}")
+        if not self._gen_lock.acquire(blocking=False):
+            raise RuntimeError("HFEngine.generate: another generate() is running on this engine")
+        try:
+            with self._lock:
+                model = self.model  # raises when released / never loaded
+                self._generating = True
+                self._snapshots = []
+                self._interrupt_req.clear()
+                self._stopped.clear()
+            sampler = torch.Generator().manual_seed(seed) if seed is not None else self._sampler
+            try:
+                self._loop(model, list(episodes), max_new_tokens, temperature, partial_rollout, sampler)
+            finally:
+                with self._lock:
+                    self._generating = False
+                    if self._interrupt_req.is_set():
+                        self.counters.interrupts += 1
+                    self._interrupt_req.clear()
+                self._stopped.set()
+                # partial_rollout False: the batch finished under the old weights; swap now.
+                self._swap_pending()
+        finally:
+            self._gen_lock.release()
+        return list(episodes)
+
+    def _loop(
+        self,
+        model: LlamaForCausalLM,
+        episodes: list[Episode],
+        max_new_tokens: int,
+        temperature: float,
+        partial_rollout: bool,
+        sampler: torch.Generator,
+    ) -> None:
+        rows = [e for e in episodes if not e.done]
+        for e in rows:
+            if e.new_tokens >= max_new_tokens:
+                e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
+        rows = [e for e in rows if not e.done]
+        need_prefill = True
+        cache: DynamicCache | None = None
+        attn = last_pos = torch.empty(0)
+        while True:
+            # ---- token boundary: weight swap (partial rollout), interrupt, end of batch
+            if partial_rollout and self._swap_pending():
+                model = self.model
+                need_prefill = True  # the old cache was computed with the old weights
+                if rows:
+                    self.counters.swaps_in_flight += 1
+            if self._interrupt_req.is_set():
+                with self._lock:
+                    self._snapshots = [e.to_trajectory(TrajectoryStatus.INTERRUPTED) for e in rows]
+                return
+            if not rows:
+                return
+            version = self._version
+            try:
+                with torch.inference_mode():
+                    if need_prefill:
+                        ids, attn, pos = _left_pad([e.tokens for e in rows], self.pad_id)
+                        cache = DynamicCache(config=model.config)
+                        out = model(
+                            input_ids=ids,
+                            attention_mask=attn,
+                            position_ids=pos,
+                            cache=cache,
+                            use_cache=True,
+                            logits_to_keep=1,
+                        )
+                        last_pos = pos[:, -1]
+                        need_prefill = False
+                        self.counters.prefills += 1
+                    else:
+                        ids = torch.tensor([[e.tokens[-1]] for e in rows], dtype=torch.long)
+                        attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=1)
+                        last_pos = last_pos + 1
+                        out = model(
+                            input_ids=ids,
+                            attention_mask=attn,
+                            position_ids=last_pos[:, None],
+                            cache=cache,
+                            use_cache=True,
+                        )
+                        self.counters.decode_steps += 1
+                    # [B, V] fp32 log-probs of the temperature-scaled sampling distribution
+                    logp = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
+                    sampled = torch.multinomial(logp.exp(), 1, generator=sampler)  # [B, 1]
+                    sampled_logp = logp.gather(1, sampled).squeeze(1)  # [B]
+            except Exception as exc:
+                tasks = ",".join(sorted({e.task for e in rows}))
+                raise RolloutError(
+                    f"engine forward failed: {exc!r}", task=tasks, traj_ids=[e.traj_id for e in rows]
+                ) from exc
+            keep = self._advance(
+                rows, sampled.squeeze(1).tolist(), sampled_logp.tolist(), version, max_new_tokens
+            )
+            if len(keep) < len(rows):
+                idx = torch.tensor(keep, dtype=torch.long)
+                if cache is not None and keep:
+                    cache.batch_select_indices(idx)
+                attn, last_pos = attn[idx], last_pos[idx]
+                rows = [rows[i] for i in keep]
+
+    def _advance(
+        self, rows: list[Episode], tokens: list[int], logps: list[float], version: int, max_new_tokens: int
+    ) -> list[int]:
+        """Append one token to every row (forced, else sampled); returns the indices still in flight."""
+        keep = []
+        for i, e in enumerate(rows):
+            if e.forced:
+                e.add_forced(e.forced.popleft())
+                self.counters.forced_tokens += 1
+            else:
+                tok = tokens[i]
+                e.add_sampled(tok, version, logps[i])
+                self.counters.sampled_tokens += 1
+                e.turn_text += e.env.tokenizer.decode([tok])
+                try:
+                    step = e.env.step(e.turn_text)
+                except Exception as exc:
+                    raise RolloutError(
+                        f"environment step failed: {exc!r}", task=e.task, traj_ids=[e.traj_id]
+                    ) from exc
+                if step.done:
+                    e.finish(TrajectoryStatus.FINISHED, step.reward, step.success, step.reason)
+                elif step.tokens:
+                    e.forced.extend(step.tokens)
+                    e.turn += 1
+                    e.turn_text = ""
+            if not e.done and e.new_tokens >= max_new_tokens:
+                e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
+            if not e.done:
+                keep.append(i)
+        return keep
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad ``seqs`` -> ``(ids [B, L], attention_mask [B, L], position_ids [B, L])``."""
+    B, L = len(seqs), max(len(s) for s in seqs)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, L - len(s) :] = torch.tensor(s, dtype=torch.long)
+        attn[b, L - len(s) :] = 1
+    pos = (attn.cumsum(dim=1) - 1).clamp(min=0)
+    return ids, attn, pos
