@@ -62,6 +62,7 @@ class RunResult:
 
 
 StepCallback = Callable[[dict[str, Any]], None]
+BatchCallback = Callable[[list[Group], int], None]  # (groups about to train, actor version)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -74,8 +75,13 @@ def default_run_dir(job: AsyncRLJob) -> Path:
 
 
 def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCallback | None = None,
-            on_start: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Run ``job`` (already validated) on a local Ray; returns the summary and per-step records."""
+            on_start: Callable[[dict[str, Any]], None] | None = None,
+            on_batch: BatchCallback | None = None) -> RunResult:
+    """Run ``job`` (already validated) on a local Ray; returns the summary and per-step records.
+
+    ``on_start`` gets the summary so far (metrics URL, warm start) once the workers are up,
+    ``on_step`` every step record, ``on_batch`` every batch right before the actor trains on it.
+    """
     spec = job.spec
     total_steps = options.steps or spec.train.steps
     run = RunDir.create(options.run_dir or default_run_dir(job))
@@ -105,13 +111,15 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
         with local_ray(num_cpus=max(options.num_cpus, 1.0)):
             hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs, actor_threads=options.actor_threads,
                                 rollout_threads=options.rollout_threads)
+            summary["startup_s"] = round(time.monotonic() - started, 2)
             # --- warm start or resume ------------------------------------------------------
             version = _warm_or_resume(hosts, job, run, options, summary)
+            summary["start_version"] = version
             if on_start is not None:
                 on_start({**summary, "version": version, "total_steps": total_steps})
             # --- the loop ---------------------------------------------------------------------
             loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
-                         on_step=on_step, records=records, summary=summary, started=started)
+                         on_step=on_step, on_batch=on_batch, records=records, summary=summary, started=started)
             loop.run(total_steps)
         summary["status"] = "succeeded"
     except KeyboardInterrupt:
@@ -158,11 +166,12 @@ class _Loop:
     """The asynchronous loop's state; ``run`` is the story, the methods are its steps."""
 
     def __init__(self, *, spec: Any, hosts: HostHandles, metrics: DriverMetrics, run: RunDir, version: int,
-                 on_step: StepCallback | None, records: list[dict[str, Any]], summary: dict[str, Any],
-                 started: float) -> None:
+                 on_step: StepCallback | None, on_batch: BatchCallback | None, records: list[dict[str, Any]],
+                 summary: dict[str, Any], started: float) -> None:
         self.spec, self.hosts, self.m, self.run_dir = spec, hosts, metrics, run
         self.version = version
-        self.on_step, self.records, self.summary, self.started = on_step, records, summary, started
+        self.on_step, self.on_batch = on_step, on_batch
+        self.records, self.summary, self.started = records, summary, started
         self.W = spec.async_.max_staleness
         B = spec.train.prompts_per_step
         self.buffer = StalenessBuffer(self.W, B, base_version=version)
@@ -245,6 +254,8 @@ class _Loop:
         import ray
 
         worst = check_staleness(groups, self.version, self.W)  # the hard guard
+        if self.on_batch is not None:
+            self.on_batch(groups, self.version)
         batch = assemble_batch(groups, pad_id=self.hosts.pad_id)
         gaps = token_staleness(batch.versions, batch.loss_mask, self.version)
         t0 = time.monotonic()
