@@ -49,6 +49,7 @@ class RunOptions:
     actor_threads: int = 1  # torch threads of the actor process
     rollout_threads: int = 1  # torch threads per rollout worker
     warm_start: bool = True  # run (or reuse) the supervised warm start
+    warm_start_dir: Path | None = None  # where the warm start is cached (default <run-dir>/warm_start)
 
 
 @dataclass
@@ -152,7 +153,8 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
         version = ray.get(hosts.actor.load_checkpoint.remote(str(latest.path)))
         summary["resumed_from"] = str(latest.path)
     elif options.warm_start and spec.train.warm_start_steps > 0:
-        warm = ray.get(hosts.actor.warm_start.remote(spec.train.warm_start_steps, str(run.warm_start_dir)))
+        cache = options.warm_start_dir or run.warm_start_dir
+        warm = ray.get(hosts.actor.warm_start.remote(spec.train.warm_start_steps, str(cache)))
         summary["warm_start"] = warm
         version = 0
     else:
@@ -205,6 +207,15 @@ class _Loop:
         wall = now - loop_start
         self.m.trainer_seconds.inc(wall)
         self.m.rollout_worker.inc(wall * len(self.hosts.rollout))
+        value = self.m.registry.get_sample_value
+        self.summary["loop"] = {
+            "wall_s": round(wall, 3),
+            "trainer_idle_s": round(value("asyncrl_trainer_idle_seconds_total") or 0.0, 3),
+            "rollout_idle_s": round(value("asyncrl_rollout_idle_seconds_total") or 0.0, 3),
+            "rollout_worker_s": round(value("asyncrl_rollout_worker_seconds_total") or 0.0, 3),
+            "train_s": round(sum(r.get("step_s", 0.0) + r.get("sync_s", 0.0) for r in self.records), 3),
+            "trajectories_trained": sum(r.get("trajectories", 0) for r in self.records if "version" in r),
+        }
 
     def _admit(self) -> None:
         """Give every idle worker as many new groups as the staleness capacity allows."""
@@ -321,20 +332,14 @@ class _Loop:
             self.on_step(record)
 
     def _drain(self) -> None:
-        """Let in-flight generate calls finish so that every admitted group is accounted for."""
-        import ray
-
-        for ref in list(self.pending):
-            i, reserved = self.pending.pop(ref)
-            try:
-                trajs = ray.get(ref)
-            except Exception:  # noqa: BLE001 -- shutting down; counted as aborted
-                self.buffer.abort(reserved)
-                continue
-            self._count_rollouts(trajs)
-            self.buffer.put(trajs, reserved)
+        """Stop: in-flight generate calls are abandoned (Ray shutdown ends them) and counted as aborted."""
+        in_flight = sum(reserved for _, reserved in self.pending.values())
+        for _, reserved in self.pending.values():
+            self.buffer.abort(reserved)
+        self.pending.clear()
         self.summary["buffer"] = vars(self.buffer.counts).copy()
-        self.summary["buffer"]["left_unused_groups"] = self.buffer.ready
+        self.summary["buffer"]["groups_in_flight_at_end"] = in_flight
+        self.summary["buffer"]["groups_left_unused"] = self.buffer.ready
 
     # --- metrics helpers -------------------------------------------------------------------------
     def _count_rollouts(self, trajs: list[Trajectory]) -> None:

@@ -1,0 +1,30 @@
+"""``asyncrl run``: argument handling and validation before anything heavy starts."""
+
+import sys
+
+from asyncrl.trainer.cli import _load_run_job, main
+
+
+def test_embedded_quickstart_is_packaged_and_valid():
+    job = _load_run_job(None)
+    assert job.metadata.name == "quickstart"
+
+
+def test_invalid_job_is_rejected_before_ray_starts(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: bad}\n"
+        "spec:\n  async: {maxStaleness: -1}\n  train: {stepz: 3}\n"
+    )
+    assert main(["run", str(bad), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "spec.async.maxStaleness" in err and "spec.train.stepz" in err  # all problems at once
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_file_and_bad_steps(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert main(["run", "--steps", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "--steps must be >= 1" in err
