@@ -174,3 +174,34 @@ def test_train_batch_reports_every_shape_problem() -> None:
         )
     assert "loss_mask has dtype torch.float32, expected torch.bool" in str(err.value)
     assert "versions has shape (2, 4), tokens has (2, 3)" in str(err.value)
+
+
+def test_train_batch_takes_the_driver_padded_batch() -> None:
+    from asyncrl.rollout.trajectory import Trajectory
+    from asyncrl.trainer.driver.batch import assemble_batch
+
+    traj = Trajectory(
+        traj_id="t0",
+        group_id="g0",
+        task="calculator",
+        tokens=[1, 2, 3, 4],
+        prompt_len=2,
+        loss_mask=[False, False, True, True],
+        versions=[-1, -1, 0, 0],
+        logp_mu=[0.0, 0.0, -0.5, -0.25],
+        turn_ids=[-1, -1, 0, 0],
+        reward=1.0,
+    )
+    padded = assemble_batch([[traj]], pad_id=0)
+    batch = TrainBatch.from_fields(padded)
+    assert batch.shape == (1, 4) and batch.logp_ref is None
+    assert batch.logp_mu.tolist() == [[0.0, 0.0, -0.5, -0.25]]
+
+
+def test_unknown_reference_lists_the_valid_ones() -> None:
+    from asyncrl.trainer.megatron.references import reference_rule
+
+    with pytest.raises(
+        ValueError, match="valid references: behavior, current, linear, loglinear, ewma, exact"
+    ):
+        reference_rule("proximal")

@@ -223,8 +223,11 @@ class MegatronActor:
             self.nonfinite_loss_total += 1
             log.warning(
                 "non-finite loss %s at version %d (reference %s): step skipped; batch %s",
-                loss, self.version, self.reference.value, batch.summary(),
-            )  # fmt: skip
+                loss,
+                self.version,
+                self.reference.value,
+                batch.summary(),
+            )
         else:
             result.loss.backward()
             outcome = self._optimizer.step()
@@ -237,8 +240,10 @@ class MegatronActor:
                 self.nonfinite_grad_total += 1
                 log.warning(
                     "non-finite gradient norm %s at version %d: update skipped; batch %s",
-                    grad_norm, self.version, batch.summary(),
-                )  # fmt: skip
+                    grad_norm,
+                    self.version,
+                    batch.summary(),
+                )
         t3 = time.perf_counter()
         return TrainStepMetrics(
             version=self.version,
@@ -317,8 +322,11 @@ class MegatronActor:
         Tied architectures list ``lm_head.weight`` as the same tensor as ``model.embed_tokens.weight``,
         so ``LlamaForCausalLM.load_state_dict(..., strict=True)`` accepts it.
         """
-        own = {k: v.detach().to("cpu", torch.float32).clone() for k, v in self._gpt.state_dict().items()
-               if not k.endswith("_extra_state")}  # fmt: skip
+        own = {
+            k: v.detach().to("cpu", torch.float32).clone()
+            for k, v in self._gpt.state_dict().items()
+            if not k.endswith("_extra_state")
+        }
         return megatron_to_hf(own, self.settings.arch)
 
     def load_hf_state_dict(self, hf: dict[str, torch.Tensor]) -> None:

@@ -160,13 +160,12 @@ class MainGradAdamW:
         self._ddp = ddp_model
         self._params = [p for p in ddp_model.parameters() if p.requires_grad]
         self._max_grad_norm = settings.max_grad_norm
-        self._opt = torch.optim.AdamW(
-            self._params,
-            lr=settings.lr,
-            betas=settings.betas,
-            eps=settings.eps,
-            weight_decay=settings.weight_decay,
-        )
+        # Megatron's grouping: no weight decay on 1-D parameters (norm weights, biases).
+        groups = [
+            {"params": [p for p in self._params if p.dim() > 1], "weight_decay": settings.weight_decay},
+            {"params": [p for p in self._params if p.dim() <= 1], "weight_decay": 0.0},
+        ]
+        self._opt = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, eps=settings.eps)
 
     def zero_grad(self) -> None:
         # param.grad must be None before backward: DDP's hook adds param.grad into main_grad, and
