@@ -1,0 +1,224 @@
+"""The PPO-EWMA reference controller: a bias-corrected parameter EWMA ``theta_prox`` (paper §5.2).
+
+Update rule (openai/ppo-ewma ``ppo_ewma/ppg.py::EwmaModel``): the total weight starts at 1 when
+``theta_prox`` is set to the current weights; after each optimizer step::
+
+    new_total = beta * total + 1
+    theta_prox <- (beta * total / new_total) * theta_prox + theta / new_total
+    total <- new_total
+
+so that with a constant ``beta``, ``theta_prox^(t) = sum_k beta^(t-k) theta^(k) / sum_k beta^(t-k)``
+(paper §5.2, the bias-corrected weighted average). A reset is the update with ``beta = 0``:
+``theta_prox = theta``, ``total = 1``.
+
+Decay: a number in (0, 1), or ``auto = W / (W + 2)`` which puts the EWMA's centre of mass
+``beta / (1 - beta) = W / 2`` versions back (paper Appendix B), with ``W`` either the configured
+``async.maxStaleness`` or the running mean of the measured per-token staleness
+(:meth:`EwmaController.observe_staleness`; the configured W is used until a first observation).
+
+Reset rule (paper §6.5): when the discrepancy-mask keep ratio stays below ``tau`` for ``k``
+consecutive steps, ``theta_prox`` is reset to the current weights (reason ``keep_ratio_collapse``);
+:meth:`EwmaController.reset` does it on demand (reason ``manual``).
+
+Parameters are kept in fp32 whatever the model's dtype; only floating-point tensors are
+averaged, others (integer buffers) follow the current value.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from asyncrl.api.correction import EwmaSpec
+
+ResetReason = Literal["keep_ratio_collapse", "manual"]
+Params = Mapping[str, Tensor] | nn.Module
+
+
+@dataclass(frozen=True)
+class EwmaStepReport:
+    """What one :meth:`EwmaController.update` did.
+
+    ``streak``: consecutive low-keep-ratio steps up to and including this one (on a reset step it
+    equals ``k``; the counter then restarts from 0). ``decay``: the ``beta`` used by this step
+    (0 on a reset). ``total_weight``: the bias-correction total after the step.
+    """
+
+    reset: bool
+    reason: ResetReason | None
+    streak: int
+    decay: float
+    total_weight: float
+    step: int
+
+
+def _as_dict(params: Params) -> dict[str, Tensor]:
+    if isinstance(params, nn.Module):
+        return dict(params.state_dict(keep_vars=False))
+    return dict(params)
+
+
+class EwmaController:
+    """Keeps ``theta_prox`` and decides its resets. Use ``from_spec``, ``init``, then ``update``
+    after every optimizer step."""
+
+    def __init__(
+        self,
+        *,
+        decay: float | Literal["auto"],
+        max_staleness: int,
+        window: Literal["configured", "measured"] = "configured",
+        reset_enabled: bool = True,
+        keep_ratio_below: float = 0.8,
+        consecutive_steps: int = 3,
+    ) -> None:
+        if decay != "auto" and not 0.0 <= float(decay) < 1.0:
+            raise ValueError(f"decay must be 'auto' or in [0, 1); got {decay!r}")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness (W) must be >= 0; got {max_staleness}")
+        if window not in ("configured", "measured"):
+            raise ValueError(f"window must be 'configured' or 'measured'; got {window!r}")
+        if consecutive_steps < 1:
+            raise ValueError(f"consecutive_steps (k) must be >= 1; got {consecutive_steps}")
+        self.decay_setting = decay
+        self.max_staleness = max_staleness
+        self.window = window
+        self.reset_enabled = reset_enabled
+        self.keep_ratio_below = keep_ratio_below
+        self.consecutive_steps = consecutive_steps
+        self.params: dict[str, Tensor] = {}
+        self.total_weight = 1.0
+        self.streak = 0
+        self.step = 0
+        self.resets = 0
+        self.last_reset_reason: ResetReason | None = None
+        self._staleness_sum = 0.0
+        self._staleness_count = 0
+
+    @classmethod
+    def from_spec(cls, spec: EwmaSpec, *, max_staleness: int) -> "EwmaController":
+        """From ``spec.correction.ewma`` and ``W = spec.async.maxStaleness``."""
+        return cls(
+            decay=spec.decay,
+            max_staleness=max_staleness,
+            window=spec.window,
+            reset_enabled=spec.reset.enabled,
+            keep_ratio_below=spec.reset.keep_ratio_below,
+            consecutive_steps=spec.reset.consecutive_steps,
+        )
+
+    # --- decay -----------------------------------------------------------------------------------
+    @property
+    def staleness_window(self) -> float:
+        """W used by ``decay: auto``: configured, or the running mean of the measured staleness."""
+        if self.window == "measured" and self._staleness_count > 0:
+            return self._staleness_sum / self._staleness_count
+        return float(self.max_staleness)
+
+    @property
+    def decay(self) -> float:
+        """The current ``beta``: the fixed value, or ``W / (W + 2)``."""
+        if self.decay_setting == "auto":
+            w = self.staleness_window
+            return w / (w + 2.0)
+        return float(self.decay_setting)
+
+    def observe_staleness(self, mean_gap: float | Tensor) -> None:
+        """Feed the mean version gap of the tokens of one batch (window ``measured``)."""
+        gap = float(mean_gap)
+        if not gap >= 0.0:  # also rejects NaN
+            raise ValueError(f"mean staleness must be a number >= 0; got {gap}")
+        self._staleness_sum += gap
+        self._staleness_count += 1
+
+    # --- parameters ------------------------------------------------------------------------------
+    def init(self, params: Params) -> None:
+        """Set ``theta_prox`` to a fp32 copy of ``params`` (total weight 1)."""
+        self.params = {k: self._copy(v) for k, v in _as_dict(params).items()}
+        self.total_weight = 1.0
+
+    @staticmethod
+    def _copy(v: Tensor) -> Tensor:
+        v = v.detach()
+        return v.to(torch.float32, copy=True) if v.is_floating_point() else v.clone()
+
+    def _check_keys(self, current: Mapping[str, Tensor]) -> None:
+        if not self.params:
+            raise RuntimeError("EwmaController.init(params) must be called before update/reset")
+        missing, extra = sorted(set(self.params) - set(current)), sorted(set(current) - set(self.params))
+        bad = [k for k in self.params if k in current and self.params[k].shape != current[k].shape]
+        if missing or extra or bad:
+            shapes = [f"{k}: {tuple(self.params[k].shape)} vs {tuple(current[k].shape)}" for k in bad]
+            raise ValueError(f"parameters do not match theta_prox: missing {missing}, unexpected {extra}, shapes {shapes}")
+
+    @torch.no_grad()
+    def _blend(self, current: Mapping[str, Tensor], beta: float) -> None:
+        new_total = beta * self.total_weight + 1.0
+        keep = beta * self.total_weight / new_total
+        for k, p_ewma in self.params.items():
+            p = current[k].detach()
+            if p_ewma.is_floating_point():
+                p_ewma.mul_(keep).add_(p.to(device=p_ewma.device, dtype=torch.float32), alpha=1.0 / new_total)
+            else:
+                p_ewma.copy_(p)
+        self.total_weight = new_total
+
+    def reset(self, params: Params, reason: ResetReason = "manual") -> EwmaStepReport:
+        """``theta_prox <- params`` (the update with ``beta = 0``); counts and reports the reset."""
+        current = _as_dict(params)
+        self._check_keys(current)
+        self._blend(current, 0.0)
+        self.resets += 1
+        self.last_reset_reason = reason
+        streak, self.streak = self.streak, 0
+        return EwmaStepReport(True, reason, streak, 0.0, self.total_weight, self.step)
+
+    def update(self, params: Params, keep_ratio: float | Tensor | None = None) -> EwmaStepReport:
+        """One step after an optimizer step: reset if the keep ratio collapsed, else EWMA-update.
+
+        Args:
+            params: the current weights (module or name -> tensor).
+            keep_ratio: ``keep_ratio`` of this step's correction metrics (None: not observed,
+                the streak is left as it is). A 0-dim tensor is read here (one host sync).
+        """
+        current = _as_dict(params)
+        self._check_keys(current)
+        self.step += 1
+        if keep_ratio is not None:
+            self.streak = self.streak + 1 if float(keep_ratio) < self.keep_ratio_below else 0
+        if self.reset_enabled and self.streak >= self.consecutive_steps:
+            report = self.reset(current, reason="keep_ratio_collapse")
+            return report
+        beta = self.decay
+        self._blend(current, beta)
+        return EwmaStepReport(False, None, self.streak, beta, self.total_weight, self.step)
+
+    def load_into(self, module: nn.Module) -> None:
+        """Copy ``theta_prox`` into ``module`` (cast to each parameter's dtype), e.g. the reference
+        model whose forward gives ``logp_ref``."""
+        module.load_state_dict({k: v for k, v in self.params.items()}, strict=True)
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "params": {k: v.clone() for k, v in self.params.items()},
+            "total_weight": self.total_weight,
+            "streak": self.streak,
+            "step": self.step,
+            "resets": self.resets,
+            "last_reset_reason": self.last_reset_reason,
+            "staleness_sum": self._staleness_sum,
+            "staleness_count": self._staleness_count,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.params = {k: v.clone() for k, v in state["params"].items()}
+        self.total_weight = float(state["total_weight"])
+        self.streak = int(state["streak"])
+        self.step = int(state["step"])
+        self.resets = int(state["resets"])
+        self.last_reset_reason = state["last_reset_reason"]
+        self._staleness_sum = float(state["staleness_sum"])
+        self._staleness_count = int(state["staleness_count"])
