@@ -75,3 +75,9 @@ class ScriptEnv:
 
     def info(self) -> dict[str, Any]:
         return {"seen": self.seen}
+
+
+@pytest.fixture(scope="session")
+def script_env() -> type[ScriptEnv]:
+    """The :class:`ScriptEnv` class (a fixture, so tests need no import path to this file)."""
+    return ScriptEnv

@@ -1,0 +1,244 @@
+"""A rollout worker: draws prompts of the task, samples GRPO groups with its engine, counts.
+
+Pure Python (no Ray): the driver wraps it in a threaded Ray actor, so ``update_weights`` and
+``interrupt`` may arrive from another thread while ``generate`` runs. Reading order:
+construction (spec pieces -> arch -> engine) -> ``generate`` -> weight sync / interrupt -> stats.
+
+Interrupted episodes (``interrupt()`` during ``generate``) stay *suspended* in the worker with
+their environment state; the next ``generate`` resumes them first, under whatever version is
+loaded by then, so a GRPO group may complete across two ``generate`` calls (group members share
+``group_id``; the trainer groups by it). ``abort_suspended()`` drops them for good (counted).
+"""
+
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
+from asyncrl.api.model_arch import LlamaArch, resolve_arch
+from asyncrl.rollout.engine import RolloutEngine, RolloutError
+from asyncrl.rollout.envs.registry import get_task
+from asyncrl.rollout.episode import Episode
+from asyncrl.rollout.tokenizer import TOKENIZER
+from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """A snapshot of a worker's monotonic counters (export as ``*_total`` / ``*_seconds``)."""
+
+    worker_index: int
+    version: int
+    tokens_sampled: int  # agent tokens (loss_mask True) of every returned trajectory
+    tokens_forced: int  # environment tokens of every returned trajectory
+    trajectories_finished: int
+    trajectories_truncated: int
+    trajectories_partial: int  # returned trajectories whose sampled tokens span > 1 version
+    trajectories_interrupted: int  # snapshots handed out by interrupt()
+    trajectories_aborted: int  # dropped for good (abort_suspended, or lost to an error)
+    trajectories_suspended: int  # in flight between generate calls now (a gauge)
+    groups_started: int
+    weight_updates: int
+    busy_seconds: float  # inside generate()
+    idle_seconds: float  # between generate() calls
+
+
+def _rng(*parts: int) -> random.Random:
+    # Tuples of ints hash deterministically (no PYTHONHASHSEED dependence).
+    return random.Random(hash(parts))
+
+
+class RolloutWorker:
+    """Generates GRPO groups of one task with one engine.
+
+    Args:
+        task: ``spec.task`` (name, maxNewTokens, maxToolCalls, temperature, groupSize).
+        model: ``spec.model`` (architecture and ``rolloutDtype``).
+        async_: ``spec.async`` (``partialRollout``).
+        worker_index: this worker's index among the job's rollout workers (decorrelates prompts).
+        seed: the job seed (``spec.train.seed``).
+        engine: a ready engine; by default an :class:`~asyncrl.rollout.hf_engine.HFEngine` of the
+            resolved architecture. Either way, load weights before the first ``generate``.
+    """
+
+    def __init__(
+        self,
+        task: TaskSpec,
+        model: ModelSpec,
+        async_: AsyncSpec,
+        *,
+        worker_index: int = 0,
+        seed: int = 0,
+        engine: RolloutEngine | None = None,
+    ) -> None:
+        self.task_spec = task
+        self.task = get_task(task.name)
+        self.partial_rollout = async_.partial_rollout
+        self.worker_index = worker_index
+        self.seed = seed
+        self.arch: LlamaArch = resolve_arch(model, TOKENIZER.vocab_size)
+        if engine is None:
+            from asyncrl.rollout.hf_engine import HFEngine  # the default backend (imports transformers)
+
+            sampling_seed = _rng(seed, worker_index, 1).randrange(2**62)
+            engine = HFEngine(
+                self.arch, dtype=model.rollout_dtype, seed=sampling_seed, pad_id=TOKENIZER.pad_id
+            )
+        self.engine = engine
+        self._suspended: list[Episode] = []
+        self._groups = 0
+        self._lock = threading.Lock()
+        self._c = dict.fromkeys(
+            (
+                "tokens_sampled",
+                "tokens_forced",
+                "finished",
+                "truncated",
+                "partial",
+                "interrupted",
+                "aborted",
+                "updates",
+            ),
+            0,
+        )
+        self._busy = 0.0
+        self._idle = 0.0
+        self._last_end = time.perf_counter()
+        self._busy_since: float | None = None
+
+    # ----------------------------------------------------------------------------- weights
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load HF-named weights now (worker idle)."""
+        self.engine.load_weights(state_dict, version)
+        with self._lock:
+            self._c["updates"] += 1
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Thread-safe: applied at the next token boundary (partialRollout) or after the batch."""
+        self.engine.update_weights(state_dict, version)
+        with self._lock:
+            self._c["updates"] += 1
+
+    def release(self) -> None:
+        self.engine.release()
+
+    def acquire(self) -> None:
+        self.engine.acquire()
+
+    # ----------------------------------------------------------------------------- generation
+    def _new_group(self) -> list[Episode]:
+        k = self._groups
+        self._groups += 1
+        gid = f"w{self.worker_index}-g{k}"
+        state = _rng(self.seed, self.worker_index, 0, k).getstate()
+        episodes = []
+        for j in range(self.task_spec.group_size):
+            rng = random.Random()
+            rng.setstate(state)  # every member of the group gets the same problem
+            env = self.task.make_env(max_tool_calls=self.task_spec.max_tool_calls)
+            episodes.append(Episode.start(f"{gid}-s{j}", gid, env, rng))
+        return episodes
+
+    def generate(self, n_groups: int) -> list[Trajectory]:
+        """Resume suspended episodes, then sample ``n_groups`` new groups of ``task.groupSize``.
+
+        Returns the trajectories that ended (FINISHED or TRUNCATED): ``n_groups * groupSize`` plus
+        resumed ones, minus any interrupted (kept suspended for the next call).
+        """
+        if n_groups < 0:
+            raise ValueError(f"RolloutWorker.generate: n_groups must be >= 0, got {n_groups}")
+        start = time.perf_counter()
+        with self._lock:
+            self._idle += start - self._last_end
+            self._busy_since = start
+        episodes, self._suspended = self._suspended, []
+        try:
+            for _ in range(n_groups):
+                episodes.extend(self._new_group())
+            self.engine.generate(
+                episodes,
+                max_new_tokens=self.task_spec.max_new_tokens,
+                temperature=self.task_spec.temperature,
+                partial_rollout=self.partial_rollout,
+            )
+        except RolloutError:
+            with self._lock:
+                self._c["aborted"] += len(episodes)
+            raise
+        except Exception as exc:
+            with self._lock:
+                self._c["aborted"] += len(episodes)
+            raise RolloutError(
+                f"rollout worker {self.worker_index} failed: {exc!r}",
+                task=self.task.name,
+                traj_ids=[e.traj_id for e in episodes],
+            ) from exc
+        finally:
+            end = time.perf_counter()
+            with self._lock:
+                self._busy += end - start
+                self._last_end = end
+                self._busy_since = None
+        done = [e.to_trajectory() for e in episodes if e.done]
+        self._suspended = [e for e in episodes if not e.done]
+        with self._lock:
+            for t in done:
+                n_sampled = sum(t.loss_mask)
+                self._c["tokens_sampled"] += n_sampled
+                self._c["tokens_forced"] += len(t.tokens) - t.prompt_len - n_sampled
+                self._c["truncated" if t.status is TrajectoryStatus.TRUNCATED else "finished"] += 1
+                self._c["partial"] += t.is_partial
+        return done
+
+    def interrupt(self, timeout_s: float = 30.0) -> list[Trajectory]:
+        """Stop a running ``generate`` at a token boundary; snapshots (INTERRUPTED) of what was in flight.
+
+        The episodes themselves stay suspended in this worker and resume on the next ``generate``.
+        """
+        snaps = self.engine.interrupt(timeout_s)
+        with self._lock:
+            self._c["interrupted"] += len(snaps)
+        return snaps
+
+    def abort_suspended(self) -> list[Trajectory]:
+        """Drop the suspended episodes for good; returns them with status ABORTED (counted)."""
+        out = [e.to_trajectory(TrajectoryStatus.ABORTED) for e in self._suspended]
+        self._suspended = []
+        with self._lock:
+            self._c["aborted"] += len(out)
+        return out
+
+    @property
+    def suspended(self) -> int:
+        return len(self._suspended)
+
+    def stats(self) -> RolloutStats:
+        with self._lock:
+            c = dict(self._c)
+            now = time.perf_counter()
+            busy = self._busy + (now - self._busy_since if self._busy_since is not None else 0.0)
+            idle = self._idle + (now - self._last_end if self._busy_since is None else 0.0)
+            return RolloutStats(
+                worker_index=self.worker_index,
+                version=self.version,
+                tokens_sampled=c["tokens_sampled"],
+                tokens_forced=c["tokens_forced"],
+                trajectories_finished=c["finished"],
+                trajectories_truncated=c["truncated"],
+                trajectories_partial=c["partial"],
+                trajectories_interrupted=c["interrupted"],
+                trajectories_aborted=c["aborted"],
+                trajectories_suspended=len(self._suspended),
+                groups_started=self._groups,
+                weight_updates=c["updates"],
+                busy_seconds=busy,
+                idle_seconds=idle,
+            )

@@ -1,0 +1,111 @@
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
+from asyncrl.rollout.engine import RolloutError
+from asyncrl.rollout.envs.math_tasks import MathToolEnv
+from asyncrl.rollout.tokenizer import TOKENIZER
+from asyncrl.rollout.trajectory import TrajectoryStatus
+from asyncrl.rollout.worker import RolloutWorker
+
+Weights = Callable[[int], dict[str, torch.Tensor]]
+MODEL = ModelSpec(hidden_size=64, ffn_hidden_size=128, rollout_dtype="float32")
+
+
+def worker(weights: Weights, index: int = 0, seed: int = 0, **task: object) -> RolloutWorker:
+    spec = TaskSpec(**{"name": "calculator", "group_size": 4, "max_new_tokens": 24, **task})  # type: ignore[arg-type]
+    w = RolloutWorker(spec, MODEL, AsyncSpec(), worker_index=index, seed=seed)
+    w.load_weights(weights(0), version=0)
+    return w
+
+
+def test_generate_groups(weights: Weights) -> None:
+    w = worker(weights)
+    trajs = w.generate(3)
+    assert len(trajs) == 3 * 4 and len({t.traj_id for t in trajs}) == 12
+    groups: dict[str, list[str]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, []).append(TOKENIZER.decode(t.tokens[: t.prompt_len]))
+        assert t.task == "calculator" and set(t.sampled_versions) == {0}
+        assert t.status in (TrajectoryStatus.FINISHED, TrajectoryStatus.TRUNCATED)
+    assert len(groups) == 3 and all(
+        len(set(p)) == 1 and len(p) == 4 for p in groups.values()
+    )  # one prompt per group
+    s = w.stats()
+    assert s.trajectories_finished + s.trajectories_truncated == 12 and s.groups_started == 3
+    assert s.tokens_sampled == sum(sum(t.loss_mask) for t in trajs) and s.busy_seconds > 0
+    assert w.generate(1)[0].group_id == "w0-g3"
+
+
+def test_workers_are_seeded(weights: Weights) -> None:
+    a, b, c = worker(weights), worker(weights), worker(weights, index=1)
+    ta, tb, tc = a.generate(2), b.generate(2), c.generate(2)
+    assert [t.tokens for t in ta] == [t.tokens for t in tb]
+    assert [t.tokens[: t.prompt_len] for t in ta] != [t.tokens[: t.prompt_len] for t in tc]
+
+
+def test_environment_errors_name_task_and_trajectory(
+    weights: Weights, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = worker(weights)
+
+    def broken(self: MathToolEnv, turn_text: str) -> None:
+        raise ZeroDivisionError("tool crashed")
+
+    monkeypatch.setattr(MathToolEnv, "step", broken)
+    with pytest.raises(RolloutError, match=r"tool crashed.*task calculator, trajectories w0-g0-s0") as err:
+        w.generate(1)
+    assert err.value.task == "calculator" and err.value.traj_ids == ("w0-g0-s0",)
+    assert w.stats().trajectories_aborted == 4
+
+
+def test_generate_needs_weights() -> None:
+    w = RolloutWorker(TaskSpec(), MODEL, AsyncSpec())
+    assert w.version == -1
+    with pytest.raises(RolloutError, match="load_weights"):
+        w.generate(1)
+
+
+def test_interrupted_episodes_resume_in_the_next_call(
+    weights: Weights, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = worker(weights, max_new_tokens=40)
+    started = threading.Event()
+    step = MathToolEnv.step
+
+    def slow(self: MathToolEnv, turn_text: str) -> object:
+        started.set()
+        time.sleep(0.002)
+        return step(self, turn_text)
+
+    monkeypatch.setattr(MathToolEnv, "step", slow)
+    out: list[object] = []
+    th = threading.Thread(target=lambda: out.extend(w.generate(2)))
+    th.start()
+    assert started.wait(10)
+    snaps = w.interrupt(timeout_s=10)
+    th.join(10)
+    assert snaps and all(s.status is TrajectoryStatus.INTERRUPTED for s in snaps)
+    assert len(out) + len(snaps) == 8 and w.suspended == len(snaps)
+    monkeypatch.setattr(MathToolEnv, "step", step)
+    w.update_weights(weights(1), version=1)
+    rest = w.generate(0)  # resumes the suspended episodes only
+    assert sorted(t.traj_id for t in rest) == sorted(s.traj_id for s in snaps)
+    assert w.suspended == 0 and w.stats().trajectories_interrupted == len(snaps)
+    # a dropped suspended episode is counted, never lost silently
+    th = threading.Thread(target=lambda: w.generate(1))
+    monkeypatch.setattr(MathToolEnv, "step", slow)
+    started.clear()
+    th.start()
+    assert started.wait(10)
+    snaps = w.interrupt(timeout_s=10)
+    th.join(10)
+    aborted = w.abort_suspended()
+    assert [t.traj_id for t in aborted] == [s.traj_id for s in snaps]
+    assert all(
+        t.status is TrajectoryStatus.ABORTED for t in aborted
+    ) and w.stats().trajectories_aborted == len(snaps)
