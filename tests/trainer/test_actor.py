@@ -1,5 +1,6 @@
 """The megatron actor: references, non-finite handling, SFT, weight export, checkpoints."""
 
+import dataclasses
 import logging
 import os
 
@@ -93,6 +94,86 @@ def test_exact_reference_takes_logp_ref_from_the_batch() -> None:
         other.train_step(TrainBatch.from_fields(batch, logp_ref=logp_ref))
 
 
+class _Spy:
+    """Wraps correction_loss and keeps the tensors of its last call."""
+
+    def __init__(self, monkeypatch) -> None:
+        import asyncrl.trainer.correction as correction
+
+        self._real = correction.correction_loss
+        self.calls: list[dict[str, torch.Tensor]] = []
+        monkeypatch.setattr(correction, "correction_loss", self)
+
+    def __call__(self, logp_theta, logp_ref, logp_mu, *args, **kwargs):
+        self.calls.append(
+            {"theta": logp_theta.detach().clone(), "ref": logp_ref.clone(), "mu": logp_mu.clone()}
+        )
+        return self._real(logp_theta, logp_ref, logp_mu, *args, **kwargs)
+
+
+@pytest.mark.parametrize("reference", ["linear", "loglinear"])
+def test_interpolated_reference_uses_token_versions_against_the_actor_version(monkeypatch, reference) -> None:
+    actor = _actor(reference)
+    for seed in (10, 11):  # two steps: the actor is at version 2
+        actor.train_step(_batch(actor, seed=seed))
+    batch = _batch(actor, seed=3)
+    versions = batch.versions.clone()
+    versions[:, PROMPT : PROMPT + 3] = 0  # gap 2 (actor version 2)
+    versions[:, PROMPT + 3 : PROMPT + 6] = 1  # gap 1
+    versions[:, PROMPT + 6 :] = 2  # gap 0
+    versions[~batch.loss_mask] = -1
+    batch = dataclasses.replace(batch, versions=versions)
+    theta = actor.logprobs(batch.tokens)
+    spy = _Spy(monkeypatch)
+    assert actor.train_step(batch).reference == reference
+    ref, mu = spy.calls[-1]["ref"], spy.calls[-1]["mu"]
+    torch.testing.assert_close(spy.calls[-1]["theta"], theta, rtol=0.0, atol=0.0)
+    b, t2, t1, t0 = 1, PROMPT, PROMPT + 3, PROMPT + 6
+    # Behaviour weight alpha = 1 / (gap + 1): gap 0 -> mu exactly; gap 2 -> alpha = 1/3.
+    assert ref[b, t0] == mu[b, t0]
+    if reference == "loglinear":
+        expected_gap2 = mu[b, t2] / 3 + 2 * theta[b, t2] / 3
+        expected_gap1 = mu[b, t1] / 2 + theta[b, t1] / 2
+    else:
+        expected_gap2 = torch.log(mu[b, t2].exp() / 3 + 2 * theta[b, t2].exp() / 3)
+        expected_gap1 = torch.log(mu[b, t1].exp() / 2 + theta[b, t1].exp() / 2)
+    torch.testing.assert_close(ref[b, t2], expected_gap2, rtol=0.0, atol=1e-6)
+    torch.testing.assert_close(ref[b, t1], expected_gap1, rtol=0.0, atol=1e-6)
+
+
+def test_ewma_reference_forward_update_and_restore(monkeypatch) -> None:
+    actor = _actor("ewma")  # decay auto with W = 2: beta = 2 / (2 + 2) = 0.5
+    batch = _batch(actor, noise=0.0)
+    theta0 = _params(actor)
+    spy = _Spy(monkeypatch)
+    m = actor.train_step(batch)
+    # theta_prox starts as the RL-start weights, so the first reference is the pre-step forward.
+    assert torch.equal(spy.calls[-1]["ref"], spy.calls[-1]["theta"])
+    assert m.stepped and m.reference == "ewma" and not m.ewma_reset
+    theta1 = _params(actor)
+    # total: 0.5 * 1 + 1 = 1.5, theta_prox = (0.5 / 1.5) theta0 + theta1 / 1.5 = theta0 / 3 + 2 theta1 / 3.
+    for name, p0, p1 in zip(actor._named, theta0, theta1, strict=True):
+        torch.testing.assert_close(actor._ewma.params[name], p0 / 3 + 2 * p1 / 3, rtol=1e-6, atol=1e-7)
+    # The EWMA forward swaps its weights in and back: the next gradient forward sees theta1 exactly.
+    expected_theta = actor.logprobs(batch.tokens)
+    actor.train_step(batch)
+    assert torch.equal(spy.calls[-1]["theta"], expected_theta)
+    assert not torch.equal(spy.calls[-1]["ref"], expected_theta)  # theta_prox != theta1
+
+
+def test_ewma_resets_when_the_keep_ratio_stays_low() -> None:
+    actor = _actor("ewma")  # reset after 3 consecutive steps with keep ratio < 0.8
+    resets = []
+    for step in range(3):
+        # logp_mu far from the policy: |log r_d| ~ 3 > log 2, so the [0.5, 2] mask rejects most tokens.
+        m = actor.train_step(_batch(actor, seed=20 + step, noise=3.0))
+        assert m.correction["keep_ratio"] < 0.8
+        resets.append(m.ewma_reset)
+    assert resets == [False, False, True] and m.ewma_resets_total == 1
+    for name, p in actor._named.items():
+        assert torch.equal(actor._ewma.params[name], p.detach()), name
+
+
 def test_nonfinite_loss_stops_the_step(monkeypatch, caplog) -> None:
     import asyncrl.trainer.correction as correction
 
@@ -142,8 +223,9 @@ def test_hf_state_dict_loads_into_transformers() -> None:
     torch.testing.assert_close(actor.logprobs(tokens)[:, 1:], logp_hf, rtol=0.0, atol=1e-5)
 
 
-def test_checkpoint_round_trip_resumes_identically(tmp_path) -> None:
-    actor = _actor("behavior", maxGradNorm=0.5)
+@pytest.mark.parametrize("reference", ["behavior", "ewma"])
+def test_checkpoint_round_trip_resumes_identically(tmp_path, reference: str) -> None:
+    actor = _actor(reference, maxGradNorm=0.5)
     first, second = _batch(actor, seed=1), _batch(actor, seed=2)
     actor.train_step(first)
     ckpt = tmp_path / "step_1"
@@ -153,12 +235,15 @@ def test_checkpoint_round_trip_resumes_identically(tmp_path) -> None:
     expected = actor.train_step(second)
     after = _params(actor)
 
-    fresh = _actor("behavior", maxGradNorm=0.5)
+    fresh = _actor(reference, maxGradNorm=0.5)
     fresh.load_checkpoint(str(ckpt))
     assert fresh.version == 1
-    got = fresh.train_step(second)  # optimizer moments restored too, or this step would differ
+    got = fresh.train_step(second)  # optimizer moments (and theta_prox) restored, or this would differ
     assert got.version == expected.version == 2 and got.loss == expected.loss
     assert all(torch.equal(a, p) for a, p in zip(after, fresh._params, strict=True))
+    if reference == "ewma":
+        for name, value in actor._ewma.params.items():
+            assert torch.equal(fresh._ewma.params[name], value), name
 
 
 def test_train_batch_reports_every_shape_problem() -> None:

@@ -4,11 +4,14 @@ One :meth:`MegatronActor.train_step` is one optimizer step and one version (pape
 
 1. reference forward, if the reference needs one (``ewma``: EWMA weights swapped in, no grad);
 2. gradient forward: ``logp_theta`` ``[B, T]`` at the rollout temperature;
-3. ``logp_ref`` from the reference rule (:mod:`asyncrl.trainer.megatron.references`);
+3. ``logp_ref = reference_logp(reference, ...)`` with what the reference rule supplied
+   (:mod:`asyncrl.trainer.megatron.references`);
 4. ``correction_loss(logp_theta, logp_ref, logp_mu, ...)``; a non-finite loss stops here: no
    backward, no update, the batch statistics are logged and the step is counted;
 5. backward, clip (``train.maxGradNorm``), optimizer step, ``version += 1``;
-6. ``ewma``: the EWMA controller takes the new weights and the step's keep ratio (it may reset).
+6. ``ewma``: the EWMA controller takes the new weights and the step's keep ratio (it may reset
+   ``theta_prox`` to the current weights, paper §6.5), and the batch's mean staleness (for
+   ``ewma.window: measured``).
 """
 
 import dataclasses
@@ -43,8 +46,7 @@ class ActorSettings:
     optimizer: compat.OptimizerSettings
     temperature: float = 1.0  # rollout sampling temperature; logp_theta uses the same
     seed: int = 0
-    ewma_decay: float = 0.5  # beta of theta_prox (spec.ewma_decay: W/(W+2) when auto)
-    max_staleness: int = 2  # W (async.maxStaleness), for the linear/loglinear references
+    max_staleness: int = 2  # W (async.maxStaleness): EWMA decay auto, linear/loglinear gap bound
     num_threads: int | None = None  # torch intra-op threads of this process (None: leave as is)
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES  # fp32 logits alive per log-prob chunk
     init_weights: str | None = None  # folder of HF-named safetensors (None: random init)
@@ -70,7 +72,6 @@ class ActorSettings:
             optimizer=optimizer,
             temperature=spec.task.temperature,
             seed=spec.train.seed,
-            ewma_decay=spec.ewma_decay,
             max_staleness=spec.async_.max_staleness,
             num_threads=num_threads,
             init_weights=spec.model.weights,
@@ -134,11 +135,12 @@ class MegatronActor:
         if settings.init_weights is not None:
             self.load_hf_state_dict(load_hf(settings.init_weights))
         self._ddp = compat.wrap_ddp(self._gpt)
-        self._params = [p for p in self._gpt.parameters() if p.requires_grad]
+        self._named = {n: p for n, p in self._gpt.named_parameters() if p.requires_grad}
+        self._params = list(self._named.values())
         self._optimizer = compat.make_optimizer(self._ddp, settings.optimizer)
         self.version = 0
         self._ewma: Any = None  # EwmaController, created from the weights RL starts with
-        self._scratch: list[torch.Tensor] | None = None
+        self._scratch: dict[str, torch.Tensor] | None = None
         self.nonfinite_loss_total = 0
         self.nonfinite_grad_total = 0
         self.ewma_resets_total = 0
@@ -172,15 +174,15 @@ class MegatronActor:
         ewma = self._ensure_ewma()
         with torch.no_grad():
             if self._scratch is None:
-                self._scratch = [torch.empty_like(p) for p in self._params]
-            for keep, p, e in zip(self._scratch, self._params, ewma.params, strict=True):
-                keep.copy_(p)
-                p.copy_(e)
+                self._scratch = {n: torch.empty_like(p) for n, p in self._named.items()}
+            for name, p in self._named.items():
+                self._scratch[name].copy_(p)
+                p.copy_(ewma.params[name])
             try:
                 return self._logprobs(tokens.to(self.runtime.device), self.settings.temperature)
             finally:
-                for keep, p in zip(self._scratch, self._params, strict=True):
-                    p.copy_(keep)
+                for name, p in self._named.items():
+                    p.copy_(self._scratch[name])
 
     def _logprobs(self, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(
@@ -191,6 +193,7 @@ class MegatronActor:
     def train_step(self, batch: TrainBatch) -> TrainStepMetrics:
         """One RL optimizer step on ``batch`` with the job's correction (see the module docstring)."""
         from asyncrl.trainer.correction import correction_loss
+        from asyncrl.trainer.correction.references import reference_logp
 
         if batch.logp_ref is not None and self.reference is not ReferencePolicy.EXACT:
             raise ValueError(
@@ -200,12 +203,21 @@ class MegatronActor:
         batch = batch.to(self.runtime.device)
         self._optimizer.zero_grad()
         t0 = time.perf_counter()
-        logp_ref = self._rule.before(self, batch) if self._rule.before is not None else None
+        given = self._rule.before(self, batch) if self._rule.before is not None else None
         t1 = time.perf_counter()
         logp_theta = self._logprobs(batch.tokens, self.settings.temperature)
-        if logp_ref is None:
-            assert self._rule.after is not None  # every rule sets one phase (references.REFERENCES)
-            logp_ref = self._rule.after(self, batch, logp_theta)
+        if self._rule.after is not None:
+            given = self._rule.after(self, batch, logp_theta)
+        logp_ref = reference_logp(
+            self.reference,
+            logp_mu=batch.logp_mu,
+            logp_theta=logp_theta,
+            versions=batch.versions,
+            actor_version=self.version,
+            logp_given=given,
+            loss_mask=batch.loss_mask,
+            max_staleness=self.settings.max_staleness,
+        )
         result = correction_loss(
             logp_theta,
             logp_ref,
@@ -234,8 +246,8 @@ class MegatronActor:
             grad_norm, stepped = outcome.grad_norm, outcome.stepped
             if stepped:
                 self.version += 1
-                if self._ewma is not None:
-                    reset = self._update_ewma(correction["keep_ratio"])
+                if self.reference is ReferencePolicy.EWMA:
+                    reset = self._update_ewma(batch, correction["keep_ratio"])
             else:
                 self.nonfinite_grad_total += 1
                 log.warning(
@@ -296,24 +308,30 @@ class MegatronActor:
 
     # ---------------------------------------------------------------- EWMA reference
     def _ensure_ewma(self) -> Any:
-        """The EWMA controller, started from the current weights on first use (RL start)."""
+        """The EWMA controller; ``theta_prox`` starts as the weights RL starts from (first use,
+        so SFT warm-start steps are not averaged in)."""
         if self._ewma is None:
             from asyncrl.trainer.correction.ewma import EwmaController
 
-            self._ewma = EwmaController(
-                [p.detach() for p in self._params],
-                decay=self.settings.ewma_decay,
-                reset=self.settings.correction.ewma.reset,
+            self._ewma = EwmaController.from_spec(
+                self.settings.correction.ewma, max_staleness=self.settings.max_staleness
             )
+            self._ewma.init(self._named)
         return self._ewma
 
-    def _update_ewma(self, keep_ratio: float) -> bool:
+    def _update_ewma(self, batch: TrainBatch, keep_ratio: float) -> bool:
         """Fold the post-step weights into ``theta_prox``; True when the controller reset it."""
-        before = self._ewma.resets
-        self._ewma.update([p.detach() for p in self._params], keep_ratio)
-        reset = self._ewma.resets > before
-        self.ewma_resets_total += int(reset)
-        return reset
+        ewma = self._ensure_ewma()
+        gaps = (self.version - 1 - batch.versions)[batch.loss_mask]  # version the batch met
+        if gaps.numel():
+            ewma.observe_staleness(gaps.float().mean())
+        report = ewma.update(self._named, keep_ratio)
+        if report.reset:
+            self.ewma_resets_total += 1
+            log.info(
+                "EWMA reference reset to the current weights at version %d (%s)", self.version, report.reason
+            )
+        return report.reset
 
     # ---------------------------------------------------------------- weights and checkpoints
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
