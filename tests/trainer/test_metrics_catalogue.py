@@ -39,7 +39,7 @@ def test_every_label_value_is_preset_to_zero():
     registry = CollectorRegistry()
     create_metrics(registry)
     v = registry.get_sample_value
-    assert v("asyncrl_ewma_resets_total", {"reason": "keep_ratio"}) == 0.0
+    assert v("asyncrl_ewma_resets_total", {"reason": "keep_ratio_collapse"}) == 0.0
     assert v("asyncrl_dropped_trajectories_total", {"reason": "stale"}) == 0.0
     assert v("asyncrl_staleness_clipped_tokens_total", {"reference": "ewma", "side": "dual"}) == 0.0
     assert v("asyncrl_trajectories_total", {"status": "aborted"}) == 0.0

@@ -77,6 +77,7 @@ class ActorHost:
 
     def __init__(self, spec_json: dict[str, Any], threads: int) -> None:
         _limit_threads(threads)
+        self.threads = threads
         from asyncrl.rollout.tokenizer import TOKENIZER
         from asyncrl.trainer.megatron.actor import MegatronActor
 
@@ -87,10 +88,12 @@ class ActorHost:
     def pad_id(self) -> int:
         return self.pad
 
-    def warm_start(self, steps: int, cache_dir: str, batch_size: int = 128) -> dict[str, Any]:
+    def warm_start(self, steps: int, cache_dir: str, threads: int, batch_size: int = 128) -> dict[str, Any]:
         """Supervised steps on generated demonstrations; reuses ``cache_dir`` when it holds a result.
 
-        RL starts at version 0 either way: warm-start steps are not policy versions.
+        Runs with ``threads`` torch threads (nothing else computes meanwhile: rollout waits for
+        the first weights), then returns to the actor's own budget. RL starts at version 0
+        either way: warm-start steps are not policy versions.
         """
         cache = Path(cache_dir)
         if (cache / "meta.json").exists():  # the actor writes checkpoints atomically
@@ -99,15 +102,21 @@ class ActorHost:
             return {"cached": True, "steps": steps, "seconds": 0.0}
         import random
 
+        import torch
+
         from asyncrl.rollout.envs.demos import demonstrations, pad_batch
 
         rng = random.Random(self.spec.train.seed)
         t0 = time.perf_counter()
         losses = []
-        for _ in range(steps):
-            demos = demonstrations(self.spec.task.name, batch_size, rng, max_tool_calls=self.spec.task.max_tool_calls)
-            b = pad_batch(demos)
-            losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
+        torch.set_num_threads(threads)
+        try:
+            for _ in range(steps):
+                demos = demonstrations(self.spec.task.name, batch_size, rng, max_tool_calls=self.spec.task.max_tool_calls)
+                b = pad_batch(demos)
+                losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
+        finally:
+            torch.set_num_threads(self.threads)
         seconds = time.perf_counter() - t0
         self.actor.version = 0
         self.actor.save_checkpoint(str(cache))

@@ -154,7 +154,8 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
         summary["resumed_from"] = str(latest.path)
     elif options.warm_start and spec.train.warm_start_steps > 0:
         cache = options.warm_start_dir or run.warm_start_dir
-        warm = ray.get(hosts.actor.warm_start.remote(spec.train.warm_start_steps, str(cache)))
+        threads = max(1, int(options.num_cpus))
+        warm = ray.get(hosts.actor.warm_start.remote(spec.train.warm_start_steps, str(cache), threads))
         summary["warm_start"] = warm
         version = 0
     else:
@@ -368,7 +369,8 @@ class _Loop:
             self.m.tokens_clipped.labels(ref, side).inc(round(valid * float(stats.get(key, 0.0))))
         self.m.nonfinite_tokens.inc(float(stats.get("nonfinite_tokens", 0.0)))
         if stats.get("ewma_reset"):
-            self.m.ewma_resets.labels(str(stats.get("ewma_reset_reason", "keep_ratio"))).inc()
+            # The actor resets theta_prox only through the controller's keep-ratio rule.
+            self.m.ewma_resets.labels(str(stats.get("ewma_reset_reason", "keep_ratio_collapse"))).inc()
 
     def _gauges(self) -> None:
         self.m.buffer_ready.set(self.buffer.ready)

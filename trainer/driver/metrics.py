@@ -14,21 +14,21 @@ pre-set to 0 so that series exist before the first event.
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from asyncrl.api.correction import ReferencePolicy
+from asyncrl.trainer.correction.ewma import ResetReason
 
 REFERENCES = tuple(r.value for r in ReferencePolicy)
 TRAJECTORY_STATUSES = ("finished", "truncated", "aborted")
 DROP_REASONS = ("stale",)
 CLIP_SIDES = ("low", "high", "dual")
 TOKEN_KINDS = ("prompt", "sampled", "environment")
-# Why these reasons: keep_ratio is the paper's §6.5 rule (train–inference keep ratio below tau
-# for k steps); nonfinite resets theta_prox when the EWMA itself went NaN/Inf.
-EWMA_RESET_REASONS = ("keep_ratio", "nonfinite")
+# The EWMA controller's own reason names (paper §6.5 keep-ratio rule, or an explicit reset).
+EWMA_RESET_REASONS: tuple[str, ...] = get_args(ResetReason)
 
 
 @dataclass(frozen=True)
