@@ -8,11 +8,18 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.actor import MegatronActor
 from asyncrl.trainer.megatron.batch import TrainBatch
 
 VOCAB = 40
 B, T, PROMPT = 6, 14, 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def megatron_on_cpu() -> None:
+    # The CPU suite stays on the CPU shim even on a CUDA host (megatron's setup is per process).
+    compat.init_megatron(seed=0, device="cpu")
 
 
 def _spec(reference: str, **train) -> AsyncRLJobSpec:

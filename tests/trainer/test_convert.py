@@ -23,7 +23,7 @@ ARCH = LlamaArch(64, 2, 4, 2, 96, 40, 32, tie_embeddings=False, rope_theta=50000
 
 @pytest.fixture(scope="module", autouse=True)
 def megatron() -> compat.MegatronRuntime:
-    return compat.init_megatron(seed=0)
+    return compat.init_megatron(seed=0, device="cpu")
 
 
 def _hf_model(arch: LlamaArch, seed: int):

@@ -16,14 +16,16 @@ ARCH = LlamaArch(32, 1, 4, 2, 64, 40, 16, tie_embeddings=False)
 
 @pytest.fixture(scope="module")
 def runtime() -> compat.MegatronRuntime:
-    return compat.init_megatron(seed=0)
+    return compat.init_megatron(seed=0, device="cpu")
 
 
 def test_init_is_idempotent(runtime: compat.MegatronRuntime) -> None:
     from megatron.core import parallel_state
 
     again = compat.init_megatron(seed=1)
-    assert again is runtime
+    assert again is runtime and compat.init_megatron(seed=1, device="cpu") is runtime
+    with pytest.raises(RuntimeError, match="cannot switch to 'cuda'"):
+        compat.init_megatron(seed=1, device="cuda")
     assert dist.is_initialized() and dist.get_world_size() == 1
     assert parallel_state.get_tensor_model_parallel_world_size() == 1
     assert parallel_state.get_pipeline_model_parallel_world_size() == 1

@@ -13,7 +13,7 @@ ARCH = LlamaArch(64, 2, 4, 2, 96, 40, 32, tie_embeddings=True)
 
 @pytest.fixture(scope="module")
 def gpt() -> torch.nn.Module:
-    compat.init_megatron(seed=0)
+    compat.init_megatron(seed=0, device="cpu")
     torch.manual_seed(5)
     return build_gpt_model(ARCH, init_std=0.1)
 

@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -50,6 +50,7 @@ class ActorSettings:
     num_threads: int | None = None  # torch intra-op threads of this process (None: leave as is)
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES  # fp32 logits alive per log-prob chunk
     init_weights: str | None = None  # folder of HF-named safetensors (None: random init)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # compat.init_megatron: auto = CUDA if present
 
     @classmethod
     def from_spec(
@@ -129,7 +130,7 @@ class MegatronActor:
         self._rule = reference_rule(self.reference)
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
-        self.runtime = compat.init_megatron(settings.seed)
+        self.runtime = compat.init_megatron(settings.seed, device=settings.device)
         gpt = build_gpt_model(settings.arch, use_cpu_initialization=self.runtime.use_cpu_initialization)
         self._gpt = gpt.to(self.runtime.device)
         if settings.init_weights is not None:

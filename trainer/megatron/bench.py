@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    compat.init_megatron(seed=0)
+    compat.init_megatron(seed=0, device="cpu")
     from transformers import LlamaForCausalLM
 
     arch = TINY

@@ -22,7 +22,7 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,7 @@ class MegatronRuntime:
         return self.on_cpu
 
 
-def init_megatron(seed: int = 0) -> MegatronRuntime:
+def init_megatron(seed: int = 0, *, device: Literal["auto", "cpu", "cuda"] = "auto") -> MegatronRuntime:
     """Set up torch.distributed and megatron's parallel state for TP = PP = 1; idempotent.
 
     A second call in the same process re-seeds megatron's RNG tracker and returns the same
@@ -53,9 +53,21 @@ def init_megatron(seed: int = 0) -> MegatronRuntime:
 
     Args:
         seed: seed of megatron's RNG tracker (and of torch's default generators).
+        device: ``auto`` = the runtime already set up in this process, else CUDA when available,
+            else the CPU shim; ``cpu`` forces the shim even on a CUDA host (the CPU test suite);
+            asking for a kind other than the one already set up raises (it cannot change in-process).
     """
     global _RUNTIME
-    on_cpu = not torch.cuda.is_available()
+    if _RUNTIME is not None:
+        if device != "auto" and (device == "cpu") != _RUNTIME.on_cpu:
+            raise RuntimeError(
+                f"megatron already runs on {_RUNTIME.device} in this process; cannot switch to {device!r}"
+            )
+        on_cpu = _RUNTIME.on_cpu
+    else:
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("init_megatron(device='cuda') but torch sees no CUDA device")
+        on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     if on_cpu:
         # (1) megatron calls torch.cuda.current_device() at ~170 sites; on CPU they must mean "cpu".
         torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
@@ -64,17 +76,17 @@ def init_megatron(seed: int = 0) -> MegatronRuntime:
     if _RUNTIME is None:
         backend = "gloo" if on_cpu else "nccl"
         if on_cpu:
-            device = torch.device("cpu")
+            dev = torch.device("cpu")
         else:
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            torch.cuda.set_device(device)
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(dev)
         if not dist.is_initialized():
             _init_process_group(backend)
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(
                 tensor_model_parallel_size=1, pipeline_model_parallel_size=1
             )
-        _RUNTIME = MegatronRuntime(device=device, on_cpu=on_cpu, backend=backend)
+        _RUNTIME = MegatronRuntime(device=dev, on_cpu=on_cpu, backend=backend)
 
     torch.manual_seed(seed)
     # (2) The training tracker snapshots CUDA RNG states; the inference tracker does not.
