@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.job import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, AsyncRLJobSpec
+from asyncrl.api.status import JobStatus
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
@@ -29,6 +30,10 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Actor pods ready/desired."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts",
      "description": "Restarts from checkpoint so far."},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
+     "description": "Reason of the last phase change."},
+    {"name": "Sync", "type": "string", "jsonPath": ".status.syncPhase.phase", "priority": 1,
+     "description": "Interrupt-sync phase reported by the driver."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -124,6 +129,8 @@ class _Converter:
                 out.update(self._cel(model))
         else:
             out.update(self._scalars(node))
+            if kind == "array" and isinstance(node.get("items"), dict):
+                out["items"] = self.convert(node["items"])
         return out
 
     @staticmethod
@@ -154,6 +161,21 @@ def spec_schema() -> dict[str, Any]:
     """The structural OpenAPI v3 schema of ``spec``."""
     conv = _Converter(AsyncRLJobSpec)
     return conv.convert(conv.schema, AsyncRLJobSpec)
+
+
+def status_schema() -> dict[str, Any]:
+    """The structural schema of ``status``, generated from :class:`asyncrl.api.status.JobStatus`.
+
+    Typed (a real API server prunes unknown status fields); ``conditions`` is a list-map keyed
+    by ``type`` as in ``metav1.Condition``.
+    """
+    conv = _Converter(JobStatus)
+    schema = conv.convert(conv.schema, JobStatus)
+    schema["description"] = "Observed state: written by the operator, except training (written by the driver)."
+    conditions = schema["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return schema
 
 
 def build_crd() -> dict[str, Any]:
@@ -199,11 +221,7 @@ def build_crd() -> dict[str, Any]:
                                     "properties": {"name": {"type": "string", "maxLength": 40}},
                                 },
                                 "spec": spec,
-                                "status": {
-                                    "type": "object",
-                                    "description": "Observed state, written by the operator and the job's driver.",
-                                    "x-kubernetes-preserve-unknown-fields": True,
-                                },
+                                "status": status_schema(),
                             },
                         }
                     },

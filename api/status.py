@@ -1,0 +1,188 @@
+"""The AsyncRLJob ``status``: what the operator writes, and the training summary the driver reports.
+
+Two writers, disjoint fields (so JSON merge patches never lose each other's data):
+
+- the **operator** writes every field of :class:`JobStatus` except ``training`` (phase, reason,
+  message, conditions, replicas, restarts, ...), always the whole ``conditions`` list from one
+  place (``asyncrl.operator.lifecycle``);
+- the **driver** (inside the job) writes only ``status.training``, a :class:`TrainingSummary`.
+
+Status-patch contract for the driver (the in-job status reporter):
+
+1. ``PATCH /apis/asyncrl.io/v1alpha1/namespaces/{ns}/asyncrljobs/{name}/status`` with
+   ``Content-Type: application/merge-patch+json`` and the body :func:`training_patch` returns.
+   Credentials: the pod's ServiceAccount ``<job>-status`` (only the driver pod mounts its token),
+   whose Role allows ``get``/``patch`` on ``asyncrljobs/status`` for this job's name only.
+2. At most one patch every :data:`MIN_REPORT_INTERVAL_SECONDS` (30 s); use :class:`ReportThrottle`.
+   Per-step numbers go to Prometheus, never to the API server.
+3. ``syncPhase``/``syncPhaseSince`` carry the interrupt-sync phase current at report time;
+   the operator copies them to ``status.syncPhase`` and emits one event when a phase stays
+   longer than ``oldLogits.interruptSync.phaseTimeoutSeconds``.
+4. ``keepRatio`` is the train–inference keep ratio over the report window (kept / valid tokens),
+   the value ``monitoring.maskGuard`` compares with its thresholds; ``keepPercent`` is derived.
+
+This module imports nothing heavy: the driver imports it, so does the operator.
+"""
+
+import datetime as dt
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+MIN_REPORT_INTERVAL_SECONDS = 30.0
+
+
+class Phase(StrEnum):
+    """Lifecycle phase of an AsyncRLJob (``status.phase``)."""
+
+    PENDING = "Pending"
+    INITIALIZING = "Initializing"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    VALIDATION_FAILED = "ValidationFailed"
+
+    @property
+    def terminal(self) -> bool:
+        """Succeeded and Failed never change again (children deleted by hand stay deleted)."""
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class SyncPhase(StrEnum):
+    """Interrupt-sync phase of the update ``v -> v+1`` (ARCHITECTURE §1, strategy interruptSync)."""
+
+    IDLE = "Idle"
+    PAUSING = "Pausing"
+    OLD_LOGITS = "OldLogits"
+    UPDATING = "Updating"
+    RESUMING = "Resuming"
+
+
+class _StatusModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    def to_status_dict(self) -> dict[str, Any]:
+        """The section as written into ``status`` (camelCase, unset optional fields left out)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class TrainingSummary(_StatusModel):
+    """``status.training``: the throttled training summary the driver reports."""
+
+    policy_version: int = Field(ge=0, description="Current policy version (optimizer steps done).")
+    keep_ratio: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Train–inference mask keep ratio over the report window."
+    )
+    keep_percent: float | None = Field(
+        default=None, ge=0.0, le=100.0, description="keepRatio in percent, one decimal (printer column)."
+    )
+    clip_fraction: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Share of tokens whose staleness ratio was clipped."
+    )
+    ewma_resets: int = Field(default=0, ge=0, description="EWMA reference resets so far.")
+    max_staleness: int = Field(default=0, ge=0, description="Largest version gap of a token trained on recently.")
+    sync_phase: SyncPhase | None = Field(default=None, description="Interrupt-sync phase at report time.")
+    sync_phase_since: str | None = Field(default=None, description="When syncPhase began (RFC 3339).")
+    last_checkpoint: str | None = Field(default=None, description="URI or path of the newest checkpoint.")
+    last_checkpoint_version: int | None = Field(default=None, ge=0, description="Policy version it holds.")
+    reported_at: str | None = Field(default=None, description="When the driver sent this summary (RFC 3339).")
+
+    @model_validator(mode="after")
+    def _derive_percent(self) -> "TrainingSummary":
+        if self.keep_ratio is not None and self.keep_percent is None:
+            object.__setattr__(self, "keep_percent", round(100.0 * self.keep_ratio, 1))
+        return self
+
+
+class Condition(_StatusModel):
+    """A standard Kubernetes condition (``metav1.Condition``)."""
+
+    type: str = Field(description="Condition type, e.g. Running, Degraded.")
+    status: str = Field(pattern=r"^(True|False|Unknown)$", description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason of the last transition.")
+    message: str = Field(default="", description="Human-readable details.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="metadata.generation this was based on.")
+
+
+class ReplicaCounts(_StatusModel):
+    """``status.replicas``: ready/desired pods per role."""
+
+    rollout: str = Field(default="0/0", description="Rollout pods ready/desired (printer column).")
+    actor: str = Field(default="0/0", description="Actor pods ready/desired (printer column).")
+    rollout_ready: int = Field(default=0, ge=0, description="Rollout pods ready.")
+    rollout_desired: int = Field(default=0, ge=0, description="Rollout pods desired.")
+    actor_ready: int = Field(default=0, ge=0, description="Actor pods ready.")
+    actor_desired: int = Field(default=0, ge=0, description="Actor pods desired.")
+    driver_ready: bool = Field(default=False, description="Whether the driver pod is ready.")
+
+
+class SyncPhaseStatus(_StatusModel):
+    """``status.syncPhase``: the driver's interrupt-sync phase, as the operator surfaces it."""
+
+    phase: SyncPhase = Field(description="Current interrupt-sync phase.")
+    since: str | None = Field(default=None, description="When it began (RFC 3339).")
+    timed_out: bool = Field(default=False, description="Whether it exceeded phaseTimeoutSeconds.")
+
+
+class JobStatus(_StatusModel):
+    """The whole ``status`` of an AsyncRLJob (the CRD's status schema is generated from it)."""
+
+    phase: Phase | None = Field(default=None, description="Lifecycle phase.")
+    reason: str | None = Field(default=None, description="Reason of the last phase change.")
+    message: str | None = Field(default=None, description="Details of the last phase change.")
+    observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
+    replicas: ReplicaCounts | None = Field(default=None, description="Ready/desired pods per role.")
+    restarts: int = Field(default=0, ge=0, description="Restarts from checkpoint counted against backoffLimit.")
+    preemptions: int = Field(default=0, ge=0, description="Restarts caused by preemption (not counted).")
+    rollout_replacements: int = Field(default=0, ge=0, description="Rollout pods replaced alone.")
+    epoch: int = Field(default=0, ge=0, description="Pod generation: incremented on every gang restart.")
+    start_time: str | None = Field(default=None, description="When the job started or resumed (RFC 3339).")
+    attempt_start_time: str | None = Field(default=None, description="When the current pods were created.")
+    completion_time: str | None = Field(default=None, description="When the job became Succeeded or Failed.")
+    restart_after: str | None = Field(default=None, description="Earliest time of the pending restart.")
+    sync_phase: SyncPhaseStatus | None = Field(default=None, description="Interrupt-sync phase (surfaced).")
+    training: TrainingSummary | None = Field(default=None, description="Training summary (written by the driver).")
+
+
+def rfc3339(t: dt.datetime) -> str:
+    """A UTC timestamp as Kubernetes writes it: ``2026-01-01T12:00:00Z``."""
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(s: str | None) -> dt.datetime | None:
+    """Parse an RFC 3339 timestamp (``Z`` or offset); None stays None."""
+    if not s:
+        return None
+    return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+def training_patch(summary: TrainingSummary) -> dict[str, Any]:
+    """The merge-patch body the driver sends to ``.../asyncrljobs/{name}/status``."""
+    return {"status": {"training": summary.to_status_dict()}}
+
+
+class ReportThrottle:
+    """Lets a report through at most every ``min_interval`` seconds (pure: the caller passes time)."""
+
+    def __init__(self, min_interval: float = MIN_REPORT_INTERVAL_SECONDS) -> None:
+        if min_interval < MIN_REPORT_INTERVAL_SECONDS:
+            raise ValueError(
+                f"min_interval {min_interval} s is below the contract's {MIN_REPORT_INTERVAL_SECONDS} s; "
+                "training numbers at a finer grain belong in Prometheus"
+            )
+        self.min_interval = min_interval
+        self._last: float | None = None
+
+    def ready(self, now: float) -> bool:
+        """Whether a report may be sent at monotonic time ``now`` (seconds)."""
+        return self._last is None or now - self._last >= self.min_interval
+
+    def sent(self, now: float) -> None:
+        """Record that a report was sent at ``now``."""
+        self._last = now
