@@ -1,0 +1,109 @@
+"""kopf wiring: every handler is a few lines that call :class:`~asyncrl.operator.reconcile.Reconciler`.
+
+Handlers are registered into a registry built at start-up (:func:`build_registry`), never at
+import time, so the resync interval comes from the settings the operator started with. Retry
+intent is the exception type: ``TemporaryError(delay=)`` for waits and API failures.
+"""
+
+import logging
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry, start_http_server
+
+from asyncrl.api.job import GROUP, PLURAL, VERSION
+from asyncrl.operator import names
+from asyncrl.operator.config import OperatorSettings
+from asyncrl.operator.kube import Kube
+from asyncrl.operator.metrics import create_metrics
+from asyncrl.operator.reconcile import ReconcileError, Reconciler
+
+log = logging.getLogger("asyncrl.operator")
+API_RETRY_SECONDS = 5.0
+
+
+def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    kopf.event(body, type=type_, reason=reason, message=message[:1000])
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf's own state lives in annotations under our prefix (the status schema is strict)."""
+    settings.persistence.finalizer = names.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.KOPF_PREFIX)
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300  # nolar/kopf#698: re-open quiet watches
+    settings.watching.client_timeout = 310
+
+
+def _run(memo: kopf.Memo, cfg: OperatorSettings, namespace: str, name: str) -> None:
+    try:
+        plan = memo.reconciler.reconcile(namespace, name, children=True)
+    except (ReconcileError, Exception) as exc:  # API errors and the like: retry, never crash the loop
+        if isinstance(exc, kopf.PermanentError):
+            raise
+        raise kopf.TemporaryError(f"reconcile of {namespace}/{name} failed: {exc}", delay=API_RETRY_SECONDS) from exc
+    if plan is not None and plan.requeue_after is not None and plan.requeue_after < cfg.resync_seconds:
+        raise kopf.TemporaryError(f"waiting {plan.requeue_after:.1f} s", delay=max(plan.requeue_after, 0.1))
+
+
+def build_registry(cfg: OperatorSettings, metrics_registry: CollectorRegistry | None = None) -> kopf.OperatorRegistry:
+    """All handlers of the operator, bound to ``cfg``."""
+    registry = kopf.OperatorRegistry()
+    prom = metrics_registry if metrics_registry is not None else CollectorRegistry()
+    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+    seen_training: dict[str, Any] = {}
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        configure_kopf(settings)
+        memo.reconciler = Reconciler(cfg, Kube.from_environment(), create_metrics(prom), post_event)
+        if cfg.metrics_port:
+            start_http_server(cfg.metrics_port, registry=prom)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.probe(id="reconciler", registry=registry)
+    def alive(memo: kopf.Memo, **_: Any) -> bool:
+        return hasattr(memo, "reconciler")
+
+    @kopf.on.resume(**res)
+    @kopf.on.create(**res)
+    @kopf.on.update(**res)
+    def reconcile_job(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+        _run(memo, cfg, namespace, name)
+
+    @kopf.timer(**res, interval=cfg.resync_seconds, initial_delay=cfg.resync_seconds)
+    def resync(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+        _run(memo, cfg, namespace, name)
+
+    @kopf.on.event(**res)
+    def training_reported(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+        # The driver patched status.training: act on it now (mask guard, sync phase), not at resync.
+        training = (body.get("status") or {}).get("training")
+        uid = body.metadata.uid or f"{namespace}/{name}"
+        if training and seen_training.get(uid) != training and hasattr(memo, "reconciler"):
+            seen_training[uid] = training
+            try:
+                memo.reconciler.reconcile(namespace, name, children=False)
+            except Exception as exc:  # the resync timer retries
+                log.warning("reconcile after a training report of %s/%s failed: %s", namespace, name, exc)
+
+    @kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": names.MANAGED_BY}, registry=registry)
+    def pod_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+        job = labels.get(names.LABEL_JOB)
+        if job and hasattr(memo, "reconciler"):
+            try:
+                memo.reconciler.reconcile(namespace, job, children=False)
+            except Exception as exc:  # the resync timer retries
+                log.warning("reconcile after a pod event of %s/%s failed: %s", namespace, job, exc)
+
+    @kopf.on.delete(**res)
+    def finalize(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        seen_training.pop(body.metadata.uid or "", None)
+        if not memo.reconciler.finalize(dict(body)):
+            raise kopf.TemporaryError("pods still terminating", delay=1.0)
+
+    return registry

@@ -1,0 +1,80 @@
+"""Every name, label, annotation and key the operator writes, from one place.
+
+Children are named deterministically (``<job>-<role>-<index>``), so a restarted operator finds
+what it created before and a create that races a previous one gets ``409 Conflict`` instead of a
+duplicate. ``asyncrl.api.job.MAX_NAME_LENGTH`` (40) keeps every name below 63 characters.
+"""
+
+from enum import StrEnum
+
+GROUP = "asyncrl.io"
+FINALIZER = f"{GROUP}/finalizer"
+KOPF_PREFIX = f"kopf.{GROUP}"  # progress/diff-base annotations of kopf
+
+LABEL_JOB = f"{GROUP}/job"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_INDEX = f"{GROUP}/replica-index"
+ANNOTATION_EPOCH = f"{GROUP}/epoch"
+
+MANAGED_BY = "asyncrl-operator"
+APP_NAME = "asyncrl"
+
+
+class Role(StrEnum):
+    """A kind of pod in a job. The gang roles restart the whole job when lost; rollout does not."""
+
+    DRIVER = "driver"
+    ROLLOUT = "rollout"
+    ACTOR = "actor"
+    OLD_LOGIT = "oldlogit"
+
+    @property
+    def gang(self) -> bool:
+        """Losing a pod of this role restarts the job from its checkpoint."""
+        return self is not Role.ROLLOUT
+
+
+def pod_name(job: str, role: Role, index: int) -> str:
+    return f"{job}-{role.value}-{index}"
+
+
+def service_name(job: str) -> str:
+    """The headless Service; pods resolve as ``<pod>.<job>.<namespace>.svc``."""
+    return job
+
+
+def configmap_name(job: str) -> str:
+    return f"{job}-spec"
+
+
+def status_account_name(job: str) -> str:
+    """ServiceAccount, Role and RoleBinding that let the driver patch this job's status only."""
+    return f"{job}-status"
+
+
+def selector(job: str) -> dict[str, str]:
+    """Label selector of every child of ``job``."""
+    return {LABEL_JOB: job}
+
+
+def selector_string(job: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(job).items())
+
+
+def labels(job: str, role: Role | None = None, index: int | None = None) -> dict[str, str]:
+    """Labels of a child: ``app.kubernetes.io/*`` plus ours (and KubeRay's node type for pods)."""
+    out = {
+        "app.kubernetes.io/name": APP_NAME,
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/part-of": APP_NAME,
+        LABEL_JOB: job,
+    }
+    if role is not None:
+        out["app.kubernetes.io/component"] = role.value
+        out[LABEL_ROLE] = role.value
+        out["ray.io/cluster"] = job
+        out["ray.io/node-type"] = "head" if role is Role.DRIVER else "worker"
+    if index is not None:
+        out[LABEL_INDEX] = str(index)
+    return out
