@@ -1,0 +1,1 @@
+"""Test support shared across test folders: a realistic KMock API server and the CR validator."""
