@@ -297,3 +297,15 @@ def test_unknown_reference_lists_the_valid_ones() -> None:
         ValueError, match="valid references: behavior, current, linear, loglinear, ewma, exact"
     ):
         reference_rule("proximal")
+
+
+@pytest.mark.parametrize("reference", ["behavior", "ewma"])
+def test_policy_gradient_moves_logp_with_the_advantage_sign(reference: str) -> None:
+    actor = _actor(reference)
+    batch = _batch(actor, noise=0.0)  # on-policy: r_d = 1, nothing rejected
+    start = actor.logprobs(batch.tokens)
+    for _ in range(4):
+        assert actor.train_step(batch).stepped
+    delta = ((actor.logprobs(batch.tokens) - start) * batch.loss_mask).sum(dim=1)  # [B]
+    # Rows alternate A = +1 / -1: sampled tokens of positive rows gain log-prob, negative rows lose.
+    assert torch.all(delta[0::2] > 0) and torch.all(delta[1::2] < 0), delta
