@@ -31,7 +31,7 @@ def test_bias_corrected_ewma_equals_weighted_average(beta: float, steps: int) ->
         assert not report.reset and report.decay == beta
     weights = [beta ** (steps - k) for k in range(steps + 1)]
     for name in ("w", "b"):
-        expected = sum(w * h[name] for w, h in zip(weights, history, strict=True)) / sum(weights)
+        expected = torch.stack([w * h[name] for w, h in zip(weights, history, strict=True)]).sum(0) / sum(weights)
         torch.testing.assert_close(ctl.params[name], expected.float(), rtol=1e-6, atol=1e-6)
     assert math.isclose(ctl.total_weight, sum(weights), rel_tol=1e-12)
 
@@ -124,7 +124,8 @@ def test_state_dict_round_trip_continues_identically() -> None:
 
 def test_module_helpers_and_fp32_storage() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).to(torch.bfloat16)
+    bn = nn.BatchNorm1d(2)
+    model = nn.Sequential(nn.Linear(3, 2), bn).to(torch.bfloat16)
     ctl = EwmaController(decay=0.5, max_staleness=2)
     ctl.init(model)
     assert ctl.params["0.weight"].dtype == torch.float32
@@ -133,15 +134,17 @@ def test_module_helpers_and_fp32_storage() -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-        model[1].num_batches_tracked.fill_(7)
+        assert bn.num_batches_tracked is not None
+        bn.num_batches_tracked.fill_(7)
     ctl.update(model)
     # beta 0.5: p_ewma = (0.5 / 1.5) p0 + (p0 + 1) / 1.5 = p0 + 2/3
     torch.testing.assert_close(ctl.params["0.weight"], before["0.weight"] + 2 / 3, rtol=1e-2, atol=1e-2)
     assert int(ctl.params["1.num_batches_tracked"]) == 7
-    target = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).to(torch.bfloat16)
+    lin = nn.Linear(3, 2)
+    target = nn.Sequential(lin, nn.BatchNorm1d(2)).to(torch.bfloat16)
     ctl.load_into(target)
-    assert target[0].weight.dtype == torch.bfloat16
-    torch.testing.assert_close(target[0].weight.float(), ctl.params["0.weight"], rtol=1e-2, atol=1e-2)
+    assert lin.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(lin.weight.float(), ctl.params["0.weight"], rtol=1e-2, atol=1e-2)
 
 
 def test_errors() -> None:

@@ -22,14 +22,14 @@ from asyncrl.trainer.correction import indicators as ind
 
 @dataclass(frozen=True)
 class Clip:
-    """The clip of one batch: ``[B, T]`` tensors; indicators are 0/1 (0 where ``A = 0``, e.g. invalid)."""
+    """The clip of one batch: ``[B, T]`` tensors (0 where ``A = 0``, e.g. invalid) and 0-dim counts."""
 
     pg: Tensor  # per-token loss value before the discrepancy weight
     grad: Tensor  # d pg / d log pi_theta: -A * r_s where the gradient flows, 0 where stopped
-    clip_low: Tensor  # A < 0 and r_s < 1 - eps_low
-    clip_high: Tensor  # A > 0 and r_s > 1 + eps_high
-    dual: Tensor  # A < 0 and r_s > c (all 0 without dual clip)
-    stopped: Tensor  # clip_low or clip_high or dual or extra_stop
+    stopped: Tensor  # 0/1: clip_low or clip_high or dual or extra_stop
+    clip_low: Tensor  # count of A < 0 and r_s < 1 - eps_low
+    clip_high: Tensor  # count of A > 0 and r_s > 1 + eps_high
+    dual: Tensor  # count of A < 0 and r_s > c (0 without dual clip)
 
 
 def ppo_clip(
@@ -51,21 +51,28 @@ def ppo_clip(
         extra_stop: ``[B, T]`` 0/1, further tokens whose gradient is stopped (the safety clamp).
     """
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    # Five [B, T] buffers in all; `scratch` and `neg` are reused once their value is counted.
     neg = ind.lt(adv, 0.0)
-    clip_high = ind.gt(adv, 0.0).mul_(ind.gt(rs, hi))
-    clip_low = ind.lt(rs, lo).mul_(neg)
-    clipped = clip_high + clip_low  # disjoint
+    clipped = ind.gt(adv, 0.0)
+    scratch = ind.gt(rs, hi)
+    clipped.mul_(scratch)  # A > 0 and r_s > hi
+    clip_high = clipped.sum()
+    clip_low_ind = ind.lt(rs, lo, out=scratch).mul_(neg)  # A < 0 and r_s < lo
+    clip_low = clip_low_ind.sum()
+    clipped.add_(clip_low_ind)  # disjoint
     minus_adv = -adv
     # max(-A r, -A clip(r)) is -A * clip(r) exactly where the sign-aware indicator fires; lerp
     # with weight 0/1 returns either end exactly.
-    pg = torch.lerp(rs, rs.clamp(lo, hi), clipped).mul_(minus_adv)
-    stopped = clipped if extra_stop is None else torch.maximum(clipped, extra_stop)
+    pg = rs.clamp(lo, hi)
+    pg = torch.lerp(rs, pg, clipped, out=pg).mul_(minus_adv)
+    stopped = clipped if extra_stop is None else torch.maximum(clipped, extra_stop, out=clipped)
     if dual_clip is not None:
-        dual = ind.gt(rs, dual_clip).mul_(neg)  # disjoint from clip_low and clip_high
-        pg.lerp_(minus_adv * dual_clip, dual)
-        stopped = torch.maximum(stopped, dual)
+        dual_ind = ind.gt(rs, dual_clip, out=scratch).mul_(neg)  # disjoint from clip_low and clip_high
+        dual = dual_ind.sum()
+        pg.lerp_(torch.mul(minus_adv, dual_clip, out=neg), dual_ind)
+        stopped = torch.maximum(stopped, dual_ind, out=stopped)
     else:
-        dual = torch.zeros_like(clipped)
+        dual = torch.zeros_like(clip_high)
     grad = minus_adv.mul_(rs)  # -A * r_s (minus_adv is not used after this)
     grad.addcmul_(grad, stopped, value=-1.0)  # ... times (1 - stopped)
-    return Clip(pg=pg, grad=grad, clip_low=clip_low, clip_high=clip_high, dual=dual, stopped=stopped)
+    return Clip(pg=pg, grad=grad, stopped=stopped, clip_low=clip_low, clip_high=clip_high, dual=dual)

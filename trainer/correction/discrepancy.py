@@ -107,7 +107,7 @@ MODES: dict[DiscrepancyMode, ModeRule] = {
     # w = r_d * M_[low,high](r_d) (IcePop).
     DiscrepancyMode.ICEPOP: ModeRule(lambda rd, keep, lo, hi: rd * keep, rejects=True, vetoes=True),
     # w = clamp(r_d, low, high) (truncated IS): nothing rejected by the band, the veto still acts.
-    DiscrepancyMode.TRUNCATE: ModeRule(lambda rd, keep, lo, hi: rd.clamp(lo, hi) * keep, rejects=False, vetoes=True),
+    DiscrepancyMode.TRUNCATE: ModeRule(lambda rd, keep, lo, hi: rd.clamp(lo, hi).mul_(keep), rejects=False, vetoes=True),
     # w = 1: no repair (metrics are still computed).
     DiscrepancyMode.NONE: ModeRule(lambda rd, keep, lo, hi: keep, rejects=False, vetoes=False),
 }
@@ -115,14 +115,13 @@ MODES: dict[DiscrepancyMode, ModeRule] = {
 
 @dataclass(frozen=True)
 class Discrepancy:
-    """The discrepancy handling of one batch: 0/1 indicators ``[B, T]`` (0 where invalid) unless noted."""
+    """The discrepancy handling of one batch: ``[B, T]`` tensors (0 where invalid) and 0-dim counts."""
 
-    weight: Tensor  # [B, T] w applied to the policy-gradient term (0 where invalid or rejected)
-    keep: Tensor  # valid and not rejected (band or veto)
-    below: Tensor  # aggregated r_d < low
-    above: Tensor  # aggregated r_d > high
-    vetoed: Tensor  # valid token of a vetoed sequence
-    veto_seq: Tensor  # [B, 1] sequence vetoed
+    weight: Tensor  # w applied to the policy-gradient term (0 where invalid or rejected)
+    keep: Tensor  # 0/1: valid and not rejected (band or veto)
+    below: Tensor  # count of valid tokens whose aggregated r_d < low
+    above: Tensor  # count of valid tokens whose aggregated r_d > high
+    veto_seq: Tensor  # [B, 1] 0/1: sequence vetoed
     rejects: bool  # the mode rejects out-of-band tokens (mask, icepop)
 
 
@@ -156,27 +155,24 @@ def discrepancy_weights(
     agg = lookup(LEVELS, level, "mask.level")(log_rd, valid, segment_ids)  # [B, T]
     rd_agg = rd if agg is log_rd else agg.exp()  # [B, T], 1 where invalid
     # Invalid tokens have r_d = 1 and low < 1 < high, so they are never below or above.
-    below = ind.lt(rd_agg, low)
-    above = ind.gt(rd_agg, high)
-    keep = (valid - below).sub_(above) if rule.rejects else valid  # below, above: disjoint subsets of valid
+    scratch = ind.lt(rd_agg, low)
+    below = scratch.sum()
+    keep = valid - scratch if rule.rejects else valid  # below, above: disjoint subsets of valid
+    ind.gt(rd_agg, high, out=scratch)
+    above = scratch.sum()
+    if rule.rejects:
+        keep.sub_(scratch)
 
     if rule.vetoes and veto_below is not None:
         log_veto = math.log(veto_below)
         # The clamped ratio decides exactly when the threshold is inside the clamp; invalid tokens
         # hold log r_d = 0 > log_veto and never hit.
         src = log_rd if log_veto > -SAFETY_BOUND or log_rd_unclamped is None else log_rd_unclamped
-        veto_seq = ind.lt(src, log_veto).amax(dim=-1, keepdim=True)  # [B, 1]
-        vetoed = valid * veto_seq
-        keep = keep * (1.0 - veto_seq)  # not in place: keep may be `valid` itself
+        veto_seq = ind.lt(src, log_veto, out=scratch).amax(dim=-1, keepdim=True)  # [B, 1]
+        keep = keep.mul_(1.0 - veto_seq) if rule.rejects else keep * (1.0 - veto_seq)  # never mutate `valid`
     else:
         veto_seq = torch.zeros_like(valid[:, :1])
-        vetoed = torch.zeros_like(valid)
     return Discrepancy(
-        weight=rule.weight(rd_agg, keep, low, high),
-        keep=keep,
-        below=below,
-        above=above,
-        vetoed=vetoed,
-        veto_seq=veto_seq,
-        rejects=rule.rejects,
+        weight=rule.weight(rd_agg, keep, low, high), keep=keep, below=below, above=above,
+        veto_seq=veto_seq, rejects=rule.rejects,
     )

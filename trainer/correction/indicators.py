@@ -4,21 +4,22 @@ Why not bool masks: on CPU, comparisons that produce ``bool`` and bool->float co
 3–8x slower than float kernels (measured on ``[64, 2048]``: ``x > a`` 60 us, ``(x > a).float()``
 150 us, ``torch.gt(x, a, out=float)`` 20 us, ``x * y`` 18 us). With 0/1 floats, ``and`` is a
 product, ``or`` of disjoint sets a sum, ``not`` is ``1 - x`` and a count is a ``sum``.
-Every function here is pure and keeps the shape of its input.
+Every function here keeps the shape of its input; ``out=`` reuses a scratch buffer (fresh
+``[B, T]`` buffers cost page faults on CPU, comparable to the kernel itself).
 """
 
 import torch
 from torch import Tensor
 
 
-def lt(x: Tensor, bound: float | Tensor) -> Tensor:
-    """``1.0`` where ``x < bound`` else ``0.0`` (same shape and dtype as ``x``)."""
-    return torch.lt(x, bound, out=torch.empty_like(x))
+def lt(x: Tensor, bound: float | Tensor, out: Tensor | None = None) -> Tensor:
+    """``1.0`` where ``x < bound`` else ``0.0`` (same shape and dtype as ``x``; into ``out`` if given)."""
+    return torch.lt(x, bound, out=torch.empty_like(x) if out is None else out)
 
 
-def gt(x: Tensor, bound: float | Tensor) -> Tensor:
+def gt(x: Tensor, bound: float | Tensor, out: Tensor | None = None) -> Tensor:
     """``1.0`` where ``x > bound`` else ``0.0``."""
-    return torch.gt(x, bound, out=torch.empty_like(x))
+    return torch.gt(x, bound, out=torch.empty_like(x) if out is None else out)
 
 
 def finite(x: Tensor) -> Tensor:

@@ -154,7 +154,7 @@ def compute_stats(
     n_seq = n_tok.clamp(max=1.0).sum()  # n_tok is integer-valued: clamp(max=1) is "has a token"
     keep, stopped, w = disc.keep, clip.stopped, disc.weight  # stopped implies valid (A = 0 elsewhere)
     kept = keep.sum()
-    below, above = disc.below.sum(), disc.above.sum()
+    below, above = disc.below, disc.above
     zero = torch.zeros_like(n)
     stopped_n = stopped.sum()
     stopped_kept = _dot(stopped, keep)
@@ -171,11 +171,11 @@ def compute_stats(
         "reject_high_frac": (above if disc.rejects else zero, n, 0.0),
         "rd_below_frac": (below, n, 0.0),
         "rd_above_frac": (above, n, 0.0),
-        "veto_frac": (disc.vetoed.sum(), n, 0.0),
+        "veto_frac": ((n_tok * disc.veto_seq.squeeze(-1)).sum(), n, 0.0),
         "veto_seq_frac": (disc.veto_seq.sum(), n_seq, 0.0),
-        "clip_low_frac": (clip.clip_low.sum(), n, 0.0),
-        "clip_high_frac": (clip.clip_high.sum(), n, 0.0),
-        "dual_clip_frac": (clip.dual.sum(), n, 0.0),
+        "clip_low_frac": (clip.clip_low, n, 0.0),
+        "clip_high_frac": (clip.clip_high, n, 0.0),
+        "dual_clip_frac": (clip.dual, n, 0.0),
         "clip_and_reject_frac": (stopped_n - stopped_kept, n, 0.0),
         "clip_or_reject_frac": (n - kept + stopped_kept, n, 0.0),
         "rd_mean": (rd_m1.sum(), n, 1.0),  # mean(r_d - 1) + 1 (r_d - 1 is 0 where invalid)
