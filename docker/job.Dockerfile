@@ -1,0 +1,35 @@
+# The job image: driver (Ray head + job driver), rollout (vLLM), actor (Megatron) and old-logit
+# pods all run it. GPU base; the training-side model code is in it too, so rollout pods can host
+# the old-logit role (oldLogits.strategy: interruptSync).
+# Build from the repository root:  docker build -f docker/job.Dockerfile -t asyncrl/job:0.1.0 .
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
+
+ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Python 3.11 (the project's supported version): Ubuntu 22.04 packages it beside its default 3.10.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev build-essential git \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3.11 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
+
+# torch and megatron-core are pinned in pyproject.toml; vLLM pins its own torch, so its version
+# must be one built against torch 2.13 (checked when the image is built, not in this repository).
+ARG RAY_VERSION=2.60.0
+ARG VLLM_VERSION=0.33.0
+RUN pip install "torch==2.13.0" "megatron-core==0.16.1" "ray[default]==${RAY_VERSION}" "vllm==${VLLM_VERSION}"
+
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY api ./api
+COPY trainer ./trainer
+COPY rollout ./rollout
+COPY operator ./operator
+RUN pip install . && rm -rf /src
+
+RUN groupadd --gid 10001 asyncrl && useradd --uid 10001 --gid 10001 --create-home asyncrl
+USER 10001:10001
+WORKDIR /home/asyncrl
+# The operator sets the command per role (asyncrl driver ... / ray start ...).
+CMD ["asyncrl", "--help"]

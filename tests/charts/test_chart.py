@@ -1,0 +1,118 @@
+"""The Helm chart with the real helm binary: lint, render, validate every object offline."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import CHART, ROOT
+
+K8S_VERSIONS = ("1.29", "1.33")  # oldest and newest we claim; kubernetes-validate ships their schemas
+NOT_BUILTIN = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # prometheus-operator CRDs
+
+
+def render(helm: str, *args: str, chart: Path = CHART) -> list[dict[str, Any]]:
+    out = subprocess.run([helm, "template", "rel", str(chart), "-n", "ops", "--include-crds", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_chart_crd_is_byte_identical_to_the_generated_one() -> None:
+    assert (CHART / "crds" / "asyncrl.io_asyncrljobs.yaml").read_bytes() == \
+        (ROOT / "crds" / "asyncrl.io_asyncrljobs.yaml").read_bytes(), \
+        "run: asyncrl crd > crds/asyncrl.io_asyncrljobs.yaml && cp crds/asyncrl.io_asyncrljobs.yaml charts/asyncrl/crds/"
+
+
+def test_helm_lint_strict(helm: str) -> None:
+    out = subprocess.run([helm, "lint", "--strict", str(CHART)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("values", [
+    [],
+    ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true",
+     "--set", "metrics.serviceMonitor.additionalLabels.release=kps"],
+    ["--set", "watchNamespaces={rl-jobs,rl-dev}", "--set", "metrics.enabled=false"],
+], ids=["default", "monitors", "namespaced"])
+def test_rendered_objects_validate_strictly(helm: str, values: list[str]) -> None:
+    docs = render(helm, *values)
+    for version in K8S_VERSIONS:
+        for doc in docs:
+            if doc["kind"] in NOT_BUILTIN:
+                continue
+            kubernetes_validate.validate(doc, version, strict=True)  # raises with the field path
+    kinds = {d["kind"] for d in docs}
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= kinds
+
+
+def test_monitors_carry_the_release_label(helm: str) -> None:
+    docs = render(helm, "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true",
+                  "--set", "metrics.serviceMonitor.additionalLabels.release=kps",
+                  "--set", "metrics.podMonitor.additionalLabels.release=kps")
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    (pm,) = by_kind(docs, "PodMonitor")
+    assert sm["metadata"]["labels"]["release"] == pm["metadata"]["labels"]["release"] == "kps"
+    assert pm["spec"]["selector"]["matchLabels"]["asyncrl.io/role"] == "driver"
+    assert not by_kind(render(helm), "ServiceMonitor")  # off by default
+
+
+def test_deployment_is_hardened(helm: str) -> None:
+    (dep,) = by_kind(render(helm), "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["ASYNCRL_OPERATOR_JOB_IMAGE"] == "asyncrl/job:0.1.0"
+
+
+def test_rbac_is_least_privilege(helm: str) -> None:
+    docs = render(helm)
+    rules = [r for d in by_kind(docs, "ClusterRole") for r in d["rules"]]
+    for r in rules:
+        assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"], r
+        assert "secrets" not in r["resources"]
+    status = [r for r in rules if r["resources"] == ["asyncrljobs/status"]]
+    assert status and status[0]["verbs"] == ["get", "patch"]
+    ns_docs = render(helm, "--set", "watchNamespaces={rl-jobs}")
+    assert {(d["kind"], d["metadata"].get("namespace")) for d in by_kind(ns_docs, "Role")} == {("Role", "rl-jobs")}
+
+
+def test_values_schema_refuses_bad_values(helm: str) -> None:
+    for bad in (["--set", "metrics.port=0"], ["--set", "unknownKey=1"],
+                ["--set", "securityContext.allowPrivilegeEscalation=true"]):
+        out = subprocess.run([helm, "template", "rel", str(CHART), *bad], capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0 and "schema" in out.stderr.lower(), (bad, out.stderr)
+
+
+def test_alert_and_dashboard_plug_in_points(helm: str, tmp_path: Path) -> None:
+    chart = tmp_path / "asyncrl"
+    shutil.copytree(CHART, chart)
+    (chart / "files" / "alerts" / "jobs.yaml").write_text(yaml.safe_dump({"groups": [{
+        "name": "asyncrl-jobs", "rules": [{"alert": "AsyncRLJobFailed", "expr": 'asyncrl_operator_jobs{phase="Failed"} > 0',
+                                           "for": "5m", "labels": {"severity": "warning"},
+                                           "annotations": {"summary": "an AsyncRLJob failed"}}]}]}))
+    (chart / "files" / "dashboards" / "overview.json").write_text(json.dumps({"title": "asyncrl", "uid": "asyncrl"}))
+    docs = render(helm, "--set", "prometheusRule.enabled=true", "--set", "prometheusRule.additionalLabels.release=kps",
+                  "--set", "grafanaDashboards.enabled=true", chart=chart)
+    (rule,) = by_kind(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    assert rule["spec"]["groups"][0]["rules"][0]["alert"] == "AsyncRLJobFailed"
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert json.loads(cm["data"]["overview.json"])["uid"] == "asyncrl"
+    kubernetes_validate.validate(cm, K8S_VERSIONS[-1], strict=True)
