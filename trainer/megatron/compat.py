@@ -108,7 +108,7 @@ def _init_process_group(backend: str) -> None:
     dist.init_process_group(backend, init_method=f"file://{rendezvous}", world_size=1, rank=0)
 
 
-def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+def wrap_ddp(model: Any) -> Any:
     """Wrap a megatron module in megatron's DDP (grads accumulate into fp32 ``param.main_grad``)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
@@ -149,7 +149,7 @@ class OptimizerSettings:
     max_grad_norm: float | None = 1.0  # None = no clipping (the norm is still measured)
 
 
-def make_optimizer(ddp_model: torch.nn.Module, settings: OptimizerSettings) -> ActorOptimizer:
+def make_optimizer(ddp_model: Any, settings: OptimizerSettings) -> ActorOptimizer:
     """The actor's optimizer: megatron's on a GPU, :class:`MainGradAdamW` on the CPU."""
     runtime = _require_runtime()
     if runtime.on_cpu:
@@ -168,7 +168,7 @@ class MainGradAdamW:
     class points ``param.grad`` at those buffers, clips with torch and steps AdamW.
     """
 
-    def __init__(self, ddp_model: torch.nn.Module, settings: OptimizerSettings) -> None:
+    def __init__(self, ddp_model: Any, settings: OptimizerSettings) -> None:
         self._ddp = ddp_model
         self._params = [p for p in ddp_model.parameters() if p.requires_grad]
         self._max_grad_norm = settings.max_grad_norm
@@ -188,7 +188,7 @@ class MainGradAdamW:
     def step(self) -> StepOutcome:
         self._ddp.finish_grad_sync()
         for p in self._params:
-            p.grad = p.main_grad
+            p.grad = p.main_grad  # type: ignore[attr-defined]  # set by megatron's DDP
         max_norm = self._max_grad_norm if self._max_grad_norm is not None else math.inf
         # One sync point: the norm decides whether the update is applied at all.
         norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
@@ -211,7 +211,7 @@ class MegatronAdam:
     Not exercised by the CPU test suite (marker ``gpu``).
     """
 
-    def __init__(self, ddp_model: torch.nn.Module, settings: OptimizerSettings) -> None:
+    def __init__(self, ddp_model: Any, settings: OptimizerSettings) -> None:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         config = OptimizerConfig(

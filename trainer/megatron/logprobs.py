@@ -16,6 +16,7 @@ log-prob, so the actor divides the logits by the same temperature before the log
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -79,7 +80,7 @@ def full_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _hidden_states_only(gpt: torch.nn.Module) -> Iterator[None]:
+def _hidden_states_only(gpt: Any) -> Iterator[None]:
     # GPTModel._postprocess returns the decoder output unchanged when post_process is False (the
     # pipeline-stage path); the decoder still applies its final norm. Toggling the flag for one call
     # reuses megatron's whole forward (embedding, RoPE, decoder) without the output projection.
@@ -91,9 +92,7 @@ def _hidden_states_only(gpt: torch.nn.Module) -> Iterator[None]:
         gpt.post_process = saved
 
 
-def _chunk_logprobs(
-    gpt: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float
-) -> torch.Tensor:
+def _chunk_logprobs(gpt: Any, h: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """``[s, B]`` log-probs of ``targets`` from hidden states ``h`` ``[s, B, H]``."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 

@@ -7,6 +7,8 @@ SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]), RoPE with ``rotary_inte
 embeddings. Call :func:`asyncrl.trainer.megatron.compat.init_megatron` first.
 """
 
+from typing import Any
+
 import torch
 
 from asyncrl.api.model_arch import LlamaArch
@@ -81,8 +83,9 @@ def position_ids(batch: int, seq_len: int, device: torch.device) -> torch.Tensor
     return torch.arange(seq_len, device=device).expand(batch, seq_len)
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The ``GPTModel`` inside megatron's DDP wrapper (or the model itself)."""
+def unwrap(model: Any) -> Any:
+    """The ``GPTModel`` inside megatron's DDP wrapper (or the model itself); typed ``Any`` because
+    megatron's modules carry attributes (``post_process``, ``output_layer``) torch's stubs lack."""
     while hasattr(model, "module"):
         model = model.module
     return model
