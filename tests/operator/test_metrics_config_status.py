@@ -1,0 +1,46 @@
+"""Operator metrics (deleted jobs leave no series), settings from the environment, status helpers."""
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from asyncrl.api.status import ReportThrottle, TrainingSummary, training_patch
+from asyncrl.operator.config import OperatorSettings
+from asyncrl.operator.metrics import create_metrics
+
+
+def test_job_series_disappear_when_the_job_is_deleted() -> None:
+    reg = CollectorRegistry()
+    m = create_metrics(reg)
+    m.observe_phase("ns", "a", "Running")
+    m.observe_phase("ns", "b", "Running")
+    m.restarted("ns", "a", "failure")
+    assert reg.get_sample_value("asyncrl_operator_jobs", {"phase": "Running"}) == 2
+    m.observe_phase("ns", "a", "Failed")
+    assert reg.get_sample_value("asyncrl_operator_job_phase", {"namespace": "ns", "asyncrljob": "a",
+                                                               "phase": "Running"}) is None
+    m.forget("ns", "a")
+    assert reg.get_sample_value("asyncrl_operator_jobs", {"phase": "Failed"}) == 0
+    assert reg.get_sample_value("asyncrl_operator_job_restarts_total",
+                                {"namespace": "ns", "asyncrljob": "a", "cause": "failure"}) is None
+    assert reg.get_sample_value("asyncrl_operator_reconcile_errors_total", {"kind": "api"}) == 0  # pre-set
+
+
+def test_settings_from_env_name_the_bad_variable() -> None:
+    cfg = OperatorSettings.from_env({"ASYNCRL_OPERATOR_RESYNC_SECONDS": "5", "ASYNCRL_OPERATOR_JOB_IMAGE": "x:1"})
+    assert cfg.resync_seconds == 5.0 and cfg.job_image == "x:1"
+    with pytest.raises(ValueError, match="ASYNCRL_OPERATOR_METRICS_PORT='http'"):
+        OperatorSettings.from_env({"ASYNCRL_OPERATOR_METRICS_PORT": "http"})
+    # backoff doubles per counted restart: 10, 20, 40 ... capped at 300
+    assert [OperatorSettings().restart_delay(n) for n in (1, 2, 3, 7)] == [10, 20, 40, 300]
+
+
+def test_training_patch_and_throttle() -> None:
+    s = TrainingSummary(policy_version=7, keep_ratio=0.8123, max_staleness=2)
+    assert training_patch(s) == {"status": {"training": {"policyVersion": 7, "keepRatio": 0.8123,
+                                                         "keepPercent": 81.2, "ewmaResets": 0, "maxStaleness": 2}}}
+    t = ReportThrottle()
+    assert t.ready(0.0)
+    t.sent(0.0)
+    assert not t.ready(29.9) and t.ready(30.0)
+    with pytest.raises(ValueError, match="Prometheus"):
+        ReportThrottle(5)
