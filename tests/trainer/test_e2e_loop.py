@@ -29,6 +29,7 @@ JOB = {
         "task": {"name": "calculator", "groupSize": 4, "maxNewTokens": 24},
         "train": {"steps": 5, "promptsPerStep": 4, "warmStartSteps": 3},
         "rollout": {"replicas": 2},
+        "checkpoint": {"everySteps": 5},
     },
 }
 
@@ -57,6 +58,16 @@ def run(ray_session, tmp_path_factory):
     result = run_job(job, RunOptions(run_dir=tmp_path_factory.mktemp("run"), port=0),
                      on_step=on_step, on_start=on_start, on_batch=on_batch)
     return result, batches, scraped
+
+
+def test_a_rerun_resumes_from_the_checkpoint(run):
+    first, _, _ = run
+    assert (first.run_dir / "checkpoints" / "step-000005" / "meta.json").exists()
+    again = run_job(validate_job(JOB), RunOptions(run_dir=first.run_dir, steps=6, port=0))
+    assert again.summary["resumed_from"].endswith("step-000005")
+    assert "warm_start" not in again.summary  # resumed weights, no second warm start
+    assert [r["version"] for r in again.steps] == [6]
+    assert len(again.run_dir.joinpath("metrics.jsonl").read_text().splitlines()) == 6
 
 
 def test_versions_are_stamped_and_within_the_staleness_bound(run):

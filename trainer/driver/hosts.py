@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.driver.warm import warm_start_lr
 
 Weights = dict[str, np.ndarray]
 
@@ -72,6 +73,18 @@ class RolloutHost:
         return vars(self.worker.stats()).copy()
 
 
+def _set_learning_rate(actor: Any, lr: float) -> None:
+    """Set the actor optimizer's learning rate (warm-start schedule, then ``train.learningRate``)."""
+    setter = getattr(actor, "set_learning_rate", None)
+    if setter is not None:
+        setter(lr)
+        return
+    # MegatronActor has no public setter yet: its CPU optimizer (compat.MainGradAdamW) wraps a
+    # torch AdamW whose param groups carry the rate.
+    for group in actor._optimizer._opt.param_groups:
+        group["lr"] = lr
+
+
 class ActorHost:
     """The Megatron actor process."""
 
@@ -111,12 +124,14 @@ class ActorHost:
         losses = []
         torch.set_num_threads(threads)
         try:
-            for _ in range(steps):
+            for step in range(steps):
+                _set_learning_rate(self.actor, warm_start_lr(step, steps))
                 demos = demonstrations(self.spec.task.name, batch_size, rng, max_tool_calls=self.spec.task.max_tool_calls)
                 b = pad_batch(demos)
                 losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
         finally:
             torch.set_num_threads(self.threads)
+            _set_learning_rate(self.actor, self.spec.train.learning_rate)
         seconds = time.perf_counter() - t0
         self.actor.version = 0
         self.actor.save_checkpoint(str(cache))

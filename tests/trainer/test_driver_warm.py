@@ -1,0 +1,20 @@
+"""The warm-start learning-rate schedule."""
+
+import pytest
+
+from asyncrl.trainer.driver.warm import warm_start_lr
+
+
+def test_linear_warmup_then_cosine_to_a_tenth():
+    total = 300  # warm-up 30 steps
+    assert warm_start_lr(0, total) == pytest.approx(3e-3 / 30)  # 1/30 of the peak
+    assert warm_start_lr(29, total) == pytest.approx(3e-3)  # peak at the end of warm-up
+    assert warm_start_lr(30, total) == pytest.approx(3e-3)  # cosine starts at the peak
+    # halfway through the decay: 0.1 + 0.9 * 0.5 * (1 + cos(pi/2)) = 0.55 of the peak
+    assert warm_start_lr(30 + 269 // 2, total) == pytest.approx(0.55 * 3e-3, rel=1e-2)
+    assert warm_start_lr(299, total) == pytest.approx(3e-4)  # ends at 10 %
+
+
+def test_out_of_range_step():
+    with pytest.raises(ValueError, match=r"step must be in \[0, 10\)"):
+        warm_start_lr(10, 10)
