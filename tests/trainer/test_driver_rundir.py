@@ -26,3 +26,12 @@ def test_steps_summary_and_report(tmp_path):
 def test_report_of_an_empty_run_is_still_written(tmp_path):
     run = RunDir.create(tmp_path)
     assert write_report(run.read_steps(), run.report_png).exists()
+
+
+def test_resume_drops_steps_logged_after_the_checkpoint(tmp_path):
+    run = RunDir.create(tmp_path)
+    for step in range(1, 8):
+        run.append_step({"step": step})
+    kept = run.keep_steps_up_to(5)
+    assert [s["step"] for s in kept] == [1, 2, 3, 4, 5]
+    assert [s["step"] for s in run.read_steps()] == [1, 2, 3, 4, 5]

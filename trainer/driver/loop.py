@@ -107,21 +107,28 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
         "metrics_url": server.url if server else None,
     }
     records: list[dict[str, Any]] = []
+    hosts: HostHandles | None = None
     try:
         n_procs = spec.rollout.replicas + 1
-        with local_ray(num_cpus=max(options.num_cpus, 1.0)):
-            hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs, actor_threads=options.actor_threads,
-                                rollout_threads=options.rollout_threads)
-            summary["startup_s"] = round(time.monotonic() - started, 2)
-            # --- warm start or resume ------------------------------------------------------
-            version = _warm_or_resume(hosts, job, run, options, summary)
-            summary["start_version"] = version
-            if on_start is not None:
-                on_start({**summary, "version": version, "total_steps": total_steps})
-            # --- the loop ---------------------------------------------------------------------
-            loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
-                         on_step=on_step, on_batch=on_batch, records=records, summary=summary, started=started)
-            loop.run(total_steps)
+        with local_ray(num_cpus=max(options.num_cpus, 1.0)) as own_ray:
+            try:
+                hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs,
+                                    actor_threads=options.actor_threads, rollout_threads=options.rollout_threads)
+                summary["startup_s"] = round(time.monotonic() - started, 2)
+                # --- warm start or resume --------------------------------------------------
+                version = _warm_or_resume(hosts, job, run, options, summary)
+                summary["start_version"] = version
+                records.extend(run.keep_steps_up_to(version))  # a resumed run continues its log
+                if on_start is not None:
+                    on_start({**summary, "version": version, "total_steps": total_steps})
+                # --- the loop -----------------------------------------------------------------
+                loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
+                             on_step=on_step, on_batch=on_batch, records=records, summary=summary,
+                             started=started)
+                loop.run(total_steps)
+            finally:
+                if hosts is not None and not own_ray:
+                    hosts.kill()  # a shared Ray (tests, benchmarks) outlives this job's processes
         summary["status"] = "succeeded"
     except KeyboardInterrupt:
         summary["status"] = "interrupted"
@@ -175,6 +182,7 @@ class _Loop:
         self.version = version
         self.on_step, self.on_batch = on_step, on_batch
         self.records, self.summary, self.started = records, summary, started
+        self.first_record = len(records)
         self.W = spec.async_.max_staleness
         B = spec.train.prompts_per_step
         self.buffer = StalenessBuffer(self.W, B, base_version=version)
@@ -209,13 +217,14 @@ class _Loop:
         self.m.trainer_seconds.inc(wall)
         self.m.rollout_worker.inc(wall * len(self.hosts.rollout))
         value = self.m.registry.get_sample_value
+        mine = self.records[self.first_record:]  # this session's steps (a resumed log holds earlier ones)
         self.summary["loop"] = {
             "wall_s": round(wall, 3),
             "trainer_idle_s": round(value("asyncrl_trainer_idle_seconds_total") or 0.0, 3),
             "rollout_idle_s": round(value("asyncrl_rollout_idle_seconds_total") or 0.0, 3),
             "rollout_worker_s": round(value("asyncrl_rollout_worker_seconds_total") or 0.0, 3),
-            "train_s": round(sum(r.get("step_s", 0.0) + r.get("sync_s", 0.0) for r in self.records), 3),
-            "trajectories_trained": sum(r.get("trajectories", 0) for r in self.records if "version" in r),
+            "train_s": round(sum(r.get("step_s", 0.0) + r.get("sync_s", 0.0) for r in mine), 3),
+            "trajectories_trained": sum(r.get("trajectories", 0) for r in mine if "version" in r),
         }
 
     def _admit(self) -> None:

@@ -72,6 +72,13 @@ class RunDir:
             return []
         return [json.loads(line) for line in self.metrics_jsonl.read_text().splitlines() if line.strip()]
 
+    def keep_steps_up_to(self, version: int) -> list[dict[str, Any]]:
+        """On resume from ``version``: drop logged steps after it (they will be redone); return the rest."""
+        kept = [s for s in self.read_steps() if s.get("step", 0) <= version]
+        if self.metrics_jsonl.exists():
+            self.metrics_jsonl.write_text("".join(json.dumps(s) + "\n" for s in kept))
+        return kept
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         tmp = self.summary_json.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
