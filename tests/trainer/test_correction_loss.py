@@ -218,6 +218,14 @@ def test_shape_and_type_errors_print_shapes() -> None:
         correction_loss(**ok, spec=CorrectionSpec(mask=MaskSpec(level="turn")))
 
 
+def test_bad_scalars_are_reported_together() -> None:
+    z = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match=r"0 < low < 1 < high; got low=1.2.*dual_clip must be > 1"):
+        decoupled_pg_loss(z, z, z, z, torch.ones(1, 2, dtype=torch.bool), mode="mask", level="token", mask_low=1.2,
+                          mask_high=2.0, veto_below=None, clip_low=0.2, clip_high=0.2, dual_clip=0.5,
+                          aggregation="tokenMean")
+
+
 def test_registry_errors_list_valid_keys() -> None:
     B, T = 1, 2
     args = [torch.zeros(B, T)] * 4 + [torch.ones(B, T, dtype=torch.bool)]

@@ -147,6 +147,14 @@ def test_module_helpers_and_fp32_storage() -> None:
     torch.testing.assert_close(lin.weight.float(), ctl.params["0.weight"], rtol=1e-2, atol=1e-2)
 
 
+def test_parameter_lists() -> None:
+    # A list of tensors (e.g. an optimizer's parameters) is keyed "0", "1", ... in order.
+    ctl = EwmaController(decay=0.5, max_staleness=2)
+    ctl.init([torch.zeros(2), torch.ones(3)])
+    ctl.update([torch.full((2,), 3.0), torch.ones(3)])
+    assert list(ctl.params) == ["0", "1"] and ctl.params["0"].tolist() == [2.0, 2.0]  # (0.5*0 + 3)/1.5
+
+
 def test_errors() -> None:
     ctl = EwmaController(decay=0.5, max_staleness=2)
     with pytest.raises(RuntimeError, match="init"):

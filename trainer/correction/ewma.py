@@ -24,7 +24,7 @@ Parameters are kept in fp32 whatever the model's dtype; only floating-point tens
 averaged, others (integer buffers) follow the current value.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +34,8 @@ from torch import Tensor, nn
 from asyncrl.api.correction import EwmaSpec
 
 ResetReason = Literal["keep_ratio_collapse", "manual"]
-Params = Mapping[str, Tensor] | nn.Module
+# A module (its state_dict), a name -> tensor mapping, or a parameter list (keys "0", "1", ...).
+Params = Mapping[str, Tensor] | nn.Module | Sequence[Tensor]
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ class EwmaStepReport:
 def _as_dict(params: Params) -> dict[str, Tensor]:
     if isinstance(params, nn.Module):
         return dict(params.state_dict(keep_vars=False))
-    return dict(params)
+    if isinstance(params, Mapping):
+        return dict(params)
+    return {str(i): p for i, p in enumerate(params)}
 
 
 class EwmaController:

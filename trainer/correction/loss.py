@@ -7,12 +7,14 @@ Per valid token, with ``r_d = pi_ref / mu`` and ``r_s = pi_theta / pi_ref``::
 ``w`` is the symmetric discrepancy weight (:mod:`.discrepancy`, never looks at the sign of ``A``),
 ``pg`` the sign-aware PPO clip with optional dual clip (:mod:`.clip`). The loss reduces ``term``
 with denominators counted *before* the discrepancy mask, so rejecting tokens never inflates the
-gradient of the others (AReaL's ``loss_mask_count``).
+gradient of the others (inclusionAI/AReaL ``areal/utils/functional/functional.py``, its
+``loss_mask_count``).
 
 Why it is written this way:
 1. Inputs are upcast to at least fp32 before subtracting log-probs (bf16 differences are coarse).
-2. Non-finite log-probs/advantages are replaced with ``torch.where`` *before* any arithmetic, and
-   the tokens are dropped and counted (ARCHITECTURE §5): no NaN reaches the loss or the gradient.
+2. A token with a non-finite log-prob or advantage is invalid: its values are replaced
+   (``nan_to_num``, then zeroed by the validity indicator) before any arithmetic that reaches the
+   loss, and it is counted (ARCHITECTURE §5). No NaN reaches the loss or the gradient.
 3. Every log-ratio is clamped to ``±SAFETY_BOUND`` (20, verl's bound) before ``exp``; where
    ``log r_s`` is clamped its gradient is 0, as autograd of ``exp(clamp(.))`` would give.
 4. The whole forward runs under ``no_grad`` and the gradient w.r.t. ``logp_theta`` is attached
@@ -20,6 +22,9 @@ Why it is written this way:
    0), so the backward pass is one multiply instead of replaying ~20 elementwise kernels. The
    tests check it against autograd of an independent loop implementation. Double backward is not
    supported (PPO never needs it).
+5. Masks are 0/1 floats and scratch buffers are reused (:mod:`.indicators`): with every metric
+   on, forward + backward costs about what a bare autograd PPO-clip loss costs
+   (``bench/correction.py``).
 """
 
 import math
@@ -88,6 +93,24 @@ def _check_inputs(
         raise TypeError(f"segment_ids must be an integer tensor; got dtype {segment_ids.dtype}")
 
 
+def _check_scalars(
+    mask_low: float, mask_high: float, veto_below: float | None, clip_low: float, clip_high: float,
+    dual_clip: float | None,
+) -> None:
+    # The same rules as the spec models (asyncrl.api.correction), for callers that bypass them.
+    problems = []
+    if not 0.0 < mask_low < 1.0 < mask_high:
+        problems.append(f"mask bounds need 0 < low < 1 < high; got low={mask_low}, high={mask_high}")
+    if veto_below is not None and not 0.0 < veto_below < 1.0:
+        problems.append(f"veto_below must be in (0, 1) or None; got {veto_below}")
+    if not (0.0 < clip_low < 1.0 and clip_high > 0.0):
+        problems.append(f"clip needs 0 < low < 1 and high > 0; got low={clip_low}, high={clip_high}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        problems.append(f"dual_clip must be > 1 or None; got {dual_clip}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def decoupled_pg_loss(
     logp_theta: Tensor,
     logp_ref: Tensor,
@@ -120,8 +143,8 @@ def decoupled_pg_loss(
         segment_ids: ``[B, T]`` int turn ids, -1 outside turns (level ``turn`` only).
     """
     _check_inputs(logp_theta, logp_ref, logp_mu, advantages, loss_mask, segment_ids)
+    _check_scalars(mask_low, mask_high, veto_below, clip_low, clip_high, dual_clip)
     agg = lookup({a: a for a in LossAggregation}, aggregation, "loss_aggregation")
-    B, T = logp_theta.shape
     dtype = torch.promote_types(logp_theta.dtype, torch.float32)  # (1)
     need_unclamped = veto_below is not None and math.log(veto_below) <= -SAFETY_BOUND
     # In-place ops below only ever touch tensors created in this function (fewer fresh [B, T]

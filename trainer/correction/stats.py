@@ -51,7 +51,8 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("dual_clip_frac", "Valid tokens whose gradient the dual clip stops: A < 0 and r_s > clip.dualClip.", "valid_tokens"),
     MetricDoc(
         "clip_and_reject_frac",
-        "Valid tokens both clipped (PPO or dual clip, sign-aware) and rejected by the discrepancy handling.",
+        "Valid tokens both clipped (sign-aware PPO clip, dual clip, or |log r_s| beyond the safety bound) "
+        "and rejected by the discrepancy handling.",
         "valid_tokens",
     ),
     MetricDoc("clip_or_reject_frac", "Valid tokens clipped or rejected: 1 - this = tokens that carry gradient.", "valid_tokens"),
