@@ -34,6 +34,8 @@ def test_table_and_dataclass_agree() -> None:
         assert m.description and m.denominator in ("-", "valid_tokens", "valid_seqs"), m
     doc = metrics_markdown()
     assert doc.count("\n") == len(METRICS) + 2 and "`clip_and_reject_frac`" in doc
+    for row in doc.splitlines():  # pipes inside a cell are escaped: 4 column separators per row
+        assert row.replace("\\|", "").count("|") == 4, row
 
 
 def test_metrics_are_frozen_0dim_tensors_without_grad() -> None:

@@ -66,7 +66,8 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("ess", "Normalised effective sample size of w over valid tokens: (sum w)^2 / (n sum w^2); 0 if all w = 0.", "valid_tokens"),
     MetricDoc(
         "kl_k1",
-        "k1 estimate of KL(mu || pi_ref) from tokens sampled under mu: mean(logp_mu - logp_ref).",
+        "k1 estimate of KL(mu || pi_ref) from tokens sampled under mu: mean(logp_mu - logp_ref) "
+        "(log-ratio clamped to +-20).",
         "valid_tokens",
     ),
     MetricDoc(
@@ -115,10 +116,15 @@ class CorrectionStats:
         return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _cell(text: str) -> str:
+    """Escape ``|`` (as in ``KL(mu || pi_ref)``) so it does not split a Markdown table cell."""
+    return text.replace("|", r"\|")
+
+
 def metrics_markdown() -> str:
     """A Markdown table of every metric (name, meaning, denominator), generated from ``METRICS``."""
     rows = ["| metric | meaning | denominator |", "|---|---|---|"]
-    rows += [f"| `{m.name}` | {m.description} | {m.denominator} |" for m in METRICS]
+    rows += [f"| `{m.name}` | {_cell(m.description)} | {m.denominator} |" for m in METRICS]
     return "\n".join(rows) + "\n"
 
 
