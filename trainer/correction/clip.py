@@ -1,15 +1,18 @@
 """The staleness clip on ``r_s = pi_theta / pi_ref``: sign-aware PPO clip plus optional dual clip.
 
-Per token (paper §3.1 Eq. 2 written as a loss; AReaL ``ppo_actor_loss_fn``, verl
-``compute_policy_loss_vanilla``)::
+Per token (paper §3.1 Eq. 2 written as a loss; inclusionAI/AReaL
+``areal/utils/functional/functional.py::ppo_actor_loss_fn``, volcengine/verl
+``verl/trainer/ppo/core_algos.py::compute_policy_loss_vanilla``)::
 
-    pg = max(-A * r_s, -A * clip(r_s, 1 - eps_low, 1 + eps_high))
-    pg = min(pg, -c * A)          if A < 0 and dual clip c > 1 is set
+    pg1 = -A * r_s,   pg2 = -A * clip(r_s, 1 - eps_low, 1 + eps_high),   pg = max(pg1, pg2)
+    pg  = min(pg, c * |A|)        with dual clip c > 1 (binds only for A < 0: pg <= 0 when A > 0)
 
-The clip *stops the gradient* only on the side the advantage pushes towards (the sign-aware
-indicator of paper Eq. 3): ``A > 0 and r_s > 1 + eps_high`` or ``A < 0 and r_s < 1 - eps_low``.
-The dual clip stops it when ``A < 0 and r_s > c``. Elsewhere ``d pg / d log pi_theta = -A * r_s``.
-Runs under ``no_grad``: the gradient is assembled analytically in :mod:`.loss`.
+The clip *stops the gradient* exactly where ``pg2 > pg1`` (AReaL's ``clip_mask``), which is the
+sign-aware indicator of paper Eq. 3: ``A > 0 and r_s > 1 + eps_high`` or ``A < 0 and r_s <
+1 - eps_low`` (the two can differ only by a rounding tie at the bound, where both values are
+equal). The dual clip stops it where ``pg > c * |A|``, i.e. ``A < 0 and r_s > c``. Elsewhere
+``d pg / d log pi_theta = -A * r_s``. Runs under ``no_grad``: the gradient is assembled
+analytically in :mod:`.loss`.
 """
 
 from dataclasses import dataclass
@@ -51,28 +54,30 @@ def ppo_clip(
         extra_stop: ``[B, T]`` 0/1, further tokens whose gradient is stopped (the safety clamp).
     """
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    # Five [B, T] buffers in all; `scratch` and `neg` are reused once their value is counted.
-    neg = ind.lt(adv, 0.0)
-    clipped = ind.gt(adv, 0.0)
-    scratch = ind.gt(rs, hi)
-    clipped.mul_(scratch)  # A > 0 and r_s > hi
-    clip_high = clipped.sum()
-    clip_low_ind = ind.lt(rs, lo, out=scratch).mul_(neg)  # A < 0 and r_s < lo
-    clip_low = clip_low_ind.sum()
-    clipped.add_(clip_low_ind)  # disjoint
+    # Five [B, T] buffers; each line is one pass over them.
     minus_adv = -adv
-    # max(-A r, -A clip(r)) is -A * clip(r) exactly where the sign-aware indicator fires; lerp
-    # with weight 0/1 returns either end exactly.
-    pg = rs.clamp(lo, hi)
-    pg = torch.lerp(rs, pg, clipped, out=pg).mul_(minus_adv)
-    stopped = clipped if extra_stop is None else torch.maximum(clipped, extra_stop, out=clipped)
+    pg1 = minus_adv * rs  # -A r_s: the loss where the gradient flows, and that gradient
+    pg = rs.clamp(lo, hi).mul_(minus_adv)  # pg2 = -A clip(r_s)
+    stopped = ind.gt(pg, pg1)  # the clip binds: sign-aware (see the module docstring)
+    torch.maximum(pg1, pg, out=pg)
+    n_clipped = stopped.sum()
+    # r_s > 1 on the clipped side means the upper bound (A > 0), r_s < 1 the lower one (A < 0).
+    scratch = ind.gt(rs, 1.0)
+    clip_high = _dot(stopped, scratch)
+    clip_low = n_clipped - clip_high
+    if extra_stop is not None:
+        torch.maximum(stopped, extra_stop, out=stopped)
     if dual_clip is not None:
-        dual_ind = ind.gt(rs, dual_clip, out=scratch).mul_(neg)  # disjoint from clip_low and clip_high
+        cap = torch.abs(minus_adv, out=minus_adv).mul_(dual_clip)  # c |A|
+        dual_ind = ind.gt(pg, cap, out=scratch)  # A < 0 and r_s > c
         dual = dual_ind.sum()
-        pg.lerp_(torch.mul(minus_adv, dual_clip, out=neg), dual_ind)
-        stopped = torch.maximum(stopped, dual_ind, out=stopped)
+        torch.minimum(pg, cap, out=pg)
+        torch.maximum(stopped, dual_ind, out=stopped)
     else:
         dual = torch.zeros_like(clip_high)
-    grad = minus_adv.mul_(rs)  # -A * r_s (minus_adv is not used after this)
-    grad.addcmul_(grad, stopped, value=-1.0)  # ... times (1 - stopped)
+    grad = pg1.addcmul_(pg1, stopped, value=-1.0)  # -A r_s (1 - stopped); pg1 is not used after this
     return Clip(pg=pg, grad=grad, stopped=stopped, clip_low=clip_low, clip_high=clip_high, dual=dual)
+
+
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    return torch.dot(a.reshape(-1), b.reshape(-1))

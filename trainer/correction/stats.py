@@ -152,7 +152,8 @@ def compute_stats(
     numerator, which gives the documented empty values.
 
     Args:
-        mask_count: 0-dim, tokens with ``loss_mask`` True. valid: ``[B, T]`` 0/1, the tokens that count. n_tok: ``[B]`` valid tokens per sequence.
+        mask_count: 0-dim, tokens with ``loss_mask`` True.
+        valid: ``[B, T]`` 0/1, the tokens that count; n_tok: ``[B]`` valid tokens per sequence.
         log_rd: ``[B, T]`` token-level clamped ``log r_d`` (0 where invalid); rd_m1: ``expm1(log_rd)``.
         log_rs, rs: ``[B, T]`` clamped ``log r_s`` (0 where invalid) and ``exp(log_rs)`` (1 there).
         disc, clip: the discrepancy and clip outcomes.
