@@ -22,13 +22,11 @@ def gt(x: Tensor, bound: float | Tensor, out: Tensor | None = None) -> Tensor:
     return torch.gt(x, bound, out=torch.empty_like(x) if out is None else out)
 
 
-def finite(x: Tensor) -> Tensor:
-    """``1.0`` where ``x`` is finite: ``x - x`` is 0 for finite values and NaN for NaN/±inf."""
-    return torch.eq(x - x, 0.0, out=torch.empty_like(x))
-
-
 def finite_(x: Tensor) -> Tensor:
-    """In place: ``x`` becomes ``1.0`` where it was finite, else ``0.0``; returns ``x``."""
+    """In place: ``x`` becomes ``1.0`` where it was finite, else ``0.0``; returns ``x``.
+
+    ``x - x`` is 0 for a finite value and NaN for NaN/±inf (two passes; ``isfinite`` takes three).
+    """
     return x.sub_(x).eq_(0.0)
 
 
