@@ -18,12 +18,15 @@ Semantics every backend keeps:
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from asyncrl.api.model_arch import LlamaArch
 
 
 class RolloutError(RuntimeError):
@@ -85,3 +88,31 @@ class RolloutEngine(Protocol):
     def acquire(self) -> None:
         """Rebuild the model with the last loaded weights (and apply a weight update that arrived meanwhile)."""
         ...
+
+
+ENGINES: tuple[str, ...] = ("transformers", "vllm")  # spec.rollout.engine
+
+
+def make_engine(
+    name: str,
+    arch: "LlamaArch",
+    *,
+    dtype: str = "bfloat16",
+    seed: int = 0,
+    pad_id: int = 0,
+    engine_args: Mapping[str, object] | None = None,
+) -> RolloutEngine:
+    """The engine ``spec.rollout.engine`` names, for ``arch`` (built lazily: heavy imports stay here)."""
+    if name not in ENGINES:
+        raise ValueError(f"spec.rollout.engine {name!r} is unknown; valid engines: {', '.join(ENGINES)}")
+    if name == "vllm":
+        raise NotImplementedError(
+            "spec.rollout.engine 'vllm' has no backend in this build yet; use spec.rollout.engine: transformers"
+        )
+    if engine_args:
+        raise ValueError(
+            f"spec.rollout.engineArgs {sorted(engine_args)} are not used by the transformers engine; remove them"
+        )
+    from asyncrl.rollout.hf_engine import HFEngine
+
+    return HFEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id)

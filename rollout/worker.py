@@ -20,7 +20,8 @@ import torch
 
 from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
-from asyncrl.rollout.engine import RolloutEngine, RolloutError
+from asyncrl.api.pods import RolloutSpec
+from asyncrl.rollout.engine import RolloutEngine, RolloutError, make_engine
 from asyncrl.rollout.envs.registry import get_task
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.tokenizer import TOKENIZER
@@ -61,8 +62,9 @@ class RolloutWorker:
         async_: ``spec.async`` (``partialRollout``).
         worker_index: this worker's index among the job's rollout workers (decorrelates prompts).
         seed: the job seed (``spec.train.seed``).
-        engine: a ready engine; by default an :class:`~asyncrl.rollout.hf_engine.HFEngine` of the
-            resolved architecture. Either way, load weights before the first ``generate``.
+        rollout: ``spec.rollout`` (``engine``, ``engineArgs``); default: the transformers engine.
+        engine: a ready engine instead (tests, custom backends). Either way, load weights before
+            the first ``generate``.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class RolloutWorker:
         *,
         worker_index: int = 0,
         seed: int = 0,
+        rollout: RolloutSpec | None = None,
         engine: RolloutEngine | None = None,
     ) -> None:
         self.task_spec = task
@@ -82,11 +85,14 @@ class RolloutWorker:
         self.seed = seed
         self.arch: LlamaArch = resolve_arch(model, TOKENIZER.vocab_size)
         if engine is None:
-            from asyncrl.rollout.hf_engine import HFEngine  # the default backend (imports transformers)
-
-            sampling_seed = _rng(seed, worker_index, 1).randrange(2**62)
-            engine = HFEngine(
-                self.arch, dtype=model.rollout_dtype, seed=sampling_seed, pad_id=TOKENIZER.pad_id
+            rollout = rollout or RolloutSpec()
+            engine = make_engine(
+                rollout.engine,
+                self.arch,
+                dtype=model.rollout_dtype,
+                seed=_rng(seed, worker_index, 1).randrange(2**62),
+                pad_id=TOKENIZER.pad_id,
+                engine_args=rollout.engine_args,
             )
         self.engine = engine
         self._suspended: list[Episode] = []

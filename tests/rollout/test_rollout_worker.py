@@ -109,3 +109,14 @@ def test_interrupted_episodes_resume_in_the_next_call(
     assert all(
         t.status is TrajectoryStatus.ABORTED for t in aborted
     ) and w.stats().trajectories_aborted == len(snaps)
+
+
+def test_engine_choice_is_validated() -> None:
+    from asyncrl.api.pods import RolloutSpec
+
+    with pytest.raises(NotImplementedError, match="use spec.rollout.engine: transformers"):
+        RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine="vllm"))
+    with pytest.raises(ValueError, match=r"engineArgs \['gpu_memory_utilization'\]"):
+        RolloutWorker(
+            TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine_args={"gpu_memory_utilization": 0.5})
+        )
