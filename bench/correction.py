@@ -152,6 +152,8 @@ def main() -> None:
     print(f"  time ratio (correction / bare): median thread CPU {c['cpu'] / b['cpu']:.2f}x, "
           f"min thread CPU {c['cpu_min'] / b['cpu_min']:.2f}x, median wall {c['wall'] / b['wall']:.2f}x "
           "(target <= 1.3x)")
+    if a.threads > 1:
+        print("  note: with several intra-op threads, thread CPU counts only the calling thread; use wall")
     extra = mem["correction_loss"] - mem["bare_ppo"]
     print(f"  extra peak memory: {extra / 2**20:+.2f} MiB "
           f"({extra / (B * T * 4):+.1f} x one fp32 [B, T] tensor of {B * T * 4 / 2**20:.2f} MiB)")
