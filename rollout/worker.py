@@ -22,7 +22,7 @@ from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.pods import RolloutSpec
 from asyncrl.rollout.engine import RolloutEngine, RolloutError, make_engine
-from asyncrl.rollout.envs.registry import get_task
+from asyncrl.rollout.envs.registry import get_task, max_sequence_length
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.tokenizer import TOKENIZER
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
@@ -83,7 +83,9 @@ class RolloutWorker:
         self.partial_rollout = async_.partial_rollout
         self.worker_index = worker_index
         self.seed = seed
-        self.arch: LlamaArch = resolve_arch(model, TOKENIZER.vocab_size)
+        self.arch: LlamaArch = resolve_arch(
+            model, TOKENIZER.vocab_size, max_sequence_length(task.name, task.max_new_tokens)
+        )
         if engine is None:
             rollout = rollout or RolloutSpec()
             engine = make_engine(

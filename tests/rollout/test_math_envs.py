@@ -94,6 +94,8 @@ def test_problems_are_deterministic_and_parse_back(name: str) -> None:
     a, b = make_env(name), make_env(name)
     pa, pb = a.reset(random.Random(3)), b.reset(random.Random(3))
     assert pa == pb
+    rng = random.Random(0)
+    assert max(len(make_env(name).reset(rng)) for _ in range(300)) == get_task(name).max_prompt_tokens
     assert isinstance(a, MathToolEnv) and a.problem is not None
     assert parse_question(a.problem.question) == a.problem
     assert a.info()["answer"] == a.problem.answer
