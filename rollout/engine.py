@@ -14,7 +14,9 @@ Semantics every backend keeps:
   after the batch has finished under the old weights when it is False.
 - ``interrupt`` stops a running ``generate`` at the next token boundary and returns snapshots of
   the unfinished episodes (status ``INTERRUPTED``); ``generate`` then returns with those episodes
-  left resumable (``done`` False). Passing them to a later ``generate`` continues them.
+  left resumable (``done`` False). Passing them to a later ``generate`` continues them. With
+  ``hold=True`` no token is sampled anywhere until ``resume()`` (the interrupt-sync window:
+  interrupt+hold, compute old logits with the resident version, update weights, resume).
 """
 
 from collections.abc import Mapping, Sequence
@@ -77,8 +79,17 @@ class RolloutEngine(Protocol):
         """Advance ``episodes`` until each is done or an interrupt arrives; returns them (same order)."""
         ...
 
-    def interrupt(self, timeout_s: float = 30.0) -> list[Trajectory]:
-        """Stop a running ``generate`` at the next token boundary; snapshots of its unfinished episodes."""
+    def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
+        """Stop a running ``generate`` at the next token boundary; snapshots of its unfinished episodes.
+
+        ``hold``: also keep every ``generate`` from sampling until :meth:`resume` (an idle engine
+        returns ``[]`` and a ``generate`` that starts later waits), so no token of the current
+        version is produced after the interrupt: what interrupt-sync needs.
+        """
+        ...
+
+    def resume(self) -> None:
+        """End a hold set by ``interrupt(hold=True)``."""
         ...
 
     def release(self) -> None:

@@ -70,6 +70,8 @@ class HFEngine:
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
         self._generating = False
         self._interrupt_req = threading.Event()
+        self._running = threading.Event()  # cleared by interrupt(hold=True) until resume()
+        self._running.set()
         self._stopped = threading.Event()
         self._snapshots: list[Trajectory] = []
 
@@ -159,8 +161,10 @@ class HFEngine:
             self._host = None
 
     # ----------------------------------------------------------------------------- interrupt
-    def interrupt(self, timeout_s: float = 30.0) -> list[Trajectory]:
+    def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
         with self._lock:
+            if hold:
+                self._running.clear()
             if not self._generating:
                 return []
             self._interrupt_req.set()
@@ -170,6 +174,14 @@ class HFEngine:
             )
         with self._lock:
             return list(self._snapshots)
+
+    def resume(self) -> None:
+        with self._lock:
+            self._running.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._running.is_set()
 
     # ----------------------------------------------------------------------------- generate
     def generate(
@@ -186,12 +198,16 @@ class HFEngine:
         if not self._gen_lock.acquire(blocking=False):
             raise RuntimeError("HFEngine.generate: another generate() is running on this engine")
         try:
-            with self._lock:
-                model = self.model  # raises when released / never loaded
-                self._generating = True
-                self._snapshots = []
-                self._interrupt_req.clear()
-                self._stopped.clear()
+            while True:  # wait out a hold (interrupt(hold=True) ... resume()); no token is sampled meanwhile
+                with self._lock:
+                    if self._running.is_set():
+                        model = self.model  # raises when released / never loaded
+                        self._generating = True
+                        self._snapshots = []
+                        self._interrupt_req.clear()
+                        self._stopped.clear()
+                        break
+                self._running.wait()
             sampler = torch.Generator().manual_seed(seed) if seed is not None else self._sampler
             try:
                 self._loop(model, list(episodes), max_new_tokens, temperature, partial_rollout, sampler)

@@ -206,15 +206,20 @@ class RolloutWorker:
                 self._c["partial"] += t.is_partial
         return done
 
-    def interrupt(self, timeout_s: float = 30.0) -> list[Trajectory]:
+    def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
         """Stop a running ``generate`` at a token boundary; snapshots (INTERRUPTED) of what was in flight.
 
         The episodes themselves stay suspended in this worker and resume on the next ``generate``.
+        ``hold``: sample nothing more (a ``generate`` arriving meanwhile waits) until :meth:`resume`.
         """
-        snaps = self.engine.interrupt(timeout_s)
+        snaps = self.engine.interrupt(timeout_s, hold=hold)
         with self._lock:
             self._c["interrupted"] += len(snaps)
         return snaps
+
+    def resume(self) -> None:
+        """End a hold set by ``interrupt(hold=True)``."""
+        self.engine.resume()
 
     def abort_suspended(self) -> list[Trajectory]:
         """Drop the suspended episodes for good; returns them with status ABORTED (counted)."""

@@ -91,7 +91,7 @@ def agent_turns(p: Problem, kind: str, rng: Random, *, uses_tool: bool = True) -
     if kind == "near":
         return [f"<ans>{_change_number(p.answer, rng)}</ans>"]
     if kind == "random":
-        return [f"<ans>{rng.randint(-99, 999)}</ans>"]
+        return [f"<ans>{rng.randint(-9, 99)}</ans>"]
     raise ValueError(f"unknown demo kind {kind!r}; valid: good, guess, badcall, miscopy, near, random")
 
 

@@ -66,8 +66,8 @@ TASKS: Mapping[str, TaskDef] = MappingProxyType(
             problem_fn=arithmetic_problem,
             uses_tool=False,
             demo_mix={"good": 0.35, "near": 0.40, "random": 0.25},
-            max_new_tokens_needed=8,  # <ans>-89</ans>
-            max_prompt_tokens=10,
+            max_new_tokens_needed=4,  # <ans>81</ans>
+            max_prompt_tokens=9,  # <bos>Q:20-9=?
         ),
     }
 )

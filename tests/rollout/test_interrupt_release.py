@@ -104,3 +104,22 @@ def test_errors_name_the_fix(arch: LlamaArch, weights: Weights, script_env: type
         ValueError, match=r"missing \['model.norm.weight'\].*up_proj.weight: got shape \(3, 3\)"
     ):
         eng.load_weights(bad, version=0)
+
+
+def test_hold_keeps_the_old_version_from_sampling_until_resume(
+    arch: LlamaArch, weights: Weights, script_env: type
+) -> None:
+    eng = HFEngine(arch, dtype="float32", seed=0)
+    eng.load_weights(weights(0), version=0)
+    assert eng.interrupt(hold=True) == [] and eng.held  # idle: nothing in flight, but held
+    eps = [Episode.start(f"t{i}", "g", script_env(), random.Random(i)) for i in range(3)]
+    prompts = [list(e.tokens) for e in eps]
+    th = threading.Thread(target=eng.generate, args=(eps,), kwargs={"max_new_tokens": 12})
+    th.start()
+    time.sleep(0.2)
+    assert th.is_alive() and [e.tokens for e in eps] == prompts  # waiting, nothing sampled
+    eng.update_weights(weights(1), version=1)  # the engine is not generating: applied now
+    eng.resume()
+    th.join(10)
+    assert not th.is_alive() and not eng.held
+    assert all(set(e.to_trajectory().sampled_versions) == {1} for e in eps)
