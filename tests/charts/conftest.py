@@ -1,7 +1,5 @@
 """Fixtures of the chart tests: the real helm binary (installed by .ci/install-k8s-tools.sh)."""
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,17 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # tests.support lives at the repository root
     sys.path.insert(0, str(ROOT))
-CHART = ROOT / "charts" / "asyncrl"
-
-
-def find_helm() -> str | None:
-    """Kubernetes helm from .tools/helm/helm or PATH (Debian's `helm` is an Emacs package)."""
-    for candidate in (ROOT / ".tools" / "helm" / "helm", shutil.which("helm")):
-        if candidate and Path(candidate).is_file():
-            out = subprocess.run([str(candidate), "version", "--short"], capture_output=True, text=True)
-            if out.returncode == 0 and out.stdout.startswith("v3."):
-                return str(candidate)
-    return None
+from tests.support.helpers import find_helm  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import CHART, ROOT
+
+from tests.support.helpers import CHART, ROOT
 
 K8S_VERSIONS = ("1.29", "1.33")  # oldest and newest we claim; kubernetes-validate ships their schemas
 NOT_BUILTIN = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}  # prometheus-operator CRDs

@@ -6,12 +6,12 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import ROOT
 
 from asyncrl.api.validation import load_jobs
 from asyncrl.operator.builders import JobRef, desired
 from asyncrl.operator.config import OperatorSettings
 from tests.support.crvalidate import CRValidator
+from tests.support.helpers import ROOT
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 

@@ -3,49 +3,20 @@
 import contextlib
 import logging
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # tests.support lives at the repository root
     sys.path.insert(0, str(ROOT))
 
 from tests.support.fakeapi import FakeCluster  # noqa: E402
+from tests.support.helpers import job_manifest, wait_for  # noqa: E402,F401  (re-exported)
 
 logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-
-
-def job_manifest(name: str = "job1", **spec: Any) -> dict[str, Any]:
-    """A small valid AsyncRLJob (CPU pods) with ``spec`` sections merged over it."""
-    base: dict[str, Any] = {
-        "apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"rollout": {"replicas": 2, "gpusPerReplica": 0},
-                 "actor": {"replicas": 1, "gpusPerReplica": 0},
-                 "runPolicy": {"backoffLimit": 2}},
-    }
-    for key, value in spec.items():
-        if isinstance(value, dict):
-            base["spec"].setdefault(key, {}).update(value)
-        else:
-            base["spec"][key] = value
-    return base
-
-
-def wait_for(what: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, message: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = what()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {message or what}; last value: {last!r}")
 
 
 @pytest.fixture
@@ -82,7 +53,3 @@ def operator_factory(cluster: FakeCluster) -> Iterator[Callable[..., Any]]:
 def operator(operator_factory: Callable[..., Any]) -> Iterator[Any]:
     with operator_factory() as runner:
         yield runner
-
-
-def load_yaml(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]

@@ -4,9 +4,9 @@ import copy
 from typing import Any
 
 import pytest
-from conftest import job_manifest
 
 from tests.support.crvalidate import CRValidator
+from tests.support.helpers import job_manifest
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ operator relies on (see the testing notes):
 - the AsyncRLJob is defaulted and validated against the **shipped** CRD (schema + CEL, via
   :mod:`tests.support.crvalidate`) on create and update: 422 ``Invalid`` with the field paths;
   ``status`` is validated and pruned on ``/status`` writes;
-- a ``resourceVersion`` precondition in a patch body is honoured (409 on a stale one).
+- a ``resourceVersion`` precondition in a patch body is honoured (409 on a stale one);
+- a watch stream never replays an object older than one it already sent.
 
 Not modelled (real cluster only): RBAC, admission webhooks, ownerReference garbage collection,
 graceful pod termination, server-side apply, PUT, watch bookmarks / 410 relists, kubelets.
@@ -24,6 +25,7 @@ import datetime as dt
 import itertools
 import json
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,7 @@ class RealisticEmulator(kmock.KubernetesEmulator):
         self._rv = itertools.count(1000)
         self._mutex: asyncio.Lock | None = None
         self.bypass_validation = False  # simulates an older CRD in the cluster than the operator's
+        self.created_at: dict[tuple[str, str, str], float] = {}  # (plural, ns, name) -> monotonic time
 
     # -- helpers
     def _has_status(self, request: Any) -> bool:
@@ -144,6 +147,14 @@ class RealisticEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request: Any) -> Any:
         if self._mutex is None:
             self._mutex = asyncio.Lock()
+        if request.resource is not None and request.action == kenums.action.DELETE and request.name is not None:
+            async with self._mutex:
+                key = (request.resource, request.namespace, request.name)
+                old = self._current(key)
+                if old is not None and old["metadata"].get("finalizers") and not old["metadata"].get("deletionTimestamp"):
+                    # setting deletionTimestamp is a write: a new resourceVersion (KMock keeps the old one)
+                    self.objects[key].patch({"metadata": {"resourceVersion": str(next(self._rv))}})
+                return await super()._handle(request)
         if request.resource is None or request.action not in (kenums.action.CREATE, kenums.action.UPDATE):
             return await super()._handle(request)
         async with self._mutex:
@@ -168,6 +179,8 @@ class RealisticEmulator(kmock.KubernetesEmulator):
         if request.namespace and not meta.get("namespace"):
             meta["namespace"] = request.namespace
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1, resourceVersion=str(next(self._rv)))
+        self.created_at[(request.resource.plural, meta.get("namespace") or "", meta.get("name") or "")] = \
+            time.monotonic()
         if request.resource == self.cr:
             obj.pop("status", None)  # the status subresource: create ignores status
             checked = self._check_cr(obj, None)
@@ -229,13 +242,22 @@ class RealisticEmulator(kmock.KubernetesEmulator):
                 "metadata": {"resourceVersion": rv}, "items": items}
 
     async def _serve_watch(self, request: Any) -> Any:
+        # A real watch never goes back in time: KMock may replay an object in its initial burst and
+        # again from its event bus; drop anything not newer than what this stream already sent.
+        # A watch from the resourceVersion of a LIST starts after that LIST, as in a real server.
         selector = (request.params or {}).get("labelSelector")
+        since = int((request.params or {}).get("resourceVersion") or 0)
+        sent: dict[str, int] = {}
         async for event in super()._serve_watch(request):
             if not isinstance(event, dict):
                 yield event
                 continue
-            labels = ((event.get("object") or {}).get("metadata") or {}).get("labels") or {}
-            if matches(selector, labels):
+            meta = (event.get("object") or {}).get("metadata") or {}
+            uid, rv = meta.get("uid") or "", int(meta.get("resourceVersion") or 0)
+            if event.get("type") != "DELETED" and (rv <= since or (uid in sent and rv <= sent[uid])):
+                continue
+            sent[uid] = rv
+            if matches(selector, meta.get("labels") or {}):
                 yield event
 
 
