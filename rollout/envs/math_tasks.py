@@ -10,8 +10,8 @@ without the tool end it with reward 0.
 - ``chain-calculator``: ``Q:(47+38)*12=?`` or ``Q:12*(47+38)=?``: the tool takes only ``a op b``, so
   the agent needs two calls and must carry the first result into the second. Harder to copy
   faithfully (results up to 6 digits), so a tiny model keeps improving for minutes.
-- ``arithmetic``: ``Q:17-8=?`` answered directly (single turn, no tool): ``+``/``-`` of 1..20 and
-  1..9, ``*`` of two digits, so the task stays learnable without a tool.
+- ``arithmetic``: ``Q:7*8=?`` answered directly (single turn, no tool): one-digit operands, so
+  the task stays learnable without a tool by a tiny model.
 """
 
 import random
@@ -79,9 +79,9 @@ def chain_problem(rng: random.Random) -> Problem:
 
 def arithmetic_problem(rng: random.Random) -> Problem:
     # Small operands: without a tool a 0.3M-param model cannot learn 2-digit sums in a short warm
-    # start (measured: 0.004 sampled success after 300 SFT steps on 2-digit + - *).
+    # start (measured: 0.004 sampled success after 300 SFT steps on 2-digit + - *; 0.05 on 1..20).
     op = rng.choice(OPS)
-    a, b = (rng.randint(1, 9), rng.randint(1, 9)) if op == "*" else (rng.randint(1, 20), rng.randint(1, 9))
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
     r = apply_op(a, op, b)
     return Problem(f"{a}{op}{b}", r, ((f"{a}{op}{b}", r),))  # the call a tool would take (none here)
 

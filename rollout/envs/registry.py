@@ -65,9 +65,10 @@ TASKS: Mapping[str, TaskDef] = MappingProxyType(
             name="arithmetic",
             problem_fn=arithmetic_problem,
             uses_tool=False,
-            demo_mix={"good": 0.35, "near": 0.40, "random": 0.25},
+            # measured: SFT 300 steps -> 0.25 sampled success (0.145 with good 0.5, 0.05 on 1..20 operands)
+            demo_mix={"good": 0.6, "near": 0.25, "random": 0.15},
             max_new_tokens_needed=4,  # <ans>81</ans>
-            max_prompt_tokens=9,  # <bos>Q:20-9=?
+            max_prompt_tokens=8,  # <bos>Q:7*8=?
         ),
     }
 )
