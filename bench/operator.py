@@ -62,14 +62,15 @@ def run(n: int, mode: str) -> list[float]:
         registry = build_registry(cfg, CollectorRegistry())
         emu = cluster.emulator
         assert emu is not None
-        with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry, timeout=60):
+        with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=registry, timeout=180):
             time.sleep(1.0)  # let kopf finish discovery and open its watches
             names = [f"{mode[:3]}-{i:03d}" for i in range(n)]
-            deadline = time.monotonic() + 30 + 3 * n
+            deadline = time.monotonic() + 60 + 5 * n
             for name in names:
                 cluster.create("asyncrljobs", job(name))
                 if mode == "sequential":
-                    while children_done(emu, name) is None and time.monotonic() < deadline:
+                    one = time.monotonic() + 60
+                    while children_done(emu, name) is None and time.monotonic() < one:
                         time.sleep(0.005)
             while any(children_done(emu, x) is None for x in names) and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -77,7 +78,7 @@ def run(n: int, mode: str) -> list[float]:
             for name in names:
                 done = children_done(emu, name)
                 if done is None:
-                    raise SystemExit(f"job {name} did not get all its children in time: {sorted(emu.created_at)}")
+                    raise SystemExit(f"job {name} did not get all its children in time")
                 lat.append(done - emu.created_at[("asyncrljobs", "default", name)])
     return lat
 
@@ -101,12 +102,14 @@ def main() -> None:
         with contextlib.redirect_stdout(sys.stderr):
             lat = run(args.jobs, mode)
         row = {"mode": mode, "jobs": args.jobs, "p50_s": round(pct(lat, 0.5), 3), "p95_s": round(pct(lat, 0.95), 3),
-               "max_s": round(max(lat), 3), "mean_s": round(statistics.fmean(lat), 3)}
+               "max_s": round(max(lat), 3), "mean_s": round(statistics.fmean(lat), 3),
+               "cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 1)}
         if args.json:
             print(json.dumps(row))
         else:
             print(f"{mode:>10}: {args.jobs} jobs, create -> all {CHILDREN} children: p50 {row['p50_s']:.3f} s, "
-                  f"p95 {row['p95_s']:.3f} s, max {row['max_s']:.3f} s (cpus: {os.cpu_count()})")
+                  f"p95 {row['p95_s']:.3f} s, max {row['max_s']:.3f} s (cpus: {os.cpu_count()}, "
+                  f"load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

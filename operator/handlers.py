@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes.client import ApiException
 from prometheus_client import CollectorRegistry, start_http_server
 
 from asyncrl.api.job import GROUP, PLURAL, VERSION
@@ -39,9 +40,7 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
 def _run(memo: kopf.Memo, cfg: OperatorSettings, namespace: str, name: str) -> None:
     try:
         plan = memo.reconciler.reconcile(namespace, name, children=True)
-    except (ReconcileError, Exception) as exc:  # API errors and the like: retry, never crash the loop
-        if isinstance(exc, kopf.PermanentError):
-            raise
+    except (ReconcileError, ApiException, OSError) as exc:  # the API failed: retry later
         raise kopf.TemporaryError(f"reconcile of {namespace}/{name} failed: {exc}", delay=API_RETRY_SECONDS) from exc
     if plan is not None and plan.requeue_after is not None and plan.requeue_after < cfg.resync_seconds:
         raise kopf.TemporaryError(f"waiting {plan.requeue_after:.1f} s", delay=max(plan.requeue_after, 0.1))
