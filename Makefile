@@ -22,7 +22,6 @@ run: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy api trainer/thresholds.py trainer/cli.py
-	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/python -m pytest -q
