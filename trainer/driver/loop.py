@@ -198,22 +198,27 @@ class _Loop:
         import ray
 
         loop_start = time.monotonic()
-        while self.version < total_steps:
-            self._admit()
-            wait_start = time.monotonic()
-            batch = self._next_batch()
-            while batch is None:
-                done, _ = ray.wait(list(self.pending), num_returns=1)
-                self._collect(done[0])
+        try:
+            while self.version < total_steps:
                 self._admit()
+                wait_start = time.monotonic()
                 batch = self._next_batch()
-            self.m.trainer_idle.inc(time.monotonic() - wait_start)
-            self._train(batch)
-        self._drain()
+                while batch is None:
+                    done, _ = ray.wait(list(self.pending), num_returns=1)
+                    self._collect(done[0])
+                    self._admit()
+                    batch = self._next_batch()
+                self.m.trainer_idle.inc(time.monotonic() - wait_start)
+                self._train(batch)
+        finally:  # also on Ctrl-C or an error: the accounting is part of a usable run directory
+            self._drain()
+            self._account_time(time.monotonic() - loop_start)
+
+    def _account_time(self, wall: float) -> None:
         now = time.monotonic()
-        for since in self.idle_since.values():
+        for i, since in self.idle_since.items():
             self.m.rollout_idle.inc(now - since)
-        wall = now - loop_start
+            self.idle_since[i] = now
         self.m.trainer_seconds.inc(wall)
         self.m.rollout_worker.inc(wall * len(self.hosts.rollout))
         value = self.m.registry.get_sample_value
