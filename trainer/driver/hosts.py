@@ -192,11 +192,13 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
     import ray
 
     spec_json = spec.model_dump(mode="json", by_alias=True)
-    actor = ray.remote(ActorHost).options(num_cpus=n_procs_cpus, max_concurrency=1).remote(spec_json, actor_threads)
+    actor_cls: Any = ray.remote(ActorHost)
+    rollout_cls: Any = ray.remote(RolloutHost)
+    actor = actor_cls.options(num_cpus=n_procs_cpus, max_concurrency=1).remote(spec_json, actor_threads)
     rollout = [
-        ray.remote(RolloutHost).options(num_cpus=n_procs_cpus, max_concurrency=2).remote(spec_json, i, rollout_threads)
+        rollout_cls.options(num_cpus=n_procs_cpus, max_concurrency=2).remote(spec_json, i, rollout_threads)
         for i in range(spec.rollout.replicas)
     ]
-    pad_id = ray.get(actor.pad_id.remote())
+    pad_id: int = ray.get(actor.pad_id.remote())
     ray.get([w.stats.remote() for w in rollout])  # surfaces construction errors here, not mid-loop
     return HostHandles(actor, rollout, pad_id)

@@ -110,7 +110,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     hosts: HostHandles | None = None
     try:
         n_procs = spec.rollout.replicas + 1
-        with local_ray(num_cpus=max(options.num_cpus, 1.0)) as own_ray:
+        with local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray:
             try:
                 hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs,
                                     actor_threads=options.actor_threads, rollout_threads=options.rollout_threads)

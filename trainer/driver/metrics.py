@@ -135,6 +135,7 @@ class DriverMetrics:
         self.registry = registry
         for d in defs:
             labelnames = [name for name, _ in d.labels]
+            metric: Counter | Gauge | Histogram | Info
             if d.kind == "counter":
                 metric = Counter(d.name.removesuffix("_total"), d.help, labelnames, registry=registry)
             elif d.kind == "gauge":

@@ -22,7 +22,7 @@ def _configure_env() -> None:
 
 
 @contextlib.contextmanager
-def local_ray(num_cpus: float, *, quiet: bool = True) -> Iterator[bool]:
+def local_ray(num_cpus: int, *, quiet: bool = True) -> Iterator[bool]:
     """Start a private local Ray (or reuse one already started in this process, e.g. by a test).
 
     Yields True when this call started Ray (and will shut it down), False when it reused one.
