@@ -120,10 +120,13 @@ def make_engine(
         raise NotImplementedError(
             "spec.rollout.engine 'vllm' has no backend in this build yet; use spec.rollout.engine: transformers"
         )
-    if engine_args:
+    args = dict(engine_args or {})
+    fp32_head = args.pop("fp32Head", False)
+    if args or not isinstance(fp32_head, bool):
         raise ValueError(
-            f"spec.rollout.engineArgs {sorted(engine_args)} are not used by the transformers engine; remove them"
+            f"spec.rollout.engineArgs {dict(engine_args or {})} do not fit the transformers engine; "
+            "it takes only fp32Head: true|false (final norm and LM head in float32)"
         )
     from asyncrl.rollout.hf_engine import HFEngine
 
-    return HFEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id)
+    return HFEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, fp32_head=fp32_head)

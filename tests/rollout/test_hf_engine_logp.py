@@ -29,9 +29,15 @@ def full_forward_logp(
 
 
 def run(
-    arch: LlamaArch, weights: Weights, env_cls: type, dtype: str, temperature: float, n: int = 12
+    arch: LlamaArch,
+    weights: Weights,
+    env_cls: type,
+    dtype: str,
+    temperature: float,
+    n: int = 12,
+    fp32_head: bool = False,
 ) -> list[Trajectory]:
-    eng = HFEngine(arch, dtype=dtype, seed=0)
+    eng = HFEngine(arch, dtype=dtype, seed=0, fp32_head=fp32_head)
     eng.load_weights(weights(0), version=0)
     rng = random.Random(0)
     eps = [Episode.start(f"t{i}", "g", env_cls(every=4, turns=2), rng) for i in range(n)]
@@ -51,16 +57,30 @@ def test_fp32_logp_mu_equals_full_forward(arch: LlamaArch, weights: Weights, scr
     assert worst < 2e-5  # cache path vs full forward in fp32: kernel noise only (rl-on-cpu.md §5: max 2.4e-6)
 
 
-def test_bf16_logp_mu_is_close_to_fp32(arch: LlamaArch, weights: Weights, script_env: type) -> None:
-    trajs = run(arch, weights, script_env, "bfloat16", temperature=1.0)
+def bf16_deltas(arch: LlamaArch, weights: Weights, env_cls: type, fp32_head: bool) -> torch.Tensor:
+    """|logp_mu (bf16 engine) - logp (fp32 full forward)| over the sampled tokens of 24 episodes."""
     deltas = []
-    for t in trajs:
+    for t in run(arch, weights, env_cls, "bfloat16", temperature=1.0, n=24, fp32_head=fp32_head):
         ref = full_forward_logp(arch, weights(0), t, temperature=1.0)
         sampled = torch.tensor(t.loss_mask[1:])
         deltas.append((torch.tensor(t.logp_mu[1:])[sampled] - ref[sampled]).abs())
-    d = torch.cat(deltas)
+    return torch.cat(deltas)
+
+
+def test_bf16_logp_mu_is_close_to_fp32(arch: LlamaArch, weights: Weights, script_env: type) -> None:
+    d = bf16_deltas(arch, weights, script_env, fp32_head=False)
     assert d.max() > 0  # bf16 really differs from fp32 ...
     assert d.mean() < 0.02 and d.max() < 0.2  # ... but only by rounding
+    head = bf16_deltas(arch, weights, script_env, fp32_head=True)
+    assert head.mean() < d.mean() / 2  # fp32 final norm + LM head: much closer to the fp32 actor
+
+
+def test_fp32_head_is_exact_in_fp32(arch: LlamaArch, weights: Weights, script_env: type) -> None:
+    trajs = run(arch, weights, script_env, "float32", temperature=0.7, fp32_head=True)
+    for t in trajs:
+        ref = full_forward_logp(arch, weights(0), t, temperature=0.7)
+        sampled = torch.tensor(t.loss_mask[1:])
+        assert (torch.tensor(t.logp_mu[1:])[sampled] - ref[sampled]).abs().max() < 2e-5
 
 
 def test_env_tokens_are_forced_unversioned_and_turns_count(

@@ -67,8 +67,11 @@ def _tokens(eng: HFEngine, env_cls: type) -> list[tuple[list[int], list[float]]]
     return [(e.tokens, e.logp_mu) for e in eps]
 
 
-def test_release_acquire_generates_identically(arch: LlamaArch, weights: Weights, script_env: type) -> None:
-    eng = HFEngine(arch, dtype="bfloat16", seed=0)
+@pytest.mark.parametrize("fp32_head", [False, True])
+def test_release_acquire_generates_identically(
+    arch: LlamaArch, weights: Weights, script_env: type, fp32_head: bool
+) -> None:
+    eng = HFEngine(arch, dtype="bfloat16", seed=0, fp32_head=fp32_head)
     eng.load_weights(weights(0), version=4)
     before = _tokens(eng, script_env)
     eng.release()

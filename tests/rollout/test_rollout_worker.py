@@ -116,7 +116,11 @@ def test_engine_choice_is_validated() -> None:
 
     with pytest.raises(NotImplementedError, match="use spec.rollout.engine: transformers"):
         RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine="vllm"))
-    with pytest.raises(ValueError, match=r"engineArgs \['gpu_memory_utilization'\]"):
+    with pytest.raises(
+        ValueError, match=r"engineArgs \{'gpu_memory_utilization': 0.5\} do not fit.*fp32Head"
+    ):
         RolloutWorker(
             TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine_args={"gpu_memory_utilization": 0.5})
         )
+    w = RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine_args={"fp32Head": True}))
+    assert w.engine.fp32_head  # type: ignore[attr-defined]
