@@ -1,7 +1,5 @@
 """``asyncrl run``: argument handling and validation before anything heavy starts."""
 
-import sys
-
 from asyncrl.trainer.cli import _load_run_job, main
 
 
@@ -10,7 +8,13 @@ def test_embedded_quickstart_is_packaged_and_valid():
     assert job.metadata.name == "quickstart"
 
 
-def test_invalid_job_is_rejected_before_ray_starts(tmp_path, capsys):
+def test_invalid_job_is_rejected_before_ray_starts(tmp_path, capsys, monkeypatch):
+    import asyncrl.trainer.driver.loop as loop
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray must not start for an invalid job")
+
+    monkeypatch.setattr(loop, "local_ray", no_ray)
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: bad}\n"
@@ -19,7 +23,6 @@ def test_invalid_job_is_rejected_before_ray_starts(tmp_path, capsys):
     assert main(["run", str(bad), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "spec.async.maxStaleness" in err and "spec.train.stepz" in err  # all problems at once
-    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     assert not (tmp_path / "run").exists()
 
 

@@ -23,6 +23,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{pct(summary.get('final_success'))}",
         f"  run directory: {summary.get('run_dir')}  (report: {summary.get('report')})",
     ]
+    warm = summary.get("warm_start")
+    if warm:
+        how = "reused from the run directory" if warm.get("cached") else f"{warm.get('seconds')} s"
+        lines.insert(1, f"  warm start: {warm.get('steps')} supervised steps ({how})")
+    elif summary.get("resumed_from"):
+        lines.insert(1, f"  resumed from {summary['resumed_from']}")
     if summary.get("error"):
         lines.append(f"  error: {summary['error']}")
     return "\n".join(lines)
@@ -36,16 +42,27 @@ def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = Fal
     bar: Any = None
 
     def on_start(info: dict[str, Any]) -> None:
-        nonlocal bar
         if not quiet:
-            warm = info.get("warm_start") or {}
-            note = "cached" if warm.get("cached") else f"{warm.get('seconds', 0)} s" if warm else "skipped"
-            print(f"metrics: {info.get('metrics_url')}  run dir: {info.get('run_dir')}  warm start: {note}",
-                  file=sys.stderr)
-            bar = tqdm(total=total, initial=info.get("version", 0), desc=job.metadata.name, unit="step",
-                       file=sys.stderr, dynamic_ncols=True)
+            print(f"metrics: {info.get('metrics_url')}  run dir: {info.get('run_dir')}", file=sys.stderr)
+
+    warm_bar: Any = None
+
+    def on_warm(done: int, steps: int, loss: float) -> None:
+        nonlocal warm_bar
+        if quiet:
+            return
+        if warm_bar is None:
+            warm_bar = tqdm(total=steps, desc="warm start", unit="step", file=sys.stderr, dynamic_ncols=True)
+        warm_bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        warm_bar.update(done - warm_bar.n)
+        if done >= steps:
+            warm_bar.close()
 
     def on_step(r: dict[str, Any]) -> None:
+        nonlocal bar
+        if bar is None and not quiet:
+            bar = tqdm(total=total, initial=r["step"] - 1, desc=job.metadata.name, unit="step",
+                       file=sys.stderr, dynamic_ncols=True)
         if bar is not None:
             bar.set_postfix(reward=f"{r.get('reward_mean', 0):.2f}", success=f"{r.get('success_rate', 0):.2f}",
                             keep=f"{r.get('keep_ratio', 1.0):.3f}", v=r.get("version", "-"), refresh=False)
@@ -59,14 +76,15 @@ def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = Fal
     result: RunResult | None = None
     code = 0
     try:
-        result = run_job(job, options, on_step=on_step, on_start=on_start)
+        result = run_job(job, options, on_step=on_step, on_start=on_start, on_warm=on_warm)
     except KeyboardInterrupt:
         code = 130
     except Exception:  # noqa: BLE001 -- the summary below carries the error
         code = 1
     finally:
-        if bar is not None:
-            bar.close()
+        for b in (warm_bar, bar):
+            if b is not None:
+                b.close()
     summary = result.summary if result is not None else _summary_from_disk(job, options)
     print(format_summary(summary))
     return code

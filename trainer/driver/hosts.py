@@ -101,43 +101,48 @@ class ActorHost:
     def pad_id(self) -> int:
         return self.pad
 
-    def warm_start(self, steps: int, cache_dir: str, threads: int, batch_size: int = 128) -> dict[str, Any]:
-        """Supervised steps on generated demonstrations; reuses ``cache_dir`` when it holds a result.
-
-        Runs with ``threads`` torch threads (nothing else computes meanwhile: rollout waits for
-        the first weights), then returns to the actor's own budget. RL starts at version 0
-        either way: warm-start steps are not policy versions.
-        """
+    def load_warm_start(self, cache_dir: str) -> bool:
+        """Load a cached warm start (True) or report there is none (False)."""
         cache = Path(cache_dir)
-        if (cache / "meta.json").exists():  # the actor writes checkpoints atomically
-            self.actor.load_checkpoint(str(cache))
-            self.actor.version = 0
-            return {"cached": True, "steps": steps, "seconds": 0.0}
+        if not (cache / "meta.json").exists():  # the actor writes checkpoints atomically
+            return False
+        self.actor.load_checkpoint(str(cache))
+        self.actor.version = 0
+        return True
+
+    def warm_start(self, start: int, stop: int, total: int, threads: int, batch_size: int = 128) -> list[float]:
+        """Supervised steps ``[start, stop)`` of ``total`` on generated demonstrations; their losses.
+
+        Called in chunks so the driver can show progress. Runs with ``threads`` torch threads
+        (nothing else computes meanwhile: rollout waits for the first weights), then returns to
+        the actor's own budget and ``train.learningRate``.
+        """
         import random
 
         import torch
 
         from asyncrl.rollout.envs.demos import demonstrations, pad_batch
 
-        rng = random.Random(self.spec.train.seed)
-        t0 = time.perf_counter()
+        if start == 0:
+            self._demo_rng = random.Random(self.spec.train.seed)
         losses = []
         torch.set_num_threads(threads)
         try:
-            for step in range(steps):
-                _set_learning_rate(self.actor, warm_start_lr(step, steps))
-                demos = demonstrations(self.spec.task.name, batch_size, rng, max_tool_calls=self.spec.task.max_tool_calls)
+            for step in range(start, stop):
+                _set_learning_rate(self.actor, warm_start_lr(step, total))
+                demos = demonstrations(self.spec.task.name, batch_size, self._demo_rng,
+                                       max_tool_calls=self.spec.task.max_tool_calls)
                 b = pad_batch(demos)
                 losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
         finally:
             torch.set_num_threads(self.threads)
             _set_learning_rate(self.actor, self.spec.train.learning_rate)
-        seconds = time.perf_counter() - t0
+        return losses
+
+    def save_warm_start(self, cache_dir: str) -> None:
+        """RL starts at version 0: warm-start steps are not policy versions."""
         self.actor.version = 0
-        self.actor.save_checkpoint(str(cache))
-        return {"cached": False, "steps": steps, "seconds": round(seconds, 2),
-                "loss_first": round(losses[0], 4) if losses else None,
-                "loss_last": round(losses[-1], 4) if losses else None}
+        self.actor.save_checkpoint(cache_dir)
 
     def train_step(self, batch: dict[str, np.ndarray], version: int) -> tuple[dict[str, Any], Weights | None]:
         """One optimizer step; returns (flat stats, new weights or None when the step was skipped)."""

@@ -64,6 +64,7 @@ class RunResult:
 
 StepCallback = Callable[[dict[str, Any]], None]
 BatchCallback = Callable[[list[Group], int], None]  # (groups about to train, actor version)
+WarmCallback = Callable[[int, int, float], None]  # (warm-start steps done, total, last loss)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -77,11 +78,12 @@ def default_run_dir(job: AsyncRLJob) -> Path:
 
 def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCallback | None = None,
             on_start: Callable[[dict[str, Any]], None] | None = None,
-            on_batch: BatchCallback | None = None) -> RunResult:
+            on_batch: BatchCallback | None = None, on_warm: WarmCallback | None = None) -> RunResult:
     """Run ``job`` (already validated) on a local Ray; returns the summary and per-step records.
 
-    ``on_start`` gets the summary so far (metrics URL, warm start) once the workers are up,
-    ``on_step`` every step record, ``on_batch`` every batch right before the actor trains on it.
+    ``on_start`` gets the summary so far (metrics URL, run directory) once the workers are up,
+    ``on_step`` every step record, ``on_batch`` every batch right before the actor trains on it,
+    ``on_warm`` the warm start's progress.
     """
     spec = job.spec
     total_steps = options.steps or spec.train.steps
@@ -115,12 +117,12 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                 hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs,
                                     actor_threads=options.actor_threads, rollout_threads=options.rollout_threads)
                 summary["startup_s"] = round(time.monotonic() - started, 2)
+                if on_start is not None:
+                    on_start({**summary, "total_steps": total_steps})
                 # --- warm start or resume --------------------------------------------------
-                version = _warm_or_resume(hosts, job, run, options, summary)
+                version = _warm_or_resume(hosts, job, run, options, summary, on_warm)
                 summary["start_version"] = version
                 records.extend(run.keep_steps_up_to(version))  # a resumed run continues its log
-                if on_start is not None:
-                    on_start({**summary, "version": version, "total_steps": total_steps})
                 # --- the loop -----------------------------------------------------------------
                 loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
                              on_step=on_step, on_batch=on_batch, records=records, summary=summary,
@@ -148,8 +150,28 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     return RunResult(run.path, summary, records, summary.get("metrics_url"))
 
 
+def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions,
+                on_warm: WarmCallback | None, chunk: int = 25) -> dict[str, Any]:
+    """Supervised warm start in chunks (progress), cached in ``cache`` for a rerun."""
+    import ray
+
+    if ray.get(hosts.actor.load_warm_start.remote(str(cache))):
+        return {"cached": True, "steps": total, "seconds": 0.0}
+    threads = max(1, int(options.num_cpus))  # rollout waits for the first weights meanwhile
+    t0 = time.monotonic()
+    losses: list[float] = []
+    for start in range(0, total, chunk):
+        stop = min(total, start + chunk)
+        losses += ray.get(hosts.actor.warm_start.remote(start, stop, total, threads))
+        if on_warm is not None:
+            on_warm(stop, total, losses[-1])
+    ray.get(hosts.actor.save_warm_start.remote(str(cache)))
+    return {"cached": False, "steps": total, "seconds": round(time.monotonic() - t0, 2),
+            "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
+
+
 def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: RunOptions,
-                    summary: dict[str, Any]) -> int:
+                    summary: dict[str, Any], on_warm: WarmCallback | None) -> int:
     """Resume from the newest checkpoint, else warm-start (reusing a cached warm start)."""
     import ray
 
@@ -160,10 +182,8 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
         version = ray.get(hosts.actor.load_checkpoint.remote(str(latest.path)))
         summary["resumed_from"] = str(latest.path)
     elif options.warm_start and spec.train.warm_start_steps > 0:
-        cache = options.warm_start_dir or run.warm_start_dir
-        threads = max(1, int(options.num_cpus))
-        warm = ray.get(hosts.actor.warm_start.remote(spec.train.warm_start_steps, str(cache), threads))
-        summary["warm_start"] = warm
+        summary["warm_start"] = _warm_start(hosts, spec.train.warm_start_steps,
+                                            options.warm_start_dir or run.warm_start_dir, options, on_warm)
         version = 0
     else:
         version = 0
