@@ -99,18 +99,18 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     })
     server: MetricsServer | None = None
     port = spec.monitoring.port if options.port is None else options.port
-    if spec.monitoring.enabled:
-        server = serve_metrics(registry, port, options.metrics_host)
-
     started = time.monotonic()
     summary: dict[str, Any] = {
         "job": job.metadata.name, "run_dir": str(run.path), "status": "running",
         "max_staleness": spec.async_.max_staleness, "reference": spec.correction.reference.value,
-        "metrics_url": server.url if server else None,
+        "metrics_url": None,
     }
     records: list[dict[str, Any]] = []
     hosts: HostHandles | None = None
     try:
+        if spec.monitoring.enabled:
+            server = serve_metrics(registry, port, options.metrics_host)
+            summary["metrics_url"] = server.url
         n_procs = spec.rollout.replicas + 1
         with local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray:
             try:

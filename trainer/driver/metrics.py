@@ -185,7 +185,13 @@ class MetricsServer:
 
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> MetricsServer:
     """Serve ``registry`` on ``host:port`` (port 0 picks a free port) in a daemon thread."""
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise OSError(
+            f"cannot serve metrics on {host}:{port} ({exc.strerror}); set spec.monitoring.port to a free "
+            "port, or pass --port 0 to pick one"
+        ) from exc
     return MetricsServer(host, server.server_port, server)
 
 
