@@ -16,6 +16,7 @@ synchronous baseline with this same code: admission then allows exactly one batc
 """
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ class RunOptions:
     steps: int | None = None  # override spec.train.steps
     port: int | None = None  # override spec.monitoring.port; 0 = any free port
     metrics_host: str = "127.0.0.1"
-    num_cpus: float = 2.0  # logical CPUs given to Ray (cores of this machine)
+    num_cpus: float = field(default_factory=lambda: float(os.cpu_count() or 2))  # cores Ray may use
     actor_threads: int = 1  # torch threads of the actor process
     rollout_threads: int = 1  # torch threads per rollout worker
     warm_start: bool = True  # run (or reuse) the supervised warm start
