@@ -28,8 +28,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from asyncrl.api.job import AsyncRLJob
-from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
+from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver import checkpoints
+from asyncrl.trainer.driver.accounting import count_correction, count_rollouts, success_rate, summarise
 from asyncrl.trainer.driver.batch import assemble_batch, token_staleness
 from asyncrl.trainer.driver.hosts import HostHandles, start_hosts
 from asyncrl.trainer.driver.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
@@ -142,7 +143,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
         raise
     finally:
         # --- cleanup: always leave a usable run directory -------------------------------------
-        summary.update(_summarise(records, time.monotonic() - started))
+        summary.update(summarise(records, time.monotonic() - started))
         summary["report"] = str(run.report_png)
         run.write_summary(summary)
         write_report(records, run.report_png, f"{job.metadata.name} (maxStaleness {spec.async_.max_staleness})")
@@ -278,7 +279,7 @@ class _Loop:
             self.m.rollout_errors.inc()
             self.buffer.abort(reserved)
             raise RuntimeError(f"rollout worker {i} failed: {_cause(exc)}") from exc
-        self._count_rollouts(trajs)
+        count_rollouts(self.m, trajs)
         self.buffer.put(trajs, reserved)
 
     def _next_batch(self) -> list[Group] | None:
@@ -322,7 +323,7 @@ class _Loop:
         rewards = batch.rewards
         record: dict[str, Any] = {
             "step": self.version + 1, "wall_s": round(time.monotonic() - self.started, 3),
-            "reward_mean": float(rewards.mean()), "success_rate": _success_rate(groups),
+            "reward_mean": float(rewards.mean()), "success_rate": success_rate(groups),
             "staleness_mean": float(gaps.float().mean()) if gaps.numel() else 0.0,
             "staleness_max": worst, "trajectories": int(rewards.numel()),
             "partial_frac": sum(t.is_partial for g in groups for t in g) / max(1, int(rewards.numel())),
@@ -330,10 +331,9 @@ class _Loop:
             **stats,
         }
         if not stats.get("applied", True):
-            # Non-finite loss: the actor skipped the update; the batch's statistics are logged.
+            # Non-finite loss: the actor skipped the update; the record carries its batch_summary.
             self.m.nonfinite_losses.inc()
             self.consecutive_nonfinite += 1
-            record["nonfinite_batch"] = _batch_stats(batch)
             self._record(record)
             if self.consecutive_nonfinite >= 3:
                 raise NonFiniteLossError(f"3 consecutive non-finite losses at version {self.version}: {record}")
@@ -341,7 +341,7 @@ class _Loop:
         self.consecutive_nonfinite = 0
         for g in gaps.tolist():
             self.m.token_staleness.observe(g)
-        self._count_correction(stats, int(batch.loss_mask.sum()))
+        count_correction(self.m, stats, self.spec.correction.reference.value, int(batch.loss_mask.sum()))
         self.version += 1
         record["version"] = self.version
         t0 = time.monotonic()
@@ -377,76 +377,13 @@ class _Loop:
         self.summary["buffer"]["groups_in_flight_at_end"] = in_flight
         self.summary["buffer"]["groups_left_unused"] = self.buffer.ready
 
-    # --- metrics helpers -------------------------------------------------------------------------
-    def _count_rollouts(self, trajs: list[Trajectory]) -> None:
-        m = self.m
-        for t in trajs:
-            m.trajectories.labels(t.status.value if t.status.value in ("finished", "truncated", "aborted")
-                                  else "aborted").inc()
-            if t.status is TrajectoryStatus.ABORTED:
-                continue
-            m.trajectories_partial.inc(int(t.is_partial))
-            m.trajectories_scored.inc()
-            m.trajectories_succeeded.inc(int(t.success))
-            m.reward_sum.inc(max(0.0, t.reward))
-            sampled = sum(t.loss_mask)
-            m.rollout_tokens.labels("prompt").inc(t.prompt_len)
-            m.rollout_tokens.labels("sampled").inc(sampled)
-            m.rollout_tokens.labels("environment").inc(len(t.tokens) - t.prompt_len - sampled)
-
-    def _count_correction(self, stats: dict[str, Any], trained_tokens: int) -> None:
-        ref = self.spec.correction.reference.value
-        valid = float(stats.get("valid_tokens", trained_tokens))
-        self.m.trained_tokens.inc(trained_tokens)
-        self.m.tokens_valid.labels(ref).inc(valid)
-        self.m.tokens_kept.labels(ref).inc(round(valid * float(stats.get("keep_ratio", 1.0))))
-        for side, key in (("low", "clip_low_frac"), ("high", "clip_high_frac"), ("dual", "dual_clip_frac")):
-            self.m.tokens_clipped.labels(ref, side).inc(round(valid * float(stats.get(key, 0.0))))
-        self.m.nonfinite_tokens.inc(float(stats.get("nonfinite_tokens", 0.0)))
-        if stats.get("ewma_reset"):
-            # The actor resets theta_prox only through the controller's keep-ratio rule.
-            self.m.ewma_resets.labels(str(stats.get("ewma_reset_reason", "keep_ratio_collapse"))).inc()
-
     def _gauges(self) -> None:
         self.m.buffer_ready.set(self.buffer.ready)
         self.m.rollout_running.set(self.buffer.running)
         self.m.admission_capacity.set(self.buffer.capacity(self.version))
 
 
-def _success_rate(groups: list[Group]) -> float:
-    trajs = [t for g in groups for t in g]
-    return sum(t.success for t in trajs) / max(1, len(trajs))
-
-
-def _batch_stats(batch: Any) -> dict[str, float]:
-    """Statistics of a batch whose loss was non-finite (what to look at first)."""
-    mask = batch.loss_mask
-    mu = batch.logp_mu[mask]
-    return {
-        "trajectories": int(batch.tokens.shape[0]), "tokens": int(batch.tokens.shape[1]),
-        "trained_tokens": int(mask.sum()), "logp_mu_min": float(mu.min()) if mu.numel() else 0.0,
-        "logp_mu_nonfinite": int((~mu.isfinite()).sum()), "advantage_abs_max": float(batch.advantages.abs().max()),
-        "reward_mean": float(batch.rewards.mean()),
-    }
-
-
 def _cause(exc: BaseException) -> str:
     """The original exception's message (Ray wraps it in a RayTaskError with a long traceback)."""
     cause = getattr(exc, "cause", None) or exc
     return f"{type(cause).__name__}: {cause}"
-
-
-def _summarise(records: list[dict[str, Any]], wall_s: float, window: int = 10) -> dict[str, Any]:
-    """Start/final success (mean over the first/last ``window`` steps) and wall time."""
-    def mean(xs: list[float]) -> float | None:
-        return round(sum(xs) / len(xs), 4) if xs else None
-
-    ok = [r for r in records if "success_rate" in r]
-    return {
-        "steps_done": len(ok), "wall_s": round(wall_s, 2),
-        "start_success": mean([r["success_rate"] for r in ok[:window]]),
-        "final_success": mean([r["success_rate"] for r in ok[-window:]]),
-        "start_reward": mean([r["reward_mean"] for r in ok[:window]]),
-        "final_reward": mean([r["reward_mean"] for r in ok[-window:]]),
-        "final_version": ok[-1].get("version") if ok else None,
-    }

@@ -3,7 +3,8 @@
 ```
 <run-dir>/
   job.yaml          the validated job, as run
-  metrics.jsonl     one JSON object per optimizer step (see STEP_FIELDS)
+  metrics.jsonl     one JSON object per optimizer step: reward/success, staleness, the
+                    correction metrics (keep_ratio, clip_*_frac, ...), timings
   summary.json      start/final success, wall time, counts; rewritten on every exit path
   report.png        reward/success, keep ratio, clip fractions, staleness, EWMA resets over steps
   warm_start/       actor weights after the supervised warm start (a rerun skips it)
@@ -17,12 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-# Per-step fields the report plots; metrics.jsonl may carry more.
-STEP_FIELDS = (
-    "step", "version", "wall_s", "reward_mean", "success_rate", "keep_ratio", "clip_low_frac",
-    "clip_high_frac", "staleness_mean", "staleness_max", "ewma_reset", "loss",
-)
 
 
 @dataclass(frozen=True)
