@@ -68,6 +68,8 @@ def test_a_rerun_resumes_from_the_checkpoint(run):
     assert "warm_start" not in again.summary  # resumed weights, no second warm start
     assert [r["version"] for r in again.steps] == [1, 2, 3, 4, 5, 6]  # the log continues
     assert len(again.run_dir.joinpath("metrics.jsonl").read_text().splitlines()) == 6
+    # The last step is checkpointed too, so rerunning a finished job has nothing to redo.
+    assert (first.run_dir / "checkpoints" / "step-000006" / "meta.json").exists()
 
 
 def test_versions_are_stamped_and_within_the_staleness_bound(run):

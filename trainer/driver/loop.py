@@ -213,12 +213,14 @@ class _Loop:
         self.pending: dict[Any, tuple[int, int]] = {}  # ref -> (worker index, reserved groups)
         self.idle_since: dict[int, float] = {i: time.monotonic() for i in range(n)}
         self.consecutive_nonfinite = 0
+        self.total_steps = version
         self.m.policy_version.set(version)
 
     # ---------------------------------------------------------------------------------------------
     def run(self, total_steps: int) -> None:
         import ray
 
+        self.total_steps = total_steps
         loop_start = time.monotonic()
         try:
             while self.version < total_steps:
@@ -351,13 +353,18 @@ class _Loop:
         record["sync_s"] = round(sync_s, 4)
         self.m.policy_version.set(self.version)
         self.m.optimizer_steps.inc()
-        every = self.spec.checkpoint.every_steps
-        if self.version % every == 0:
-            ckpt = checkpoints.path_for(self.run_dir.checkpoint_dir(self.spec.checkpoint.dir), self.version)
-            ray.get(self.hosts.actor.save_checkpoint.remote(str(ckpt)))
-            checkpoints.prune(ckpt.parent, self.spec.checkpoint.keep)
-            record["checkpoint"] = str(ckpt)
+        if self.version % self.spec.checkpoint.every_steps == 0 or self.version == self.total_steps:
+            # The last step is saved too: rerunning a finished job resumes there and has nothing to redo.
+            record["checkpoint"] = str(self._checkpoint())
         self._record(record)
+
+    def _checkpoint(self) -> Path:
+        import ray
+
+        ckpt = checkpoints.path_for(self.run_dir.checkpoint_dir(self.spec.checkpoint.dir), self.version)
+        ray.get(self.hosts.actor.save_checkpoint.remote(str(ckpt)))
+        checkpoints.prune(ckpt.parent, self.spec.checkpoint.keep)
+        return ckpt
 
     def _record(self, record: dict[str, Any]) -> None:
         record["dropped_groups_total"] = self.buffer.counts.groups_dropped_stale
