@@ -33,12 +33,13 @@ class OperatorSettings:
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         problems: list[str] = []
+        defaults = cls()
         for f in fields(cls):
             var = _PREFIX + f.name.upper()
             if var not in env:
                 continue
             raw = env[var]
-            kind = type(f.default)
+            kind: type = type(getattr(defaults, f.name))
             try:
                 value = kind(raw)
             except ValueError:

@@ -6,7 +6,8 @@ intent is the exception type: ``TemporaryError(delay=)`` for waits and API failu
 """
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import kopf
 from kubernetes.client import ApiException
@@ -24,7 +25,7 @@ API_RETRY_SECONDS = 5.0
 
 
 def post_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    kopf.event(body, type=type_, reason=reason, message=message[:1000])
+    kopf.event(cast(kopf.Body, body), type=type_, reason=reason, message=message[:1000])
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -37,13 +38,12 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.watching.client_timeout = 310
 
 
-def _run(memo: kopf.Memo, cfg: OperatorSettings, namespace: str, name: str) -> None:
+def _run(memo: kopf.Memo, namespace: str, name: str) -> None:
+    # Short waits (restart backoff, deadlines) are scheduled by the reconciler itself.
     try:
-        plan = memo.reconciler.reconcile(namespace, name, children=True)
+        memo.reconciler.reconcile(namespace, name, children=True)
     except (ReconcileError, ApiException, OSError) as exc:  # the API failed: retry later
         raise kopf.TemporaryError(f"reconcile of {namespace}/{name} failed: {exc}", delay=API_RETRY_SECONDS) from exc
-    if plan is not None and plan.requeue_after is not None and plan.requeue_after < cfg.resync_seconds:
-        raise kopf.TemporaryError(f"waiting {plan.requeue_after:.1f} s", delay=max(plan.requeue_after, 0.1))
 
 
 def build_registry(cfg: OperatorSettings, metrics_registry: CollectorRegistry | None = None) -> kopf.OperatorRegistry:
@@ -60,6 +60,11 @@ def build_registry(cfg: OperatorSettings, metrics_registry: CollectorRegistry | 
         if cfg.metrics_port:
             start_http_server(cfg.metrics_port, registry=prom)
 
+    @kopf.on.cleanup(registry=registry)
+    def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        if hasattr(memo, "reconciler"):
+            memo.reconciler.close()
+
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
@@ -71,31 +76,31 @@ def build_registry(cfg: OperatorSettings, metrics_registry: CollectorRegistry | 
     @kopf.on.resume(**res)
     @kopf.on.create(**res)
     @kopf.on.update(**res)
-    def reconcile_job(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-        _run(memo, cfg, namespace, name)
+    def reconcile_job(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+        _run(memo, namespace or "", name)
 
     @kopf.timer(**res, interval=cfg.resync_seconds, initial_delay=cfg.resync_seconds)
-    def resync(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-        _run(memo, cfg, namespace, name)
+    def resync(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+        _run(memo, namespace or "", name)
 
     @kopf.on.event(**res)
-    def training_reported(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    def training_reported(body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
         # The driver patched status.training: act on it now (mask guard, sync phase), not at resync.
         training = (body.get("status") or {}).get("training")
         uid = body.metadata.uid or f"{namespace}/{name}"
         if training and seen_training.get(uid) != training and hasattr(memo, "reconciler"):
             seen_training[uid] = training
             try:
-                memo.reconciler.reconcile(namespace, name, children=False)
+                memo.reconciler.reconcile(namespace or "", name, children=False)
             except Exception as exc:  # the resync timer retries
                 log.warning("reconcile after a training report of %s/%s failed: %s", namespace, name, exc)
 
     @kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": names.MANAGED_BY}, registry=registry)
-    def pod_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    def pod_changed(labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
         job = labels.get(names.LABEL_JOB)
         if job and hasattr(memo, "reconciler"):
             try:
-                memo.reconciler.reconcile(namespace, job, children=False)
+                memo.reconciler.reconcile(namespace or "", job, children=False)
             except Exception as exc:  # the resync timer retries
                 log.warning("reconcile after a pod event of %s/%s failed: %s", namespace, job, exc)
 

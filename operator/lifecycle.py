@@ -352,17 +352,17 @@ class _Planner:
             self._gang_failure(lost)
             return
         for name in self.desired.pods:  # only rollout pods can be missing here: replace alone
-            p = pods.get(name)
-            if p is None:
+            seen = pods.get(name)
+            if seen is None:
                 self.st["rolloutReplacements"] = int(self.st["rolloutReplacements"]) + 1
                 self._create_pod(name, "ReplacedRolloutPod", f"rollout pod {name} was lost; replaced alone")
-            elif p.phase == "Failed" or p.epoch != epoch:
-                self._delete_pod(p, "DeletedFailedRolloutPod", f"rollout pod {name} failed ({p.reason or p.phase}); "
-                                 "it is replaced alone")
+            elif seen.phase == "Failed" or seen.epoch != epoch:
+                self._delete_pod(seen, "DeletedFailedRolloutPod",
+                                 f"rollout pod {name} failed ({seen.reason or seen.phase}); it is replaced alone")
                 self.out.requeue(1.0)
-        for p in pods.values():  # scaled down, or not ours any more
-            if p.name not in self.desired.pods:
-                self._delete_pod(p, "DeletedPod", f"pod {p.name} is not desired (spec changed)")
+        for extra in pods.values():  # scaled down, or not ours any more
+            if extra.name not in self.desired.pods:
+                self._delete_pod(extra, "DeletedPod", f"pod {extra.name} is not desired (spec changed)")
         ready = all(pods.get(n) is not None and pods[n].phase == "Running" and pods[n].ready
                     for n in self.desired.pods)
         if ready and self.phase is Phase.INITIALIZING:

@@ -8,6 +8,7 @@ conditions are always written by one place from one fresh read.
 import datetime as dt
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,8 @@ class Reconciler:
         self._guard = threading.Lock()
         self._waiting: set[tuple[str, str]] = set()
         self._full: dict[tuple[str, str], bool] = {}
+        self._later: dict[tuple[str, str], tuple[float, threading.Timer]] = {}
+        self._closed = False
 
     def observe(self, ref: builders.JobRef, children: bool = True) -> Observed:
         """List the job's pods and, when ``children``, read its other children (five GETs)."""
@@ -81,12 +84,12 @@ class Reconciler:
         wanted = {"ConfigMap": names.configmap_name(ref.name), "Service": names.service_name(ref.name),
                   "ServiceAccount": names.status_account_name(ref.name), "Role": names.status_account_name(ref.name),
                   "RoleBinding": names.status_account_name(ref.name)}
-        children = {}
+        found: dict[tuple[str, str], dict[str, Any]] = {}
         for kind in CHILD_KINDS:
             obj = self.kube.get(kind, ref.namespace, wanted[kind])
             if obj is not None:
-                children[(kind, wanted[kind])] = obj
-        return Observed(pods={p.name: p for p in pods}, children=children)
+                found[(kind, wanted[kind])] = obj
+        return Observed(pods={p.name: p for p in pods}, children=found)
 
     def reconcile(self, namespace: str, name: str, children: bool = True) -> Plan | None:
         """Bring one job one step closer to its desired state. None if the job is gone or deleting,
@@ -145,9 +148,45 @@ class Reconciler:
         self.metrics.observe_phase(namespace, name, p.status.get("phase", "Pending"))
         self.metrics.restarted(namespace, name, "failure", p.counted_restarts)
         self.metrics.restarted(namespace, name, "preemption", p.preemptions)
+        if p.requeue_after is not None and p.requeue_after < self.cfg.resync_seconds:
+            self._schedule(namespace, name, p.requeue_after)
         if failures:
             raise ReconcileError("; ".join(failures))
         return p
+
+    def _schedule(self, namespace: str, name: str, delay: float) -> None:
+        """Reconcile again after ``delay`` s (a restart backoff, a deadline) whatever triggered this
+        one: pod events cannot ask kopf to retry. One pending timer per job, the earliest wins."""
+        key = (namespace, name)
+        due = time.monotonic() + max(delay, 0.05)
+        with self._guard:
+            if self._closed:
+                return
+            pending = self._later.get(key)
+            if pending is not None and pending[0] <= due:
+                return
+            if pending is not None:
+                pending[1].cancel()
+            timer = threading.Timer(max(delay, 0.05), self._fire, (namespace, name))
+            timer.daemon = True
+            self._later[key] = (due, timer)
+        timer.start()
+
+    def _fire(self, namespace: str, name: str) -> None:
+        with self._guard:
+            self._later.pop((namespace, name), None)
+        try:
+            self.reconcile(namespace, name, children=False)
+        except Exception as exc:  # the resync timer retries
+            log.warning("scheduled reconcile of %s/%s failed: %s", namespace, name, exc)
+
+    def close(self) -> None:
+        """Cancel every scheduled reconcile (operator shutdown)."""
+        with self._guard:
+            self._closed = True
+            for _, timer in self._later.values():
+                timer.cancel()
+            self._later.clear()
 
     def _apply(self, body: dict[str, Any], a: Action) -> str | None:
         """Run one action; post its event. Returns an error message instead of raising."""
@@ -189,6 +228,10 @@ class Reconciler:
                             f"pods still terminating after {self.cfg.finalizer_timeout_seconds:g} s; "
                             "finalizer removed")
             if dp.done:
+                with self._guard:
+                    pending = self._later.pop((ref.namespace, ref.name), None)
+                if pending is not None:
+                    pending[1].cancel()
                 self.metrics.forget(ref.namespace, ref.name)
                 self._locks.pop((ref.namespace, ref.name), None)
             elif failures:

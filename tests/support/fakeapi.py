@@ -13,13 +13,15 @@ operator relies on (see the testing notes):
   :mod:`tests.support.crvalidate`) on create and update: 422 ``Invalid`` with the field paths;
   ``status`` is validated and pruned on ``/status`` writes;
 - a ``resourceVersion`` precondition in a patch body is honoured (409 on a stale one);
-- a watch stream never replays an object older than one it already sent.
+- a watch stream never replays an object older than one it already sent;
+- events expire: only the newest ``event_limit`` are kept (a real server drops them after ``--event-ttl``).
 
 Not modelled (real cluster only): RBAC, admission webhooks, ownerReference garbage collection,
 graceful pod termination, server-side apply, PUT, watch bookmarks / 410 relists, kubelets.
 """
 
 import asyncio
+import collections
 import copy
 import datetime as dt
 import itertools
@@ -112,6 +114,9 @@ class RealisticEmulator(kmock.KubernetesEmulator):
         self._mutex: asyncio.Lock | None = None
         self.bypass_validation = False  # simulates an older CRD in the cluster than the operator's
         self.created_at: dict[tuple[str, str, str], float] = {}  # (plural, ns, name) -> monotonic time
+        self.event_limit = 500  # a real server expires events (--event-ttl); keep the newest ones only
+        self._events: collections.deque[Any] = collections.deque()
+        self._served = 0
 
     # -- helpers
     def _has_status(self, request: Any) -> bool:
@@ -143,10 +148,26 @@ class RealisticEmulator(kmock.KubernetesEmulator):
             prune(self.validator.status_schema, defaulted["status"])
         return defaulted
 
+    def _trim_history(self, keep: int = 10) -> None:
+        """KMock logs every request on the server and on each reaction, and its request views scan
+        those logs on every request to pick a reaction: a cost that grows with every request
+        (quadratic over a benchmark). Keep only the latest few (the one being served is the last);
+        these tests assert on objects and events, not on the request log."""
+        logs = [self._requests]
+        for root in (self, getattr(self, "fallback", None)):
+            for payload in getattr(root, "_payloads", []):
+                logs.append(getattr(payload, "_requests", []))
+        for log in logs:
+            if len(log) > 2 * keep:
+                del log[:-keep]
+
     # -- the interceptor
     async def _handle(self, request: Any) -> Any:
         if self._mutex is None:
             self._mutex = asyncio.Lock()
+        self._served += 1
+        if self._served % 10 == 0:
+            self._trim_history()
         if request.resource is not None and request.action == kenums.action.DELETE and request.name is not None:
             async with self._mutex:
                 key = (request.resource, request.namespace, request.name)
@@ -181,6 +202,12 @@ class RealisticEmulator(kmock.KubernetesEmulator):
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1, resourceVersion=str(next(self._rv)))
         self.created_at[(request.resource.plural, meta.get("namespace") or "", meta.get("name") or "")] = \
             time.monotonic()
+        if request.resource.plural == "events":
+            self._events.append((request.resource, meta.get("namespace"), meta.get("name")))
+            while len(self._events) > self.event_limit:
+                old_key = self._events.popleft()
+                if old_key in self.objects:
+                    del self.objects[old_key]
         if request.resource == self.cr:
             obj.pop("status", None)  # the status subresource: create ignores status
             checked = self._check_cr(obj, None)

@@ -28,7 +28,7 @@ def job_manifest(name: str = "job1", **spec: Any) -> dict[str, Any]:
     return base
 
 
-def wait_for(what: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, message: str = "") -> Any:
+def wait_for(what: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, message: str = "") -> Any:
     """Poll ``what`` until it is truthy; fail with the last value after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last = None
