@@ -29,6 +29,7 @@ import json
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,9 @@ class RealisticEmulator(kmock.KubernetesEmulator):
 
     def __init__(self, crd: dict[str, Any]) -> None:
         super().__init__()
-        self.resources.load_bundled()
+        with warnings.catch_warnings():  # kmock 0.8 uses importlib.resources.read_binary
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.resources.load_bundled()
         self.crd = crd
         names = crd["spec"]["names"]
         self.validator = CRValidator(crd)
