@@ -3,6 +3,7 @@
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,16 @@ def test_rendered_objects_validate_strictly(helm: str, values: list[str]) -> Non
             kubernetes_validate.validate(doc, version, strict=True)  # raises with the field path
     kinds = {d["kind"] for d in docs}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= kinds
+
+
+def test_helm_template_piped_into_kubernetes_validate_cli(helm: str) -> None:
+    rendered = subprocess.run([helm, "template", "rel", str(CHART), "-n", "ops", "--include-crds"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    cli = Path(sys.executable).with_name("kubernetes-validate")
+    out = subprocess.run([str(cli), "--strict", "-k", K8S_VERSIONS[-1], "-"], input=rendered,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "passed for resource deployment/rel-asyncrl-operator" in out.stdout + out.stderr
 
 
 def test_monitors_carry_the_release_label(helm: str) -> None:
@@ -117,3 +128,9 @@ def test_alert_and_dashboard_plug_in_points(helm: str, tmp_path: Path) -> None:
     (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     assert json.loads(cm["data"]["overview.json"])["uid"] == "asyncrl"
     kubernetes_validate.validate(cm, K8S_VERSIONS[-1], strict=True)
+    promtool = shutil.which("promtool")
+    if promtool:  # the rendered rules are still valid Prometheus rules
+        rules = tmp_path / "rendered-rules.yaml"
+        rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+        out = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
