@@ -16,12 +16,11 @@ $(BIN)/asyncrl: pyproject.toml setup.py
 venv: $(BIN)/asyncrl
 
 run: venv
-	$(BIN)/asyncrl validate examples/quickstart.yaml
-	$(BIN)/asyncrl thresholds --mask 0.5 2.0 --clip 0.8 1.2 --gap 2 --interp loglinear
+	$(BIN)/asyncrl run
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/mypy api trainer/thresholds.py trainer/cli.py
+	$(BIN)/mypy api trainer rollout
 
 test: lint
 	$(BIN)/python -m pytest -q

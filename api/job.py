@@ -111,7 +111,9 @@ class TrainSpec(SpecModel):
 
     steps: int = Field(default=200, ge=1, description="Optimizer steps (policy versions) to train.")
     prompts_per_step: int = Field(default=16, ge=1, description="Prompt groups consumed per optimizer step.")
-    learning_rate: float = Field(default=1e-3, gt=0.0, description="Adam learning rate of the actor.")
+    learning_rate: float = Field(
+        default=3e-4, gt=0.0, description="AdamW learning rate of the actor for RL (after the warm start)."
+    )
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
     max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Gradient-norm clip (null: none).")
     warm_start_steps: int = Field(

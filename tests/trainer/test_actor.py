@@ -175,8 +175,8 @@ def test_ewma_resets_when_the_keep_ratio_stays_low() -> None:
         # logp_mu far from the policy: |log r_d| ~ 3 > log 2, so the [0.5, 2] mask rejects most tokens.
         m = actor.train_step(_batch(actor, seed=20 + step, noise=3.0))
         assert m.correction["keep_ratio"] < 0.8
-        resets.append(m.ewma_reset)
-    assert resets == [False, False, True] and m.ewma_resets_total == 1
+        resets.append((m.ewma_reset, m.ewma_reset_reason))
+    assert resets == [(False, ""), (False, ""), (True, "keep_ratio_collapse")] and m.ewma_resets_total == 1
     for name, p in actor._named.items():
         assert torch.equal(actor._ewma.params[name], p.detach()), name
 

@@ -37,8 +37,7 @@ def count_correction(m: DriverMetrics, stats: dict[str, Any], reference: str, tr
         m.tokens_clipped.labels(reference, side).inc(round(valid * float(stats.get(key, 0.0))))
     m.nonfinite_tokens.inc(float(stats.get("nonfinite_tokens", 0.0)))
     if stats.get("ewma_reset"):
-        # The actor resets theta_prox only through the controller's keep-ratio rule.
-        m.ewma_resets.labels(str(stats.get("ewma_reset_reason", "keep_ratio_collapse"))).inc()
+        m.ewma_resets.labels(str(stats["ewma_reset_reason"])).inc()
 
 
 def success_rate(groups: Sequence[Sequence[Trajectory]]) -> float:

@@ -73,18 +73,6 @@ class RolloutHost:
         return vars(self.worker.stats()).copy()
 
 
-def _set_learning_rate(actor: Any, lr: float) -> None:
-    """Set the actor optimizer's learning rate (warm-start schedule, then ``train.learningRate``)."""
-    setter = getattr(actor, "set_learning_rate", None)
-    if setter is not None:
-        setter(lr)
-        return
-    # MegatronActor has no public setter yet: its CPU optimizer (compat.MainGradAdamW) wraps a
-    # torch AdamW whose param groups carry the rate.
-    for group in actor._optimizer._opt.param_groups:
-        group["lr"] = lr
-
-
 class ActorHost:
     """The Megatron actor process."""
 
@@ -129,14 +117,14 @@ class ActorHost:
         torch.set_num_threads(threads)
         try:
             for step in range(start, stop):
-                _set_learning_rate(self.actor, warm_start_lr(step, total))
+                self.actor.set_learning_rate(warm_start_lr(step, total))
                 demos = demonstrations(self.spec.task.name, batch_size, self._demo_rng,
                                        max_tool_calls=self.spec.task.max_tool_calls)
                 b = pad_batch(demos)
                 losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
         finally:
             torch.set_num_threads(self.threads)
-            _set_learning_rate(self.actor, self.spec.train.learning_rate)
+            self.actor.set_learning_rate(self.spec.train.learning_rate)
         return losses
 
     def save_warm_start(self, cache_dir: str) -> None:
@@ -158,7 +146,8 @@ class ActorHost:
         out = self.actor.train_step(tb)
         stats: dict[str, Any] = {
             "applied": out.stepped, "loss": out.loss, "grad_norm": out.grad_norm, "reference": out.reference,
-            "ewma_reset": int(out.ewma_reset), "actor_forward_s": round(out.forward_seconds, 4),
+            "ewma_reset": int(out.ewma_reset), "ewma_reset_reason": out.ewma_reset_reason,
+            "actor_forward_s": round(out.forward_seconds, 4),
             "actor_reference_s": round(out.reference_seconds, 4), "actor_backward_s": round(out.backward_seconds, 4),
             **out.correction,
         }

@@ -92,6 +92,7 @@ class TrainStepMetrics:
     nonfinite_loss_total: int
     nonfinite_grad_total: int
     ewma_reset: bool
+    ewma_reset_reason: str  # why the EWMA reference was reset this step ("" when it was not)
     ewma_resets_total: int
     reference_seconds: float  # the extra forward of the reference (0 when none)
     forward_seconds: float
@@ -191,6 +192,10 @@ class MegatronActor:
         )
 
     # ---------------------------------------------------------------- training
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the optimizer's learning rate (the driver's warm-start schedule, then train.learningRate)."""
+        self._optimizer.set_learning_rate(lr)
+
     def train_step(self, batch: TrainBatch) -> TrainStepMetrics:
         """One RL optimizer step on ``batch`` with the job's correction (see the module docstring)."""
         from asyncrl.trainer.correction import correction_loss
@@ -231,7 +236,7 @@ class MegatronActor:
         correction = {k: float(v) for k, v in result.metrics.as_dict().items()}
         loss = float(result.loss.detach())
         t2 = time.perf_counter()
-        grad_norm, stepped, reset = math.nan, False, False
+        grad_norm, stepped, reset = math.nan, False, ""
         if not math.isfinite(loss):
             self.nonfinite_loss_total += 1
             log.warning(
@@ -267,7 +272,8 @@ class MegatronActor:
             valid_tokens=int(batch.loss_mask.sum()),
             nonfinite_loss_total=self.nonfinite_loss_total,
             nonfinite_grad_total=self.nonfinite_grad_total,
-            ewma_reset=reset,
+            ewma_reset=bool(reset),
+            ewma_reset_reason=reset,
             ewma_resets_total=self.ewma_resets_total,
             reference_seconds=t1 - t0,
             forward_seconds=t2 - t1,
@@ -320,8 +326,8 @@ class MegatronActor:
             self._ewma.init(self._named)
         return self._ewma
 
-    def _update_ewma(self, batch: TrainBatch, keep_ratio: float) -> bool:
-        """Fold the post-step weights into ``theta_prox``; True when the controller reset it."""
+    def _update_ewma(self, batch: TrainBatch, keep_ratio: float) -> str:
+        """Fold the post-step weights into ``theta_prox``; the reset reason, or "" when none."""
         ewma = self._ensure_ewma()
         gaps = (self.version - 1 - batch.versions)[batch.loss_mask]  # version the batch met
         if gaps.numel():
@@ -332,7 +338,7 @@ class MegatronActor:
             log.info(
                 "EWMA reference reset to the current weights at version %d (%s)", self.version, report.reason
             )
-        return report.reset
+        return str(report.reason) if report.reset else ""
 
     # ---------------------------------------------------------------- weights and checkpoints
     def hf_state_dict(self) -> dict[str, torch.Tensor]:

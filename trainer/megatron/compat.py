@@ -129,6 +129,8 @@ class StepOutcome:
 class ActorOptimizer(Protocol):
     """The optimizer interface the actor uses, whichever implementation sits behind it."""
 
+    def set_learning_rate(self, lr: float) -> None: ...
+
     def zero_grad(self) -> None: ...
 
     def step(self) -> StepOutcome: ...
@@ -178,6 +180,11 @@ class MainGradAdamW:
             {"params": [p for p in self._params if p.dim() <= 1], "weight_decay": 0.0},
         ]
         self._opt = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, eps=settings.eps)
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the rate of every parameter group (the driver's warm-start schedule uses it)."""
+        for group in self._opt.param_groups:
+            group["lr"] = lr
 
     def zero_grad(self) -> None:
         # param.grad must be None before backward: DDP's hook adds param.grad into main_grad, and
@@ -230,6 +237,11 @@ class MegatronAdam:
         # No scheduler drives this optimizer: pin the constant learning rate on every group.
         for group in self._opt.param_groups:
             group["lr"] = settings.lr
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the rate of every parameter group (the driver's warm-start schedule uses it)."""
+        for group in self._opt.param_groups:
+            group["lr"] = lr
 
     def zero_grad(self) -> None:
         self._opt.zero_grad(set_to_none=True)
