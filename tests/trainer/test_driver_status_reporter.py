@@ -1,0 +1,158 @@
+"""The in-job status reporter: throttling, window aggregation, final flush, failure tolerance,
+and one round trip with the real ``kubernetes`` client against the realistic fake API server."""
+
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.api.status import JobStatus
+from asyncrl.trainer.driver.status_reporter import StatusReporter, describe_failure, kubernetes_sender
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # tests.support lives at the repository root
+    sys.path.insert(0, str(ROOT))
+
+WALL = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def step(version: int, valid: float = 100, keep: float = 1.0, clip_low: float = 0.0, clip_high: float = 0.0,
+         staleness: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"step": version, "version": version, "valid_tokens": valid, "keep_ratio": keep,
+            "clip_low_frac": clip_low, "clip_high_frac": clip_high, "dual_clip_frac": 0.0,
+            "staleness_max": staleness, "ewma_reset": 0, **extra}
+
+
+def make(fail: bool = False) -> tuple[StatusReporter, FakeClock, list[dict[str, Any]]]:
+    clock, sent = FakeClock(), []
+
+    def send(body: dict[str, Any]) -> None:
+        if fail:
+            raise ConnectionError("connection refused")
+        sent.append(body)
+
+    return StatusReporter(send, clock=clock, wall=lambda: WALL), clock, sent
+
+
+def test_at_most_one_patch_per_30_seconds() -> None:
+    reporter, clock, sent = make()
+    reporter(step(1))  # the first step reports at once
+    for v, t in ((2, 10.0), (3, 29.9)):
+        clock.t = 1000.0 + t
+        reporter(step(v))
+    assert len(sent) == 1
+    clock.t = 1030.0
+    reporter(step(4))
+    assert len(sent) == 2 and sent[1]["status"]["training"]["policyVersion"] == 4
+
+
+def test_window_aggregates_tokens_not_ratios() -> None:
+    reporter, clock, sent = make()
+    reporter(step(1))  # opens a window: the next report covers steps 2 and 3 only
+    clock.t += 5
+    reporter(step(2, valid=100, keep=0.5, clip_low=0.1, staleness=1, checkpoint="/ckpt/step-000002"))
+    clock.t += 5
+    reporter(step(3, valid=300, keep=0.9, clip_high=0.2, staleness=2, ewma_reset=1))
+    reporter({"step": 4, "valid_tokens": 1000, "keep_ratio": 0.0, "staleness_max": 9})  # skipped: no "version"
+    clock.t += 30
+    reporter(step(5, valid=0))  # no valid tokens: adds nothing to the ratios
+    training = sent[-1]["status"]["training"]
+    # kept = 100*0.5 + 300*0.9 = 50 + 270 = 320 of 400 valid -> 0.8 (the mean of ratios would say 0.7)
+    assert training["keepRatio"] == pytest.approx(0.8, abs=1e-12)
+    assert training["keepPercent"] == 80.0
+    # clipped = 100*0.1 + 300*0.2 = 10 + 60 = 70 of 400 -> 0.175
+    assert training["clipFraction"] == pytest.approx(0.175, abs=1e-12)
+    assert training["maxStaleness"] == 2  # the skipped step's 9 does not count
+    assert training["ewmaResets"] == 1
+    assert training["policyVersion"] == 5
+    assert training["lastCheckpoint"] == "/ckpt/step-000002" and training["lastCheckpointVersion"] == 2
+    assert training["reportedAt"] == "2026-01-01T12:00:00Z"
+    JobStatus.model_validate({"training": training})  # the shape the CRD's status schema comes from
+
+
+def test_window_resets_after_a_report_and_an_empty_window_omits_the_ratios() -> None:
+    reporter, clock, sent = make()
+    reporter(step(1, keep=0.5, staleness=3))
+    reporter.observe({"step": 2, "applied": False})  # nothing applied since
+    assert reporter.flush()
+    training = sent[-1]["status"]["training"]
+    assert "keepRatio" not in training and "clipFraction" not in training  # merge patch keeps the old values
+    assert training["maxStaleness"] == 0 and training["policyVersion"] == 1
+
+
+def test_final_flush_ignores_the_throttle() -> None:
+    reporter, clock, sent = make()
+    reporter(step(1))
+    clock.t += 1
+    reporter(step(2, checkpoint="/c/step-000002"))
+    assert len(sent) == 1
+    assert reporter.flush()
+    assert len(sent) == 2
+    assert sent[-1]["status"]["training"]["lastCheckpointVersion"] == 2
+
+
+def test_failures_are_counted_and_never_raise(caplog: pytest.LogCaptureFixture) -> None:
+    reporter, clock, _ = make(fail=True)
+    reporter(step(1, valid=10, keep=0.5))
+    clock.t += 1
+    reporter(step(2, valid=30, keep=1.0))  # throttled: no second attempt within 30 s
+    assert reporter.failures == 1 and reporter.sent == 0
+    assert "training continues" in caplog.text and "retries in 30 s" in caplog.text
+    assert reporter.flush() is False and reporter.failures == 2
+    # the window was kept across the failures: (10*0.5 + 30*1.0) / 40 = 35/40
+    assert reporter.summary().keep_ratio == pytest.approx(0.875)
+
+
+def test_failure_hints_name_the_fix() -> None:
+    class ApiException(Exception):
+        status, reason = 403, "Forbidden"
+
+    assert "asyncrljobs/status" in describe_failure(ApiException())
+
+
+# -------------------------------------------------------------------- the real client, fake API
+
+def test_report_reaches_the_fake_api_and_leaves_operator_fields(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.fakeapi import FakeCluster
+    from tests.support.helpers import job_manifest
+
+    with FakeCluster(tmp_path) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        cluster.create("asyncrljobs", job_manifest("job1"))
+        operator_status = {"phase": "Running", "reason": "AllReady", "restarts": 1,
+                           "replicas": {"rollout": "2/2", "rolloutReady": 2, "rolloutDesired": 2}}
+        cluster.patch("asyncrljobs", "default", "job1", {"status": operator_status}, sub="status")
+
+        clock = FakeClock()
+        reporter = StatusReporter(kubernetes_sender("job1", "default"), clock=clock, wall=lambda: WALL)
+        reporter(step(1, valid=100, keep=0.5, checkpoint="/checkpoints/step-000001"))
+        assert reporter.sent == 1, reporter.last_error
+        status = cluster.get("asyncrljobs", "default", "job1")["status"]
+        assert status["training"]["keepRatio"] == 0.5 and status["training"]["lastCheckpointVersion"] == 1
+        assert {k: status[k] for k in ("phase", "reason", "restarts")} == \
+            {"phase": "Running", "reason": "AllReady", "restarts": 1}
+        assert status["replicas"]["rollout"] == "2/2"
+
+        clock.t += 31
+        reporter(step(2, valid=100, keep=1.0))
+        assert reporter.flush() and reporter.failures == 0
+        training = cluster.get("asyncrljobs", "default", "job1")["status"]["training"]
+        assert training["policyVersion"] == 2 and training["keepRatio"] == 1.0
+        assert training["lastCheckpoint"] == "/checkpoints/step-000001"  # carried over the run
+
+        # a job that does not exist: counted, explained, training goes on
+        missing = StatusReporter(kubernetes_sender("nope", "default"), clock=clock, wall=lambda: WALL)
+        missing(step(1))
+        assert missing.failures == 1 and "404" in (missing.last_error or "")
