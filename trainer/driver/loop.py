@@ -39,7 +39,7 @@ from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver import checkpoints
 from asyncrl.trainer.driver.accounting import count_correction, count_rollouts, success_rate, summarise
 from asyncrl.trainer.driver.batch import assemble_batch, token_staleness
-from asyncrl.trainer.driver.hosts import HostHandles, start_hosts
+from asyncrl.trainer.driver.hosts import HostHandles, Placement, start_hosts
 from asyncrl.trainer.driver.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
 from asyncrl.trainer.driver.ray_env import local_ray
 from asyncrl.trainer.driver.rundir import RunDir, write_report
@@ -59,6 +59,7 @@ class RunOptions:
     rollout_threads: int = 1  # torch threads per rollout worker
     warm_start: bool = True  # run (or reuse) the supervised warm start
     warm_start_dir: Path | None = None  # where the warm start is cached (default <run-dir>/warm_start)
+    placement: Placement = "local"  # "cluster": hosts go on the pods' role resources (hosts.start_hosts)
 
 
 @dataclass
@@ -78,6 +79,19 @@ WarmCallback = Callable[[int, int, float], None]  # (warm-start steps done, tota
 
 class NonFiniteLossError(RuntimeError):
     """Raised when too many consecutive steps had a non-finite loss."""
+
+
+def unsupported(job: AsyncRLJob) -> str | None:
+    """Why this driver cannot run ``job`` (checked before Ray starts), or None."""
+    spec = job.spec
+    strategy = spec.old_logits.strategy
+    if spec.correction.reference.value == "exact" and strategy is not None and strategy.value != "snapshot":
+        return (
+            f"oldLogits.strategy {strategy.value!r} is not implemented by the driver yet; use "
+            "oldLogits.strategy: snapshot (exact old logits from kept weight versions), or "
+            "correction.reference: ewma"
+        )
+    return None
 
 
 def default_run_dir(job: AsyncRLJob) -> Path:
@@ -124,7 +138,8 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
         with local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray:
             try:
                 hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs,
-                                    actor_threads=options.actor_threads, rollout_threads=options.rollout_threads)
+                                    actor_threads=options.actor_threads, rollout_threads=options.rollout_threads,
+                                    placement=options.placement)
                 summary["startup_s"] = round(time.monotonic() - started, 2)
                 if on_start is not None:
                     on_start({**summary, "total_steps": total_steps})

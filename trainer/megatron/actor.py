@@ -25,6 +25,7 @@ import torch
 
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.batch import TrainBatch
@@ -33,6 +34,7 @@ from asyncrl.trainer.megatron.convert import hf_to_megatron, load_hf, megatron_t
 from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
 from asyncrl.trainer.megatron.references import reference_rule
+from asyncrl.trainer.megatron.snapshots import WeightSnapshots, per_version_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class ActorSettings:
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES  # fp32 logits alive per log-prob chunk
     init_weights: str | None = None  # folder of HF-named safetensors (None: random init)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # compat.init_megatron: auto = CUDA if present
+    old_logits: OldLogitsSpec = OldLogitsSpec()  # exact old-logit strategy (reference: exact)
 
     @classmethod
     def from_spec(
@@ -76,6 +79,7 @@ class ActorSettings:
             max_staleness=spec.async_.max_staleness,
             num_threads=num_threads,
             init_weights=spec.model.weights,
+            old_logits=spec.old_logits,
         )
 
 
@@ -143,6 +147,10 @@ class MegatronActor:
         self.version = 0
         self._ewma: Any = None  # EwmaController, created from the weights RL starts with
         self._scratch: dict[str, torch.Tensor] | None = None
+        self.snapshots: WeightSnapshots | None = None
+        if self.reference is ReferencePolicy.EXACT and settings.old_logits.strategy is OldLogitStrategy.SNAPSHOT:
+            keep = settings.old_logits.snapshot.max_versions or settings.max_staleness + 1
+            self.snapshots = WeightSnapshots(keep)
         self.nonfinite_loss_total = 0
         self.nonfinite_grad_total = 0
         self.ewma_resets_total = 0
@@ -185,6 +193,22 @@ class MegatronActor:
             finally:
                 for name, p in self._named.items():
                     p.copy_(self._scratch[name])
+
+    def snapshot_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Exact ``pi_old`` ``[B, T]`` from the weight snapshots (each token under its own version)."""
+        if self.snapshots is None:
+            raise ValueError(
+                "snapshot old logits need correction.reference: exact with oldLogits.strategy: snapshot"
+            )
+        self.snapshots.record(self.version, self._named)  # the weights rollout received as this version
+        return per_version_logprobs(
+            batch.tokens,
+            batch.versions,
+            batch.loss_mask,
+            self._named,
+            self.snapshots,
+            lambda t: self._logprobs(t, self.settings.temperature),
+        )
 
     def _logprobs(self, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(

@@ -50,6 +50,8 @@ def _ewma(actor: "MegatronActor", batch: TrainBatch) -> torch.Tensor:
 
 
 def _exact(actor: "MegatronActor", batch: TrainBatch) -> torch.Tensor:
+    if batch.logp_ref is None and actor.snapshots is not None:
+        return actor.snapshot_logprobs(batch)  # strategy snapshot: the actor keeps the versions
     if batch.logp_ref is None:
         raise ValueError(
             "correction.reference is 'exact' but the batch has no logp_ref; the old-logit strategy "

@@ -1,0 +1,120 @@
+"""Exact old logits by weight snapshots: each token scored under its own version's weights."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.megatron import compat
+from asyncrl.trainer.megatron.actor import MegatronActor
+from asyncrl.trainer.megatron.batch import TrainBatch
+from asyncrl.trainer.megatron.snapshots import MissingSnapshotError, WeightSnapshots
+
+VOCAB = 40
+B, T, PROMPT = 6, 14, 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def megatron_on_cpu() -> None:
+    compat.init_megatron(seed=0, device="cpu")
+
+
+def _actor(max_staleness: int = 2, max_versions: int = 0) -> MegatronActor:
+    spec = AsyncRLJobSpec.model_validate(
+        {
+            "correction": {"reference": "exact"},
+            "oldLogits": {"strategy": "snapshot", "snapshot": {"maxVersions": max_versions}},
+            "async": {"maxStaleness": max_staleness},
+            "model": {"preset": "tiny-llama", "hiddenSize": 32, "numLayers": 1, "ffnHiddenSize": 64},
+            "train": {"learningRate": 1e-2, "seed": 5},
+        }
+    )
+    return MegatronActor.from_spec(spec, VOCAB, num_threads=torch.get_num_threads())
+
+
+def _batch(seed: int, version: int, logp_mu: torch.Tensor | None = None) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (B, T), generator=g)
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    loss_mask[:, PROMPT:] = True
+    versions = torch.where(loss_mask, torch.full((B, T), version), torch.full((B, T), -1))
+    adv = torch.tensor([1.0, -1.0] * (B // 2))[:, None].expand(B, T).contiguous()
+    seg = torch.where(loss_mask, 0, -1)
+    mu = torch.zeros(B, T) if logp_mu is None else logp_mu
+    return TrainBatch(tokens, loss_mask, mu * loss_mask, versions, adv, seg)
+
+
+def _on_policy(actor: MegatronActor, seed: int, version: int) -> TrainBatch:
+    """A batch whose mu is the actor's own current log-probs (so the mask keeps it and it trains)."""
+    batch = _batch(seed, version)
+    return dataclasses.replace(batch, logp_mu=actor.logprobs(batch.tokens) * batch.loss_mask)
+
+
+class _Spy:
+    def __init__(self, monkeypatch) -> None:
+        import asyncrl.trainer.correction as correction
+
+        self._real = correction.correction_loss
+        self.refs: list[torch.Tensor] = []
+        monkeypatch.setattr(correction, "correction_loss", self)
+
+    def __call__(self, logp_theta, logp_ref, *args, **kwargs):
+        self.refs.append(logp_ref.clone())
+        return self._real(logp_theta, logp_ref, *args, **kwargs)
+
+
+def test_multi_version_batch_gets_each_tokens_own_version(monkeypatch) -> None:
+    actor = _actor()
+    probe = _batch(seed=1, version=0)
+    # Log-probs of the probe tokens under v0, v1 and v2, recorded as the actor moves on.
+    by_version = {}
+    for v, seed in enumerate((10, 11)):
+        by_version[v] = actor.logprobs(probe.tokens)
+        assert actor.train_step(_on_policy(actor, seed, v)).stepped
+    by_version[2] = actor.logprobs(probe.tokens)
+    assert actor.version == 2
+    assert not torch.equal(by_version[0], by_version[1])
+
+    # One batch spanning three versions, partial trajectories included (row 0 has all three).
+    versions = probe.versions.clone()
+    versions[:, PROMPT : PROMPT + 3] = 0
+    versions[:, PROMPT + 3 : PROMPT + 7] = 1
+    versions[:, PROMPT + 7 :] = 2
+    versions[3:, PROMPT:] = 1  # rows 3.. are single-version
+    expected = torch.zeros(B, T)
+    for v, logp in by_version.items():
+        expected = torch.where(probe.loss_mask & (versions == v), logp, expected)
+    # mu = the exact training-side old log-probs: a perfect engine, so r_d must be exactly 1.
+    batch = dataclasses.replace(probe, versions=versions, logp_mu=expected.clone())
+    weights_before = [p.detach().clone() for p in actor._params]
+    spy = _Spy(monkeypatch)
+    m = actor.train_step(batch)
+    torch.testing.assert_close(spy.refs[-1], expected, rtol=0.0, atol=1e-6)
+    assert m.reference == "exact" and m.correction["keep_ratio"] == 1.0
+    assert abs(m.correction["rd_max"] - 1.0) < 1e-5 and abs(m.correction["rd_min"] - 1.0) < 1e-5
+    # The swaps restored the live weights before the update: the step moved from v2's weights.
+    assert actor.version == 3
+    assert actor.snapshots is not None and actor.snapshots.versions == [0, 1, 2]  # W + 1 = 3 kept
+    assert any(not torch.equal(a, p) for a, p in zip(weights_before, actor._params, strict=True))
+
+
+def test_a_version_older_than_the_kept_window_fails_loudly() -> None:
+    actor = _actor(max_staleness=1)  # keeps W + 1 = 2 versions
+    for v, seed in enumerate((20, 21, 22)):
+        actor.train_step(_on_policy(actor, seed, v))
+    with pytest.raises(MissingSnapshotError, match="no weight snapshot of version 0"):
+        actor.train_step(_on_policy(actor, 23, 0))
+
+
+def test_snapshot_store_evicts_oldest_and_counts_bytes() -> None:
+    store = WeightSnapshots(capacity=2)
+    w = {"a": torch.ones(3), "b": torch.zeros(2, 2)}
+    for v in range(4):
+        store.record(v, w)
+    assert store.versions == [2, 3]
+    assert store.nbytes == 2 * (3 + 4) * 4  # two versions x 7 fp32 values
+    w["a"].add_(1.0)
+    assert torch.equal(store.get(3)["a"], torch.ones(3))  # a copy, not a view of the live weights
+    with pytest.raises(MissingSnapshotError, match="kept: \\[2, 3\\]"):
+        store.get(1)
