@@ -25,8 +25,8 @@ import torch
 
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.job import AsyncRLJobSpec
-from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
+from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
