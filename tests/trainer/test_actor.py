@@ -30,7 +30,9 @@ def _spec(reference: str, **train) -> AsyncRLJobSpec:
         "train": {"learningRate": 1e-2, "seed": 3, **train},
     }
     if reference == "exact":
-        doc["oldLogits"] = {"strategy": "snapshot"}
+        # dedicated: pi_old comes from outside the actor, in TrainBatch.logp_ref (snapshot, where
+        # the actor scores old versions itself, is tested in test_actor_snapshots.py).
+        doc["oldLogits"] = {"strategy": "dedicated"}
     return AsyncRLJobSpec.model_validate(doc)
 
 

@@ -20,6 +20,7 @@ both shapes.
 
 import json
 import os
+from typing import Any
 
 import torch
 
@@ -29,26 +30,13 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def llama_config(arch: LlamaArch):
-    """The transformers ``LlamaConfig`` of ``arch`` (what the rollout engine builds)."""
-    from transformers import LlamaConfig
+def llama_config(arch: LlamaArch) -> Any:
+    """The transformers ``LlamaConfig`` of ``arch``: the very one the rollout engine builds (one
+    definition, in ``asyncrl.rollout.hf_model``; imported lazily to keep transformers out of the
+    actor's import path)."""
+    from asyncrl.rollout.hf_model import llama_config as rollout_llama_config
 
-    return LlamaConfig(
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.ffn_hidden_size,
-        num_hidden_layers=arch.num_layers,
-        num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_key_value_heads,
-        head_dim=arch.head_dim,
-        max_position_embeddings=arch.max_sequence_length,
-        rms_norm_eps=arch.norm_epsilon,
-        rope_parameters={"rope_type": "default", "rope_theta": float(arch.rope_theta)},
-        tie_word_embeddings=arch.tie_embeddings,
-        hidden_act="silu",
-        attention_bias=False,
-        mlp_bias=False,
-    )
+    return rollout_llama_config(arch)
 
 
 def megatron_to_hf(mcore: dict[str, torch.Tensor], arch: LlamaArch) -> dict[str, torch.Tensor]:
