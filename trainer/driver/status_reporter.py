@@ -180,11 +180,15 @@ def kubernetes_sender(name: str, namespace: str, *, timeout_s: float = 10.0) -> 
     """A sender using the official client: in-cluster credentials in a pod, else the default kubeconfig."""
     from kubernetes import client, config
 
+    # A private Configuration/ApiClient: the client's process-wide default is captured once and
+    # would keep pointing at the first API server it saw.
+    configuration = client.Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     else:
-        config.load_kube_config()
-    api = client.CustomObjectsApi()
+        # KUBECONFIG read now: the client reads it once, when kubernetes.config is first imported.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
+    api = client.CustomObjectsApi(client.ApiClient(configuration))
 
     def send(body: dict[str, Any]) -> None:
         api.patch_namespaced_custom_object_status(
