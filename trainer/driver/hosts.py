@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.driver.warm import warm_start_lr
 
 Weights = dict[str, np.ndarray]
+Placement = Literal["local", "cluster"]  # where start_hosts puts the processes (see start_hosts)
 
 
 def _limit_threads(n: int) -> None:
@@ -181,16 +182,28 @@ class HostHandles:
             ray.kill(h)
 
 
-def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int, rollout_threads: int) -> HostHandles:
-    """Start the actor and ``spec.rollout.replicas`` rollout workers; wait until all are up."""
+def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int, rollout_threads: int,
+                placement: Placement = "local") -> HostHandles:
+    """Start the actor and ``spec.rollout.replicas`` rollout workers; wait until all are up.
+
+    ``placement="local"``: every process asks for ``n_procs_cpus`` logical CPUs of the one local
+    node. ``placement="cluster"``: the processes go where the operator's pods advertise their role
+    (``ray start --resources``): each rollout worker takes one ``{"rollout": 1}`` and the actor one
+    ``{"actor": 1}``, with no CPU request (the role resource alone places them, one per pod).
+    """
     import ray
 
     spec_json = spec.model_dump(mode="json", by_alias=True)
     actor_cls: Any = ray.remote(ActorHost)
     rollout_cls: Any = ray.remote(RolloutHost)
-    actor = actor_cls.options(num_cpus=n_procs_cpus, max_concurrency=1).remote(spec_json, actor_threads)
+    if placement == "cluster":
+        actor_opts: dict[str, Any] = {"num_cpus": 0, "resources": {"actor": 1}}
+        rollout_opts: dict[str, Any] = {"num_cpus": 0, "resources": {"rollout": 1}}
+    else:
+        actor_opts = rollout_opts = {"num_cpus": n_procs_cpus}
+    actor = actor_cls.options(**actor_opts, max_concurrency=1).remote(spec_json, actor_threads)
     rollout = [
-        rollout_cls.options(num_cpus=n_procs_cpus, max_concurrency=2).remote(spec_json, i, rollout_threads)
+        rollout_cls.options(**rollout_opts, max_concurrency=2).remote(spec_json, i, rollout_threads)
         for i in range(spec.rollout.replicas)
     ]
     pad_id: int = ray.get(actor.pad_id.remote())
