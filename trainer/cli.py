@@ -95,12 +95,47 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from asyncrl.trainer.driver.console import run_with_progress
-    from asyncrl.trainer.driver.loop import RunOptions
+    from asyncrl.trainer.driver.loop import RunOptions, unsupported
+
+    if (why := unsupported(job)) is not None:  # refused before Ray starts
+        print(f"{source}: {why}", file=sys.stderr)
+        return 2
 
     options = RunOptions(
         run_dir=Path(args.run_dir) if args.run_dir else None, steps=args.steps, port=args.port,
     )
     return run_with_progress(job, options, quiet=args.quiet)
+
+
+def _cmd_driver(args: argparse.Namespace) -> int:
+    """The driver pod's command (the operator runs ``asyncrl driver --spec /etc/asyncrl/job.yaml``)."""
+    from asyncrl.api.validation import SpecError, load_jobs
+
+    try:
+        jobs = load_jobs(args.spec)
+    except FileNotFoundError:
+        print(f"{args.spec}: no such file", file=sys.stderr)
+        return 2
+    except SpecError as exc:  # a bad spec starts nothing: no Ray head, no status report
+        for problem in exc.problems:
+            print(f"{args.spec}: {problem}", file=sys.stderr)
+        return 2
+    if len(jobs) != 1:
+        print(f"asyncrl driver: {args.spec} must hold one AsyncRLJob, found {len(jobs)}", file=sys.stderr)
+        return 2
+    if args.wait_timeout <= 0:
+        print(f"asyncrl driver: --wait-timeout must be > 0 seconds, got {args.wait_timeout}", file=sys.stderr)
+        return 2
+    import logging
+    from pathlib import Path
+
+    from asyncrl.trainer.driver.cluster import DriverOptions, run_driver
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = DriverOptions(run_dir=Path(args.run_dir) if args.run_dir else None, local=args.local,
+                            wait_timeout_s=args.wait_timeout, report_status=not args.no_status,
+                            metrics_port=args.port)
+    return run_driver(jobs[0], options)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, metavar="P", help="metrics port (0 = any free port; default spec.monitoring.port)")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print only the final summary")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser(
+        "driver", help="run a job as its driver pod: Ray head, wait for the role pods, train, report status"
+    )
+    p.add_argument("--spec", required=True, metavar="FILE", help="the job (the operator mounts /etc/asyncrl/job.yaml)")
+    p.add_argument("--run-dir", metavar="DIR", help="run directory (default: runs/<job>-<timestamp>)")
+    p.add_argument("--local", action="store_true",
+                   help="a private local Ray instead of a Ray head for the job's pods (status still reported)")
+    p.add_argument("--wait-timeout", type=float, default=900.0, metavar="S",
+                   help="seconds to wait for the rollout and actor pods to join Ray (default 900)")
+    p.add_argument("--port", type=int, metavar="P", help="metrics port (default spec.monitoring.port)")
+    p.add_argument("--no-status", action="store_true", help="do not report status.training to the API server")
+    p.set_defaults(func=_cmd_driver)
     return parser
 
 

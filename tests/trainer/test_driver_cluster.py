@@ -1,0 +1,189 @@
+"""``asyncrl driver``: which roles are missing, waiting with a timeout, the head command, the
+readiness fallback, spec validation before anything starts, and one ``--local`` run reporting
+status to the fake API server."""
+
+import json
+import socket
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from asyncrl.api.validation import validate_job
+from asyncrl.trainer.cli import main
+from asyncrl.trainer.driver import cluster
+from asyncrl.trainer.driver.cluster import (
+    ClusterTimeoutError,
+    GcsHealthServer,
+    checkpoint_root,
+    head_command,
+    job_identity,
+    missing_roles,
+    required_roles,
+    role_threads,
+    wait_for_roles,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # tests.support lives at the repository root
+    sys.path.insert(0, str(ROOT))
+
+
+def node(alive: bool = True, cpu: float = 4.0, **roles: float) -> dict[str, Any]:
+    return {"Alive": alive, "Resources": {"CPU": cpu, "node:10.0.0.1": 1.0, **roles}}
+
+
+HEAD = {"Alive": True, "Resources": {"driver": 1.0, "node:10.0.0.9": 1.0}}  # --num-cpus=0: no CPU key
+REQUIRED = {"rollout": 2, "actor": 1}
+
+
+def test_missing_roles_counts_alive_role_units() -> None:
+    assert missing_roles([HEAD], REQUIRED) == {"rollout": (0, 2), "actor": (0, 1)}
+    nodes = [HEAD, node(rollout=1), node(alive=False, rollout=1), node(actor=1)]
+    assert missing_roles(nodes, REQUIRED) == {"rollout": (1, 2)}  # the dead node does not count
+    assert missing_roles([*nodes, node(rollout=1, oldlogits=1)], REQUIRED) == {}
+    assert missing_roles([node(cpu=2, rollout=2, actor=1)], REQUIRED) == {}  # --local: one node, all roles
+
+
+def test_required_roles_and_threads() -> None:
+    job = validate_job({"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "j"},
+                        "spec": {"rollout": {"replicas": 3}}})
+    assert required_roles(job.spec) == {"rollout": 3, "actor": 1}
+    nodes = [HEAD, node(cpu=8, rollout=1), node(cpu=6, rollout=1), node(cpu=16, actor=1)]
+    assert role_threads(nodes, "rollout") == 6 and role_threads(nodes, "actor") == 16
+    assert role_threads([HEAD], "actor") == 1
+
+
+def test_wait_times_out_naming_the_missing_role() -> None:
+    t = [0.0]
+    polls: list[float] = []
+
+    def nodes() -> list[dict[str, Any]]:
+        polls.append(t[0])
+        return [HEAD, node(actor=1), node(rollout=1)]
+
+    def sleep(s: float) -> None:
+        t[0] += s
+
+    with pytest.raises(ClusterTimeoutError, match=r"rollout: 1 of 2") as err:
+        wait_for_roles(nodes, REQUIRED, timeout_s=10, interval_s=2, clock=lambda: t[0], sleep=sleep)
+    assert "actor" not in str(err.value).split("lacks")[1].split("(")[0]
+    assert polls == [0, 2, 4, 6, 8, 10]
+
+
+def test_wait_returns_once_everything_joined() -> None:
+    seen = iter([[HEAD], [HEAD, node(actor=1)], [HEAD, node(actor=1), node(rollout=1), node(rollout=1)]])
+    got = wait_for_roles(lambda: next(seen), REQUIRED, timeout_s=60, sleep=lambda s: None)
+    assert len(got) == 4
+
+
+def test_head_command_matches_the_operators_ports() -> None:
+    cmd = head_command(dashboard=True)
+    assert cmd[:4] == ["ray", "start", "--head", "--block"]
+    for flag in ("--port=6379", "--num-cpus=0", "--dashboard-host=0.0.0.0", "--dashboard-port=8265",
+                 "--ray-client-server-port=10001"):
+        assert flag in cmd
+    assert json.loads(next(c for c in cmd if c.startswith("--resources="))[len("--resources="):]) == {"driver": 1}
+    assert "--include-dashboard=false" in head_command(dashboard=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_readiness_fallback_answers_like_the_dashboard() -> None:
+    with socket.socket() as gcs:
+        gcs.bind(("127.0.0.1", 0))
+        gcs.listen()
+        up = GcsHealthServer("127.0.0.1", 0, gcs_port=gcs.getsockname()[1])
+        down = GcsHealthServer("127.0.0.1", 0, gcs_port=_free_port())
+        try:
+            url = f"http://127.0.0.1:{up.port}/api/gcs_healthz"
+            assert urllib.request.urlopen(url, timeout=5).read() == b"success"
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"http://127.0.0.1:{down.port}/api/gcs_healthz", timeout=5)
+            assert err.value.code == 503
+        finally:
+            up.close()
+            down.close()
+
+
+def test_identity_and_checkpoint_dir_come_from_the_operators_env() -> None:
+    job = validate_job({"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob",
+                        "metadata": {"name": "j", "namespace": "ml"}, "spec": {}})
+    assert job_identity(job, {}) == ("j", "ml")
+    assert job_identity(job, {"ASYNCRL_JOB_NAME": "k", "ASYNCRL_JOB_NAMESPACE": "ns"}) == ("k", "ns")
+    assert checkpoint_root(job, {}) is None
+    assert checkpoint_root(job, {"ASYNCRL_CHECKPOINT_DIR": "/checkpoints"}) == Path("/checkpoints/checkpoints")
+
+
+def test_bad_spec_exits_non_zero_with_field_paths_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    def nothing(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("nothing may start for an invalid spec")
+
+    for name in ("run_driver", "ray_head", "private_ray"):
+        monkeypatch.setattr(cluster, name, nothing)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: bad}\n"
+                   "spec:\n  rollout: {replicas: 0}\n  train: {stepz: 3}\n")
+    assert main(["driver", "--spec", str(bad), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "spec.rollout.replicas" in err and "spec.train.stepz" in err
+    assert not (tmp_path / "run").exists() and not ray.is_initialized()
+    assert main(["driver", "--spec", str(tmp_path / "nope.yaml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------- one tiny job, end to end
+
+TINY = {
+    "apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob",
+    "metadata": {"name": "tiny", "namespace": "default"},
+    "spec": {
+        "correction": {"reference": "current"},
+        "async": {"maxStaleness": 1},
+        "task": {"name": "calculator", "groupSize": 2, "maxNewTokens": 8},
+        "train": {"steps": 2, "promptsPerStep": 2, "warmStartSteps": 1},
+        "rollout": {"replicas": 1, "gpusPerReplica": 0},
+        "actor": {"replicas": 1, "gpusPerReplica": 0},
+        "checkpoint": {"everySteps": 1},
+    },
+}
+
+
+def test_local_driver_run_reports_status_to_the_api(tmp_path: Path) -> None:
+    """The driver as the pod runs it: its own process (exit code), status to the API via KUBECONFIG."""
+    import os
+    import subprocess
+
+    from tests.support.fakeapi import FakeCluster
+
+    with FakeCluster(tmp_path) as api:
+        api.create("asyncrljobs", TINY)
+        api.patch("asyncrljobs", "default", "tiny", {"status": {"phase": "Running"}}, sub="status")
+        spec = tmp_path / "job.yaml"
+        spec.write_text(yaml.safe_dump(TINY))
+        env = {**os.environ, "KUBECONFIG": str(api.kubeconfig), "ASYNCRL_CHECKPOINT_DIR": str(tmp_path / "volume")}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        env.pop("RAY_ADDRESS", None)
+        out = subprocess.run([sys.executable, "-m", "asyncrl.trainer.cli", "driver", "--spec", str(spec), "--local",
+                              "--run-dir", str(tmp_path / "run"), "--port", "0"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        final = json.loads(out.stdout.strip().splitlines()[-1])
+        assert final["status"] == "succeeded" and final["status_failures"] == 0 and final["status_reports"] >= 2
+        status = api.get("asyncrljobs", "default", "tiny")["status"]
+        assert status["phase"] == "Running"  # the operator's field, untouched by the merge patch
+        training = status["training"]
+        assert training["policyVersion"] == 2 and training["lastCheckpointVersion"] == 2
+        assert training["lastCheckpoint"] == str(tmp_path / "volume" / "checkpoints" / "step-000002")
+        assert (tmp_path / "volume" / "checkpoints" / "step-000002" / "meta.json").exists()

@@ -1,0 +1,328 @@
+"""``asyncrl driver``: the job's driver pod -- Ray head, wait for the role pods, run, report status.
+
+Read top to bottom (:func:`run_driver`):
+
+    head     ``ray start --head`` on the ports the operator's Service and probes use
+             (GCS 6379, dashboard 8265, Ray client 10001), with no CPUs and a ``driver`` resource;
+             ``--local``: a private in-process Ray advertising the role resources itself
+    wait     until the cluster has ``spec.rollout.replicas`` nodes' worth of ``rollout`` and one
+             ``actor`` (the operator's worker pods run ``ray start --resources={"rollout": 1}`` ...);
+             a timeout names the roles still missing
+    run      :func:`~asyncrl.trainer.driver.loop.run_job` with ``placement="cluster"``, metrics on
+             ``0.0.0.0:spec.monitoring.port``, checkpoints under ``ASYNCRL_CHECKPOINT_DIR``, and the
+             :class:`~.status_reporter.StatusReporter` as ``on_step`` (final report flushed on every exit)
+    exit     0 on success, non-zero on failure: the operator reads the driver pod's exit
+
+Readiness. The operator's readiness probe is ``GET :8265/api/gcs_healthz``, served by Ray's
+dashboard, which needs ``ray[default]``. Without it ``ray start`` starts no dashboard, and this
+driver serves that one path itself (:class:`GcsHealthServer`: 200 ``success`` while the GCS port
+accepts connections, 503 otherwise), so the probe means the same thing either way: the head is up.
+The Ray client server (port 10001) likewise needs ``ray[client]`` (grpcio); nothing in the job uses it.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from asyncrl.api.job import AsyncRLJob, AsyncRLJobSpec
+
+log = logging.getLogger(__name__)
+
+PORT_GCS, PORT_DASHBOARD, PORT_CLIENT = 6379, 8265, 10001  # operator/builders.py uses the same ports
+HEALTH_PATH = "/api/gcs_healthz"
+ROLES = ("rollout", "actor")
+
+
+class ClusterTimeoutError(RuntimeError):
+    """The role pods did not all join the Ray cluster in time."""
+
+
+# ------------------------------------------------------------------------- pure: what is missing
+
+def required_roles(spec: AsyncRLJobSpec) -> dict[str, int]:
+    """Role resource units the job needs: one ``rollout`` per worker, one ``actor`` (the driver
+    starts one actor process; further actor pods serve megatron's own parallel ranks)."""
+    return {"rollout": spec.rollout.replicas, "actor": 1}
+
+
+def missing_roles(nodes: Sequence[Mapping[str, Any]], required: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """``{role: (have, need)}`` for every role the alive nodes do not yet provide.
+
+    ``nodes`` is ``ray.nodes()``-shaped: ``{"Alive": bool, "Resources": {"rollout": 1.0, ...}}``.
+    A role's supply is the sum of that resource over alive nodes (a pod advertises 1; a private
+    local Ray advertises all of them on one node).
+    """
+    have = {role: 0 for role in required}
+    for node in nodes:
+        if not node.get("Alive", False):
+            continue
+        resources = node.get("Resources") or {}
+        for role in required:
+            have[role] += int(float(resources.get(role, 0.0)))
+    return {role: (have[role], need) for role, need in required.items() if have[role] < need}
+
+
+def describe_missing(missing: Mapping[str, tuple[int, int]]) -> str:
+    return ", ".join(f"{role}: {have} of {need}" for role, (have, need) in missing.items())
+
+
+def role_threads(nodes: Sequence[Mapping[str, Any]], role: str) -> int:
+    """Torch threads for a role's process: the fewest CPUs of an alive node carrying the role (>= 1)."""
+    cpus = [float((n.get("Resources") or {}).get("CPU", 1.0)) for n in nodes
+            if n.get("Alive", False) and float((n.get("Resources") or {}).get(role, 0.0)) > 0]
+    return max(1, int(min(cpus))) if cpus else 1
+
+
+def wait_for_roles(list_nodes: Callable[[], Sequence[Mapping[str, Any]]], required: Mapping[str, int], *,
+                   timeout_s: float, interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> list[Mapping[str, Any]]:
+    """Poll ``list_nodes`` until no role is missing; the nodes, or :class:`ClusterTimeoutError`."""
+    deadline = clock() + timeout_s
+    last_said = ""
+    while True:
+        nodes = list(list_nodes())
+        missing = missing_roles(nodes, required)
+        if not missing:
+            return nodes
+        said = describe_missing(missing)
+        if said != last_said:
+            log.info("waiting for the job's pods to join Ray: %s", said)
+            last_said = said
+        if clock() >= deadline:
+            raise ClusterTimeoutError(
+                f"after {timeout_s:g} s the Ray cluster still lacks {said} (role units joined of needed); "
+                "check that those pods are Running and that their `ray start --address` reaches this "
+                f"driver on port {PORT_GCS} (kubectl get pods -l the job's labels; kubectl logs <pod>)"
+            )
+        sleep(interval_s)
+
+
+# ------------------------------------------------------------------------- the head and its probe
+
+def head_command(*, dashboard: bool, gcs_port: int = PORT_GCS, dashboard_port: int = PORT_DASHBOARD,
+                 client_port: int = PORT_CLIENT) -> list[str]:
+    """``ray start --head --block`` as the operator's Service and probes expect it.
+
+    ``--block``: the command stays in the foreground as this driver's child, and terminating it
+    stops the head's processes -- and nothing else on the machine (``ray stop`` would end every Ray).
+    """
+    cmd = [
+        "ray", "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=0",
+        "--resources=" + json.dumps({"driver": 1}), "--disable-usage-stats",
+    ]
+    if dashboard:
+        cmd += ["--include-dashboard=true", "--dashboard-host=0.0.0.0", f"--dashboard-port={dashboard_port}",
+                f"--ray-client-server-port={client_port}"]
+    else:
+        cmd += ["--include-dashboard=false"]
+    return cmd
+
+
+def dashboard_available() -> bool:
+    """Whether Ray's dashboard can start here (``ray[default]`` brings aiohttp_cors, opencensus, grpcio)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("aiohttp", "aiohttp_cors", "opencensus", "grpc"))
+
+
+def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+class GcsHealthServer:
+    """``GET /api/gcs_healthz`` on the dashboard port when Ray's dashboard is not installed.
+
+    Same meaning as the dashboard's endpoint (the GCS answers): 200 ``success`` while the GCS
+    port accepts a connection, 503 otherwise. Any other path is 404.
+    """
+
+    def __init__(self, host: str = "0.0.0.0", port: int = PORT_DASHBOARD, gcs_port: int = PORT_GCS) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 -- http.server's name
+                if self.path.split("?")[0] != HEALTH_PATH:
+                    self._answer(404, b"not found")
+                elif port_open("127.0.0.1", gcs_port):
+                    self._answer(200, b"success")
+                else:
+                    self._answer(503, b"GCS not reachable")
+
+            def _answer(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:  # the probe every 10 s is not news
+                pass
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextlib.contextmanager
+def ray_head(*, start_timeout_s: float = 120.0, gcs_port: int = PORT_GCS,
+             dashboard_port: int = PORT_DASHBOARD) -> Iterator[str]:
+    """Start the Ray head as a child process, connect this process, yield the GCS address; stop on exit."""
+    import ray
+
+    dashboard = dashboard_available()
+    ray_bin = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+    cmd = [ray_bin, *head_command(dashboard=dashboard, gcs_port=gcs_port, dashboard_port=dashboard_port)[1:]]
+    log.info("starting the Ray head: %s", " ".join(cmd))
+    head = subprocess.Popen(cmd)
+    health: GcsHealthServer | None = None
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not port_open("127.0.0.1", gcs_port):
+            if head.poll() is not None:
+                raise RuntimeError(f"`{' '.join(cmd)}` exited with {head.returncode} before the GCS "
+                                   f"listened on port {gcs_port}; its output is above")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray head's GCS did not listen on port {gcs_port} within {start_timeout_s:g} s")
+            time.sleep(0.5)
+        if not dashboard:
+            log.warning("Ray's dashboard is not installed (ray[default]); serving %s on port %d for the "
+                        "readiness probe", HEALTH_PATH, dashboard_port)
+            health = GcsHealthServer(port=dashboard_port, gcs_port=gcs_port)
+        address = f"127.0.0.1:{gcs_port}"
+        ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            yield address
+        finally:
+            ray.shutdown()
+    finally:
+        if health is not None:
+            health.close()
+        head.terminate()  # our child only: `ray start --block` stops the head's processes on SIGTERM
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+
+
+@contextlib.contextmanager
+def private_ray(required: Mapping[str, int], num_cpus: int) -> Iterator[str]:
+    """``--local``: a private local Ray whose one node advertises every role resource itself."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    temp_dir = tempfile.mkdtemp(prefix="asyncrl-ray-")
+    ray.init(address="local", _temp_dir=temp_dir, include_dashboard=False, num_cpus=num_cpus,
+             resources={role: float(n) for role, n in required.items()}, logging_level=logging.ERROR,
+             log_to_driver=False)
+    try:
+        yield "local"
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------- the driver
+
+@dataclass(frozen=True)
+class DriverOptions:
+    run_dir: Path | None = None
+    local: bool = False  # private local Ray instead of a Ray head for the job's pods
+    wait_timeout_s: float = 900.0  # for the role pods to join
+    report_status: bool = True
+    metrics_port: int | None = None  # default spec.monitoring.port (tests: 0 = any free port)
+
+
+def job_identity(job: AsyncRLJob, env: Mapping[str, str]) -> tuple[str, str]:
+    """(name, namespace) of the AsyncRLJob to report to: the operator's env, else the spec's metadata."""
+    name = env.get("ASYNCRL_JOB_NAME") or job.metadata.name
+    namespace = env.get("ASYNCRL_JOB_NAMESPACE") or job.metadata.namespace or "default"
+    return name, namespace
+
+
+def checkpoint_root(job: AsyncRLJob, env: Mapping[str, str]) -> Path | None:
+    """Where checkpoints go in a cluster: ``spec.checkpoint.dir`` inside ``ASYNCRL_CHECKPOINT_DIR``
+    (the job's volume, mounted on the driver and the actor pods); None when the env does not say."""
+    base = env.get("ASYNCRL_CHECKPOINT_DIR")
+    if not base:
+        return None
+    configured = Path(job.spec.checkpoint.dir)
+    return configured if configured.is_absolute() else Path(base) / configured
+
+
+def _reporter(job: AsyncRLJob, enabled: bool) -> Any:
+    from asyncrl.trainer.driver.status_reporter import StatusReporter, kubernetes_sender
+
+    if not enabled:
+        return None
+    name, namespace = job_identity(job, os.environ)
+    try:
+        return StatusReporter(kubernetes_sender(name, namespace))
+    except Exception as exc:  # noqa: BLE001 -- no API credentials: train anyway, say so
+        log.warning("no status reporting to AsyncRLJob %s/%s (%s: %s); set KUBECONFIG or run in the "
+                    "driver pod with its ServiceAccount", namespace, name, type(exc).__name__, exc)
+        return None
+
+
+def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
+    """Head, wait, run, report; the process exit code (0 success, 1 failure, 3 pods never joined)."""
+    import ray
+
+    from asyncrl.trainer.driver.loop import RunOptions, run_job
+
+    spec = job.spec
+    required = required_roles(spec)
+    reporter = _reporter(job, options.report_status)
+    ckpt = checkpoint_root(job, os.environ)
+    if ckpt is not None:
+        job = job.model_copy(update={"spec": spec.model_copy(
+            update={"checkpoint": spec.checkpoint.model_copy(update={"dir": str(ckpt)})})})
+    ray_ctx = private_ray(required, max(1, os.cpu_count() or 1)) if options.local else ray_head()
+    try:
+        with ray_ctx:
+            nodes = wait_for_roles(ray.nodes, required, timeout_s=options.wait_timeout_s)
+            run_options = RunOptions(
+                run_dir=options.run_dir, placement="cluster", metrics_host="0.0.0.0",
+                port=options.metrics_port,
+                actor_threads=1 if options.local else role_threads(nodes, "actor"),
+                rollout_threads=1 if options.local else role_threads(nodes, "rollout"),
+                # on the job's volume, so that a restarted gang reuses it
+                warm_start_dir=None if ckpt is None else ckpt / "warm_start",
+            )
+            result = run_job(job, run_options, on_step=reporter)
+    except ClusterTimeoutError as exc:
+        print(f"asyncrl driver: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # noqa: BLE001 -- the pod's exit code and log carry it to the operator
+        log.exception("the job failed")
+        print(f"asyncrl driver: job {job.metadata.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if reporter is not None:
+            reporter.flush()  # the last word, whatever happened
+    print(json.dumps({"job": job.metadata.name, "status": result.summary.get("status"),
+                      "final_version": result.summary.get("final_version"),
+                      "status_reports": None if reporter is None else reporter.sent,
+                      "status_failures": None if reporter is None else reporter.failures}))
+    return 0
