@@ -20,6 +20,7 @@ from asyncrl.trainer.driver.cluster import (
     ClusterTimeoutError,
     GcsHealthServer,
     checkpoint_root,
+    default_run_dir,
     head_command,
     job_identity,
     missing_roles,
@@ -121,6 +122,8 @@ def test_identity_and_checkpoint_dir_come_from_the_operators_env() -> None:
     assert job_identity(job, {"ASYNCRL_JOB_NAME": "k", "ASYNCRL_JOB_NAMESPACE": "ns"}) == ("k", "ns")
     assert checkpoint_root(job, {}) is None
     assert checkpoint_root(job, {"ASYNCRL_CHECKPOINT_DIR": "/checkpoints"}) == Path("/checkpoints/checkpoints")
+    assert default_run_dir(job, {}) is None  # the local default, runs/<job>-<timestamp>
+    assert default_run_dir(job, {"ASYNCRL_CHECKPOINT_DIR": "/checkpoints"}) == Path("/checkpoints/runs/j")
 
 
 def test_bad_spec_exits_non_zero_with_field_paths_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -175,8 +178,7 @@ def test_local_driver_run_reports_status_to_the_api(tmp_path: Path) -> None:
         env = {**os.environ, "KUBECONFIG": str(api.kubeconfig), "ASYNCRL_CHECKPOINT_DIR": str(tmp_path / "volume")}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         env.pop("RAY_ADDRESS", None)
-        out = subprocess.run([sys.executable, "-m", "asyncrl.trainer.cli", "driver", "--spec", str(spec), "--local",
-                              "--run-dir", str(tmp_path / "run"), "--port", "0"],
+        out = subprocess.run([sys.executable, "-m", "asyncrl.trainer.cli", "driver", "--spec", str(spec), "--local", "--port", "0"],
                              env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
         final = json.loads(out.stdout.strip().splitlines()[-1])
@@ -187,3 +189,5 @@ def test_local_driver_run_reports_status_to_the_api(tmp_path: Path) -> None:
         assert training["policyVersion"] == 2 and training["lastCheckpointVersion"] == 2
         assert training["lastCheckpoint"] == str(tmp_path / "volume" / "checkpoints" / "step-000002")
         assert (tmp_path / "volume" / "checkpoints" / "step-000002" / "meta.json").exists()
+        # no --run-dir: the run directory is the job's own on the volume (a restarted gang continues it)
+        assert json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())["steps_done"] == 2

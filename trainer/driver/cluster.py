@@ -11,7 +11,8 @@ Read top to bottom (:func:`run_driver`):
     run      :func:`~asyncrl.trainer.driver.loop.run_job` with ``placement="cluster"``, metrics on
              ``0.0.0.0:spec.monitoring.port``, checkpoints under ``ASYNCRL_CHECKPOINT_DIR``, and the
              :class:`~.status_reporter.StatusReporter` as ``on_step`` (final report flushed on every exit)
-    exit     0 on success, non-zero on failure: the operator reads the driver pod's exit
+    exit     0 on success; 1 the job failed, 2 bad spec or arguments (the CLI), 3 the role pods
+             never joined, 143 SIGTERM (after the final status report): the operator reads the pod's exit
 
 Readiness. The operator's readiness probe is ``GET :8265/api/gcs_healthz``, served by Ray's
 dashboard, which needs ``ray[default]``. Without it ``ray start`` starts no dashboard, and this
@@ -271,6 +272,27 @@ def checkpoint_root(job: AsyncRLJob, env: Mapping[str, str]) -> Path | None:
     return configured if configured.is_absolute() else Path(base) / configured
 
 
+def default_run_dir(job: AsyncRLJob, env: Mapping[str, str]) -> Path | None:
+    """In a cluster, one run directory per job on the job's volume (``<ASYNCRL_CHECKPOINT_DIR>/runs/<job>``):
+    a restarted gang resumes its checkpoint *and* continues its ``metrics.jsonl``. None: the local default."""
+    base = env.get("ASYNCRL_CHECKPOINT_DIR")
+    return Path(base) / "runs" / job.metadata.name if base else None
+
+
+def _terminate_on_sigterm() -> None:
+    """Kubernetes stops a pod with SIGTERM: unwind (run_job's cleanup, the final status report)
+    instead of dying on the spot; exit code 143 as for a plain SIGTERM."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def _reporter(job: AsyncRLJob, enabled: bool) -> Any:
     from asyncrl.trainer.driver.status_reporter import StatusReporter, kubernetes_sender
 
@@ -286,14 +308,17 @@ def _reporter(job: AsyncRLJob, enabled: bool) -> Any:
 
 
 def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
-    """Head, wait, run, report; the process exit code (0 success, 1 failure, 3 pods never joined)."""
+    """Head, wait, run, report; the process exit code (0 success, 1 failure, 3 pods never joined;
+    SIGTERM: SystemExit(143) after the final report)."""
     import ray
 
     from asyncrl.trainer.driver.loop import RunOptions, run_job
 
+    _terminate_on_sigterm()
     spec = job.spec
     required = required_roles(spec)
     reporter = _reporter(job, options.report_status)
+    run_dir = options.run_dir or default_run_dir(job, os.environ)
     ckpt = checkpoint_root(job, os.environ)
     if ckpt is not None:
         job = job.model_copy(update={"spec": spec.model_copy(
@@ -303,7 +328,7 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
         with ray_ctx:
             nodes = wait_for_roles(ray.nodes, required, timeout_s=options.wait_timeout_s)
             run_options = RunOptions(
-                run_dir=options.run_dir, placement="cluster", metrics_host="0.0.0.0",
+                run_dir=run_dir, placement="cluster", metrics_host="0.0.0.0",
                 port=options.metrics_port,
                 actor_threads=1 if options.local else role_threads(nodes, "actor"),
                 rollout_threads=1 if options.local else role_threads(nodes, "rollout"),
