@@ -191,3 +191,37 @@ def test_local_driver_run_reports_status_to_the_api(tmp_path: Path) -> None:
         assert (tmp_path / "volume" / "checkpoints" / "step-000002" / "meta.json").exists()
         # no --run-dir: the run directory is the job's own on the volume (a restarted gang continues it)
         assert json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())["steps_done"] == 2
+
+
+def test_sigterm_unwinds_with_a_final_report(tmp_path: Path) -> None:
+    """Kubernetes stops the driver pod with SIGTERM: cleanup runs and the final report is sent."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.support.fakeapi import FakeCluster
+    from tests.support.helpers import wait_for
+
+    long_job = {**TINY, "spec": {**TINY["spec"], "train": {**TINY["spec"]["train"], "steps": 500}}}
+    with FakeCluster(tmp_path) as api:
+        api.create("asyncrljobs", long_job)
+        spec = tmp_path / "job.yaml"
+        spec.write_text(yaml.safe_dump(long_job))
+        env = {**os.environ, "KUBECONFIG": str(api.kubeconfig), "ASYNCRL_CHECKPOINT_DIR": str(tmp_path / "volume")}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        proc = subprocess.Popen([sys.executable, "-m", "asyncrl.trainer.cli", "driver", "--spec", str(spec),
+                                 "--local", "--port", "0"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: (api.get("asyncrljobs", "default", "tiny") or {}).get("status", {}).get("training"),
+                     timeout=90, interval=0.2, message="the first status report")
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 143, err[-3000:]
+        assert "final status report sent" in err
+        summary = json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())
+        assert summary["status"] == "failed" and "SystemExit" in summary["error"]

@@ -326,6 +326,7 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
     ray_ctx = private_ray(required, max(1, os.cpu_count() or 1)) if options.local else ray_head()
     try:
         with ray_ctx:
+            _terminate_on_sigterm()  # again: ray.init installs its own handlers (exit 15, a crash report)
             nodes = wait_for_roles(ray.nodes, required, timeout_s=options.wait_timeout_s)
             run_options = RunOptions(
                 run_dir=run_dir, placement="cluster", metrics_host="0.0.0.0",
@@ -344,8 +345,9 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
         print(f"asyncrl driver: job {job.metadata.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
-        if reporter is not None:
-            reporter.flush()  # the last word, whatever happened
+        if reporter is not None and reporter.flush():  # the last word, whatever happened
+            log.info("final status report sent: policyVersion %d (%d reports, %d failed)",
+                     reporter.policy_version, reporter.sent, reporter.failures)
     print(json.dumps({"job": job.metadata.name, "status": result.summary.get("status"),
                       "final_version": result.summary.get("final_version"),
                       "status_reports": None if reporter is None else reporter.sent,
