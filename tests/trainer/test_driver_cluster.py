@@ -225,3 +225,69 @@ def test_sigterm_unwinds_with_a_final_report(tmp_path: Path) -> None:
         assert "final status report sent" in err
         summary = json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())
         assert summary["status"] == "failed" and "SystemExit" in summary["error"]
+
+
+@pytest.mark.slow
+def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod topology on one machine: the head as the driver starts it, one rollout and one actor
+    node joining as the operator's worker pods do (``ray start --block --address --resources``),
+    then the job with ``placement="cluster"``: each process holds its role's resource."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    import ray
+
+    from asyncrl.trainer.driver.loop import RunOptions, run_job
+    from asyncrl.trainer.driver.status_reporter import StatusReporter
+
+    if ray.is_initialized():
+        pytest.skip("another test's Ray is running in this process")
+    root = Path(tempfile.mkdtemp(prefix="arl-"))  # short: Ray's unix socket paths must stay < 108 bytes
+    monkeypatch.setenv("RAY_TMPDIR", str(root / "head"))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    job = validate_job({**TINY, "spec": {**TINY["spec"], "train": {**TINY["spec"]["train"], "warmStartSteps": 0}}})
+    gcs = _free_port()
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    workers: list[subprocess.Popen[bytes]] = []
+    held: list[dict[str, float]] = []
+    try:
+        with cluster.ray_head(gcs_port=gcs, dashboard_port=_free_port()):
+            try:
+                for i, role in enumerate(("rollout", "actor")):
+                    # a second raylet on the same host needs its own ports and session directory (a pod has its own)
+                    ports = [f"--{name}-port={_free_port()}" for name in (
+                        "node-manager", "object-manager", "metrics-export", "dashboard-agent-listen",
+                        "dashboard-agent-grpc", "runtime-env-agent")]
+                    workers.append(subprocess.Popen(
+                        [ray_bin, "start", "--block", f"--address=127.0.0.1:{gcs}", "--num-cpus=1",
+                         f"--resources={json.dumps({role: 1})}", "--disable-usage-stats", f"--temp-dir={root / role}",
+                         f"--min-worker-port={21000 + 1000 * i}", f"--max-worker-port={21999 + 1000 * i}", *ports],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy()))
+                nodes = wait_for_roles(ray.nodes, required_roles(job.spec), timeout_s=90, interval_s=0.5)
+                assert missing_roles(nodes, {"driver": 1}) == {}
+
+                def on_step(record: dict[str, Any]) -> None:
+                    held.append(ray.available_resources())
+                    reporter(record)
+
+                sent: list[dict[str, Any]] = []
+                reporter = StatusReporter(sent.append)
+                result = run_job(job, RunOptions(run_dir=root / "run", placement="cluster", port=0), on_step=on_step)
+                assert reporter.flush()
+            finally:  # the nodes leave before the head stops (else they wait for it to come back)
+                for w in workers:
+                    w.terminate()
+                for w in workers:
+                    w.wait(60)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+        shutil.rmtree(root, ignore_errors=True)
+    assert result.summary["status"] == "succeeded" and result.summary["final_version"] == 2
+    assert all(h.get("rollout", 0.0) == 0.0 and h.get("actor", 0.0) == 0.0 for h in held)  # the hosts hold them
+    assert sent[-1]["status"]["training"]["policyVersion"] == 2
