@@ -119,8 +119,11 @@ def _env(job: JobRef, role: Role, index: int, extra: dict[str, str]) -> list[dic
         "ASYNCRL_ROLE": role.value,
         "ASYNCRL_REPLICA_INDEX": str(index),
         "ASYNCRL_SPEC": f"{SPEC_DIR}/{SPEC_FILE}",
-        "ASYNCRL_CHECKPOINT_DIR": CHECKPOINT_MOUNT,
         "RAY_ADDRESS": f"{head_host(job)}:{PORT_GCS}",
+        # Ray 2.60 turns token auth on by default and writes a fresh token per node: the pods of
+        # one job would refuse each other. The job's network is its own headless Service.
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
     }
     merged = {**base, **extra}
     return [{"name": k, "value": v} for k, v in merged.items()]
@@ -169,7 +172,11 @@ def _pod(
         # NCCL and vLLM need more than the container runtime's 64 MiB /dev/shm.
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    # Only a shared volume makes checkpoints survive a gang restart: without one the driver keeps
+    # its local run directory and a restart starts over (ASYNCRL_CHECKPOINT_DIR stays unset).
+    checkpoint_env: dict[str, str] = {}
     if spec.checkpoint.volume_claim_name and role in (Role.DRIVER, Role.ACTOR):
+        checkpoint_env["ASYNCRL_CHECKPOINT_DIR"] = CHECKPOINT_MOUNT
         mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
         volumes.append(
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim_name}}
@@ -186,7 +193,7 @@ def _pod(
         "image": overrides.image or settings.job_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": _command(job, role, gpus, ray_resources),
-        "env": _env(job, role, index, {**(extra_env or {}), **overrides.env}),
+        "env": _env(job, role, index, {**checkpoint_env, **(extra_env or {}), **overrides.env}),
         "ports": ports,
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,

@@ -83,6 +83,18 @@ def test_checkpoint_volume_and_scheduling() -> None:
     ro = d.pods["j-rollout-0"].manifest["spec"]
     assert not [v for v in ro["volumes"] if v["name"] == "checkpoints"]
 
+    def env(built: Any, pod: str) -> dict[str, str]:
+        return {e["name"]: e["value"] for e in container(built, pod)["env"]}
+
+    # The driver resumes from the shared volume; the rollout pods never write checkpoints.
+    assert env(d, "j-driver-0")["ASYNCRL_CHECKPOINT_DIR"] == "/checkpoints"
+    assert env(d, "j-actor-0")["ASYNCRL_CHECKPOINT_DIR"] == "/checkpoints"
+    assert "ASYNCRL_CHECKPOINT_DIR" not in env(d, "j-rollout-0")
+    # Without a volume there is nothing shared to resume from: the variable stays unset.
+    assert "ASYNCRL_CHECKPOINT_DIR" not in env(build(), "j-driver-0")
+    # Ray's per-node auth tokens would make the job's own pods refuse each other.
+    assert all(env(d, pod)["RAY_AUTH_MODE"] == "disabled" for pod in d.pods)
+
 
 def test_quantities() -> None:
     assert quantity_bytes("1Gi") == 2**30 and quantity_bytes("500M") == 500 * 10**6
