@@ -123,6 +123,11 @@ def _cmd_driver(args: argparse.Namespace) -> int:
     if len(jobs) != 1:
         print(f"asyncrl driver: {args.spec} must hold one AsyncRLJob, found {len(jobs)}", file=sys.stderr)
         return 2
+    from asyncrl.trainer.driver.loop import unsupported
+
+    if (why := unsupported(jobs[0])) is not None:  # refused before the Ray head starts
+        print(f"{args.spec}: {why}", file=sys.stderr)
+        return 2
     if args.wait_timeout <= 0:
         print(f"asyncrl driver: --wait-timeout must be > 0 seconds, got {args.wait_timeout}", file=sys.stderr)
         return 2

@@ -31,3 +31,22 @@ def test_missing_file_and_bad_steps(tmp_path, capsys):
     assert main(["run", "--steps", "0"]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "--steps must be >= 1" in err
+
+
+def test_exact_strategies_not_yet_in_the_driver_are_refused_before_ray(tmp_path, capsys, monkeypatch):
+    import asyncrl.trainer.driver.loop as loop
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray must not start for a job the driver cannot run")
+
+    monkeypatch.setattr(loop, "local_ray", no_ray)
+    job = tmp_path / "exact.yaml"
+    job.write_text(
+        "apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: ex}\n"
+        "spec:\n  correction: {reference: exact}\n  oldLogits: {strategy: interruptSync}\n"
+    )
+    for command in (["run", str(job), "--run-dir", str(tmp_path / "run")], ["driver", "--spec", str(job), "--local"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert "oldLogits.strategy 'interruptSync' is not implemented" in err and "snapshot" in err
+    assert not (tmp_path / "run").exists()
