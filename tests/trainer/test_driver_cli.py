@@ -50,3 +50,14 @@ def test_exact_strategies_not_yet_in_the_driver_are_refused_before_ray(tmp_path,
         err = capsys.readouterr().err
         assert "oldLogits.strategy 'interruptSync' is not implemented" in err and "snapshot" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_engine_without_a_backend_is_refused_before_ray(tmp_path, capsys):
+    job = tmp_path / "vllm.yaml"
+    job.write_text(
+        "apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: v}\n"
+        "spec:\n  rollout: {engine: vllm}\n"
+    )
+    assert main(["run", str(job), "--run-dir", str(tmp_path / "run")]) == 2
+    assert "rollout.engine 'vllm' has no backend" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

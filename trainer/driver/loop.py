@@ -84,6 +84,11 @@ class NonFiniteLossError(RuntimeError):
 def unsupported(job: AsyncRLJob) -> str | None:
     """Why this driver cannot run ``job`` (checked before Ray starts), or None."""
     spec = job.spec
+    if spec.rollout.engine != "transformers":
+        return (
+            f"rollout.engine {spec.rollout.engine!r} has no backend in this build yet; "
+            "use rollout.engine: transformers"
+        )
     strategy = spec.old_logits.strategy
     if spec.correction.reference.value == "exact" and strategy is not None and strategy.value != "snapshot":
         return (
