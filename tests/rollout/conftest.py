@@ -1,6 +1,8 @@
 """Shared fixtures of the rollout tests: a tiny architecture and seeded HF-named weights."""
 
 import random
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -81,3 +83,32 @@ class ScriptEnv:
 def script_env() -> type[ScriptEnv]:
     """The :class:`ScriptEnv` class (a fixture, so tests need no import path to this file)."""
     return ScriptEnv
+
+
+def _generate_in_background(
+    eng: Any, *, started_after: int = 1, n: int = 4
+) -> tuple[threading.Thread, list[Any]]:
+    """Start ``eng.generate`` on ``n`` slow scripted episodes in a thread; return once the
+    environment has seen ``started_after`` agent steps (generation is then surely in flight)."""
+    from asyncrl.rollout.episode import Episode
+
+    started = threading.Event()
+
+    def slow(seen: int) -> None:
+        if seen >= started_after:
+            started.set()
+        time.sleep(0.002)
+
+    eps = [
+        Episode.start(f"t{i}", "g", ScriptEnv(every=4, turns=4, on_step=slow), random.Random(i)) for i in range(n)
+    ]
+    th = threading.Thread(target=eng.generate, args=(eps,), kwargs={"max_new_tokens": 40})
+    th.start()
+    assert started.wait(10), "generation did not start within 10 s"
+    return th, eps
+
+
+@pytest.fixture(scope="session")
+def generate_in_background() -> Callable[..., tuple[threading.Thread, list[Any]]]:
+    """:func:`_generate_in_background` as a fixture."""
+    return _generate_in_background

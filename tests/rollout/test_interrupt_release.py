@@ -22,25 +22,12 @@ def test_hf_engine_implements_the_protocol(arch: LlamaArch) -> None:
 
 
 def test_interrupt_returns_in_flight_snapshots_and_episodes_resume(
-    arch: LlamaArch, weights: Weights, script_env: type
+    arch: LlamaArch, weights: Weights, script_env: type, generate_in_background
 ) -> None:
     eng = HFEngine(arch, dtype="float32", seed=0)
     eng.load_weights(weights(0), version=0)
     assert eng.interrupt() == []  # idle: nothing in flight
-    started = threading.Event()
-
-    def slow(seen: int) -> None:
-        if seen >= 3:
-            started.set()
-        time.sleep(0.002)
-
-    eps = [
-        Episode.start(f"t{i}", "g", script_env(every=4, turns=4, on_step=slow), random.Random(i))
-        for i in range(4)
-    ]
-    th = threading.Thread(target=eng.generate, args=(eps,), kwargs={"max_new_tokens": 40})
-    th.start()
-    assert started.wait(10)
+    th, eps = generate_in_background(eng, started_after=3)
     snaps = eng.interrupt(timeout_s=10)
     th.join(10)
     assert not th.is_alive()

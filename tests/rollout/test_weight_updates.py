@@ -1,8 +1,6 @@
 """Weight updates that arrive while a batch is generating (partial rollout on/off)."""
 
 import random
-import threading
-import time
 from collections.abc import Callable
 
 import torch
@@ -87,22 +85,10 @@ def test_newer_pending_update_supersedes_older(arch: LlamaArch, weights: Weights
     assert all(set(t.sampled_versions) == {0, 2} for t in trajs)
 
 
-def test_update_from_another_thread(arch: LlamaArch, weights: Weights, script_env: type) -> None:
+def test_update_from_another_thread(arch: LlamaArch, weights: Weights, generate_in_background) -> None:
     eng = HFEngine(arch, dtype="float32", seed=0)
     eng.load_weights(weights(0), version=0)
-    started = threading.Event()
-
-    def slow(seen: int) -> None:
-        started.set()
-        time.sleep(0.002)
-
-    eps = [
-        Episode.start(f"t{i}", "g", script_env(every=4, turns=4, on_step=slow), random.Random(i))
-        for i in range(4)
-    ]
-    th = threading.Thread(target=eng.generate, args=(eps,), kwargs={"max_new_tokens": 40})
-    th.start()
-    assert started.wait(10)
+    th, eps = generate_in_background(eng)
     eng.update_weights(weights(1), version=1)
     th.join(30)
     assert not th.is_alive() and eng.version == 1
