@@ -1,6 +1,19 @@
 """``asyncrl run``: argument handling and validation before anything heavy starts."""
 
+import pytest
+
 from asyncrl.trainer.cli import _load_run_job, main
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail the test if the driver tries to start Ray."""
+    import asyncrl.trainer.driver.loop as loop
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray must not start for a job that is refused")
+
+    monkeypatch.setattr(loop, "local_ray", refuse)
 
 
 def test_embedded_quickstart_is_packaged_and_valid():
@@ -8,13 +21,7 @@ def test_embedded_quickstart_is_packaged_and_valid():
     assert job.metadata.name == "quickstart"
 
 
-def test_invalid_job_is_rejected_before_ray_starts(tmp_path, capsys, monkeypatch):
-    import asyncrl.trainer.driver.loop as loop
-
-    def no_ray(*args, **kwargs):
-        raise AssertionError("Ray must not start for an invalid job")
-
-    monkeypatch.setattr(loop, "local_ray", no_ray)
+def test_invalid_job_is_rejected_before_ray_starts(tmp_path, capsys, no_ray):
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: bad}\n"
@@ -33,13 +40,7 @@ def test_missing_file_and_bad_steps(tmp_path, capsys):
     assert "no such file" in err and "--steps must be >= 1" in err
 
 
-def test_exact_strategies_not_yet_in_the_driver_are_refused_before_ray(tmp_path, capsys, monkeypatch):
-    import asyncrl.trainer.driver.loop as loop
-
-    def no_ray(*args, **kwargs):
-        raise AssertionError("Ray must not start for a job the driver cannot run")
-
-    monkeypatch.setattr(loop, "local_ray", no_ray)
+def test_exact_strategies_not_yet_in_the_driver_are_refused_before_ray(tmp_path, capsys, no_ray):
     job = tmp_path / "exact.yaml"
     job.write_text(
         "apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: ex}\n"
@@ -52,7 +53,7 @@ def test_exact_strategies_not_yet_in_the_driver_are_refused_before_ray(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
-def test_an_engine_without_a_backend_is_refused_before_ray(tmp_path, capsys):
+def test_an_engine_without_a_backend_is_refused_before_ray(tmp_path, capsys, no_ray):
     job = tmp_path / "vllm.yaml"
     job.write_text(
         "apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: v}\n"
