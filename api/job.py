@@ -9,17 +9,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asyncrl.api.base import SpecModel
+from asyncrl.api.constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.old_logits import OldLogitsSpec
 from asyncrl.api.pods import ActorSpec, MonitoringSpec, RolloutSpec, RunPolicySpec, SchedulingSpec
 
-GROUP = "asyncrl.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "AsyncRLJob"
-PLURAL = "asyncrljobs"
-SINGULAR = "asyncrljob"
-SHORT_NAMES = ("arj",)
 
 # Children are named "<job>-<role>-<index>"; 40 leaves room for the longest suffix under the
 # 63-character label-value and DNS-label limits.
@@ -215,6 +209,9 @@ class ObjectMeta(BaseModel):
                 f"with a letter or digit, at most {MAX_NAME_LENGTH} characters (e.g. 'calc-ewma')"
             )
         return v
+
+
+__all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "SHORT_NAMES", "SINGULAR", "VERSION"]  # re-exported
 
 
 class AsyncRLJob(BaseModel):

@@ -9,22 +9,23 @@ the driver runs ``asyncrl driver --spec /etc/asyncrl/job.yaml`` (the validated s
 ConfigMap, defaults filled in) and reports ``status.training`` as ``asyncrl.api.status`` documents.
 """
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from asyncrl.api.job import API_VERSION, KIND, AsyncRLJobSpec
+from asyncrl.api import constants as C
+from asyncrl.api.constants import API_VERSION, KIND
+from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.old_logits import OldLogitStrategy
 from asyncrl.api.pods import PodOverrides, Resources, Toleration
 from asyncrl.operator import names
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.names import Role
 
-SPEC_DIR = "/etc/asyncrl"
-SPEC_FILE = "job.yaml"
-CHECKPOINT_MOUNT = "/checkpoints"
-PORT_GCS, PORT_DASHBOARD, PORT_CLIENT = 6379, 8265, 10001
+SPEC_DIR, SPEC_FILE, CHECKPOINT_MOUNT = C.SPEC_DIR, C.SPEC_FILE, C.CHECKPOINT_MOUNT
+PORT_GCS, PORT_DASHBOARD, PORT_CLIENT = C.PORT_GCS, C.PORT_DASHBOARD, C.PORT_CLIENT
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -114,11 +115,11 @@ def _tolerations(items: list[Toleration]) -> list[dict[str, Any]]:
 
 def _env(job: JobRef, role: Role, index: int, extra: dict[str, str]) -> list[dict[str, Any]]:
     base = {
-        "ASYNCRL_JOB_NAME": job.name,
-        "ASYNCRL_JOB_NAMESPACE": job.namespace,
-        "ASYNCRL_ROLE": role.value,
-        "ASYNCRL_REPLICA_INDEX": str(index),
-        "ASYNCRL_SPEC": f"{SPEC_DIR}/{SPEC_FILE}",
+        C.ENV_JOB_NAME: job.name,
+        C.ENV_JOB_NAMESPACE: job.namespace,
+        C.ENV_ROLE: role.value,
+        C.ENV_REPLICA_INDEX: str(index),
+        C.ENV_SPEC: f"{SPEC_DIR}/{SPEC_FILE}",
         "RAY_ADDRESS": f"{head_host(job)}:{PORT_GCS}",
         # Ray 2.60 turns token auth on by default and writes a fresh token per node: the pods of
         # one job would refuse each other. The job's network is its own headless Service.
@@ -127,6 +128,11 @@ def _env(job: JobRef, role: Role, index: int, extra: dict[str, str]) -> list[dic
     }
     merged = {**base, **extra}
     return [{"name": k, "value": v} for k, v in merged.items()]
+
+
+def _ray_resources(*resources: str) -> str:
+    """The ``ray start --resources`` JSON: one unit of each role resource this pod advertises."""
+    return json.dumps({r: 1 for r in resources})
 
 
 def head_host(job: JobRef) -> str:
@@ -176,7 +182,7 @@ def _pod(
     # its local run directory and a restart starts over (ASYNCRL_CHECKPOINT_DIR stays unset).
     checkpoint_env: dict[str, str] = {}
     if spec.checkpoint.volume_claim_name and role in (Role.DRIVER, Role.ACTOR):
-        checkpoint_env["ASYNCRL_CHECKPOINT_DIR"] = CHECKPOINT_MOUNT
+        checkpoint_env[C.ENV_CHECKPOINT_DIR] = CHECKPOINT_MOUNT
         mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
         volumes.append(
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim_name}}
@@ -200,7 +206,7 @@ def _pod(
     }
     if role is Role.DRIVER:
         container["readinessProbe"] = {
-            "httpGet": {"path": "/api/gcs_healthz", "port": PORT_DASHBOARD},
+            "httpGet": {"path": C.GCS_HEALTH_PATH, "port": PORT_DASHBOARD},
             "periodSeconds": 10,
             "failureThreshold": 6,
         }
@@ -237,38 +243,38 @@ def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, 
     actor = spec.actor
     driver = Resources(cpu="2", memory="8Gi")  # Ray head + driver: no GPU, modest memory
     add(Role.DRIVER, 0, gpus=0, resources=driver, memory=driver.memory,
-        overrides=PodOverrides(image=actor.template.image), ray_resources='{"driver": 1}')
+        overrides=PodOverrides(image=actor.template.image), ray_resources=_ray_resources(C.RESOURCE_DRIVER))
 
     interrupt_sync = spec.old_logits.strategy is OldLogitStrategy.INTERRUPT_SYNC
     ro = spec.rollout
     rollout_memory = add_memory(ro.resources.memory, ro.training_side_memory) if interrupt_sync else ro.resources.memory
-    rollout_env = {"ASYNCRL_ROLLOUT_ENGINE": ro.engine}
+    rollout_env = {C.ENV_ROLLOUT_ENGINE: ro.engine}
     if ro.engine_args:
-        rollout_env["ASYNCRL_ENGINE_ARGS"] = " ".join(f"--{k} {v}" for k, v in sorted(ro.engine_args.items()))
+        rollout_env[C.ENV_ENGINE_ARGS] = " ".join(f"--{k} {v}" for k, v in sorted(ro.engine_args.items()))
     if interrupt_sync:
         # The rollout pods also run the training-side model code for pi_old (paper §5.1).
-        rollout_env["ASYNCRL_HOSTED_ROLES"] = "rollout,oldlogits"
+        rollout_env[C.ENV_HOSTED_ROLES] = "rollout,oldlogits"
     for i in range(ro.replicas):
         add(Role.ROLLOUT, i, gpus=ro.gpus_per_replica, resources=ro.resources, memory=rollout_memory,
             overrides=ro.template,
-            ray_resources='{"rollout": 1, "oldlogits": 1}' if interrupt_sync else '{"rollout": 1}',
+            ray_resources=_ray_resources(C.RESOURCE_ROLLOUT, *((C.RESOURCE_OLD_LOGITS,) if interrupt_sync else ())),
             extra_env=rollout_env)
 
     mega = actor.megatron
     actor_env = {
-        "ASYNCRL_TENSOR_PARALLEL": str(mega.tensor_parallel),
-        "ASYNCRL_PIPELINE_PARALLEL": str(mega.pipeline_parallel),
-        "ASYNCRL_DATA_PARALLEL": str(actor.data_parallel),
-        "ASYNCRL_WORLD_SIZE": str(actor.world_size),
+        C.ENV_TENSOR_PARALLEL: str(mega.tensor_parallel),
+        C.ENV_PIPELINE_PARALLEL: str(mega.pipeline_parallel),
+        C.ENV_DATA_PARALLEL: str(actor.data_parallel),
+        C.ENV_WORLD_SIZE: str(actor.world_size),
     }
     for i in range(actor.replicas):
         add(Role.ACTOR, i, gpus=actor.gpus_per_replica, resources=actor.resources, memory=actor.resources.memory,
-            overrides=actor.template, ray_resources='{"actor": 1}', extra_env=actor_env)
+            overrides=actor.template, ray_resources=_ray_resources(C.RESOURCE_ACTOR), extra_env=actor_env)
 
     if spec.old_logits.strategy is OldLogitStrategy.DEDICATED:
         for i in range(spec.old_logits.dedicated.replicas):
             add(Role.OLD_LOGIT, i, gpus=actor.gpus_per_replica, resources=actor.resources,
-                memory=actor.resources.memory, overrides=actor.template, ray_resources='{"oldlogits": 1}',
+                memory=actor.resources.memory, overrides=actor.template, ray_resources=_ray_resources(C.RESOURCE_OLD_LOGITS),
                 extra_env=actor_env)
     return {s.manifest["metadata"]["name"]: s for s in slots}
 
@@ -307,7 +313,7 @@ def desired_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Child]:
         }),
         Child("Role", sa, {
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(job, sa),
-            "rules": [{"apiGroups": [names.GROUP], "resources": ["asyncrljobs/status"],
+            "rules": [{"apiGroups": [names.GROUP], "resources": [f"{C.PLURAL}/status"],
                        "resourceNames": [job.name], "verbs": ["get", "patch"]}],
         }),
         Child("RoleBinding", sa, {

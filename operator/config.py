@@ -8,7 +8,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-_PREFIX = "ASYNCRL_OPERATOR_"
+from asyncrl.api.constants import ENV_OPERATOR_PREFIX
+
+_PREFIX = ENV_OPERATOR_PREFIX
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import kopf
 from kubernetes.client import ApiException
 from prometheus_client import CollectorRegistry, start_http_server
 
-from asyncrl.api.job import GROUP, PLURAL, VERSION
+from asyncrl.api.constants import GROUP, PLURAL, VERSION
 from asyncrl.operator import names
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.kube import Kube

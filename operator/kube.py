@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client import ApiClient, ApiException
 
-from asyncrl.api.job import GROUP, PLURAL, VERSION
+from asyncrl.api.constants import GROUP, PLURAL, VERSION
 
 _CORE = {"Pod": "pod", "ConfigMap": "config_map", "Service": "service", "ServiceAccount": "service_account"}
 _RBAC = {"Role": "role", "RoleBinding": "role_binding"}

@@ -7,7 +7,8 @@ duplicate. ``asyncrl.api.job.MAX_NAME_LENGTH`` (40) keeps every name below 63 ch
 
 from enum import StrEnum
 
-GROUP = "asyncrl.io"
+from asyncrl.api import constants as C
+from asyncrl.api.constants import GROUP
 FINALIZER = f"{GROUP}/finalizer"
 KOPF_PREFIX = f"kopf.{GROUP}"  # progress/diff-base annotations of kopf
 
@@ -15,6 +16,9 @@ LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_INDEX = f"{GROUP}/replica-index"
 ANNOTATION_EPOCH = f"{GROUP}/epoch"
+# Hash of the pod-shaping part of the spec the pod was built from: a spec edit while running
+# changes it, and the operator restarts the gang deliberately instead of ignoring the edit.
+ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
 
 MANAGED_BY = "asyncrl-operator"
 APP_NAME = "asyncrl"
@@ -27,6 +31,12 @@ class Role(StrEnum):
     ROLLOUT = "rollout"
     ACTOR = "actor"
     OLD_LOGIT = "oldlogit"
+
+    @property
+    def ray_resource(self) -> str:
+        """The custom Ray resource a pod of this role advertises (``ray start --resources``)."""
+        return {Role.DRIVER: C.RESOURCE_DRIVER, Role.ROLLOUT: C.RESOURCE_ROLLOUT, Role.ACTOR: C.RESOURCE_ACTOR,
+                Role.OLD_LOGIT: C.RESOURCE_OLD_LOGITS}[self]
 
     @property
     def gang(self) -> bool:
@@ -50,6 +60,21 @@ def configmap_name(job: str) -> str:
 def status_account_name(job: str) -> str:
     """ServiceAccount, Role and RoleBinding that let the driver patch this job's status only."""
     return f"{job}-status"
+
+
+def ray_token_secret_name(job: str) -> str:
+    """Secret holding the job's Ray auth token (every pod of the job mounts it)."""
+    return f"{job}-ray-token"
+
+
+def network_policy_name(job: str) -> str:
+    """NetworkPolicy admitting only the job's own pods (and Prometheus on the metrics port)."""
+    return job
+
+
+def pod_group_name(job: str) -> str:
+    """PodGroup of the gang scheduler (volcano or coscheduling): all pods or none."""
+    return job
 
 
 def selector(job: str) -> dict[str, str]:

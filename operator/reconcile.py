@@ -15,7 +15,8 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from asyncrl.api.job import API_VERSION, KIND, AsyncRLJobSpec
+from asyncrl.api.constants import API_VERSION, KIND
+from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.validation import SpecError, validate_job
 from asyncrl.operator import builders, names
 from asyncrl.operator.config import OperatorSettings

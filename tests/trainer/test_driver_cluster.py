@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from asyncrl.api import constants as C
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.cli import main
 from asyncrl.trainer.driver import cluster
@@ -85,10 +86,12 @@ def test_wait_returns_once_everything_joined() -> None:
 def test_head_command_matches_the_operators_ports() -> None:
     cmd = head_command(dashboard=True)
     assert cmd[:4] == ["ray", "start", "--head", "--block"]
-    for flag in ("--port=6379", "--num-cpus=0", "--dashboard-host=0.0.0.0", "--dashboard-port=8265",
-                 "--ray-client-server-port=10001"):
+    # the ports the operator's Service and probes use: one definition in asyncrl.api.constants
+    for flag in (f"--port={C.PORT_GCS}", "--num-cpus=0", "--dashboard-host=0.0.0.0",
+                 f"--dashboard-port={C.PORT_DASHBOARD}", f"--ray-client-server-port={C.PORT_CLIENT}"):
         assert flag in cmd
-    assert json.loads(next(c for c in cmd if c.startswith("--resources="))[len("--resources="):]) == {"driver": 1}
+    assert json.loads(next(c for c in cmd if c.startswith("--resources="))[len("--resources="):]) == \
+        {C.RESOURCE_DRIVER: 1}
     assert "--include-dashboard=false" in head_command(dashboard=False)
 
 

@@ -38,13 +38,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from asyncrl.api import constants as C
 from asyncrl.api.job import AsyncRLJob, AsyncRLJobSpec
 
 log = logging.getLogger(__name__)
 
-PORT_GCS, PORT_DASHBOARD, PORT_CLIENT = 6379, 8265, 10001  # operator/builders.py uses the same ports
-HEALTH_PATH = "/api/gcs_healthz"
-ROLES = ("rollout", "actor")
+PORT_GCS, PORT_DASHBOARD, PORT_CLIENT = C.PORT_GCS, C.PORT_DASHBOARD, C.PORT_CLIENT
+HEALTH_PATH = C.GCS_HEALTH_PATH
+ROLES = (C.RESOURCE_ROLLOUT, C.RESOURCE_ACTOR)
 
 
 class ClusterTimeoutError(RuntimeError):
@@ -56,7 +57,7 @@ class ClusterTimeoutError(RuntimeError):
 def required_roles(spec: AsyncRLJobSpec) -> dict[str, int]:
     """Role resource units the job needs: one ``rollout`` per worker, one ``actor`` (the driver
     starts one actor process; further actor pods serve megatron's own parallel ranks)."""
-    return {"rollout": spec.rollout.replicas, "actor": 1}
+    return {C.RESOURCE_ROLLOUT: spec.rollout.replicas, C.RESOURCE_ACTOR: 1}
 
 
 def missing_roles(nodes: Sequence[Mapping[str, Any]], required: Mapping[str, int]) -> dict[str, tuple[int, int]]:
@@ -122,7 +123,7 @@ def head_command(*, dashboard: bool, gcs_port: int = PORT_GCS, dashboard_port: i
     """
     cmd = [
         "ray", "start", "--head", "--block", f"--port={gcs_port}", "--num-cpus=0",
-        "--resources=" + json.dumps({"driver": 1}), "--disable-usage-stats",
+        "--resources=" + json.dumps({C.RESOURCE_DRIVER: 1}), "--disable-usage-stats",
     ]
     if dashboard:
         cmd += ["--include-dashboard=true", "--dashboard-host=0.0.0.0", f"--dashboard-port={dashboard_port}",
@@ -257,15 +258,15 @@ class DriverOptions:
 
 def job_identity(job: AsyncRLJob, env: Mapping[str, str]) -> tuple[str, str]:
     """(name, namespace) of the AsyncRLJob to report to: the operator's env, else the spec's metadata."""
-    name = env.get("ASYNCRL_JOB_NAME") or job.metadata.name
-    namespace = env.get("ASYNCRL_JOB_NAMESPACE") or job.metadata.namespace or "default"
+    name = env.get(C.ENV_JOB_NAME) or job.metadata.name
+    namespace = env.get(C.ENV_JOB_NAMESPACE) or job.metadata.namespace or "default"
     return name, namespace
 
 
 def checkpoint_root(job: AsyncRLJob, env: Mapping[str, str]) -> Path | None:
     """Where checkpoints go in a cluster: ``spec.checkpoint.dir`` inside ``ASYNCRL_CHECKPOINT_DIR``
     (the job's volume, mounted on the driver and the actor pods); None when the env does not say."""
-    base = env.get("ASYNCRL_CHECKPOINT_DIR")
+    base = env.get(C.ENV_CHECKPOINT_DIR)
     if not base:
         return None
     configured = Path(job.spec.checkpoint.dir)
@@ -275,7 +276,7 @@ def checkpoint_root(job: AsyncRLJob, env: Mapping[str, str]) -> Path | None:
 def default_run_dir(job: AsyncRLJob, env: Mapping[str, str]) -> Path | None:
     """In a cluster, one run directory per job on the job's volume (``<ASYNCRL_CHECKPOINT_DIR>/runs/<job>``):
     a restarted gang resumes its checkpoint *and* continues its ``metrics.jsonl``. None: the local default."""
-    base = env.get("ASYNCRL_CHECKPOINT_DIR")
+    base = env.get(C.ENV_CHECKPOINT_DIR)
     return Path(base) / "runs" / job.metadata.name if base else None
 
 
@@ -331,8 +332,8 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
             run_options = RunOptions(
                 run_dir=run_dir, placement="cluster", metrics_host="0.0.0.0",
                 port=options.metrics_port,
-                actor_threads=1 if options.local else role_threads(nodes, "actor"),
-                rollout_threads=1 if options.local else role_threads(nodes, "rollout"),
+                actor_threads=1 if options.local else role_threads(nodes, C.RESOURCE_ACTOR),
+                rollout_threads=1 if options.local else role_threads(nodes, C.RESOURCE_ROLLOUT),
                 # on the job's volume, so that a restarted gang reuses it
                 warm_start_dir=None if ckpt is None else ckpt / "warm_start",
             )

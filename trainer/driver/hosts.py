@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from asyncrl.api import constants as C
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.driver.warm import warm_start_lr
 
@@ -197,8 +198,8 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
     actor_cls: Any = ray.remote(ActorHost)
     rollout_cls: Any = ray.remote(RolloutHost)
     if placement == "cluster":
-        actor_opts: dict[str, Any] = {"num_cpus": 0, "resources": {"actor": 1}}
-        rollout_opts: dict[str, Any] = {"num_cpus": 0, "resources": {"rollout": 1}}
+        actor_opts: dict[str, Any] = {"num_cpus": 0, "resources": {C.RESOURCE_ACTOR: 1}}
+        rollout_opts: dict[str, Any] = {"num_cpus": 0, "resources": {C.RESOURCE_ROLLOUT: 1}}
     else:
         actor_opts = rollout_opts = {"num_cpus": n_procs_cpus}
     actor = actor_cls.options(**actor_opts, max_concurrency=1).remote(spec_json, actor_threads)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.api.constants import ENV_JOB_NAME, ENV_JOB_NAMESPACE, GROUP, PLURAL, VERSION
 from asyncrl.api.status import (
     MIN_REPORT_INTERVAL_SECONDS,
     ReportThrottle,
@@ -41,7 +42,6 @@ from asyncrl.api.status import (
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "asyncrl.io", "v1alpha1", "asyncrljobs"
 CLIP_KEYS = ("clip_low_frac", "clip_high_frac", "dual_clip_frac")
 
 Sender = Callable[[dict[str, Any]], None]  # takes the merge-patch body; raises on failure
@@ -165,7 +165,7 @@ def describe_failure(exc: BaseException) -> str:
              "<job>-status ServiceAccount token",
         403: "RBAC: the Role <job>-status must allow get/patch on asyncrljobs/status for this job "
              "(the operator creates it; check `kubectl get role <job>-status -o yaml`)",
-        404: "the AsyncRLJob is gone, or ASYNCRL_JOB_NAME/ASYNCRL_JOB_NAMESPACE name another job",
+        404: f"the AsyncRLJob is gone, or {ENV_JOB_NAME}/{ENV_JOB_NAMESPACE} name another job",
         422: "the API server rejected status.training: the installed CRD is older than this driver; "
              "apply the CRD from `asyncrl crd`",
     }

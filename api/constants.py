@@ -1,0 +1,53 @@
+"""Names that the operator, the driver and the job's pods must agree on: one definition each.
+
+The operator writes them into pods (ports, environment, Ray resources); the driver reads them
+back inside the job. Nothing here imports anything heavy.
+"""
+
+from typing import Final
+
+# ---------------------------------------------------------------- the API
+GROUP: Final = "asyncrl.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "AsyncRLJob"
+PLURAL: Final = "asyncrljobs"
+SINGULAR: Final = "asyncrljob"
+SHORT_NAMES: Final = ("arj",)
+
+# ---------------------------------------------------------------- Ray inside a job
+# The driver pod runs the Ray head on these ports; the headless Service, the worker pods'
+# `ray start --address` and the probes use the same numbers.
+PORT_GCS: Final = 6379
+PORT_DASHBOARD: Final = 8265
+PORT_CLIENT: Final = 10001
+GCS_HEALTH_PATH: Final = "/api/gcs_healthz"
+
+# Custom Ray resources a pod advertises (`ray start --resources`); the driver places its
+# processes by them (one unit per pod of that role).
+RESOURCE_DRIVER: Final = "driver"
+RESOURCE_ROLLOUT: Final = "rollout"
+RESOURCE_ACTOR: Final = "actor"
+RESOURCE_OLD_LOGITS: Final = "oldlogits"
+
+# ---------------------------------------------------------------- environment of the job's pods
+ENV_JOB_NAME: Final = "ASYNCRL_JOB_NAME"
+ENV_JOB_NAMESPACE: Final = "ASYNCRL_JOB_NAMESPACE"
+ENV_ROLE: Final = "ASYNCRL_ROLE"
+ENV_REPLICA_INDEX: Final = "ASYNCRL_REPLICA_INDEX"
+ENV_SPEC: Final = "ASYNCRL_SPEC"
+ENV_CHECKPOINT_DIR: Final = "ASYNCRL_CHECKPOINT_DIR"
+ENV_ROLLOUT_ENGINE: Final = "ASYNCRL_ROLLOUT_ENGINE"
+ENV_ENGINE_ARGS: Final = "ASYNCRL_ENGINE_ARGS"
+ENV_HOSTED_ROLES: Final = "ASYNCRL_HOSTED_ROLES"
+ENV_TENSOR_PARALLEL: Final = "ASYNCRL_TENSOR_PARALLEL"
+ENV_PIPELINE_PARALLEL: Final = "ASYNCRL_PIPELINE_PARALLEL"
+ENV_DATA_PARALLEL: Final = "ASYNCRL_DATA_PARALLEL"
+ENV_WORLD_SIZE: Final = "ASYNCRL_WORLD_SIZE"
+# Operator settings are ASYNCRL_OPERATOR_<FIELD> (asyncrl.operator.config).
+ENV_OPERATOR_PREFIX: Final = "ASYNCRL_OPERATOR_"
+
+# ---------------------------------------------------------------- files inside the job's pods
+SPEC_DIR: Final = "/etc/asyncrl"
+SPEC_FILE: Final = "job.yaml"
+CHECKPOINT_MOUNT: Final = "/checkpoints"
