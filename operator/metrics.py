@@ -12,7 +12,7 @@ from asyncrl.api.status import Phase
 
 PHASES = tuple(p.value for p in Phase)
 ERROR_KINDS = ("api", "unexpected")
-RESTART_CAUSES = ("failure", "preemption")
+RESTART_CAUSES = ("failure", "preemption", "spec_change")
 
 
 @dataclass
@@ -74,7 +74,8 @@ def create_metrics(registry: CollectorRegistry) -> OperatorMetrics:
                         ["namespace", "asyncrljob", "phase"], registry=registry),
         job_restarts=Counter(
             "asyncrl_operator_job_restarts_total",
-            "Gang restarts from checkpoint, by cause: failure (counted against backoffLimit) or preemption.",
+            "Gang restarts, by cause: failure (counted against backoffLimit), preemption (against "
+            "preemptionLimit) or spec_change (a pod-shaping spec edit, not counted).",
             ["namespace", "asyncrljob", "cause"], registry=registry,
         ),
     )
