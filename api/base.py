@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from asyncrl.api.cel import CelRule
+
 
 class SpecModel(BaseModel):
     """A section of the AsyncRLJob spec (immutable once validated)."""
@@ -23,8 +25,8 @@ class SpecModel(BaseModel):
     )
 
     # CEL rules (Kubernetes `x-kubernetes-validations`) that mirror this model's cross-field
-    # validators; each is ``(rule, message)``. The CRD generator attaches them to this object.
-    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # validators, with the same messages. The CRD generator attaches them to this object's node.
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
 
     def to_spec_dict(self) -> dict[str, Any]:
         """The section as it is written in YAML (camelCase, defaults included)."""

@@ -9,9 +9,10 @@ advantage-sign-aware indicator. ``reference`` chooses what stands in for ``pi_re
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from asyncrl.api.base import SpecModel
+from asyncrl.api.cel import CelRule, RuleError, at_defaults_cel, changed_from_defaults, on_field
 
 
 class ReferencePolicy(StrEnum):
@@ -68,45 +69,85 @@ class LossAggregation(StrEnum):
     SEQUENCE_MEAN = "sequenceMean"
 
 
-class Bounds(SpecModel):
-    """A ratio interval ``[low, high]`` with ``low < 1 < high``.
+BOUNDS_FORM_MESSAGE = (
+    "bounds is either {low, high} or {factor: c}: set low and high together, or factor alone "
+    "(e.g. bounds: {low: 0.5, high: 2.0} or bounds: {factor: 2.0})"
+)
+BOUNDS_ORDER_MESSAGE = "bounds needs 0 < low < 1 < high (a ratio of 1 means no discrepancy and is always kept)"
+BOUNDS_FACTOR_MESSAGE = "bounds factor c means [1/c, c] and needs c > 1"
 
-    In YAML either ``{low: 0.5, high: 2.0}`` or a single number ``c > 1`` meaning ``[1/c, c]``.
+
+class Bounds(SpecModel):
+    """A ratio interval ``[low, high]`` with ``0 < low < 1 < high``.
+
+    In YAML either ``{low: 0.5, high: 2.0}`` or ``{factor: c}`` with ``c > 1`` meaning ``[1/c, c]``;
+    code reads the resolved interval through :attr:`low` and :attr:`high` whichever form was given.
     """
 
-    low: float = Field(gt=0.0, description="Lower bound of the ratio interval (0 < low < 1).")
-    high: float = Field(gt=0.0, description="Upper bound of the ratio interval (high > 1).")
+    given_low: float | None = Field(
+        default=None, alias="low", description="Lower bound of the ratio interval (0 < low < 1); with high."
+    )
+    given_high: float | None = Field(
+        default=None, alias="high", description="Upper bound of the ratio interval (high > 1); with low."
+    )
+    factor: float | None = Field(
+        default=None,
+        description="Symmetric form instead of low/high: c > 1 means the interval [1/c, c].",
+    )
 
-    # The CRD cannot type "number or object" structurally: the generator emits this node with
-    # x-kubernetes-preserve-unknown-fields and lets the CEL rule below check both forms.
-    crd_scalar_shorthand: ClassVar[bool] = True
-    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = (
-        (
-            "type(self) == map ? (has(self.low) && has(self.high) && double(self.low) > 0.0 && "
-            "double(self.low) < 1.0 && double(self.high) > 1.0) : double(self) > 1.0",
-            "bounds must be {low, high} with 0 < low < 1 < high, or a single number c > 1 meaning [1/c, c]",
+    # Typed object: the CRD checks both forms with CEL rules on this node (the API server cannot
+    # evaluate rules on untyped "number or object" nodes).
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "has(self.factor) ? (!has(self.low) && !has(self.high)) : (has(self.low) && has(self.high))",
+            BOUNDS_FORM_MESSAGE,
         ),
+        CelRule(
+            "!has(self.low) || !has(self.high) || (self.low > 0.0 && self.low < 1.0 && self.high > 1.0)",
+            BOUNDS_ORDER_MESSAGE,
+        ),
+        CelRule("!has(self.factor) || self.factor > 1.0", BOUNDS_FACTOR_MESSAGE),
     )
 
     @model_validator(mode="before")
     @classmethod
-    def _from_number(cls, data: Any) -> Any:
-        if isinstance(data, bool):
-            raise ValueError("bounds must be a number c > 1 or {low, high}, not a boolean")
-        if isinstance(data, int | float):
-            if data <= 1.0:
-                raise ValueError(f"a single-number bound c means [1/c, c] and needs c > 1; got {data}")
-            return {"low": 1.0 / float(data), "high": float(data)}
+    def _not_a_number(cls, data: Any) -> Any:
+        if isinstance(data, bool | int | float):
+            raise ValueError(
+                f"bounds is an object, not a number: write bounds: {{factor: {data}}} for [1/c, c] "
+                "(e.g. bounds: {factor: 2.0}), or bounds: {low: 0.5, high: 2.0}"
+            )
         return data
 
     @model_validator(mode="after")
-    def _around_one(self) -> "Bounds":
-        if not (self.low < 1.0 < self.high):
-            raise ValueError(
-                f"needs low < 1 < high; got low={self.low}, high={self.high} "
-                "(a ratio of 1 means no discrepancy and must always be kept)"
-            )
+    def _one_form_around_one(self) -> "Bounds":
+        low, high, factor = self.given_low, self.given_high, self.factor
+        if factor is not None:
+            if low is not None or high is not None:
+                raise ValueError(f"{BOUNDS_FORM_MESSAGE}; got low={low}, high={high}, factor={factor}")
+            if not factor > 1.0:
+                raise ValueError(f"{BOUNDS_FACTOR_MESSAGE}; got factor={factor}")
+            return self
+        if low is None or high is None:
+            raise ValueError(f"{BOUNDS_FORM_MESSAGE}; got low={low}, high={high}")
+        if not (0.0 < low < 1.0 < high):
+            raise ValueError(f"{BOUNDS_ORDER_MESSAGE}; got low={low}, high={high}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _given_form_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Written back as the user gave it ({low, high} or {factor}), so a dump validates again.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    @property
+    def low(self) -> float:
+        """The resolved lower bound (``1/factor`` for the symmetric form)."""
+        return 1.0 / self.factor if self.factor is not None else float(self.given_low or 0.0)
+
+    @property
+    def high(self) -> float:
+        """The resolved upper bound (``factor`` for the symmetric form)."""
+        return self.factor if self.factor is not None else float(self.given_high or 0.0)
 
 
 class MaskSpec(SpecModel):
@@ -124,7 +165,7 @@ class MaskSpec(SpecModel):
     )
     bounds: Bounds = Field(
         default_factory=lambda: Bounds(low=0.5, high=2.0),
-        description="Keep interval of r_d: {low, high} with low < 1 < high, or one number c meaning [1/c, c].",
+        description="Keep interval of r_d: {low, high} with 0 < low < 1 < high, or {factor: c} meaning [1/c, c].",
     )
     veto_below: float | None = Field(
         default=1e-4,
@@ -167,39 +208,50 @@ class EwmaResetSpec(SpecModel):
     )
 
 
+DECAY_AUTO_HINT = "omit decay for the automatic W/(W+2)"
+DECAY_MESSAGE = f"decay must be strictly between 0 and 1 ({DECAY_AUTO_HINT})"
+
+
 class EwmaSpec(SpecModel):
     """The PPO-EWMA reference: a bias-corrected parameter EWMA ``theta_prox`` (paper §5.2)."""
 
-    decay: float | Literal["auto"] = Field(
-        default="auto",
-        description="EWMA decay beta in (0, 1), or auto = W/(W+2) where W is the staleness window "
+    decay: float | None = Field(
+        default=None,
+        description="EWMA decay beta in (0, 1); omit it for the automatic W/(W+2), W the staleness window "
         "(places the EWMA's centre of mass W/2 versions back, paper Appendix B).",
+        json_schema_extra=on_field(CelRule("self > 0.0 && self < 1.0", DECAY_MESSAGE)),
     )
     window: Literal["configured", "measured"] = Field(
         default="configured",
-        description="For decay auto: W is async.maxStaleness (configured) or the running mean of the "
-        "measured per-token staleness (measured).",
+        description="For the automatic decay: W is async.maxStaleness (configured) or the running mean of "
+        "the measured per-token staleness (measured).",
     )
     reset: EwmaResetSpec = Field(
         default_factory=EwmaResetSpec, description="Reset theta_prox to theta when the keep ratio collapses."
     )
 
-    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = (
-        (
-            "!has(self.decay) || (type(self.decay) == string ? self.decay == 'auto' : "
-            "(double(self.decay) > 0.0 && double(self.decay) < 1.0))",
-            "decay must be 'auto' or a number strictly between 0 and 1",
-        ),
-    )
+    @field_validator("decay", mode="before")
+    @classmethod
+    def _decay_number(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            raise ValueError(f"decay is a number in (0, 1), not {v!r}: {DECAY_AUTO_HINT}")
+        return v
 
-    @model_validator(mode="after")
-    def _decay_open_interval(self) -> "EwmaSpec":
-        if self.decay != "auto" and not (0.0 < float(self.decay) < 1.0):
+    @field_validator("decay")
+    @classmethod
+    def _decay_open_interval(cls, v: float | None) -> float | None:
+        if v is not None and not (0.0 < v < 1.0):
             raise ValueError(
-                f"decay must be in (0, 1) or 'auto'; got {self.decay} "
-                "(0 would make the reference the current policy: use reference: current instead)"
+                f"{DECAY_MESSAGE}; got {v} (0 would make the reference the current policy: use "
+                "reference: current instead)"
             )
-        return self
+        return v
+
+
+EWMA_UNUSED_MESSAGE = (
+    "correction.ewma is only used with correction.reference: ewma; remove correction.ewma or set "
+    "reference: ewma"
+)
 
 
 class CorrectionSpec(SpecModel):
@@ -218,3 +270,23 @@ class CorrectionSpec(SpecModel):
         default=LossAggregation.TOKEN_MEAN,
         description="tokenMean (denominator: valid tokens before the discrepancy mask) or sequenceMean.",
     )
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!has(self.ewma) || (has(self.reference) ? self.reference : 'ewma') == 'ewma' || "
+            f"({at_defaults_cel(EwmaSpec, 'self.ewma')})",
+            EWMA_UNUSED_MESSAGE,
+            ".ewma",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _ewma_only_with_ewma(self) -> "CorrectionSpec":
+        if self.reference is not ReferencePolicy.EWMA:
+            changed = changed_from_defaults(self.ewma)
+            if changed:
+                raise RuleError([(
+                    "ewma",
+                    f"{EWMA_UNUSED_MESSAGE} (reference is '{self.reference.value}'; set here: {', '.join(changed)})",
+                )])
+        return self

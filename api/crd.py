@@ -3,8 +3,9 @@
 ``asyncrl crd`` prints it; ``crds/`` holds the checked-in copy (a test keeps them equal). The
 generator turns pydantic's JSON Schema into a Kubernetes *structural* OpenAPI v3 schema:
 ``$ref`` inlined, ``Optional`` as ``nullable``, JSON-Schema numeric exclusivity as OpenAPI 3.0
-booleans, free-form maps as ``x-kubernetes-preserve-unknown-fields``, and each model's
-cross-field rules as CEL ``x-kubernetes-validations`` (the same rules the models enforce).
+booleans, free-form maps as ``type: object`` with ``x-kubernetes-preserve-unknown-fields``, and
+the models' rules as CEL ``x-kubernetes-validations`` (:mod:`asyncrl.api.cel`: the same rules and
+messages the models enforce), each on a typed node.
 """
 
 from typing import Any
@@ -13,7 +14,9 @@ import yaml
 from pydantic import BaseModel
 
 from asyncrl.api.base import SpecModel
-from asyncrl.api.job import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, AsyncRLJobSpec
+from asyncrl.api.cel import CelRule
+from asyncrl.api.constants import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from asyncrl.api.job import NAME_RULE, AsyncRLJobSpec
 from asyncrl.api.status import JobStatus
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
@@ -71,7 +74,17 @@ class _Converter:
         self.models = _models_by_name(root)
 
     def convert(self, node: dict[str, Any], model: type[BaseModel] | None = None) -> dict[str, Any]:
+        """The structural schema of ``node``; CEL rules of a field (:func:`asyncrl.api.cel.on_field`)
+        land on the field's own node, those of a model (``cel_rules``) on the model's object node."""
         node = dict(node)
+        field_rules = node.pop("x-kubernetes-validations", [])
+        out = self._convert(node, model)
+        rules = [*out.get("x-kubernetes-validations", []), *field_rules]
+        if rules:
+            out["x-kubernetes-validations"] = rules
+        return out
+
+    def _convert(self, node: dict[str, Any], model: type[BaseModel] | None) -> dict[str, Any]:
         out: dict[str, Any]
         description = node.pop("description", None)
         if "$ref" in node:
@@ -90,13 +103,11 @@ class _Converter:
         if "anyOf" in node:
             branches = node.pop("anyOf")
             non_null = [b for b in branches if b.get("type") != "null"]
-            if len(non_null) == 1:
-                out = self.convert(non_null[0])
-                out["nullable"] = True
-            else:
-                # Not expressible structurally (e.g. number | 'auto'): accept any value here and let
-                # the owning model's CEL rule check it.
-                out = {"x-kubernetes-preserve-unknown-fields": True}
+            if len(non_null) != 1:
+                # A union the API server cannot type: model it as an object with one field per form.
+                raise ValueError(f"no structural schema for the union {branches}")
+            out = self.convert(non_null[0])
+            out["nullable"] = True
             if "default" in node and node["default"] is not None:
                 out["default"] = node["default"]
             if description:
@@ -105,10 +116,6 @@ class _Converter:
         out = {}
         if description:
             out["description"] = description
-        if model is not None and getattr(model, "crd_scalar_shorthand", False):
-            out["x-kubernetes-preserve-unknown-fields"] = True
-            out.update(self._cel(model))
-            return out
         kind = node.get("type")
         if "const" in node:
             out["type"] = "string" if isinstance(node["const"], str) else kind
@@ -124,7 +131,10 @@ class _Converter:
             elif isinstance(extra, dict) and extra:
                 out["additionalProperties"] = self.convert(extra)
             else:
+                # A free-form map (engineArgs, affinity, ...): no CEL rule may sit on it or name it.
                 out["x-kubernetes-preserve-unknown-fields"] = True
+            if "default" in node:
+                out["default"] = node["default"]
             if model is not None:
                 out.update(self._cel(model))
         else:
@@ -151,10 +161,10 @@ class _Converter:
 
     @staticmethod
     def _cel(model: type[BaseModel]) -> dict[str, Any]:
-        rules = getattr(model, "cel_rules", ())
+        rules: tuple[CelRule, ...] = getattr(model, "cel_rules", ())
         if not rules:
             return {}
-        return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+        return {"x-kubernetes-validations": [r.to_schema() for r in rules]}
 
 
 def spec_schema() -> dict[str, Any]:
@@ -216,13 +226,19 @@ def build_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
+                                # Root metadata may only restrict name and generateName; the DNS-label
+                                # limit bounds the name rule's CEL cost, the rule gives our message.
                                 "metadata": {
                                     "type": "object",
-                                    "properties": {"name": {"type": "string", "maxLength": 40}},
+                                    "properties": {
+                                        "name": {"type": "string", "maxLength": 63},
+                                        "generateName": {"type": "string", "maxLength": 63},
+                                    },
                                 },
                                 "spec": spec,
                                 "status": status_schema(),
                             },
+                            "x-kubernetes-validations": [NAME_RULE.to_schema()],
                         }
                     },
                 }

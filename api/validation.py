@@ -12,6 +12,7 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from asyncrl.api.cel import RuleError
 from asyncrl.api.job import API_VERSION, KIND, AsyncRLJob
 
 
@@ -45,6 +46,8 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that owns the object at ``loc`` (aliases), for 'did you mean' hints."""
     model: type[BaseModel] = AsyncRLJob
     for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list field: the field's model already is the item's
         field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
         if field is None:
             return None
@@ -66,9 +69,17 @@ def _as_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _path(loc: tuple[Any, ...]) -> str:
+    """``spec.rollout.template.env[0].name``: dotted fields, list items in brackets (as kubectl writes)."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
 def _describe(err: dict[str, Any]) -> tuple[str, str]:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
-    path = ".".join(str(p) for p in loc) or "(document)"
+    path = _path(loc)
     kind, got = err["type"], err.get("input")
     if kind == "extra_forbidden":
         parent = _model_at(loc[:-1])
@@ -83,23 +94,34 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
         return path, f"got {got!r}; expected one of {expected}"
     if kind == "literal_error":
         expected = err.get("ctx", {}).get("expected", "")
-        return path, f"got {got!r}; expected {expected}"
+        return path, f"got {got!r}; expected one of {expected}"
     if kind == "string_pattern_mismatch":
         pattern = err.get("ctx", {}).get("pattern", "")
         options = pattern.strip("^$()").replace("|", ", ") if "|" in pattern else pattern
         return path, f"got {got!r}; expected one of {options}"
     msg = err["msg"].removeprefix("Value error, ")
-    if got is not None and not isinstance(got, dict | list) and "got" not in msg:
+    if got is not None and not isinstance(got, dict | list) and "got" not in msg and repr(got) not in msg:
         msg = f"{msg} (got {got!r})"
     return path, msg
+
+
+def _described(err: dict[str, Any]) -> list[tuple[str, str]]:
+    """One ``(path, message)``, or several when a model check raised :class:`RuleError`."""
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, RuleError):
+        base, _ = _describe(err)
+        base = "" if base == "(document)" else base
+        return [(".".join(p for p in (base, sub) if p) or "(document)", msg) for sub, msg in cause.problems]
+    return [_describe(err)]
 
 
 def problems_from(exc: ValidationError) -> list[SpecProblem]:
     """Turn a pydantic error into one :class:`SpecProblem` per failing field."""
     seen: dict[tuple[str, str], None] = {}
     for err in exc.errors():
-        seen.setdefault(_describe(dict(err)), None)
-    # A union field (e.g. decay: number | 'auto') reports each branch; keep the clearest one.
+        for problem in _described(dict(err)):
+            seen.setdefault(problem, None)
+    # A union field (e.g. an optional number) can report each branch; keep the first one per path.
     out: list[SpecProblem] = []
     paths: set[str] = set()
     for path, msg in seen:

@@ -102,9 +102,9 @@ class EwmaController:
 
     @classmethod
     def from_spec(cls, spec: EwmaSpec, *, max_staleness: int) -> "EwmaController":
-        """From ``spec.correction.ewma`` and ``W = spec.async.maxStaleness``."""
+        """From ``spec.correction.ewma`` and ``W = spec.async.maxStaleness`` (decay omitted: auto)."""
         return cls(
-            decay=spec.decay,
+            decay="auto" if spec.decay is None else spec.decay,
             max_staleness=max_staleness,
             window=spec.window,
             reset_enabled=spec.reset.enabled,
