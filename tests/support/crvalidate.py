@@ -5,7 +5,10 @@
   error wherever the schema lists ``properties`` and does not preserve unknown fields;
 - ``default`` values applied before validation (the API server defaults first, then validates);
 - every ``x-kubernetes-validations`` CEL rule evaluated with ``cel-python`` at its node, with
-  ``self`` the node's value (transition rules with ``oldSelf`` only when an old object is given);
+  ``self`` the node's value typed by its schema as the server types it (integers in ``number``
+  fields are doubles, null fields of an object are absent, only declared fields are visible), a
+  null node skipped, the error reported at the rule's ``fieldPath``; transition rules (``oldSelf``)
+  only when an old object is given, and root rules (``metadata.name``) on the whole object;
 - ``metadata.name`` checked as a DNS-1123 subdomain plus the CRD's own limits.
 
 Errors read like the API server's: ``spec.rollout.replicas: Invalid value: ...``.
@@ -15,6 +18,7 @@ Not modelled: CEL cost limits, structural-schema checks of the CRD itself, ratch
 """
 
 import copy
+import json
 import re
 import sys
 from functools import lru_cache
@@ -29,6 +33,11 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED_CRD = REPO / "crds" / "asyncrl.io_asyncrljobs.yaml"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _CEL = celpy.Environment()
+# Schema failures that stop the server from evaluating any CEL rule (NotSupported, Required,
+# TooLong, TooMany, TypeInvalid); a minimum or a pattern does not.
+_BLOCKING = {"enum", "required", "maxLength", "maxItems", "maxProperties", "type"}
+_NOT_CHECKED = ("some validation rules were not checked because the object was invalid; correct the "
+                "existing errors to complete validation")
 
 
 @lru_cache(maxsize=512)
@@ -89,34 +98,109 @@ def prune(schema: dict[str, Any], value: Any) -> Any:
     return value
 
 
+def to_cel(schema: dict[str, Any], value: Any) -> Any:
+    """``value`` as the API server shows it to CEL under ``schema`` (k8s.io/apiserver
+    pkg/cel/common/valuesunstructured.go): ``number`` fields are doubles even when written as
+    integers; in an object with ``properties`` only declared fields are visible and a null field
+    is absent (``has()`` is false)."""
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if props is not None:
+            return celpy.celtypes.MapType({
+                celpy.celtypes.StringType(k): to_cel(props[k], v)
+                for k, v in value.items() if k in props and v is not None
+            })
+        if isinstance(extra, dict):
+            return celpy.celtypes.MapType({celpy.celtypes.StringType(k): to_cel(extra, v) for k, v in value.items()})
+        return celpy.json_to_cel(value)
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return celpy.celtypes.ListType([to_cel(schema["items"], v) for v in value])
+    if schema.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return celpy.celtypes.DoubleType(float(value))
+    return celpy.json_to_cel(value)
+
+
+def _number(value: Any) -> str:
+    """A bound as Go's %v prints a float64 (1.0 -> 1, 0.5 -> 0.5)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _server_words(err: Any, path: str) -> str:
+    """A schema error in the API server's words (k8s.io/kube-openapi pkg/validation/errors), so the
+    same message fragment can be checked here and against a real server; others keep the
+    validator's own text."""
+    schema, value = err.schema, err.instance
+    shown = json.dumps(value) if isinstance(value, str) else value
+    if err.validator == "minimum":
+        rel = "greater than" if schema.get("exclusiveMinimum") is True else "greater than or equal to"
+        return f"Invalid value: {shown}: {path} in body should be {rel} {_number(schema['minimum'])}"
+    if err.validator == "maximum":
+        rel = "less than" if schema.get("exclusiveMaximum") is True else "less than or equal to"
+        return f"Invalid value: {shown}: {path} in body should be {rel} {_number(schema['maximum'])}"
+    if err.validator == "enum":
+        supported = ", ".join(json.dumps(v) for v in schema["enum"])
+        return f"Unsupported value: {json.dumps(value)}: supported values: {supported}"
+    if err.validator == "pattern":
+        return f"Invalid value: {json.dumps(value)}: {path} in body should match '{schema['pattern']}'"
+    if err.validator == "type":
+        return f"Invalid value: {json.dumps(_kind_name(value))}: {path} in body must be of type {schema['type']}"
+    return f"Invalid value: {err.message}"
+
+
+def _kind_name(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+            float: "number"}.get(type(value), "null")
+
+
+def _json_path(parts: Any) -> str:
+    """``spec.rollout.template.env[0].name`` (as the server writes field paths)."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(root)"
+
+
+def _child(path: str, key: str) -> str:
+    return key if path == "(root)" else f"{path}.{key}"
+
+
+def _at(path: str, field_path: str) -> str:
+    """The error path of a rule at ``path`` with ``fieldPath`` (``.a.b``) as the server reports it."""
+    if not field_path:
+        return path
+    return field_path.lstrip(".") if path == "(root)" else path + field_path
+
+
 def _cel_errors(schema: dict[str, Any], value: Any, old: Any, path: str) -> list[str]:
     errors: list[str] = []
     if value is None:
-        return errors
+        return errors  # the server validates only non-null values
     for rule in schema.get("x-kubernetes-validations") or []:
         text = rule["rule"]
         if "oldSelf" in text and old is None:
             continue  # a transition rule: only on update
-        bindings = {"self": celpy.json_to_cel(value)}
+        bindings = {"self": to_cel(schema, value)}
         if old is not None:
-            bindings["oldSelf"] = celpy.json_to_cel(old)
+            bindings["oldSelf"] = to_cel(schema, old)
+        where = _at(path, rule.get("fieldPath", ""))
         try:
             result = _program(text).evaluate(bindings)
         except Exception as exc:  # compile or runtime error: the API server refuses the object too
-            errors.append(f"{path}: Invalid value: {_kind(value)}: rule evaluation error: {exc}")
+            errors.append(f"{where}: Invalid value: {_kind(value)}: rule evaluation error: {exc}")
             continue
         if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
             message = rule.get("message") or f"failed rule: {text}"
-            errors.append(f"{path}: Invalid value: {_kind(value)}: {message}")
+            errors.append(f"{where}: Invalid value: {_kind(value)}: {message}")
     if isinstance(value, dict):
         for key, sub in (schema.get("properties") or {}).items():
             if key in value:
                 sub_old = old.get(key) if isinstance(old, dict) else None
-                errors += _cel_errors(sub, value[key], sub_old, f"{path}.{key}")
+                errors += _cel_errors(sub, value[key], sub_old, _child(path, key))
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict):
             for key, v in value.items():
-                errors += _cel_errors(extra, v, None, f"{path}.{key}")
+                errors += _cel_errors(extra, v, None, _child(path, key))
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, v in enumerate(value):
             errors += _cel_errors(schema["items"], v, None, f"{path}[{i}]")
@@ -177,22 +261,25 @@ class CRValidator:
         if len(name) > self.name_max:
             errors.append(f"metadata.name: Too long: may not be longer than {self.name_max}")
         body = self.default({k: v for k, v in obj.items() if k != "status"})
+        blocking = len(name) > self.name_max
         for err in sorted(self._main.iter_errors(body), key=lambda e: list(map(str, e.absolute_path))):
-            path = ".".join(str(p) for p in err.absolute_path) or "(root)"
-            errors.append(f"{path}: Invalid value: {err.message}")
+            path = _json_path(err.absolute_path)
+            errors.append(f"{path}: {_server_words(err, path)}")
+            blocking = blocking or err.validator in _BLOCKING
+        if blocking:
+            # As the server does (apiextensions-apiserver registry/customresource/strategy.go,
+            # hasBlockingErr): no CEL rule runs on an object with a wrong type, a missing field, an
+            # unsupported enum value or an over-long string or list.
+            errors.append(f"(root): Invalid value: null: {_NOT_CHECKED}")
+            return errors
         old_body = self.default({k: v for k, v in old.items() if k != "status"}) if old else None
-        props = self.schema["properties"]
-        for key in ("spec",):
-            if key in body:
-                errors += _cel_errors(props[key], body[key], (old_body or {}).get(key), key)
-        errors += _cel_errors({k: v for k, v in self.schema.items() if k != "properties"}, body, old_body,
-                              "(root)")
+        errors += _cel_errors(self.schema, body, old_body, "(root)")
         return errors
 
     def validate_status(self, status: dict[str, Any]) -> list[str]:
         errors = []
         for err in self._status.iter_errors(status):
-            path = ".".join(["status", *map(str, err.absolute_path)])
+            path = _json_path(["status", *err.absolute_path])
             errors.append(f"{path}: Invalid value: {err.message}")
         return errors + _cel_errors(self.status_schema, status, None, "status")
 
