@@ -1,4 +1,8 @@
-"""`asyncrl validate` and the spec models: every problem with its field path and a fix."""
+"""`asyncrl validate` and the spec models: every problem with its field path and a fix.
+
+The table of bad inputs (tests/support/bad_inputs.py) runs through the model here and through the
+shipped CRD offline (schema + CEL by cel-python); the real-server suite runs the same table.
+"""
 
 import subprocess
 import sys
@@ -7,8 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.api import AsyncRLJobSpec, Bounds, SpecError, validate_job
-from asyncrl.api.crd import all_spec_models
+from asyncrl.api import AsyncRLJobSpec, SpecError, validate_job
+from asyncrl.api.crd import all_spec_models, build_crd
+from tests.support.bad_inputs import BAD_INPUTS, BASE_SPEC, BadInput, bad_manifest
+from tests.support.crvalidate import CRValidator
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -24,19 +30,36 @@ def _problems(spec: dict) -> dict[str, str]:
     return {p.path: p.message for p in info.value.problems}
 
 
+@pytest.fixture(scope="module")
+def crd_validator() -> CRValidator:
+    return CRValidator(build_crd())
+
+
 def test_quickstart_validates_and_defaults_fill_in() -> None:
     (doc,) = list(yaml.safe_load_all(QUICKSTART.read_text()))
     job = validate_job(doc)
     assert job.spec.async_.max_staleness == 2
-    # decay auto = W/(W+2) = 2/4
-    assert job.spec.ewma_decay == pytest.approx(0.5)
-    assert job.spec.correction.mask.bounds == Bounds(low=0.5, high=2.0)
+    assert job.spec.correction.ewma.decay is None
+    assert job.spec.ewma_decay == pytest.approx(0.5)  # omitted: W/(W+2) = 2/4
+    bounds = job.spec.correction.mask.bounds
+    assert (bounds.low, bounds.high) == (0.5, 2.0)
 
 
-def test_single_number_bound_means_reciprocal_interval() -> None:
-    spec = AsyncRLJobSpec.model_validate({"correction": {"mask": {"bounds": 4}}})
-    assert spec.correction.mask.bounds.low == pytest.approx(0.25)  # 1/4
-    assert spec.correction.mask.bounds.high == pytest.approx(4.0)
+def test_factor_bound_means_reciprocal_interval_and_round_trips() -> None:
+    spec = AsyncRLJobSpec.model_validate({"correction": {"mask": {"bounds": {"factor": 4}}}})
+    bounds = spec.correction.mask.bounds
+    assert bounds.low == pytest.approx(0.25)  # 1/4
+    assert bounds.high == pytest.approx(4.0)
+    # written back in the form it was given, so the dump validates again (job.yaml in the run dir)
+    assert spec.to_spec_dict()["correction"]["mask"]["bounds"] == {"factor": 4.0}
+    assert AsyncRLJobSpec.model_validate(spec.to_spec_dict()) == spec
+
+
+def test_explicit_decay_and_window() -> None:
+    spec = AsyncRLJobSpec.model_validate({"correction": {"ewma": {"decay": 0.9}}, "async": {"maxStaleness": 6}})
+    assert spec.ewma_decay == 0.9
+    spec = AsyncRLJobSpec.model_validate({"async": {"maxStaleness": 6}})
+    assert spec.ewma_decay == pytest.approx(6 / 8)  # W/(W+2)
 
 
 def test_every_problem_reported_at_once_with_paths() -> None:
@@ -53,39 +76,104 @@ def test_every_problem_reported_at_once_with_paths() -> None:
     )
     assert "expected one of" in problems["spec.correction.reference"]
     assert "'behavior'" in problems["spec.correction.reference"]
-    assert "low < 1 < high" in problems["spec.correction.mask.bounds"]
+    assert "0 < low < 1 < high" in problems["spec.correction.mask.bounds"]
     assert "did you mean 'level'" in problems["spec.correction.mask.levle"]
     assert "less than 1" in problems["spec.correction.clip.low"]
-    assert "(0, 1)" in problems["spec.correction.ewma"]
+    assert "strictly between 0 and 1" in problems["spec.correction.ewma.decay"]
     assert "greater than or equal to 0" in problems["spec.async.maxStaleness"]
 
 
-def test_exact_reference_needs_a_strategy() -> None:
-    problems = _problems({"correction": {"reference": "exact"}})
-    (msg,) = problems.values()
-    assert "oldLogits.strategy" in msg and "snapshot" in msg
+def test_the_base_of_the_table_is_valid_everywhere(crd_validator: CRValidator) -> None:
+    good = bad_manifest(BadInput("none", {}, "", ""), "good-job")
+    validate_job(good)
+    assert crd_validator.validate(good) == []
+    assert good["spec"] == BASE_SPEC
 
 
-def test_strategy_without_exact_is_refused() -> None:
-    problems = _problems({"oldLogits": {"strategy": "snapshot"}})
-    (msg,) = problems.values()
-    assert "reference: exact" in msg
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=lambda c: c.id)
+def test_bad_input_is_refused_by_validate_at_its_path(case: BadInput) -> None:
+    with pytest.raises(SpecError) as info:
+        validate_job(bad_manifest(case, "bad-job"))
+    problems = info.value.problems
+    # exactly one thing is broken, so exactly one problem, at the table's path
+    assert [p.path for p in problems] == [case.path], problems
+    assert case.message in problems[0].message
+    assert case.cli_message in problems[0].message
 
 
-def test_bad_single_number_bound() -> None:
-    problems = _problems({"correction": {"mask": {"bounds": 0.5}}})
-    assert "c > 1" in problems["spec.correction.mask.bounds"]
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=lambda c: c.id)
+def test_bad_input_is_refused_by_the_crd_at_its_path(case: BadInput, crd_validator: CRValidator) -> None:
+    errors = crd_validator.validate(bad_manifest(case, "bad-job"))
+    at_path = [e for e in errors if e.startswith(f"{case.path}: ")]
+    assert at_path, errors
+    assert any(case.message in e for e in at_path), errors
 
 
-def test_gqa_heads_must_divide() -> None:
-    problems = _problems({"model": {"numAttentionHeads": 6, "numKeyValueHeads": 4}})
-    assert "multiple of numKeyValueHeads" in problems["spec.model"]
+def test_every_cel_rule_of_the_crd_has_a_bad_input() -> None:
+    messages = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            messages.extend(r["message"] for r in node.get("x-kubernetes-validations", [])
+                            if "oldSelf" not in r["rule"])  # transition rules: tests/api/test_crd.py
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(build_crd())
+    assert messages
+    uncovered = [m for m in messages if not any(c.message and c.message in m for c in BAD_INPUTS)]
+    assert uncovered == []
+
+
+def test_table_covers_the_new_refusals_and_is_large() -> None:
+    assert len(BAD_INPUTS) >= 25
+    assert len({c.id for c in BAD_INPUTS}) == len(BAD_INPUTS)
+
+
+def test_engine_args_are_checked_against_the_transformers_engine() -> None:
+    # engineArgs is free-form in the CRD (no CEL rule may touch it): the model alone checks it.
+    problems = _problems({"rollout": {"engineArgs": {"gpu-memory-utilization": "0.8"}}})
+    assert "fp32Head" in problems["spec.rollout.engineArgs"]
+    spec = AsyncRLJobSpec.model_validate({"rollout": {"engineArgs": {"fp32Head": True}}})
+    assert spec.rollout.engine_args == {"fp32Head": True}
+
+
+def test_env_needs_exactly_one_of_value_and_value_from() -> None:
+    both = {"name": "TOKEN", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    problems = _problems({"rollout": {"template": {"env": [both, {"name": "EMPTY"}]}}})
+    assert "exactly one of value and valueFrom" in problems["spec.rollout.template.env[0]"]
+    assert "exactly one of value and valueFrom" in problems["spec.rollout.template.env[1]"]
+    ok = AsyncRLJobSpec.model_validate({"actor": {"template": {"env": [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}, {"name": "MODE", "value": "1"},
+    ]}}})
+    assert [e.name for e in ok.actor.template.env] == ["TOKEN", "MODE"]
+
+
+def test_pod_overrides_for_private_clusters() -> None:
+    spec = AsyncRLJobSpec.model_validate({"rollout": {"template": {
+        "imagePullSecrets": [{"name": "registry"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}},
+        "securityContext": {"readOnlyRootFilesystem": True},
+        "podSecurityContext": {"fsGroup": 2000},
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }}, "runPolicy": {"preemptionLimit": 0}, "scheduling": {"gangScheduler": "volcano"}})
+    t = spec.rollout.template
+    assert t.image_pull_secrets[0].name == "registry" and t.volume_mounts[0].read_only is False
+    assert t.pod_security_context == {"fsGroup": 2000} and t.affinity is not None
+    assert spec.run_policy.preemption_limit == 0 and spec.scheduling.gang_scheduler == "volcano"
+    defaults = AsyncRLJobSpec()
+    assert defaults.run_policy.preemption_limit == 10 and defaults.scheduling.gang_scheduler == "none"
 
 
 def test_bad_name_and_kind() -> None:
     with pytest.raises(SpecError) as info:
         validate_job({**_job({}), "metadata": {"name": "Bad_Name"}})
     assert info.value.problems[0].path == "metadata.name"
+    assert "RFC 1035" in info.value.problems[0].message
     with pytest.raises(SpecError) as info:
         validate_job({**_job({}), "kind": "Pod"})
     assert "expected apiVersion: asyncrl.io/v1alpha1 and kind: AsyncRLJob" in str(info.value)

@@ -1,0 +1,184 @@
+"""One table of bad AsyncRLJob inputs for ``asyncrl validate`` AND a real API server.
+
+Each :class:`BadInput` breaks exactly one thing of a small valid job (:data:`BASE_SPEC`): a real
+API server evaluates CEL rules only on an object without a blocking schema error (wrong type,
+unsupported enum value, missing field, ...), so a case that broke two things could hide a rule.
+
+- ``path``: the field path both must name (``spec.correction.mask.bounds``; list items as ``[0]``).
+- ``message``: a fragment both error texts contain: the rule's own message, shared by the model
+  and the CRD's CEL rule. ``""`` for a schema-only error whose server wording differs from ours
+  (an enum, a type); then only the path is checked on the server.
+- ``cli_message``: a further fragment only ``asyncrl validate``'s text must contain (e.g. the new
+  spelling shown for a bare-number ``bounds``).
+- ``name``: metadata.name for the cases that test names (else the caller's name is used).
+
+``bad_manifest(case, name)`` gives the whole manifest (namespace ``default``). Used by
+``tests/api/test_validation.py`` (the model and the offline CRD validator) and by the real-server
+suite.
+"""
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.api.correction import (
+    BOUNDS_FACTOR_MESSAGE,
+    BOUNDS_FORM_MESSAGE,
+    BOUNDS_ORDER_MESSAGE,
+    DECAY_AUTO_HINT,
+    DECAY_MESSAGE,
+    EWMA_UNUSED_MESSAGE,
+)
+from asyncrl.api.job import (
+    EXACT_NEEDS_STRATEGY_MESSAGE,
+    GQA_MESSAGE,
+    MAX_VERSIONS_MESSAGE,
+    NAME_MESSAGE,
+    STRATEGY_NEEDS_EXACT_MESSAGE,
+)
+from asyncrl.api.old_logits import (
+    DEDICATED_UNUSED_MESSAGE,
+    INTERRUPT_SYNC_UNUSED_MESSAGE,
+    SNAPSHOT_DEVICE_MESSAGE,
+    SNAPSHOT_UNUSED_MESSAGE,
+    STRATEGY_MESSAGE,
+)
+from asyncrl.api.pods import (
+    ENGINE_MESSAGE,
+    MASK_GUARD_ORDER_MESSAGE,
+    ONE_ACTOR_MESSAGE,
+    RESERVED_ENV_MESSAGE,
+    ROLLOUT_GPUS_MESSAGE,
+    TRAINING_SIDE_MEMORY_MESSAGE,
+)
+
+# A small job that runs on CPU pods (every case starts from it).
+BASE_SPEC: dict[str, Any] = {
+    "rollout": {"replicas": 2, "gpusPerReplica": 0},
+    "actor": {"replicas": 1, "gpusPerReplica": 0},
+    "runPolicy": {"backoffLimit": 2},
+}
+EXACT = {"correction": {"reference": "exact"}}
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """One input both ``asyncrl validate`` and the API server refuse, at ``path``."""
+
+    id: str
+    spec: dict[str, Any]
+    path: str
+    message: str
+    cli_message: str = ""
+    name: str | None = field(default=None)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into a copy of ``base`` (nested dicts merged, everything else replaced)."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def bad_manifest(case: BadInput, name: str) -> dict[str, Any]:
+    """The whole AsyncRLJob of ``case`` (``name`` unless the case tests names)."""
+    return {
+        "apiVersion": "asyncrl.io/v1alpha1",
+        "kind": "AsyncRLJob",
+        "metadata": {"name": case.name or name, "namespace": "default"},
+        "spec": deep_merge(BASE_SPEC, case.spec),
+    }
+
+
+def _enum(case_id: str, spec: dict[str, Any], path: str) -> BadInput:
+    # Schema-only: the server says 'Unsupported value: "bogus": supported values: ...'.
+    return BadInput(case_id, spec, path, "", cli_message="expected one of")
+
+
+BAD_INPUTS: list[BadInput] = [
+    # ---- job names: RFC 1035 labels of at most 40 characters (root CEL rule on metadata.name)
+    BadInput("name-starts-with-digit", {}, "metadata.name", NAME_MESSAGE, name="1calc"),
+    BadInput("name-with-dot", {}, "metadata.name", NAME_MESSAGE, name="calc.ewma"),
+    BadInput("name-41-chars", {}, "metadata.name", NAME_MESSAGE, name="a" * 41),
+    # ---- correction.mask.bounds: {low, high} or {factor}
+    BadInput("bounds-bare-number", {"correction": {"mask": {"bounds": 2.0}}}, "spec.correction.mask.bounds", "",
+             cli_message="bounds: {factor: 2.0}"),
+    BadInput("bounds-both-forms", {"correction": {"mask": {"bounds": {"low": 0.5, "high": 2.0, "factor": 2.0}}}},
+             "spec.correction.mask.bounds", BOUNDS_FORM_MESSAGE),
+    BadInput("bounds-low-only", {"correction": {"mask": {"bounds": {"low": 0.5}}}},
+             "spec.correction.mask.bounds", BOUNDS_FORM_MESSAGE),
+    BadInput("bounds-low-above-one", {"correction": {"mask": {"bounds": {"low": 1.5, "high": 2.0}}}},
+             "spec.correction.mask.bounds", BOUNDS_ORDER_MESSAGE),
+    BadInput("bounds-factor-one", {"correction": {"mask": {"bounds": {"factor": 1.0}}}},
+             "spec.correction.mask.bounds", BOUNDS_FACTOR_MESSAGE),
+    # ---- correction.ewma
+    BadInput("decay-one", {"correction": {"ewma": {"decay": 1.0}}}, "spec.correction.ewma.decay", DECAY_MESSAGE),
+    BadInput("decay-auto-string", {"correction": {"ewma": {"decay": "auto"}}}, "spec.correction.ewma.decay", "",
+             cli_message=DECAY_AUTO_HINT),
+    BadInput("ewma-knobs-without-ewma", {"correction": {"reference": "current", "ewma": {"decay": 0.9}}},
+             "spec.correction.ewma", EWMA_UNUSED_MESSAGE),
+    # ---- exact old logits
+    BadInput("exact-without-strategy", EXACT, "spec", EXACT_NEEDS_STRATEGY_MESSAGE),
+    BadInput("strategy-without-exact", {"oldLogits": {"strategy": "snapshot"}}, "spec", STRATEGY_NEEDS_EXACT_MESSAGE),
+    BadInput("strategy-dedicated", {**EXACT, "oldLogits": {"strategy": "dedicated"}}, "spec.oldLogits.strategy",
+             STRATEGY_MESSAGE),
+    BadInput("strategy-interrupt-sync", {**EXACT, "oldLogits": {"strategy": "interruptSync"}},
+             "spec.oldLogits.strategy", STRATEGY_MESSAGE),
+    BadInput("snapshot-on-disk", {**EXACT, "oldLogits": {"strategy": "snapshot", "snapshot": {"device": "disk"}}},
+             "spec.oldLogits.snapshot.device", SNAPSHOT_DEVICE_MESSAGE),
+    BadInput("snapshots-within-window",
+             {**EXACT, "async": {"maxStaleness": 3}, "oldLogits": {"strategy": "snapshot", "snapshot": {"maxVersions": 3}}},
+             "spec.oldLogits.snapshot.maxVersions", MAX_VERSIONS_MESSAGE),
+    BadInput("snapshot-knobs-without-snapshot", {"oldLogits": {"snapshot": {"maxVersions": 8}}},
+             "spec.oldLogits.snapshot", SNAPSHOT_UNUSED_MESSAGE),
+    BadInput("dedicated-knobs", {"oldLogits": {"dedicated": {"replicas": 2}}}, "spec.oldLogits.dedicated",
+             DEDICATED_UNUSED_MESSAGE),
+    BadInput("interrupt-sync-knobs", {"oldLogits": {"interruptSync": {"phaseTimeoutSeconds": 60}}},
+             "spec.oldLogits.interruptSync", INTERRUPT_SYNC_UNUSED_MESSAGE),
+    # ---- what the driver runs: one actor process, the transformers engine
+    BadInput("engine-vllm", {"rollout": {"engine": "vllm"}}, "spec.rollout.engine", ENGINE_MESSAGE),
+    BadInput("rollout-two-gpus", {"rollout": {"gpusPerReplica": 2}}, "spec.rollout.gpusPerReplica",
+             ROLLOUT_GPUS_MESSAGE),
+    BadInput("training-side-memory", {"rollout": {"trainingSideMemory": "32Gi"}}, "spec.rollout.trainingSideMemory",
+             TRAINING_SIDE_MEMORY_MESSAGE),
+    BadInput("actor-two-replicas", {"actor": {"replicas": 2}}, "spec.actor.replicas", ONE_ACTOR_MESSAGE),
+    BadInput("actor-two-gpus", {"actor": {"gpusPerReplica": 2}}, "spec.actor.gpusPerReplica", ONE_ACTOR_MESSAGE),
+    BadInput("tensor-parallel-two", {"actor": {"megatron": {"tensorParallel": 2}}},
+             "spec.actor.megatron.tensorParallel", ONE_ACTOR_MESSAGE),
+    BadInput("pipeline-parallel-two", {"actor": {"megatron": {"pipelineParallel": 2}}},
+             "spec.actor.megatron.pipelineParallel", ONE_ACTOR_MESSAGE),
+    # ---- other cross-field rules
+    BadInput("gqa-heads", {"model": {"numAttentionHeads": 6, "numKeyValueHeads": 4}}, "spec.model", GQA_MESSAGE),
+    BadInput("mask-guard-order", {"monitoring": {"maskGuard": {"warnKeepRatio": 0.5, "criticalKeepRatio": 0.8}}},
+             "spec.monitoring.maskGuard", MASK_GUARD_ORDER_MESSAGE),
+    # ---- pod overrides
+    BadInput("env-asyncrl-prefix", {"rollout": {"template": {"env": [{"name": "ASYNCRL_ROLE", "value": "x"}]}}},
+             "spec.rollout.template.env[0].name", RESERVED_ENV_MESSAGE),
+    BadInput("env-ray-prefix", {"actor": {"template": {"env": [{"name": "RAY_ADDRESS", "value": "x"}]}}},
+             "spec.actor.template.env[0].name", RESERVED_ENV_MESSAGE),
+    # ---- enums (schema only)
+    _enum("reference-enum", {"correction": {"reference": "ewmaa"}}, "spec.correction.reference"),
+    _enum("mask-mode-enum", {"correction": {"mask": {"mode": "hard"}}}, "spec.correction.mask.mode"),
+    _enum("mask-level-enum", {"correction": {"mask": {"level": "batch"}}}, "spec.correction.mask.level"),
+    _enum("loss-aggregation-enum", {"correction": {"lossAggregation": "sum"}}, "spec.correction.lossAggregation"),
+    _enum("ewma-window-enum", {"correction": {"ewma": {"window": "guessed"}}}, "spec.correction.ewma.window"),
+    _enum("rollout-dtype-enum", {"model": {"rolloutDtype": "float16"}}, "spec.model.rolloutDtype"),
+    _enum("mask-guard-action-enum", {"monitoring": {"maskGuard": {"action": "Panic"}}},
+          "spec.monitoring.maskGuard.action"),
+    _enum("gang-scheduler-enum", {"scheduling": {"gangScheduler": "kueue"}}, "spec.scheduling.gangScheduler"),
+    # ---- minimums and maximums (both say "greater/less than ...")
+    BadInput("train-steps-zero", {"train": {"steps": 0}}, "spec.train.steps", "greater than or equal to 1"),
+    BadInput("rollout-replicas-zero", {"rollout": {"replicas": 0}}, "spec.rollout.replicas",
+             "greater than or equal to 1"),
+    BadInput("staleness-above-64", {"async": {"maxStaleness": 65}}, "spec.async.maxStaleness",
+             "less than or equal to 64"),
+    BadInput("clip-low-one", {"correction": {"clip": {"low": 1.0}}}, "spec.correction.clip.low", "less than 1"),
+    BadInput("backoff-limit-negative", {"runPolicy": {"backoffLimit": -1}}, "spec.runPolicy.backoffLimit",
+             "greater than or equal to 0"),
+    BadInput("preemption-limit-negative", {"runPolicy": {"preemptionLimit": -1}}, "spec.runPolicy.preemptionLimit",
+             "greater than or equal to 0"),
+]
