@@ -50,7 +50,7 @@ def build_registry(cfg: OperatorSettings, metrics_registry: CollectorRegistry | 
     """All handlers of the operator, bound to ``cfg``."""
     registry = kopf.OperatorRegistry()
     prom = metrics_registry if metrics_registry is not None else CollectorRegistry()
-    res = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
+    res: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=PLURAL, registry=registry)
     seen_training: dict[str, Any] = {}
 
     @kopf.on.startup(registry=registry)
@@ -96,11 +96,14 @@ def build_registry(cfg: OperatorSettings, metrics_registry: CollectorRegistry | 
                 log.warning("reconcile after a training report of %s/%s failed: %s", namespace, name, exc)
 
     @kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": names.MANAGED_BY}, registry=registry)
-    def pod_changed(labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    def pod_changed(body: kopf.Body, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo,
+                    **_: Any) -> None:
+        # Every event, DELETED included (its body is the pod's last state: a disruption seen there
+        # makes a pod that is already gone count as preempted).
         job = labels.get(names.LABEL_JOB)
         if job and hasattr(memo, "reconciler"):
             try:
-                memo.reconciler.reconcile(namespace or "", job, children=False)
+                memo.reconciler.pod_event(namespace or "", job, dict(body))
             except Exception as exc:  # the resync timer retries
                 log.warning("reconcile after a pod event of %s/%s failed: %s", namespace, job, exc)
 

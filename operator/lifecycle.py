@@ -8,13 +8,24 @@ as a whole list on every reconcile, keeping ``lastTransitionTime`` when a status
 Failure policy:
 - a lost or failed **rollout** pod is replaced alone (not counted);
 - a lost or failed **driver, actor or old-logit** pod restarts the whole job from its last
-  checkpoint after a backoff, counted against ``runPolicy.backoffLimit``, unless the pod carries
-  the ``DisruptionTarget`` condition (preemption, eviction): then it is counted in ``preemptions``;
+  checkpoint (from scratch without a checkpoint volume) after a backoff, counted against
+  ``runPolicy.backoffLimit``, unless the pod was preempted or evicted (``DisruptionTarget``, also
+  when the pod is already terminating or gone): then it is counted in ``preemptions`` against
+  ``runPolicy.preemptionLimit``;
+- a driver that exits with code 2 refused its spec: the job fails at once (``InvalidSpec``);
+- a pod-shaping spec edit (the pods' spec-hash annotation differs) restarts the gang on purpose
+  (``SpecChanged``, not counted); ``runPolicy`` and ``monitoring.maskGuard`` edits restart nothing;
+- a create the API server refuses (quota, admission) is the ``FailedCreate`` condition, retried
+  with backoff (:func:`fold_create_failures`), never a lost pod;
+- a child of the job's name owned by someone else is never adopted, patched or deleted: the
+  ``ChildConflict`` condition names it and no pod is started while it lasts;
 - ``Succeeded``/``Failed`` are final: nothing is ever created again, running pods are deleted
   (GPUs freed), finished pods stay for their logs until ``ttlSecondsAfterFinished``.
 """
 
+import dataclasses
 import datetime as dt
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,9 +39,15 @@ from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.names import Role
 
 ACTIVE = (Phase.PENDING, Phase.INITIALIZING, Phase.RUNNING, Phase.RESTARTING)
-PRE_RUNNING = (Phase.PENDING, Phase.INITIALIZING, Phase.RESTARTING)
-CONDITION_TYPES = ("SpecValid", "PodsReady", "Running", "Suspended", "Restarting", "Degraded",
-                   "Succeeded", "Failed")
+CONDITION_TYPES = ("SpecValid", "PodsReady", "Running", "Suspended", "Restarting", "Degraded", "FailedCreate",
+                   "ChildConflict", "Succeeded", "Failed")
+INVALID_SPEC_EXIT_CODE = 2  # ``asyncrl driver`` (trainer/cli.py): the spec is refused, retrying cannot help
+# Waiting reasons every healthy pod passes through; anything else is worth telling the user.
+ROUTINE_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
+# The kubelet alternates these while it retries a pull: one event per family, not per flip.
+_WAITING_FAMILY = {"ErrImagePull": "ImagePull", "ImagePullBackOff": "ImagePull",
+                   "CrashLoopBackOff": "Crash", "RunContainerError": "Crash"}
+MESSAGE_LIMIT = 1000
 
 
 # ---------------------------------------------------------------- inputs
@@ -48,6 +65,13 @@ class PodView:
     terminating: bool
     disrupted: bool  # DisruptionTarget=True: preempted or evicted, not the job's fault
     reason: str = ""
+    uid: str = ""
+    owner_uids: tuple[str, ...] = ()
+    spec_hash: str = ""  # names.ANNOTATION_SPEC_HASH; "" on pods built before spec hashes
+    exit_code: int | None = None  # of the role's container, once terminated
+    termination_message: str = ""  # of that container (its last log lines with FallbackToLogsOnError)
+    waiting_reason: str = ""  # Unschedulable, ImagePullBackOff, CreateContainerConfigError, ...
+    waiting_message: str = ""
 
     @classmethod
     def from_manifest(cls, pod: dict[str, Any]) -> "PodView":
@@ -58,11 +82,17 @@ class PodView:
             role: Role | None = Role(labels.get(names.LABEL_ROLE, ""))
         except ValueError:
             role = None
+        containers = status.get("containerStatuses") or []
         reason = status.get("reason") or ""
-        for cs in status.get("containerStatuses") or []:
+        for cs in containers:
             term = (cs.get("state") or {}).get("terminated") or {}
             if term.get("exitCode"):
                 reason = reason or f"exit code {term['exitCode']} ({term.get('reason', 'Error')})"
+        main = next((cs for cs in containers if role is not None and cs.get("name") == role.value),
+                    containers[0] if containers else {})
+        main_term = (main.get("state") or {}).get("terminated") or {}
+        waiting_reason, waiting_message = _waiting(conds.get("PodScheduled") or {},
+                                                   [*(status.get("initContainerStatuses") or []), *containers])
         return cls(
             name=meta.get("name", ""),
             role=role,
@@ -73,16 +103,69 @@ class PodView:
             terminating=bool(meta.get("deletionTimestamp")),
             disrupted=(conds.get("DisruptionTarget") or {}).get("status") == "True",
             reason=reason,
+            uid=meta.get("uid") or "",
+            owner_uids=tuple(o.get("uid", "") for o in meta.get("ownerReferences") or []),
+            spec_hash=annotations.get(names.ANNOTATION_SPEC_HASH, ""),
+            exit_code=main_term.get("exitCode") if main_term else None,
+            termination_message=main_term.get("message") or "",
+            waiting_reason=waiting_reason,
+            waiting_message=waiting_message,
         )
+
+    @property
+    def preempted(self) -> bool:
+        """Disrupted and on its way out: counts as a preemption at once, before the pod is gone."""
+        return self.disrupted and (self.terminating or self.phase == "Failed")
+
+
+def _waiting(scheduled: dict[str, Any], statuses: list[dict[str, Any]]) -> tuple[str, str]:
+    """The first reason a pod is stuck: not schedulable, else a container (init first) waiting."""
+    if scheduled.get("status") == "False" and scheduled.get("reason"):
+        return scheduled["reason"], scheduled.get("message") or ""
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] not in ROUTINE_WAITING:
+            return waiting["reason"], f"container {cs.get('name', '?')}: {waiting.get('message') or ''}".rstrip(": ")
+    return "", ""
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    """Whether ``obj`` has an owner reference to the object with ``uid``."""
+    return any(o.get("uid") == uid for o in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def owner_of(obj: dict[str, Any]) -> str:
+    """Who owns ``obj``, for a message: ``AsyncRLJob j (uid ...)`` or ``nobody (no ownerReferences)``."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    if not refs:
+        return "nobody (no ownerReferences)"
+    return ", ".join(f"{o.get('kind', '?')} {o.get('name', '?')} (uid {o.get('uid', '?')})" for o in refs)
+
+
+def observe_pods(manifests: list[dict[str, Any]], job_uid: str) -> tuple[dict[str, "PodView"], dict[str, str]]:
+    """Split the pods listed by the job's label into the job's own (by owner uid) and the others
+    (name -> owner): those are never deleted, never counted, only reported if they take a pod's name."""
+    own: dict[str, PodView] = {}
+    foreign: dict[str, str] = {}
+    for m in manifests:
+        view = PodView.from_manifest(m)
+        if job_uid in view.owner_uids:
+            own[view.name] = view
+        else:
+            foreign[view.name] = owner_of(m)
+    return own, foreign
 
 
 @dataclass(frozen=True)
 class Observed:
     """The job's children as listed from the API server."""
 
-    pods: dict[str, PodView] = field(default_factory=dict)
+    pods: dict[str, PodView] = field(default_factory=dict)  # owned by the job
     # (kind, name) -> object; None when not read this time (then children are not checked)
     children: dict[tuple[str, str], dict[str, Any]] | None = field(default_factory=dict)
+    foreign_pods: dict[str, str] = field(default_factory=dict)  # listed by label, owned by others: name -> owner
+    # (pod name, epoch) seen with DisruptionTarget=True before: the pod may be gone by now
+    disrupted: frozenset[tuple[str, int]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -106,6 +189,7 @@ class Action:
     body: dict[str, Any] | None = None
     reason: str = ""  # event reason on success; "FailedTo<reason>" on failure
     message: str = ""
+    api_version: str = "v1"
 
 
 @dataclass(frozen=True)
@@ -123,10 +207,23 @@ class Plan:
     requeue_after: float | None = None
     counted_restarts: int = 0
     preemptions: int = 0
+    spec_restarts: int = 0
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)
         self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+@dataclass(frozen=True)
+class CreateFailure:
+    """A create the API server refused: ``code`` is the HTTP status, ``message`` the server's own words.
+    ``conflict``: the name is taken by an object this job does not own (409 after a read)."""
+
+    kind: str
+    name: str
+    code: int
+    message: str
+    conflict: bool = False
 
 
 # ---------------------------------------------------------------- the planner
@@ -148,6 +245,11 @@ def plan(
     return _Planner(job, spec, desired, observed, now, settings).run()
 
 
+def resume_point(spec: AsyncRLJobSpec) -> str:
+    """Where a (re)started gang continues: only a checkpoint volume survives the pods."""
+    return "from the last checkpoint" if spec.checkpoint.volume_claim_name else "from scratch (no checkpoint volume)"
+
+
 class _Planner:
     def __init__(self, job: JobView, spec: AsyncRLJobSpec | SpecError, desired: Desired | None,
                  observed: Observed, now: dt.datetime, settings: OperatorSettings) -> None:
@@ -160,7 +262,11 @@ class _Planner:
         self.st.setdefault("epoch", 0)
         self.out = Plan()
         self.degraded: tuple[str, str, str] = ("False", "NoTrainingReport", "the driver has not reported yet")
-        self.restart_cause = ""
+        self.conflicts: list[str] | None = None  # None: children not read this time (keep the last verdict)
+        self.waiting: list[tuple[str, str, str]] = []  # (pod, reason, message) of pods stuck before running
+        # The last pod create failed (quota, admission): missing pods are not-yet-created, not lost.
+        self.create_failing = _condition(self.prev, "FailedCreate").get("status") == "True"
+        self.create_retry_due = False  # missing pods still wait for the create backoff
 
     # -- helpers
     @property
@@ -196,6 +302,9 @@ class _Planner:
         self.st["completionTime"] = self._now()
         self.st.pop("restartAfter", None)
 
+    def _resume_point(self) -> str:
+        return resume_point(self.spec) if isinstance(self.spec, AsyncRLJobSpec) else "from scratch"
+
     # -- main
     def run(self) -> Plan:
         if self.phase.terminal:
@@ -210,6 +319,9 @@ class _Planner:
             if self.phase.terminal:
                 self._terminal()
         self._replicas()
+        self._waiting_reasons()
+        if not self.create_retry_due and self.phase is not Phase.RESTARTING:
+            self.st.pop("restartAfter", None)  # no create backoff pending any more
         self.st["observedGeneration"] = self.job.generation
         self.st["conditions"] = self._conditions()
         self.out.status = self.st
@@ -236,17 +348,32 @@ class _Planner:
                 self.out.requeue(ttl - done)
 
     def _ensure_children(self) -> None:
+        """Create missing children; patch only our own (never a Secret); report names taken by others."""
         assert self.desired is not None
         if self.obs.children is None:
             return
+        uid = self.job.ref.uid
+        self.conflicts = [f"Pod/{n} exists and is owned by {owner}; rename the job or delete that pod"
+                          for n, owner in sorted(self.obs.foreign_pods.items()) if n in self.desired.pods]
         for child in self.desired.children:
             seen = self.obs.children.get((child.kind, child.name))
+            api_version = child.manifest.get("apiVersion", "v1")
             if seen is None:
                 self.out.actions.append(Action("create", child.kind, child.name, child.manifest,
-                                               f"Created{child.kind}", f"created {child.kind} {child.name}"))
-            elif child.kind == "ConfigMap" and seen.get("data") != child.manifest["data"]:
-                self.out.actions.append(Action("patch", child.kind, child.name, {"data": child.manifest["data"]},
-                                               f"Updated{child.kind}", "job spec changed"))
+                                               f"Created{child.kind}", f"created {child.kind} {child.name}",
+                                               api_version))
+            elif not owned_by(seen, uid):
+                self.conflicts.append(f"{child.kind}/{child.name} exists and is owned by {owner_of(seen)}; "
+                                      "rename the job or delete it")
+            elif (patch := _child_patch(child.kind, seen, child.manifest)) is not None:
+                self.out.actions.append(Action("patch", child.kind, child.name, patch,
+                                               f"Updated{child.kind}", "job spec changed", api_version))
+
+    @property
+    def conflicted(self) -> bool:
+        if self.conflicts is None:  # not read this time: the last full reconcile's verdict holds
+            return _condition(self.prev, "ChildConflict").get("status") == "True"
+        return bool(self.conflicts)
 
     # -- training summary: mask guard and sync phase
     def _training(self, spec: AsyncRLJobSpec) -> None:
@@ -317,16 +444,16 @@ class _Planner:
         rp = spec.run_policy
         if rp.suspend:
             if self.phase is not Phase.SUSPENDED:
-                self._set_phase(Phase.SUSPENDED, "Suspended", "runPolicy.suspend is true: pods deleted, "
-                                "checkpoint kept")
-                self.st.pop("restartAfter", None)
+                kept = "checkpoint kept" if spec.checkpoint.volume_claim_name else \
+                    f"a resume starts {resume_point(spec)}"
+                self._set_phase(Phase.SUSPENDED, "Suspended", f"runPolicy.suspend is true: pods deleted; {kept}")
             for p in pods.values():
                 self._delete_pod(p, "DeletedPod", "job suspended")
             return
         if self.phase is Phase.VALIDATION_FAILED:
             self._set_phase(Phase.PENDING, "Validated", "the corrected spec was accepted")
         if self.phase is Phase.SUSPENDED:
-            self._set_phase(Phase.PENDING, "Resumed", "runPolicy.suspend is false: resuming from the last checkpoint")
+            self._set_phase(Phase.PENDING, "Resumed", f"runPolicy.suspend is false: resuming {resume_point(spec)}")
             self.st.pop("startTime", None)  # activeDeadlineSeconds counts from the resume
 
         if self._deadlines(rp.active_deadline_seconds, rp.pre_running_deadline_seconds):
@@ -339,105 +466,167 @@ class _Planner:
             self._restarting()
             return
 
-        # Initializing / Running: watch every desired pod.
+        # Initializing / Running: watch every desired pod of the current epoch.
         epoch = int(self.st["epoch"])
         driver = pods.get(names.pod_name(self.job.ref.name, Role.DRIVER, 0))
-        if driver is not None and driver.phase == "Succeeded" and driver.epoch == epoch:
-            self._set_phase(Phase.SUCCEEDED, "Completed", "the driver finished training")
-            self.st["completionTime"] = self._now()
-            return
-        lost = [(n, s) for n, s in self.desired.pods.items() if s.role.gang
-                and (n not in pods or pods[n].phase == "Failed" or pods[n].epoch != epoch)]
+        if driver is not None and driver.epoch == epoch:
+            if driver.phase == "Succeeded":
+                self._set_phase(Phase.SUCCEEDED, "Completed", "the driver finished training")
+                self.st["completionTime"] = self._now()
+                return
+            if driver.phase == "Failed" and driver.exit_code == INVALID_SPEC_EXIT_CODE:
+                said = driver.termination_message.strip() or f"see `kubectl logs {driver.name}`"
+                self._fail("InvalidSpec", f"the driver refused the spec (exit code {INVALID_SPEC_EXIT_CODE}, "
+                           f"not retried): {said}"[:MESSAGE_LIMIT])
+                return
+        # While creates fail, a missing pod is one not created yet (only gang pods before Running).
+        not_created = self.create_failing and self.phase is Phase.INITIALIZING
+        lost = [n for n, s in self.desired.pods.items() if s.role.gang and (
+            (n not in pods and not not_created)
+            or (n in pods and (pods[n].phase == "Failed" or pods[n].epoch != epoch or pods[n].terminating)))]
         if lost:
-            self._gang_failure(lost)
+            self._gang_failure(spec, lost)
             return
-        for name in self.desired.pods:  # only rollout pods can be missing here: replace alone
-            seen = pods.get(name)
-            if seen is None:
-                self.st["rolloutReplacements"] = int(self.st["rolloutReplacements"]) + 1
-                self._create_pod(name, "ReplacedRolloutPod", f"rollout pod {name} was lost; replaced alone")
-            elif seen.phase == "Failed" or seen.epoch != epoch:
-                self._delete_pod(seen, "DeletedFailedRolloutPod",
-                                 f"rollout pod {name} failed ({seen.reason or seen.phase}); it is replaced alone")
-                self.out.requeue(1.0)
-        for extra in pods.values():  # scaled down, or not ours any more
-            if extra.name not in self.desired.pods:
-                self._delete_pod(extra, "DeletedPod", f"pod {extra.name} is not desired (spec changed)")
+        stale = sorted(p.name for p in pods.values()
+                       if p.epoch == epoch and p.spec_hash and p.spec_hash != self.desired.spec_hash)
+        if stale:
+            self._spec_restart(spec, stale)
+            return
+        self._keep_pods_alive(epoch)
         ready = all(pods.get(n) is not None and pods[n].phase == "Running" and pods[n].ready
                     for n in self.desired.pods)
         if ready and self.phase is Phase.INITIALIZING:
             self._set_phase(Phase.RUNNING, "PodsReady", "all pods are running and ready")
+
+    def _keep_pods_alive(self, epoch: int) -> None:
+        """Create missing pods (rollout pods lost alone, or creates to retry), delete failed rollout pods
+        and pods that are not desired (scaled down)."""
+        assert self.desired is not None
+        pods = self.obs.pods
+        missing = [n for n in self.desired.pods if n not in pods]
+        if missing and self.create_failing:
+            after = parse_time(self.st.get("restartAfter"))
+            if after is not None and after > self.now:
+                self.create_retry_due = True  # the backoff of the failed create is not over yet
+                self.out.requeue((after - self.now).total_seconds())
+            else:
+                for name in missing:
+                    self._create_pod(name, "CreatedPod", f"created pod {name} (retry after a failed create)")
+            missing = []
+        for name in missing:  # only rollout pods can be missing here: replace alone
+            self.st["rolloutReplacements"] = int(self.st["rolloutReplacements"]) + 1
+            self._create_pod(name, "ReplacedRolloutPod", f"rollout pod {name} was lost; replaced alone")
+        for name, seen in pods.items():
+            if name in self.desired.pods and (seen.phase == "Failed" or seen.epoch != epoch):
+                self._delete_pod(seen, "DeletedFailedRolloutPod",
+                                 f"rollout pod {name} failed ({seen.reason or seen.phase}); it is replaced alone")
+                self.out.requeue(1.0)
+            elif name not in self.desired.pods:  # scaled down
+                self._delete_pod(seen, "DeletedPod", f"pod {name} is not desired (spec changed)")
 
     def _deadlines(self, active: int | None, pre_running: int | None) -> bool:
         started = self._elapsed("startTime")
         if active is not None and started is not None and started > active:
             self._fail("DeadlineExceeded", f"activeDeadlineSeconds={active} exceeded ({started:.0f} s)")
             return True
-        attempt = self._elapsed("attemptStartTime")
-        if pre_running is not None and self.phase in PRE_RUNNING and attempt is not None and attempt > pre_running:
-            waiting = sorted({p.reason for p in self.obs.pods.values() if p.reason and p.phase != "Running"})
-            detail = f"; pod reasons: {', '.join(waiting)}" if waiting else ""
-            self._fail("PreRunningDeadlineExceeded",
-                       f"pods not all running {attempt:.0f} s after creation > preRunningDeadlineSeconds="
-                       f"{pre_running}{detail}")
-            return True
         if active is not None and started is not None:
             self.out.requeue(active - started)
-        if pre_running is not None and attempt is not None and self.phase in PRE_RUNNING:
-            self.out.requeue(pre_running - attempt)
+        # Per attempt: only the Initializing of the current pods counts. A restart after hours of
+        # training starts a fresh clock, and the backoff wait (Restarting) or a Pending start
+        # waiting for old pods to go is not "stuck initializing".
+        attempt = self._elapsed("attemptStartTime")
+        if pre_running is None or attempt is None or self.phase is not Phase.INITIALIZING:
+            return False
+        if attempt > pre_running:
+            stuck = "; ".join(f"{n} {r}" for n, r, _ in _stuck_pods(self.obs.pods))
+            self._fail("PreRunningDeadlineExceeded",
+                       f"pods not all running {attempt:.0f} s after this attempt's pods were created > "
+                       f"preRunningDeadlineSeconds={pre_running}{'; waiting: ' + stuck if stuck else ''}")
+            return True
+        self.out.requeue(pre_running - attempt)
         return False
 
     def _start_pods(self, message: str) -> None:
+        """Create every pod of the current epoch, once no pod of an earlier attempt is left (same names)."""
         assert self.desired is not None
-        for name, p in self.obs.pods.items():
-            if name not in self.desired.pods:
-                self._delete_pod(p, "DeletedPod", f"pod {name} is not desired")
+        if self.conflicted:
+            self._set_phase(Phase.PENDING, "ChildConflict",
+                            "no pod is created while a child's name is taken by another owner: see the "
+                            "ChildConflict condition")
+            return
+        old = list(self.obs.pods.values())
+        if old:
+            for p in old:
+                self._delete_pod(p, "DeletedPod", "old pods go before new ones are created")
+            self._set_phase(Phase.PENDING, "WaitingForOldPods",
+                            f"waiting for {len(old)} old pod(s) to terminate before creating new ones: "
+                            f"{', '.join(sorted(p.name for p in old))}")
+            self.out.requeue(1.0)
+            return
         for name in self.desired.pods:
-            if name not in self.obs.pods:
-                self._create_pod(name, "CreatedPod", f"created pod {name}")
+            self._create_pod(name, "CreatedPod", f"created pod {name}")
         self.st.setdefault("startTime", self._now())
         self.st["attemptStartTime"] = self._now()
-        self.st.pop("restartAfter", None)
         self._set_phase(Phase.INITIALIZING, "PodsCreated", message)
+        if isinstance(self.spec, AsyncRLJobSpec) and self.spec.run_policy.pre_running_deadline_seconds is not None:
+            self.out.requeue(self.spec.run_policy.pre_running_deadline_seconds)  # this attempt's own clock
 
-    def _gang_failure(self, lost: list[tuple[str, Any]]) -> None:
-        pods = self.obs.pods
+    def _gang_failure(self, spec: AsyncRLJobSpec, lost: list[str]) -> None:
+        pods, epoch = self.obs.pods, int(self.st["epoch"])
         lines, preempted = [], False
-        for name, _slot in lost:
+        for name in lost:
             p = pods.get(name)
             if p is None:
-                lines.append(f"{name} was deleted")
+                seen_disrupted = (name, epoch) in self.obs.disrupted
+                preempted = preempted or seen_disrupted
+                lines.append(f"{name} was {'preempted and is gone' if seen_disrupted else 'deleted'}")
             else:
                 preempted = preempted or p.disrupted
-                lines.append(f"{name} {p.phase}{' (preempted)' if p.disrupted else ''}"
+                state = "terminating" if p.terminating and p.phase != "Failed" else p.phase
+                lines.append(f"{name} {state}{' (preempted)' if p.disrupted else ''}"
                              f"{': ' + p.reason if p.reason else ''}")
         what = "; ".join(lines)
+        rp = spec.run_policy
         if preempted:
-            self.st["preemptions"] = int(self.st["preemptions"]) + 1
+            n = int(self.st["preemptions"]) + 1
+            if n > rp.preemption_limit:
+                self._fail("PreemptionLimitExceeded", f"{what}; preemptionLimit={rp.preemption_limit} reached")
+                return
+            self.st["preemptions"] = n
             self.out.preemptions += 1
             delay = self.cfg.restart_delay(1)
-            cause, msg = "Preempted", f"{what}; restarting from the last checkpoint (preemption, not counted)"
+            cause = "Preempted"
+            msg = (f"{what}; preemption {n}/{rp.preemption_limit} (not counted against backoffLimit), "
+                   f"restarting {resume_point(spec)} in {delay:g} s")
         else:
             restarts = int(self.st["restarts"]) + 1
-            limit = self.spec.run_policy.backoff_limit if isinstance(self.spec, AsyncRLJobSpec) else 0
-            if restarts > limit:
-                self._fail("BackoffLimitExceeded", f"{what}; backoffLimit={limit} reached")
+            if restarts > rp.backoff_limit:
+                self._fail("BackoffLimitExceeded", f"{what}; backoffLimit={rp.backoff_limit} reached")
                 return
             self.st["restarts"] = restarts
             self.out.counted_restarts += 1
             delay = self.cfg.restart_delay(restarts)
             cause = "PodFailed"
-            msg = f"{what}; restart {restarts}/{limit} from the last checkpoint in {delay:g} s"
-        self.restart_cause = cause
+            msg = f"{what}; restart {restarts}/{rp.backoff_limit} {resume_point(spec)} in {delay:g} s"
+        self._restart_gang(cause, msg[:MESSAGE_LIMIT], delay)
+
+    def _spec_restart(self, spec: AsyncRLJobSpec, stale: list[str]) -> None:
+        """The running pods were built from an older spec: restart every pod with the new one (not counted)."""
+        self.out.spec_restarts += 1
+        self._restart_gang("SpecChanged", f"spec changed (generation {self.job.generation}): {len(stale)} pod(s) "
+                           f"built from an earlier spec; restarting every pod with the new spec "
+                           f"{resume_point(spec)} (not counted against backoffLimit)", 0.0)
+
+    def _restart_gang(self, cause: str, message: str, delay: float) -> None:
         self.st["epoch"] = int(self.st["epoch"]) + 1
         self.st["restartAfter"] = rfc3339(self.now + dt.timedelta(seconds=delay))
-        self._set_phase(Phase.RESTARTING, cause, msg)
-        for p in pods.values():
-            self._delete_pod(p, "DeletedPod", f"gang restart: {what}")
-        self.out.requeue(delay)
+        self._set_phase(Phase.RESTARTING, cause, message)
+        for p in self.obs.pods.values():
+            self._delete_pod(p, "DeletedPod", f"gang restart ({cause})")
+        self.out.requeue(max(delay, 1.0))
 
     def _restarting(self) -> None:
-        leftover = [p for p in self.obs.pods.values()]
+        leftover = list(self.obs.pods.values())
         for p in leftover:
             self._delete_pod(p, "DeletedPod", "gang restart: old pods go first")
         if leftover:
@@ -447,7 +636,7 @@ class _Planner:
         if after is not None and after > self.now:
             self.out.requeue((after - self.now).total_seconds())
             return
-        self._start_pods(f"restart (epoch {self.st['epoch']}): resuming from the last checkpoint")
+        self._start_pods(f"restart (epoch {self.st['epoch']}): resuming {self._resume_point()}")
 
     # -- status pieces
     def _replicas(self) -> None:
@@ -468,6 +657,25 @@ class _Planner:
                                "rolloutDesired": rd, "actorReady": ar, "actorDesired": ad,
                                "driverReady": driver_ready}
 
+    def _waiting_reasons(self) -> None:
+        """While Initializing, why pods are not running yet goes to ``status.message``, the PodsReady
+        condition, and one Warning event per pod and new reason (family)."""
+        if self.phase is not Phase.INITIALIZING:
+            return
+        self.waiting = _stuck_pods(self.obs.pods)
+        prev = _condition(self.prev, "PodsReady")
+        before = {(pod, _WAITING_FAMILY.get(r, r)) for pod, r in _STUCK_ENTRY.findall(prev.get("message") or "")}
+        for pod, reason, message in self.waiting:
+            if (pod, _WAITING_FAMILY.get(reason, reason)) not in before:
+                self.out.events.append(Event("Warning", reason, f"pod {pod}: {message or reason}"[:MESSAGE_LIMIT]))
+        if self.waiting:
+            self.st["message"] = f"waiting for pods: {_stuck_text(self.waiting)}"
+        elif self.prev.get("phase") == Phase.INITIALIZING.value and not self.create_retry_due:
+            # The phase did not change now: say where the start-up stands instead of a stale reason.
+            assert self.desired is not None
+            ready = sum(1 for n in self.desired.pods if (p := self.obs.pods.get(n)) is not None and p.ready)
+            self.st["message"] = f"{ready}/{len(self.desired.pods)} pods running and ready"
+
     def _conditions(self) -> list[dict[str, Any]]:
         ph, reason, message = self.phase, self.st.get("reason", ""), self.st.get("message", "")
         all_ready = bool(self.desired) and all(
@@ -477,33 +685,49 @@ class _Planner:
         def flag(on: bool, off_reason: str) -> tuple[str, str, str]:
             return ("True", reason, message) if on else ("False", off_reason, "")
 
+        pods_ready = ("True", "AllPodsReady", "") if all_ready and not ph.terminal else \
+            ("False", self.waiting[0][1], _stuck_text(self.waiting)) if self.waiting else \
+            ("False", "PodsNotReady", "")
         want: dict[str, tuple[str, str, str]] = {
             "SpecValid": ("False", "ValidationFailed", message) if ph is Phase.VALIDATION_FAILED
             else ("True", "Validated", "spec accepted"),
-            "PodsReady": ("True", "AllPodsReady", "") if all_ready and not ph.terminal
-            else ("False", "PodsNotReady", ""),
+            "PodsReady": pods_ready,
             "Running": flag(ph is Phase.RUNNING, "NotRunning"),
             "Suspended": flag(ph is Phase.SUSPENDED, "NotSuspended"),
             "Restarting": flag(ph is Phase.RESTARTING, "NotRestarting"),
             "Degraded": self.degraded,
+            # Set True by fold_create_failures; kept while the retry of a failed create waits.
+            "FailedCreate": _triple(_condition(self.prev, "FailedCreate")) if self.create_retry_due
+            else ("False", "NoFailedCreate", ""),
+            "ChildConflict": self._conflict_condition(),
             "Succeeded": flag(ph is Phase.SUCCEEDED, "NotSucceeded"),
             "Failed": flag(ph in (Phase.FAILED,), "NotFailed"),
         }
-        out = []
-        for ctype in CONDITION_TYPES:
-            status, why, msg = want[ctype]
-            old = _condition(self.prev, ctype)
-            changed = old.get("status") != status
-            out.append({
-                "type": ctype,
-                "status": status,
-                "reason": why or ctype,
-                "message": msg or "",
-                "lastTransitionTime": self._now() if changed or not old.get("lastTransitionTime")
-                else old["lastTransitionTime"],
-                "observedGeneration": self.job.generation,
-            })
-        return out
+        return [self._condition(ctype, *want[ctype]) for ctype in CONDITION_TYPES]
+
+    def _conflict_condition(self) -> tuple[str, str, str]:
+        if self.conflicts is None:
+            prev = _condition(self.prev, "ChildConflict")
+            return _triple(prev) if prev else ("False", "NoConflict", "")
+        if not self.conflicts:
+            return "False", "NoConflict", ""
+        text = "; ".join(self.conflicts)[:MESSAGE_LIMIT]
+        if _condition(self.prev, "ChildConflict").get("message") != text:
+            self.out.events.append(Event("Warning", "ChildConflict", text))
+        return "True", "ChildConflict", text
+
+    def _condition(self, ctype: str, status: str, why: str, msg: str) -> dict[str, Any]:
+        old = _condition(self.prev, ctype)
+        changed = old.get("status") != status
+        return {
+            "type": ctype,
+            "status": status,
+            "reason": why or ctype,
+            "message": msg or "",
+            "lastTransitionTime": self._now() if changed or not old.get("lastTransitionTime")
+            else old["lastTransitionTime"],
+            "observedGeneration": self.job.generation,
+        }
 
 
 def _condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
@@ -511,6 +735,83 @@ def _condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
         if c.get("type") == ctype:
             return c
     return {}
+
+
+def _triple(cond: dict[str, Any]) -> tuple[str, str, str]:
+    return cond.get("status", "Unknown"), cond.get("reason", ""), cond.get("message", "")
+
+
+def _child_patch(kind: str, seen: dict[str, Any], want: dict[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that brings one of our children up to date, or None. A Secret is never
+    patched (nor its data read); a PodGroup follows the gang's size; others are created once."""
+    if kind == "ConfigMap" and seen.get("data") != want.get("data"):
+        return {"data": want.get("data")}
+    if kind == "PodGroup":
+        have = seen.get("spec") or {}
+        if any(have.get(k) != v for k, v in (want.get("spec") or {}).items()):
+            return {"spec": want.get("spec")}
+    return None
+
+
+def _stuck_pods(pods: dict[str, PodView]) -> list[tuple[str, str, str]]:
+    """(pod, reason, message) of every pod not running for a reason worth telling, by name."""
+    return [(p.name, p.waiting_reason, p.waiting_message) for p in sorted(pods.values(), key=lambda p: p.name)
+            if p.waiting_reason and p.phase != "Running" and not p.terminating]
+
+
+# One entry of the PodsReady message as _stuck_text writes it: "<pod> <Reason>: <message>".
+_STUCK_ENTRY = re.compile(r"(?:^|; )([a-z0-9.-]+) ([A-Za-z]+):")
+
+
+def _stuck_text(stuck: list[tuple[str, str, str]]) -> str:
+    return "; ".join(f"{pod} {reason}: {msg}" for pod, reason, msg in stuck)[:MESSAGE_LIMIT]
+
+
+# ---------------------------------------------------------------- failed creates (after apply)
+
+def fold_create_failures(prev_status: dict[str, Any], planned: Plan, failures: list[CreateFailure],
+                         now: dt.datetime, settings: OperatorSettings) -> Plan:
+    """The plan's status and events once some of its creates were refused by the API server.
+
+    A refused create is never a lost pod: ``FailedCreate`` becomes True with the server's messages,
+    one Warning event per failure, and the next attempt waits until ``restartAfter``: as long as
+    the creates have been failing already, at least ``restartBackoffSeconds``, at most the cap (so
+    the waits double without a counter). A name taken by another owner is also ``ChildConflict``.
+    """
+    if not failures:
+        return planned
+    st = dict(planned.status)
+    conds = {c["type"]: dict(c) for c in st.get("conditions") or []}
+    events = list(planned.events)
+
+    def since(ctype: str) -> dt.datetime | None:
+        was = _condition(prev_status, ctype)
+        return parse_time(was.get("lastTransitionTime")) if was.get("status") == "True" else None
+
+    def set_true(ctype: str, message: str) -> None:
+        conds[ctype] = {"type": ctype, "observedGeneration": st.get("observedGeneration"), **conds.get(ctype, {}),
+                        "status": "True", "reason": ctype, "message": message,
+                        "lastTransitionTime": rfc3339(since(ctype) or now)}
+
+    first = since("FailedCreate")
+    failing_for = 0.0 if first is None else (now - first).total_seconds()
+    delay = min(max(failing_for, settings.restart_backoff_seconds), settings.restart_backoff_max_seconds)
+    text = "; ".join(f"create {f.kind} {f.name}: {f.code} {f.message}" for f in failures)[:MESSAGE_LIMIT]
+    set_true("FailedCreate", text)
+    st["restartAfter"] = rfc3339(now + dt.timedelta(seconds=delay))
+    if st.get("phase") in (Phase.INITIALIZING.value, Phase.RUNNING.value):
+        st["message"] = f"the API server refused to create pods, retrying in {delay:g} s: {text}"[:MESSAGE_LIMIT]
+    events += [Event("Warning", "FailedCreate", f"create {f.kind} {f.name} refused: {f.code} {f.message}"
+                     [:MESSAGE_LIMIT]) for f in failures]
+    taken = "; ".join(f.message for f in failures if f.conflict)[:MESSAGE_LIMIT]
+    if taken:
+        if _condition(prev_status, "ChildConflict").get("message") != taken:
+            events.append(Event("Warning", "ChildConflict", taken))
+        set_true("ChildConflict", taken)
+    st["conditions"] = [conds[c["type"]] for c in st.get("conditions") or []]
+    out = dataclasses.replace(planned, status=st, events=events)
+    out.requeue(delay)
+    return out
 
 
 # ---------------------------------------------------------------- deletion (finalizer)

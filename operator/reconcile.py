@@ -5,12 +5,14 @@ goes through :meth:`Reconciler.reconcile`, serialised by a per-job lock, so the 
 conditions are always written by one place from one fresh read.
 """
 
+import contextvars
 import datetime as dt
 import logging
+import secrets
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from kubernetes.client import ApiException
@@ -20,14 +22,19 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.validation import SpecError, validate_job
 from asyncrl.operator import builders, names
 from asyncrl.operator.config import OperatorSettings
-from asyncrl.operator.kube import Kube
+from asyncrl.operator.kube import Kube, server_message
 from asyncrl.operator.lifecycle import (
     OPERATOR_FIELDS,
     Action,
+    CreateFailure,
     JobView,
     Observed,
     Plan,
     PodView,
+    fold_create_failures,
+    observe_pods,
+    owned_by,
+    owner_of,
     plan,
     plan_deletion,
 )
@@ -35,7 +42,6 @@ from asyncrl.operator.metrics import OperatorMetrics
 
 log = logging.getLogger("asyncrl.operator")
 EventSink = Callable[[dict[str, Any], str, str, str], None]  # (job body, type, reason, message)
-CHILD_KINDS = ("ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding")
 
 
 class ReconcileError(Exception):
@@ -66,6 +72,60 @@ def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return patch
 
 
+class Later:
+    """Calls ``callback(*key)`` once after a delay; one pending timer per key, the earliest wins.
+
+    The callback runs in a copy of the context that scheduled it. kopf keeps its event queue in
+    context variables (``kopf._core.engines.posting``) and copies them into the threads of sync
+    handlers; a bare ``threading.Timer`` thread starts with an empty context, where ``kopf.event``
+    raises ``LookupError`` and a timer-scheduled reconcile (restart backoff) would post no event.
+    """
+
+    def __init__(self, callback: Callable[..., None]) -> None:
+        self.callback = callback
+        self._lock = threading.Lock()
+        self._timers: dict[Hashable, tuple[float, threading.Timer]] = {}
+        self._closed = False
+
+    def schedule(self, key: tuple[Any, ...], delay: float) -> None:
+        delay = max(delay, 0.05)
+        due = time.monotonic() + delay
+        context = contextvars.copy_context()
+        with self._lock:
+            if self._closed:
+                return
+            pending = self._timers.get(key)
+            if pending is not None and pending[0] <= due:
+                return
+            if pending is not None:
+                pending[1].cancel()
+            timer = threading.Timer(delay, self._run, (key, context))
+            timer.daemon = True
+            self._timers[key] = (due, timer)
+        timer.start()
+
+    def _run(self, key: tuple[Any, ...], context: contextvars.Context) -> None:
+        with self._lock:
+            pending = self._timers.get(key)
+            if pending is not None and pending[1] is threading.current_thread():
+                del self._timers[key]
+        context.run(self.callback, *key)
+
+    def cancel(self, key: tuple[Any, ...]) -> None:
+        with self._lock:
+            pending = self._timers.pop(key, None)
+        if pending is not None:
+            pending[1].cancel()
+
+    def close(self) -> None:
+        """Cancel everything; nothing is scheduled any more (operator shutdown)."""
+        with self._lock:
+            self._closed = True
+            timers, self._timers = list(self._timers.values()), {}
+        for _, timer in timers:
+            timer.cancel()
+
+
 class Reconciler:
     def __init__(self, cfg: OperatorSettings, kube: Kube, metrics: OperatorMetrics, events: EventSink,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
@@ -74,23 +134,40 @@ class Reconciler:
         self._guard = threading.Lock()
         self._waiting: set[tuple[str, str]] = set()
         self._full: dict[tuple[str, str], bool] = {}
-        self._later: dict[tuple[str, str], tuple[float, threading.Timer]] = {}
-        self._closed = False
+        self._later = Later(self._fire)
+        # job uid -> {(pod name, epoch)} seen with DisruptionTarget=True. In memory only: a pod event
+        # can carry the last state of a pod that is gone by the time its reconcile lists the pods.
+        self._disrupted: defaultdict[str, set[tuple[str, int]]] = defaultdict(set)
 
-    def observe(self, ref: builders.JobRef, children: bool = True) -> Observed:
-        """List the job's pods and, when ``children``, read its other children (five GETs)."""
-        pods = [PodView.from_manifest(p) for p in self.kube.list_pods(ref.namespace, names.selector_string(ref.name))]
-        if not children:
-            return Observed(pods={p.name: p for p in pods}, children=None)
-        wanted = {"ConfigMap": names.configmap_name(ref.name), "Service": names.service_name(ref.name),
-                  "ServiceAccount": names.status_account_name(ref.name), "Role": names.status_account_name(ref.name),
-                  "RoleBinding": names.status_account_name(ref.name)}
+    def note_pod(self, body: dict[str, Any]) -> None:
+        """Remember a disrupted pod from its event body (DELETED events carry the last state)."""
+        view = PodView.from_manifest(body)
+        if view.disrupted:
+            with self._guard:
+                for uid in view.owner_uids:
+                    self._disrupted[uid].add((view.name, view.epoch))
+
+    def pod_event(self, namespace: str, job: str, body: dict[str, Any]) -> Plan | None:
+        """A pod of ``job`` changed or went away: remember a disruption, then reconcile (pods only)."""
+        self.note_pod(body)
+        return self.reconcile(namespace, job, children=False)
+
+    def observe(self, ref: builders.JobRef, desired: builders.Desired | None, children: bool = True) -> Observed:
+        """List the job's pods and, when ``children``, read each desired child (one GET each)."""
+        manifests = self.kube.list_pods(ref.namespace, names.selector_string(ref.name))
+        for m in manifests:
+            self.note_pod(m)
+        pods, foreign = observe_pods(manifests, ref.uid)
+        with self._guard:
+            disrupted = frozenset(self._disrupted.get(ref.uid, ()))
+        if not children or desired is None:
+            return Observed(pods, None, foreign, disrupted)
         found: dict[tuple[str, str], dict[str, Any]] = {}
-        for kind in CHILD_KINDS:
-            obj = self.kube.get(kind, ref.namespace, wanted[kind])
+        for child in desired.children:
+            obj = self.kube.get(child.kind, ref.namespace, child.name, child.manifest.get("apiVersion", "v1"))
             if obj is not None:
-                found[(kind, wanted[kind])] = obj
-        return Observed(pods={p.name: p for p in pods}, children=found)
+                found[(child.kind, child.name)] = obj
+        return Observed(pods, found, foreign, disrupted)
 
     def reconcile(self, namespace: str, name: str, children: bool = True) -> Plan | None:
         """Bring one job one step closer to its desired state. None if the job is gone or deleting,
@@ -118,10 +195,7 @@ class Reconciler:
         with self.metrics.reconcile_seconds.time():
             try:
                 return self._reconcile(namespace, name, full)
-            except ApiException:
-                self.metrics.reconcile_errors.labels("api").inc()
-                raise
-            except ReconcileError:
+            except (ApiException, ReconcileError):
                 self.metrics.reconcile_errors.labels("api").inc()
                 raise
             except Exception:
@@ -135,47 +209,50 @@ class Reconciler:
         ref = job_ref(body)
         status = body.get("status") or {}
         spec = parse_spec(body)
+        # A fresh token each time: it is used only if the Secret is missing (created once, never patched).
         desired = None if isinstance(spec, SpecError) else builders.desired(
-            ref, spec, self.cfg, int(status.get("epoch") or 0))
-        observed = self.observe(ref, children=full)
+            ref, spec, self.cfg, int(status.get("epoch") or 0), ray_token=secrets.token_urlsafe(32))
+        observed = self.observe(ref, desired, children=full)
         view = JobView(ref, int(body["metadata"].get("generation") or 1), status)
-        p = plan(view, spec, desired, observed, self.clock(), self.cfg)
-        failures = [msg for a in p.actions if (msg := self._apply(body, a))]
+        now = self.clock()
+        p = plan(view, spec, desired, observed, now, self.cfg)
+        failures: list[str] = []
+        refused: list[CreateFailure] = []
+        for a in p.actions:
+            outcome = self._apply(body, ref, a)
+            if isinstance(outcome, CreateFailure):
+                refused.append(outcome)
+            elif outcome:
+                failures.append(outcome)
+        p = fold_create_failures(status, p, refused, now, self.cfg)  # refused creates: a condition, retried
         for ev in p.events:
             self.events(body, ev.type, ev.reason, ev.message)
         patch = status_patch(status, p.status)
         if patch:
             self.kube.patch_job_status(namespace, name, patch)
+        self._forget_disruptions(ref.uid, int(p.status.get("epoch") or 0))
         self.metrics.observe_phase(namespace, name, p.status.get("phase", "Pending"))
         self.metrics.restarted(namespace, name, "failure", p.counted_restarts)
         self.metrics.restarted(namespace, name, "preemption", p.preemptions)
+        self.metrics.restarted(namespace, name, "spec_change", p.spec_restarts)
         if p.requeue_after is not None and p.requeue_after < self.cfg.resync_seconds:
-            self._schedule(namespace, name, p.requeue_after)
+            self._later.schedule((namespace, name), p.requeue_after)
         if failures:
             raise ReconcileError("; ".join(failures))
         return p
 
-    def _schedule(self, namespace: str, name: str, delay: float) -> None:
-        """Reconcile again after ``delay`` s (a restart backoff, a deadline) whatever triggered this
-        one: pod events cannot ask kopf to retry. One pending timer per job, the earliest wins."""
-        key = (namespace, name)
-        due = time.monotonic() + max(delay, 0.05)
+    def _forget_disruptions(self, uid: str, epoch: int) -> None:
+        """Disruptions of pods of earlier epochs were acted on (or never mattered)."""
         with self._guard:
-            if self._closed:
-                return
-            pending = self._later.get(key)
-            if pending is not None and pending[0] <= due:
-                return
-            if pending is not None:
-                pending[1].cancel()
-            timer = threading.Timer(max(delay, 0.05), self._fire, (namespace, name))
-            timer.daemon = True
-            self._later[key] = (due, timer)
-        timer.start()
+            kept = {(n, e) for n, e in self._disrupted.get(uid, ()) if e >= epoch}
+            if kept:
+                self._disrupted[uid] = kept
+            else:
+                self._disrupted.pop(uid, None)
 
     def _fire(self, namespace: str, name: str) -> None:
-        with self._guard:
-            self._later.pop((namespace, name), None)
+        """Reconcile again after a short wait (a restart backoff, a deadline, a create retry) whatever
+        triggered the last one: pod events cannot ask kopf to retry."""
         try:
             self.reconcile(namespace, name, children=False)
         except Exception as exc:  # the resync timer retries
@@ -183,15 +260,12 @@ class Reconciler:
 
     def close(self) -> None:
         """Cancel every scheduled reconcile (operator shutdown)."""
-        with self._guard:
-            self._closed = True
-            for _, timer in self._later.values():
-                timer.cancel()
-            self._later.clear()
+        self._later.close()
 
-    def _apply(self, body: dict[str, Any], a: Action) -> str | None:
-        """Run one action; post its event. Returns an error message instead of raising."""
-        ns = body["metadata"]["namespace"]
+    def _apply(self, body: dict[str, Any], ref: builders.JobRef, a: Action) -> str | CreateFailure | None:
+        """Run one action; post its event. A create the server refuses comes back as a CreateFailure
+        (folded into the status), any other failure as a message; nothing raises."""
+        ns = ref.namespace
         try:
             if a.kind == "AsyncRLJob":
                 if a.verb == "delete":
@@ -201,18 +275,32 @@ class Reconciler:
             elif a.verb == "create":
                 self.kube.create(a.kind, ns, a.body or {})
             elif a.verb == "patch":
-                self.kube.patch(a.kind, ns, a.name, a.body or {})
+                self.kube.patch(a.kind, ns, a.name, a.body or {}, a.api_version)
             else:
                 grace = (a.body or {}).get("gracePeriodSeconds")
-                self.kube.delete(a.kind, ns, a.name, grace)
+                self.kube.delete(a.kind, ns, a.name, grace, a.api_version)
         except ApiException as exc:
-            if (a.verb == "create" and exc.status == 409) or (a.verb == "delete" and exc.status == 404):
-                return None  # already done (e.g. by an operator instance before a restart)
-            msg = f"{a.verb} {a.kind} {a.name} failed: {exc.status} {exc.reason}"
+            if a.verb == "delete" and exc.status == 404:
+                return None  # already gone
+            if a.verb == "create" and exc.status == 409:
+                return self._taken(ref, a)
+            if a.verb == "create" and a.kind != "AsyncRLJob" and 400 <= (exc.status or 0) < 500 \
+                    and exc.status != 429:  # quota, admission, RBAC: the server said no, retrying now won't help
+                return CreateFailure(a.kind, a.name, int(exc.status or 0), server_message(exc))
+            msg = f"{a.verb} {a.kind} {a.name} failed: {exc.status} {server_message(exc)}"
             self.events(body, "Warning", f"FailedTo{a.verb.capitalize()}{a.kind}", msg)
             return msg
         self.events(body, "Normal", a.reason, a.message)
         return None
+
+    def _taken(self, ref: builders.JobRef, a: Action) -> CreateFailure | None:
+        """A create answered 409: fine if the object is ours (another reconcile made it), else its
+        name is taken by an owner that is not this job, and it is never adopted."""
+        obj = self.kube.get(a.kind, ref.namespace, a.name, a.api_version)
+        if obj is None or owned_by(obj, ref.uid):
+            return None
+        return CreateFailure(a.kind, a.name, 409, f"{a.kind}/{a.name} exists and is owned by {owner_of(obj)}; "
+                             "rename the job or delete it", conflict=True)
 
     def finalize(self, body: dict[str, Any]) -> bool:
         """Delete handler: True when the finalizer may go (pods gone, or the timeout passed)."""
@@ -220,19 +308,18 @@ class Reconciler:
         with self._locks[(ref.namespace, ref.name)]:
             deleting = body["metadata"].get("deletionTimestamp")
             started = dt.datetime.fromisoformat(deleting.replace("Z", "+00:00")) if deleting else self.clock()
-            observed = Observed(pods={p.name: p for p in map(
-                PodView.from_manifest, self.kube.list_pods(ref.namespace, names.selector_string(ref.name)))})
-            dp = plan_deletion(observed, (self.clock() - started).total_seconds(), self.cfg.finalizer_timeout_seconds)
-            failures = [msg for a in dp.actions if (msg := self._apply(body, a))]
+            pods, _ = observe_pods(self.kube.list_pods(ref.namespace, names.selector_string(ref.name)), ref.uid)
+            dp = plan_deletion(Observed(pods), (self.clock() - started).total_seconds(),
+                               self.cfg.finalizer_timeout_seconds)
+            failures = [msg for a in dp.actions if isinstance(msg := self._apply(body, ref, a), str)]
             if dp.timed_out:
                 self.events(body, "Warning", "FinalizerTimeout",
                             f"pods still terminating after {self.cfg.finalizer_timeout_seconds:g} s; "
                             "finalizer removed")
             if dp.done:
+                self._later.cancel((ref.namespace, ref.name))
                 with self._guard:
-                    pending = self._later.pop((ref.namespace, ref.name), None)
-                if pending is not None:
-                    pending[1].cancel()
+                    self._disrupted.pop(ref.uid, None)
                 self.metrics.forget(ref.namespace, ref.name)
                 self._locks.pop((ref.namespace, ref.name), None)
             elif failures:

@@ -46,8 +46,11 @@ def test_new_job_creates_every_child_then_goes_initializing() -> None:
     p = run({}, [], children=False)
     assert sorted(n for v, k, n in verbs(p) if k == "Pod") == sorted(ALL)
     assert p.status["phase"] == "Initializing" and p.status["startTime"] == "2026-01-01T12:00:00Z"
-    p2 = plan(JobView(REF, 1, {}), spec(), desired(REF, spec(), CFG, 0), Observed({}, {}), T0, CFG)
-    assert {k for v, k, n in verbs(p2)} == {"Pod", "ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding"}
+    d = desired(REF, spec(), CFG, 0, ray_token="t0k3n")
+    p2 = plan(JobView(REF, 1, {}), spec(), d, Observed({}, {}), T0, CFG)
+    kinds = {"ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy"}
+    assert {c.kind for c in d.children} == kinds  # no PodGroup without a gang scheduler
+    assert sorted((k, n) for v, k, n in verbs(p2) if k != "Pod") == sorted((c.kind, c.name) for c in d.children)
 
 
 def test_all_ready_is_running_with_replica_strings() -> None:
@@ -159,8 +162,9 @@ def test_mask_guard_degrades_once_and_acts() -> None:
 
 
 def test_sync_phase_timeout_event_fires_once() -> None:
+    # 10 min in one phase > oldLogits.interruptSync.phaseTimeoutSeconds (default 300 s)
     training = {"policyVersion": 3, "syncPhase": "OldLogits", "syncPhaseSince": "2026-01-01T11:50:00Z"}
-    s = spec(correction={"reference": "exact"}, oldLogits={"strategy": "interruptSync"})
+    s = spec()
     p = run({"phase": "Running", "training": training}, [pod(n) for n in ALL], s)
     assert p.status["syncPhase"] == {"phase": "OldLogits", "since": "2026-01-01T11:50:00Z", "timedOut": True}
     assert [e.reason for e in p.events] == ["SyncPhaseTimeout"]
