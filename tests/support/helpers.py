@@ -11,11 +11,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "asyncrl"
 
 
-def job_manifest(name: str = "job1", **spec: Any) -> dict[str, Any]:
+def job_manifest(name: str = "job1", namespace: str = "default", **spec: Any) -> dict[str, Any]:
     """A small valid AsyncRLJob (CPU pods) with ``spec`` sections merged over it."""
     base: dict[str, Any] = {
         "apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"rollout": {"replicas": 2, "gpusPerReplica": 0},
                  "actor": {"replicas": 1, "gpusPerReplica": 0},
                  "runPolicy": {"backoffLimit": 2}},
