@@ -115,12 +115,14 @@ def test_engine_choice_is_validated() -> None:
     from asyncrl.api.pods import RolloutSpec
 
     with pytest.raises(NotImplementedError, match="use spec.rollout.engine: transformers"):
-        RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine="vllm"))
+        # validation refuses vllm until its backend lands; the worker refuses it too (defence in depth)
+        RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec().model_copy(update={"engine": "vllm"}))
     with pytest.raises(
         ValueError, match=r"engineArgs \{'gpu_memory_utilization': 0.5\} do not fit.*fp32Head"
-    ):
+    ):  # the spec refuses these too; the engine's own check names the arguments it takes
         RolloutWorker(
-            TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine_args={"gpu_memory_utilization": 0.5})
+            TaskSpec(), MODEL, AsyncSpec(),
+            rollout=RolloutSpec().model_copy(update={"engine_args": {"gpu_memory_utilization": 0.5}}),
         )
     w = RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine_args={"fp32Head": True}))
     assert w.engine.fp32_head  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.old_logits import OldLogitStrategy
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.actor import MegatronActor
 from asyncrl.trainer.megatron.batch import TrainBatch
@@ -30,10 +31,15 @@ def _spec(reference: str, **train) -> AsyncRLJobSpec:
         "train": {"learningRate": 1e-2, "seed": 3, **train},
     }
     if reference == "exact":
+        doc["oldLogits"] = {"strategy": "snapshot"}
+    spec = AsyncRLJobSpec.model_validate(doc)
+    if reference == "exact":
         # dedicated: pi_old comes from outside the actor, in TrainBatch.logp_ref (snapshot, where
-        # the actor scores old versions itself, is tested in test_actor_snapshots.py).
-        doc["oldLogits"] = {"strategy": "dedicated"}
-    return AsyncRLJobSpec.model_validate(doc)
+        # the actor scores old versions itself, is tested in test_actor_snapshots.py). Validation
+        # refuses `dedicated` until the driver runs it, so the section is swapped in unvalidated.
+        old = spec.old_logits.model_copy(update={"strategy": OldLogitStrategy.DEDICATED})
+        spec = spec.model_copy(update={"old_logits": old})
+    return spec
 
 
 def _actor(reference: str = "behavior", **train) -> MegatronActor:

@@ -176,7 +176,7 @@ def test_spec_adapter_and_constants_detached() -> None:
     mu = (-torch.rand(B, T)).requires_grad_(True)
     adv = torch.randn(B, T)
     mask = torch.ones(B, T, dtype=torch.bool)
-    spec = CorrectionSpec(mask=MaskSpec(mode="icepop", bounds=3.0), clip=ClipSpec(low=0.1, high=0.3, dual_clip=2.0),
+    spec = CorrectionSpec(mask=MaskSpec(mode="icepop", bounds={"factor": 3.0}), clip=ClipSpec(low=0.1, high=0.3, dual_clip=2.0),
                           loss_aggregation="sequenceMean")
     res = correction_loss(theta, ref, mu, adv, mask, spec)
     direct = decoupled_pg_loss(theta, ref, mu, adv, mask, mode="icepop", level="token", mask_low=1 / 3,

@@ -1,5 +1,5 @@
 """The in-job status reporter: throttling, window aggregation, final flush, failure tolerance,
-and one round trip with the real ``kubernetes`` client against the realistic fake API server."""
+and round trips with the real ``kubernetes`` client against the real API server (no operator in that namespace)."""
 
 import datetime as dt
 import sys
@@ -120,39 +120,41 @@ def test_failure_hints_name_the_fix() -> None:
     assert "asyncrljobs/status" in describe_failure(ApiException())
 
 
-# -------------------------------------------------------------------- the real client, fake API
+# -------------------------------------------------------------------- the real client, the real API server
 
-def test_report_reaches_the_fake_api_and_leaves_operator_fields(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.support.fakeapi import FakeCluster
-    from tests.support.helpers import job_manifest
+def test_report_reaches_the_api_server_and_leaves_operator_fields(apiserver: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.support.jobs import Jobs
 
-    with FakeCluster(tmp_path) as cluster:
-        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        cluster.create("asyncrljobs", job_manifest("job1"))
-        operator_status = {"phase": "Running", "reason": "AllReady", "restarts": 1,
-                           "replicas": {"rollout": "2/2", "rolloutReady": 2, "rolloutDesired": 2}}
-        cluster.patch("asyncrljobs", "default", "job1", {"status": operator_status}, sub="status")
+    ns = apiserver.namespace("reporter-1")  # not an e2e-* namespace: no operator writes here
+    monkeypatch.setenv("KUBECONFIG", str(apiserver.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    kube = apiserver.api_client()
+    jobs = Jobs(kube, ns)
+    jobs.create("job1")
+    operator_status = {"phase": "Running", "reason": "AllReady", "restarts": 1,
+                       "replicas": {"rollout": "2/2", "rolloutReady": 2, "rolloutDesired": 2}}
+    jobs.patch_status({"status": operator_status})
 
-        clock = FakeClock()
-        reporter = StatusReporter(kubernetes_sender("job1", "default"), clock=clock, wall=lambda: WALL)
-        reporter(step(1, valid=100, keep=0.5, checkpoint="/checkpoints/step-000001"))
-        assert reporter.sent == 1, reporter.last_error
-        status = cluster.get("asyncrljobs", "default", "job1")["status"]
-        assert status["training"]["keepRatio"] == 0.5 and status["training"]["lastCheckpointVersion"] == 1
-        assert {k: status[k] for k in ("phase", "reason", "restarts")} == \
-            {"phase": "Running", "reason": "AllReady", "restarts": 1}
-        assert status["replicas"]["rollout"] == "2/2"
+    clock = FakeClock()
+    reporter = StatusReporter(kubernetes_sender("job1", ns), clock=clock, wall=lambda: WALL)
+    reporter(step(1, valid=100, keep=0.5, checkpoint="/checkpoints/step-000001"))
+    assert reporter.sent == 1, reporter.last_error
+    status = jobs.status()
+    assert status["training"]["keepRatio"] == 0.5 and status["training"]["lastCheckpointVersion"] == 1
+    assert {k: status[k] for k in ("phase", "reason", "restarts")} == \
+        {"phase": "Running", "reason": "AllReady", "restarts": 1}
+    assert status["replicas"]["rollout"] == "2/2"
 
-        clock.t += 31
-        reporter(step(2, valid=100, keep=1.0))
-        assert reporter.flush() and reporter.failures == 0
-        training = cluster.get("asyncrljobs", "default", "job1")["status"]["training"]
-        assert training["policyVersion"] == 2 and training["keepRatio"] == 1.0
-        assert training["lastCheckpoint"] == "/checkpoints/step-000001"  # carried over the run
+    clock.t += 31
+    reporter(step(2, valid=100, keep=1.0))
+    assert reporter.flush() and reporter.failures == 0
+    training = jobs.status()["training"]
+    assert training["policyVersion"] == 2 and training["keepRatio"] == 1.0
+    assert training["lastCheckpoint"] == "/checkpoints/step-000001"  # carried over the run
 
-        # a job that does not exist: counted, explained, training goes on
-        missing = StatusReporter(kubernetes_sender("nope", "default"), clock=clock, wall=lambda: WALL)
-        missing(step(1))
-        assert missing.failures == 1 and "404" in (missing.last_error or "")
+    # a job that does not exist: counted, explained, training goes on
+    missing = StatusReporter(kubernetes_sender("nope", ns), clock=clock, wall=lambda: WALL)
+    missing(step(1))
+    assert missing.failures == 1 and "404" in (missing.last_error or "")
+    kube.close()
