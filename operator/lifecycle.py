@@ -538,7 +538,7 @@ class _Planner:
         if pre_running is None or attempt is None or self.phase is not Phase.INITIALIZING:
             return False
         if attempt > pre_running:
-            stuck = "; ".join(f"{n} {r}" for n, r, _ in _stuck_pods(self.obs.pods))
+            stuck = _stuck_text(_stuck_pods(self.obs.pods))
             self._fail("PreRunningDeadlineExceeded",
                        f"pods not all running {attempt:.0f} s after this attempt's pods were created > "
                        f"preRunningDeadlineSeconds={pre_running}{'; waiting: ' + stuck if stuck else ''}")
@@ -659,15 +659,15 @@ class _Planner:
 
     def _waiting_reasons(self) -> None:
         """While Initializing, why pods are not running yet goes to ``status.message``, the PodsReady
-        condition, and one Warning event per pod and new reason (family)."""
+        condition, and one Warning event per new reason (family), naming its pods."""
         if self.phase is not Phase.INITIALIZING:
             return
         self.waiting = _stuck_pods(self.obs.pods)
         prev = _condition(self.prev, "PodsReady")
-        before = {(pod, _WAITING_FAMILY.get(r, r)) for pod, r in _STUCK_ENTRY.findall(prev.get("message") or "")}
-        for pod, reason, message in self.waiting:
-            if (pod, _WAITING_FAMILY.get(reason, reason)) not in before:
-                self.out.events.append(Event("Warning", reason, f"pod {pod}: {message or reason}"[:MESSAGE_LIMIT]))
+        before = {_WAITING_FAMILY.get(r, r) for r in _STUCK_REASON.findall(prev.get("message") or "")}
+        for reason, pods, message in _by_reason(self.waiting):
+            if _WAITING_FAMILY.get(reason, reason) not in before:
+                self.out.events.append(Event("Warning", reason, _reason_text(reason, pods, message)))
         if self.waiting:
             self.st["message"] = f"waiting for pods: {_stuck_text(self.waiting)}"
         elif self.prev.get("phase") == Phase.INITIALIZING.value and not self.create_retry_due:
@@ -759,12 +759,28 @@ def _stuck_pods(pods: dict[str, PodView]) -> list[tuple[str, str, str]]:
             if p.waiting_reason and p.phase != "Running" and not p.terminating]
 
 
-# One entry of the PodsReady message as _stuck_text writes it: "<pod> <Reason>: <message>".
-_STUCK_ENTRY = re.compile(r"(?:^|; )([a-z0-9.-]+) ([A-Za-z]+):")
+def _by_reason(stuck: list[tuple[str, str, str]]) -> list[tuple[str, list[str], str]]:
+    """(reason, its pods, the first pod's message), reasons in the order of their first pod."""
+    groups: dict[str, tuple[list[str], str]] = {}
+    for pod, reason, message in stuck:
+        groups.setdefault(reason, ([], message))[0].append(pod)
+    return [(reason, pods, message) for reason, (pods, message) in groups.items()]
+
+
+def _reason_text(reason: str, pods: list[str], message: str) -> str:
+    """``<Reason>: <pod>, <pod>, <pod> and N more (<message>)``: bounded however many pods wait."""
+    who = ", ".join(pods[:3]) + (f" and {len(pods) - 3} more" if len(pods) > 3 else "")
+    # "; " separates reasons in the PodsReady message (read back by _STUCK_REASON): not inside one
+    detail = message.replace(";", ",")[:240]
+    return f"{reason}: {who}" + (f" ({detail})" if detail else "")
+
+
+# One reason of the PodsReady message as _stuck_text writes it: "<Reason>: <pods> (<message>)".
+_STUCK_REASON = re.compile(r"(?:^|; )([A-Za-z]+): ")
 
 
 def _stuck_text(stuck: list[tuple[str, str, str]]) -> str:
-    return "; ".join(f"{pod} {reason}: {msg}" for pod, reason, msg in stuck)[:MESSAGE_LIMIT]
+    return "; ".join(_reason_text(*group) for group in _by_reason(stuck))[:MESSAGE_LIMIT]
 
 
 # ---------------------------------------------------------------- failed creates (after apply)

@@ -98,7 +98,7 @@ def test_pre_running_deadline_is_per_attempt_and_restarting_does_not_count() -> 
                  waiting_message="back-off pulling image")] + pending[:3]
     late = run(p.status, stuck, s, now=at(11 + 61))
     assert late.status["phase"] == "Failed" and late.status["reason"] == "PreRunningDeadlineExceeded"
-    assert "j-actor-0 ImagePullBackOff" in late.status["message"]
+    assert "waiting: ImagePullBackOff: j-actor-0 (back-off pulling image)" in late.status["message"]
 
 
 def test_resume_with_an_old_attempt_time_starts_instead_of_failing() -> None:
@@ -234,25 +234,38 @@ def test_waiting_reasons_reach_status_condition_and_one_event_each() -> None:
                 waiting_message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")]
     p = run(st, pods)
     assert p.status["phase"] == "Initializing"
-    assert "j-actor-0 ImagePullBackOff" in p.status["message"] and "j-rollout-1 Unschedulable" in p.status["message"]
+    assert p.status["message"] == (
+        'waiting for pods: ImagePullBackOff: j-actor-0 (Back-off pulling image "asyncrl/job:0.1.0"); '
+        "Unschedulable: j-rollout-1 (0/3 nodes are available: 3 Insufficient nvidia.com/gpu.)")
     ready = cond(p, "PodsReady")
-    assert (ready["status"], ready["reason"]) == ("False", "ImagePullBackOff")  # first by pod name
+    assert (ready["status"], ready["reason"]) == ("False", "ImagePullBackOff")  # the first pod's, by name
     assert "Insufficient nvidia.com/gpu" in ready["message"]
     assert sorted((e.type, e.reason) for e in p.events) == [("Warning", "ImagePullBackOff"), ("Warning", "Unschedulable")]
     # the next reconcile: same reasons, no new events; a pull retry (ErrImagePull) is the same story
     flip = [*pods[:2], pod("j-actor-0", "Pending", False, waiting_reason="ErrImagePull"), pods[3]]
     again = run(p.status, flip, now=at(10))
-    assert again.events == []
-    # a new reason on another pod: one event
+    assert again.events == [] and "ErrImagePull: j-actor-0" in again.status["message"]
+    # a new reason: one event naming the pod and the kubelet's message
     config = [pods[0], pod("j-rollout-0", "Pending", False, waiting_reason="CreateContainerConfigError",
                            waiting_message='secret "hf-token" not found'), *flip[2:]]
     third = run(again.status, config, now=at(20))
     assert [(e.reason, e.message) for e in third.events] == [
-        ("CreateContainerConfigError", 'pod j-rollout-0: secret "hf-token" not found')]
+        ("CreateContainerConfigError", 'CreateContainerConfigError: j-rollout-0 (secret "hf-token" not found)')]
     # all clear: the message says where the start-up stands
     clear = run(third.status, [pod(n, "Running", n != "j-actor-0") for n in ALL], now=at(30))
     assert clear.status["message"] == "3/4 pods running and ready" and cond(clear, "PodsReady")["reason"] == \
         "PodsNotReady"
+
+
+def test_waiting_message_stays_bounded_for_a_large_job() -> None:
+    s = spec(rollout={"replicas": 40})
+    stuck = [pod(f"j-rollout-{i}", "Pending", False, waiting_reason="Unschedulable", waiting_message="0/3 nodes")
+             for i in range(40)] + [pod("j-driver-0", "Running", False), pod("j-actor-0", "Pending", False)]
+    p = run({"phase": "Initializing", "attemptStartTime": stamp(0)}, stuck, s)
+    assert p.status["message"] == "waiting for pods: Unschedulable: j-rollout-0, j-rollout-1, j-rollout-10 and " \
+        "37 more (0/3 nodes)"
+    assert [e.reason for e in p.events] == ["Unschedulable"]
+    assert run(p.status, stuck, s, now=at(5)).events == []
 
 
 # ---------------------------------------------------------------- 5. old pods go before new ones
