@@ -815,7 +815,7 @@ def fold_create_failures(prev_status: dict[str, Any], planned: Plan, failures: l
     text = "; ".join(f"create {f.kind} {f.name}: {f.code} {f.message}" for f in failures)[:MESSAGE_LIMIT]
     set_true("FailedCreate", text)
     st["restartAfter"] = rfc3339(now + dt.timedelta(seconds=delay))
-    if st.get("phase") in (Phase.INITIALIZING.value, Phase.RUNNING.value):
+    if st.get("phase") == Phase.INITIALIZING.value:  # recomputed there each reconcile (never left stale)
         st["message"] = f"the API server refused to create pods, retrying in {delay:g} s: {text}"[:MESSAGE_LIMIT]
     events += [Event("Warning", "FailedCreate", f"create {f.kind} {f.name} refused: {f.code} {f.message}"
                      [:MESSAGE_LIMIT]) for f in failures]
