@@ -1,14 +1,28 @@
 """Pure builders: an AsyncRLJob's spec -> the manifests of its children.
 
-No API calls and no clock here; ``tests/operator/test_builders.py`` checks them without a server.
-The job's pods form one Ray cluster: the driver pod runs the Ray head and the job driver, rollout,
-actor and old-logit pods join it as workers with a custom Ray resource named after their role.
+No API calls, no clock and no randomness here (the job's Ray token comes in from the caller);
+``tests/operator/test_builders.py`` checks them without a server. The job's pods form one Ray
+cluster: the driver pod runs the Ray head and the job driver; rollout, actor and old-logit pods join
+it as workers with a custom Ray resource named after their role. Hardening, gang scheduling, the
+NetworkPolicy and the /dev/shm rule are in :mod:`asyncrl.operator.pod_policy`.
 
-Job-image contract (``docker/job.Dockerfile``): the image has ``asyncrl`` and ``ray`` on PATH;
-the driver runs ``asyncrl driver --spec /etc/asyncrl/job.yaml`` (the validated spec from the
-ConfigMap, defaults filled in) and reports ``status.training`` as ``asyncrl.api.status`` documents.
+Start-up order, as KubeRay's: a worker pod's init container (``asyncrl probe gcs``) waits until the
+head's GCS answers; its readiness probe (``asyncrl probe joined``) means "this pod's raylet is an
+ALIVE node of the job's Ray cluster". The driver is ready when ``GET :8265/api/gcs_healthz`` answers
+and is restarted (the pod fails; the operator restarts the gang) only after minutes without it.
+Workers need no liveness probe: ``ray start --block`` exits when its raylet dies.
+
+Ray token auth is on in every pod: ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` from the job's
+Secret (``names.ray_token_secret_name``, key ``token``), as KubeRay's ``authOptions: {mode: token}``.
+One token per job: the pods accept each other and nothing else.
+
+Job-image contract (``docker/job.Dockerfile``): the image has ``asyncrl`` and ``ray`` on PATH and
+runs as uid 10001; the driver runs ``asyncrl driver --spec /etc/asyncrl/job.yaml`` (the validated
+spec from the ConfigMap, defaults filled in) and reports ``status.training`` as
+``asyncrl.api.status`` documents.
 """
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,14 +33,20 @@ from asyncrl.api import constants as C
 from asyncrl.api.constants import API_VERSION, KIND
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.old_logits import OldLogitStrategy
-from asyncrl.api.pods import PodOverrides, Resources, Toleration
-from asyncrl.operator import names
+from asyncrl.api.pods import EnvVar, GangScheduler, PodOverrides, Resources, Toleration
+from asyncrl.operator import names, pod_policy
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.names import Role
+from asyncrl.operator.pod_policy import GPU_RESOURCE, add_memory, quantity_bytes
 
 SPEC_DIR, SPEC_FILE, CHECKPOINT_MOUNT = C.SPEC_DIR, C.SPEC_FILE, C.CHECKPOINT_MOUNT
 PORT_GCS, PORT_DASHBOARD, PORT_CLIENT = C.PORT_GCS, C.PORT_DASHBOARD, C.PORT_CLIENT
-GPU_RESOURCE = "nvidia.com/gpu"
+
+# Ray's own environment (read by ``ray start`` and ``ray.init`` in every pod).
+RAY_ADDRESS, RAY_AUTH_MODE, RAY_AUTH_TOKEN = "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"
+TOKEN_KEY = "token"  # key of the token in the job's Secret
+GCS_WAIT_SECONDS = 900  # a worker's init container gives up after this long (as the driver's --wait-timeout)
+INIT_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
 
 
 @dataclass(frozen=True)
@@ -73,31 +93,20 @@ class Desired:
 
     pods: dict[str, PodSlot]
     children: list[Child]
-
-
-# ---------------------------------------------------------------- quantities
-
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
-def quantity_bytes(q: str) -> int:
-    """Bytes of a memory quantity like ``32Gi`` or ``500M`` (the spec's pattern admits only these)."""
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
-        if suffix and q.endswith(suffix):
-            return int(float(q[: -len(suffix)]) * _SUFFIX[suffix])
-    if q.endswith("m"):
-        return int(float(q[:-1]) / 1000)
-    return int(float(q))
-
-
-def add_memory(a: str, b: str) -> str:
-    """``a + b`` as a quantity in whole MiB (rounded up)."""
-    total = quantity_bytes(a) + quantity_bytes(b)
-    return f"{-(-total // 2**20)}Mi"
+    spec_hash: str = ""
+    """:func:`spec_hash` of the spec the pods were built from (also their ``names.ANNOTATION_SPEC_HASH``)."""
 
 
 # ---------------------------------------------------------------- pods
+
+def spec_hash(spec: AsyncRLJobSpec) -> str:
+    """sha256 (first 16 hex digits) of the pod-shaping spec: everything but ``runPolicy`` and
+    ``monitoring.maskGuard`` (those change what the operator does, not what the pods are)."""
+    doc = spec.to_spec_dict()
+    doc.pop("runPolicy", None)
+    doc.get("monitoring", {}).pop("maskGuard", None)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
 
 def _meta(job: JobRef, name: str, role: Role | None = None, index: int | None = None) -> dict[str, Any]:
     reserved = {k: v for k, v in job.labels.items() if not k.startswith(("app.kubernetes.io/", names.GROUP))}
@@ -113,21 +122,41 @@ def _tolerations(items: list[Toleration]) -> list[dict[str, Any]]:
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in items]
 
 
-def _env(job: JobRef, role: Role, index: int, extra: dict[str, str]) -> list[dict[str, Any]]:
-    base = {
+def head_host(job: JobRef) -> str:
+    """DNS name of the driver pod through the headless Service."""
+    return f"{names.pod_name(job.name, Role.DRIVER, 0)}.{names.service_name(job.name)}.{job.namespace}.svc"
+
+
+def _gcs_address(job: JobRef) -> str:
+    return f"{head_host(job)}:{PORT_GCS}"
+
+
+def _ray_env(job: JobRef) -> list[dict[str, Any]]:
+    """Ray's environment in every container: the head's address and token auth with the job's token."""
+    return [
+        {"name": RAY_ADDRESS, "value": _gcs_address(job)},
+        {"name": RAY_AUTH_MODE, "value": "token"},
+        {"name": RAY_AUTH_TOKEN, "valueFrom": {"secretKeyRef": {
+            "name": names.ray_token_secret_name(job.name), "key": TOKEN_KEY}}},
+        {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
+    ]
+
+
+def _env(job: JobRef, role: Role, index: int, extra: dict[str, str], user: list[EnvVar]) -> list[dict[str, Any]]:
+    """Ours first, then the role's ``template.env`` (validation refuses ASYNCRL_* and RAY_* there)."""
+    ours = {
         C.ENV_JOB_NAME: job.name,
         C.ENV_JOB_NAMESPACE: job.namespace,
         C.ENV_ROLE: role.value,
         C.ENV_REPLICA_INDEX: str(index),
         C.ENV_SPEC: f"{SPEC_DIR}/{SPEC_FILE}",
-        "RAY_ADDRESS": f"{head_host(job)}:{PORT_GCS}",
-        # Ray 2.60 turns token auth on by default and writes a fresh token per node: the pods of
-        # one job would refuse each other. The job's network is its own headless Service.
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
+        **extra,
     }
-    merged = {**base, **extra}
-    return [{"name": k, "value": v} for k, v in merged.items()]
+    return [
+        *({"name": k, "value": v} for k, v in ours.items()),
+        *_ray_env(job),
+        *(e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in user),
+    ]
 
 
 def _ray_resources(*resources: str) -> str:
@@ -135,18 +164,43 @@ def _ray_resources(*resources: str) -> str:
     return json.dumps({r: 1 for r in resources})
 
 
-def head_host(job: JobRef) -> str:
-    """DNS name of the driver pod through the headless Service."""
-    return f"{names.pod_name(job.name, Role.DRIVER, 0)}.{names.service_name(job.name)}.{job.namespace}.svc"
-
-
-def _command(job: JobRef, role: Role, gpus: int, ray_resources: str) -> list[str]:
+def _command(job: JobRef, role: Role, gpus: int, cpu: str, memory: str, ray_resources: str) -> list[str]:
     if role is Role.DRIVER:
         return ["asyncrl", "driver", "--spec", f"{SPEC_DIR}/{SPEC_FILE}"]
+    # What the pod holds, as KubeRay passes it: Ray would otherwise count the node's CPUs and memory.
     return [
-        "ray", "start", "--block", f"--address={head_host(job)}:{PORT_GCS}",
-        f"--num-gpus={gpus}", f"--resources={ray_resources}",
+        "ray", "start", "--block", f"--address={_gcs_address(job)}",
+        f"--num-cpus={pod_policy.ray_num_cpus(cpu)}", f"--memory={quantity_bytes(memory)}",
+        f"--num-gpus={gpus}", f"--resources={ray_resources}", "--disable-usage-stats",
     ]
+
+
+def _probes(job: JobRef, role: Role) -> dict[str, Any]:
+    if role is Role.DRIVER:
+        health = {"httpGet": {"path": C.GCS_HEALTH_PATH, "port": PORT_DASHBOARD}, "timeoutSeconds": 5}
+        return {
+            "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
+            # generous: 60 s to start, then 5 minutes without an answer before the pod is failed
+            "livenessProbe": {**health, "initialDelaySeconds": 60, "periodSeconds": 20, "failureThreshold": 15},
+        }
+    return {"readinessProbe": {
+        "exec": {"command": ["asyncrl", "probe", "joined", "--address", _gcs_address(job),
+                             "--resource", role.ray_resource]},
+        "initialDelaySeconds": 5, "periodSeconds": 15, "timeoutSeconds": 10, "failureThreshold": 3,
+    }}
+
+
+def _wait_for_gcs(job: JobRef, image: str, settings: OperatorSettings, security: dict[str, Any]) -> dict[str, Any]:
+    """KubeRay's ``wait-gcs-ready``: the worker starts only once the head's GCS answers (bounded)."""
+    return {
+        "name": "wait-gcs",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["asyncrl", "probe", "gcs", "--address", _gcs_address(job), "--wait", str(GCS_WAIT_SECONDS)],
+        "env": _ray_env(job),
+        "resources": INIT_RESOURCES,
+        "securityContext": security,
+    }
 
 
 def _pod(
@@ -162,22 +216,28 @@ def _pod(
     memory: str,
     overrides: PodOverrides,
     ray_resources: str,
+    spec_digest: str,
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     name = names.pod_name(job.name, role, index)
+    gang = spec.scheduling.gang_scheduler
+    gang_labels, gang_annotations = pod_policy.gang_metadata(gang, names.pod_group_name(job.name))
     meta = _meta(job, name, role, index)
-    meta["labels"] = {**overrides.labels, **meta["labels"]}
-    meta["annotations"] = {**overrides.annotations, names.ANNOTATION_EPOCH: str(epoch)}
+    meta["labels"] = {**overrides.labels, **gang_labels, **meta["labels"]}
+    meta["annotations"] = {**overrides.annotations, **gang_annotations, names.ANNOTATION_EPOCH: str(epoch),
+                           names.ANNOTATION_SPEC_HASH: spec_digest}
     limits: dict[str, str] = {"memory": memory}
     requests: dict[str, str] = {"cpu": resources.cpu, "memory": memory}
     if gpus:
         limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(gpus)
-    mounts = [{"name": "spec", "mountPath": SPEC_DIR, "readOnly": True}]
-    volumes: list[dict[str, Any]] = [{"name": "spec", "configMap": {"name": names.configmap_name(job.name)}}]
-    if role is not Role.DRIVER:
-        # NCCL and vLLM need more than the container runtime's 64 MiB /dev/shm.
-        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    mounts: list[dict[str, Any]] = [
+        {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "spec", "configMap": {"name": names.configmap_name(job.name)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": pod_policy.shm_size_limit(memory)}},
+    ]
     # Only a shared volume makes checkpoints survive a gang restart: without one the driver keeps
     # its local run directory and a restart starts over (ASYNCRL_CHECKPOINT_DIR stays unset).
     checkpoint_env: dict[str, str] = {}
@@ -187,6 +247,8 @@ def _pod(
         volumes.append(
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim_name}}
         )
+    mounts += [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in overrides.volume_mounts]
+    volumes += [dict(v) for v in overrides.volumes]
     ports = [{"name": "metrics", "containerPort": spec.monitoring.port}]
     if role is Role.DRIVER:
         ports += [
@@ -194,56 +256,70 @@ def _pod(
             {"name": "dashboard", "containerPort": PORT_DASHBOARD},
             {"name": "client", "containerPort": PORT_CLIENT},
         ]
+    image = overrides.image or settings.job_image
+    security = pod_policy.container_security_context(overrides.security_context)
     container: dict[str, Any] = {
         "name": role.value,
-        "image": overrides.image or settings.job_image,
+        "image": image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": _command(job, role, gpus, ray_resources),
-        "env": _env(job, role, index, {**checkpoint_env, **(extra_env or {}), **overrides.env}),
+        "command": _command(job, role, gpus, resources.cpu, memory, ray_resources),
+        "env": _env(job, role, index, {**checkpoint_env, **(extra_env or {})}, overrides.env),
         "ports": ports,
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
+        "securityContext": security,
+        **_probes(job, role),
     }
-    if role is Role.DRIVER:
-        container["readinessProbe"] = {
-            "httpGet": {"path": C.GCS_HEALTH_PATH, "port": PORT_DASHBOARD},
-            "periodSeconds": 10,
-            "failureThreshold": 6,
-        }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator owns restarts (gang semantics, backoffLimit)
         "hostname": name,
         "subdomain": names.service_name(job.name),
         "automountServiceAccountToken": role is Role.DRIVER,
+        "securityContext": pod_policy.pod_security_context(overrides.pod_security_context),
         "containers": [container],
         "volumes": volumes,
     }
+    if role is not Role.DRIVER:
+        pod_spec["initContainers"] = [_wait_for_gcs(job, image, settings, security)]
     if role is Role.DRIVER:
         pod_spec["serviceAccountName"] = names.status_account_name(job.name)
+    if overrides.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [s.model_dump(mode="json") for s in overrides.image_pull_secrets]
     node_selector = {**spec.scheduling.node_selector, **overrides.node_selector}
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
+    if overrides.affinity:
+        pod_spec["affinity"] = dict(overrides.affinity)
     tolerations = _tolerations([*spec.scheduling.tolerations, *overrides.tolerations])
     if tolerations:
         pod_spec["tolerations"] = tolerations
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
-    if spec.scheduling.scheduler_name:
-        pod_spec["schedulerName"] = spec.scheduling.scheduler_name
+    if scheduler := pod_policy.scheduler_name(gang, spec.scheduling.scheduler_name):
+        pod_spec["schedulerName"] = scheduler
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def _driver_overrides(actor_template: PodOverrides) -> PodOverrides:
+    """The driver runs the actor's image, so it takes what pulling and running that image needs from
+    the actor's template; the actor's placement, env and volumes stay with the actor."""
+    t = actor_template
+    return PodOverrides(image=t.image, image_pull_secrets=t.image_pull_secrets,
+                        pod_security_context=t.pod_security_context, security_context=t.security_context)
 
 
 def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, epoch: int) -> dict[str, PodSlot]:
     """All pods of the job for pod generation ``epoch``, keyed by name."""
     slots: list[PodSlot] = []
+    digest = spec_hash(spec)
 
     def add(role: Role, index: int, **kw: Any) -> None:
-        slots.append(PodSlot(role, index, _pod(job, spec, settings, epoch, role, index, **kw)))
+        slots.append(PodSlot(role, index, _pod(job, spec, settings, epoch, role, index, spec_digest=digest, **kw)))
 
     actor = spec.actor
     driver = Resources(cpu="2", memory="8Gi")  # Ray head + driver: no GPU, modest memory
     add(Role.DRIVER, 0, gpus=0, resources=driver, memory=driver.memory,
-        overrides=PodOverrides(image=actor.template.image), ray_resources=_ray_resources(C.RESOURCE_DRIVER))
+        overrides=_driver_overrides(actor.template), ray_resources=_ray_resources(C.RESOURCE_DRIVER))
 
     interrupt_sync = spec.old_logits.strategy is OldLogitStrategy.INTERRUPT_SYNC
     ro = spec.rollout
@@ -254,11 +330,10 @@ def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, 
     if interrupt_sync:
         # The rollout pods also run the training-side model code for pi_old (paper §5.1).
         rollout_env[C.ENV_HOSTED_ROLES] = "rollout,oldlogits"
+    rollout_resources = (C.RESOURCE_ROLLOUT, C.RESOURCE_OLD_LOGITS) if interrupt_sync else (C.RESOURCE_ROLLOUT,)
     for i in range(ro.replicas):
         add(Role.ROLLOUT, i, gpus=ro.gpus_per_replica, resources=ro.resources, memory=rollout_memory,
-            overrides=ro.template,
-            ray_resources=_ray_resources(C.RESOURCE_ROLLOUT, *((C.RESOURCE_OLD_LOGITS,) if interrupt_sync else ())),
-            extra_env=rollout_env)
+            overrides=ro.template, ray_resources=_ray_resources(*rollout_resources), extra_env=rollout_env)
 
     mega = actor.megatron
     actor_env = {
@@ -274,8 +349,8 @@ def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, 
     if spec.old_logits.strategy is OldLogitStrategy.DEDICATED:
         for i in range(spec.old_logits.dedicated.replicas):
             add(Role.OLD_LOGIT, i, gpus=actor.gpus_per_replica, resources=actor.resources,
-                memory=actor.resources.memory, overrides=actor.template, ray_resources=_ray_resources(C.RESOURCE_OLD_LOGITS),
-                extra_env=actor_env)
+                memory=actor.resources.memory, overrides=actor.template,
+                ray_resources=_ray_resources(C.RESOURCE_OLD_LOGITS), extra_env=actor_env)
     return {s.manifest["metadata"]["name"]: s for s in slots}
 
 
@@ -288,8 +363,20 @@ def spec_document(job: JobRef, spec: AsyncRLJobSpec) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def desired_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Child]:
-    """ConfigMap (validated spec), headless Service, and the driver's status-reporting identity."""
+def ray_token_secret(job: JobRef, token: str) -> Child:
+    """The job's Ray token (``stringData.token``): created once, never patched; every pod reads it."""
+    name = names.ray_token_secret_name(job.name)
+    return Child("Secret", name, {
+        "apiVersion": "v1", "kind": "Secret", "metadata": _meta(job, name), "type": "Opaque",
+        "stringData": {TOKEN_KEY: token},
+    })
+
+
+def desired_children(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings,
+                     pods: dict[str, PodSlot], *, ray_token: str | None = None) -> list[Child]:
+    """In creation order: the Ray token Secret (only with ``ray_token``), the ConfigMap (validated
+    spec), the headless Service, the NetworkPolicy, the driver's status-reporting identity, and the
+    PodGroup of the gang scheduler (only with one)."""
     sa = names.status_account_name(job.name)
     ports = [
         {"name": "gcs", "port": PORT_GCS, "targetPort": PORT_GCS},
@@ -297,7 +384,9 @@ def desired_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Child]:
         {"name": "client", "port": PORT_CLIENT, "targetPort": PORT_CLIENT},
         {"name": "metrics", "port": spec.monitoring.port, "targetPort": spec.monitoring.port},
     ]
-    return [
+    netpol = names.network_policy_name(job.name)
+    children = [] if ray_token is None else [ray_token_secret(job, ray_token)]
+    children += [
         Child("ConfigMap", names.configmap_name(job.name), {
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.configmap_name(job.name)),
             "data": {SPEC_FILE: spec_document(job, spec)},
@@ -307,6 +396,12 @@ def desired_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Child]:
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": names.selector(job.name), "ports": ports},
         }),
+        Child("NetworkPolicy", netpol, pod_policy.network_policy(
+            _meta(job, netpol), names.selector(job.name),
+            metrics_port=spec.monitoring.port if spec.monitoring.enabled else None,
+            prometheus_namespaces=settings.prometheus_namespace_selector,
+            prometheus_pods=settings.prometheus_pod_selector,
+        )),
         Child("ServiceAccount", sa, {
             "apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, sa),
             "automountServiceAccountToken": False,
@@ -322,7 +417,25 @@ def desired_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Child]:
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}],
         }),
     ]
+    gang = spec.scheduling.gang_scheduler
+    if gang is not GangScheduler.NONE:
+        group = names.pod_group_name(job.name)
+        children.append(Child("PodGroup", group, pod_policy.pod_group(
+            gang, _meta(job, group), [s.manifest for s in pods.values()],
+            queue=job.labels.get(pod_policy.VOLCANO_QUEUE_LABEL),
+            priority_class_name=spec.scheduling.priority_class_name,
+        )))
+    return children
 
 
-def desired(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, epoch: int) -> Desired:
-    return Desired(pods=desired_pods(job, spec, settings, epoch), children=desired_children(job, spec))
+def desired(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, epoch: int, *,
+            ray_token: str | None = None) -> Desired:
+    """Everything ``job`` should own at pod generation ``epoch``.
+
+    ``ray_token``: the job's Ray token, generated by the caller (``secrets.token_urlsafe(32)``) and
+    only used to create the Secret; without it the Secret is not among the children (the pods still
+    read it by name, so pass it whenever the Secret may be missing).
+    """
+    pods = desired_pods(job, spec, settings, epoch)
+    return Desired(pods=pods, children=desired_children(job, spec, settings, pods, ray_token=ray_token),
+                   spec_hash=spec_hash(spec))

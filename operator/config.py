@@ -4,9 +4,10 @@ Every variable is ``ASYNCRL_OPERATOR_<NAME>``; a bad value fails start-up with t
 value and the rule.
 """
 
+import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from asyncrl.api.constants import ENV_OPERATOR_PREFIX
 
@@ -29,6 +30,13 @@ class OperatorSettings:
     """After this long a deleting job drops its finalizer even if pods still terminate."""
     metrics_port: int = 8080
     """Port of the operator's /metrics (0: not served)."""
+    prometheus_namespace_selector: dict[str, str] = field(default_factory=dict)
+    """Labels of the namespaces Prometheus runs in, as a JSON object (``{}``: any namespace). A job's
+    NetworkPolicy admits Prometheus pods from there on the job's metrics port."""
+    prometheus_pod_selector: dict[str, str] = field(
+        default_factory=lambda: {"app.kubernetes.io/name": "prometheus"}  # kube-prometheus-stack's pods
+    )
+    """Labels of the Prometheus pods, as a JSON object."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorSettings":
@@ -42,6 +50,11 @@ class OperatorSettings:
                 continue
             raw = env[var]
             kind: type = type(getattr(defaults, f.name))
+            if kind is dict:
+                labels = _label_map(var, raw, problems)
+                if labels is not None:
+                    values[f.name] = labels
+                continue
             try:
                 value = kind(raw)
             except ValueError:
@@ -59,3 +72,17 @@ class OperatorSettings:
         """Backoff before restart number ``counted_restarts`` (1-based): base * 2^(n-1), capped."""
         n = max(counted_restarts, 1)
         return min(self.restart_backoff_seconds * 2 ** (n - 1), self.restart_backoff_max_seconds)
+
+
+def _label_map(var: str, raw: str, problems: list[str]) -> dict[str, str] | None:
+    """A JSON object of string labels (a Kubernetes ``matchLabels``), or None with the problem noted."""
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        problems.append(f"{var}={raw!r} is not JSON ({exc}); e.g. '{{\"app.kubernetes.io/name\": \"prometheus\"}}'")
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        problems.append(f"{var}={raw!r} must be a JSON object of string labels (matchLabels), e.g. "
+                        '\'{"kubernetes.io/metadata.name": "monitoring"}\'')
+        return None
+    return value

@@ -9,6 +9,7 @@ from enum import StrEnum
 
 from asyncrl.api import constants as C
 from asyncrl.api.constants import GROUP
+
 FINALIZER = f"{GROUP}/finalizer"
 KOPF_PREFIX = f"kopf.{GROUP}"  # progress/diff-base annotations of kopf
 

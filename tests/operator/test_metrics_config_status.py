@@ -34,6 +34,23 @@ def test_settings_from_env_name_the_bad_variable() -> None:
     assert [OperatorSettings().restart_delay(n) for n in (1, 2, 3, 7)] == [10, 20, 40, 300]
 
 
+def test_prometheus_selectors_are_json_label_maps() -> None:
+    default = OperatorSettings.from_env({})
+    assert default.prometheus_namespace_selector == {}  # any namespace
+    assert default.prometheus_pod_selector == {"app.kubernetes.io/name": "prometheus"}  # kube-prometheus-stack
+    cfg = OperatorSettings.from_env({
+        "ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR": '{"kubernetes.io/metadata.name": "monitoring"}',
+        "ASYNCRL_OPERATOR_PROMETHEUS_POD_SELECTOR": '{"prometheus": "kps"}'})
+    assert cfg.prometheus_namespace_selector == {"kubernetes.io/metadata.name": "monitoring"}
+    assert cfg.prometheus_pod_selector == {"prometheus": "kps"}
+    with pytest.raises(ValueError) as err:  # every problem at once, each with its variable
+        OperatorSettings.from_env({"ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR": "monitoring",
+                                   "ASYNCRL_OPERATOR_PROMETHEUS_POD_SELECTOR": '{"replicas": 2}'})
+    msg = str(err.value)
+    assert "ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR='monitoring' is not JSON" in msg
+    assert "ASYNCRL_OPERATOR_PROMETHEUS_POD_SELECTOR=" in msg and "string labels" in msg
+
+
 def test_training_patch_and_throttle() -> None:
     s = TrainingSummary(policy_version=7, keep_ratio=0.8123, max_staleness=2)
     assert training_patch(s) == {"status": {"training": {"policyVersion": 7, "keepRatio": 0.8123,
