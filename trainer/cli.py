@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command line: validate, crd, thresholds, run.
+"""The ``asyncrl`` command line: validate, crd, thresholds, run, driver, probe.
 
 Imports stay inside the commands so that ``asyncrl validate`` never loads torch.
 """
@@ -143,6 +143,27 @@ def _cmd_driver(args: argparse.Namespace) -> int:
     return run_driver(jobs[0], options)
 
 
+def _cmd_probe(args: argparse.Namespace) -> int:
+    """A worker pod's init container (``probe gcs``) and readiness probe (``probe joined``)."""
+    from asyncrl.trainer.driver import probe
+
+    try:
+        probe.split_address(args.address)
+    except ValueError as exc:
+        print(f"asyncrl probe: {exc}", file=sys.stderr)
+        return 2
+    if args.check == "gcs":
+        if args.wait < 0:
+            print(f"asyncrl probe gcs: --wait must be >= 0 seconds, got {args.wait}", file=sys.stderr)
+            return 2
+        return probe.run_gcs(args.address, args.wait, args.interval)
+    if not args.resource:
+        print("asyncrl probe joined: --resource is required (the role resource of this pod's ray start, "
+              "e.g. rollout)", file=sys.stderr)
+        return 2
+    return probe.run_joined(args.address, args.resource, args.node_ip)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous RL for LLM agents with decoupled off-policy correction."
@@ -191,6 +212,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, metavar="P", help="metrics port (default spec.monitoring.port)")
     p.add_argument("--no-status", action="store_true", help="do not report status.training to the API server")
     p.set_defaults(func=_cmd_driver)
+
+    p = sub.add_parser(
+        "probe", help="a worker pod's checks: wait for the head's GCS (gcs), or this pod's raylet joined (joined)"
+    )
+    p.add_argument("check", choices=("gcs", "joined"),
+                   help="gcs: wait until the GCS answers (init container); joined: this pod's Ray node is ALIVE")
+    p.add_argument("--address", required=True, metavar="HOST:PORT", help="the head's GCS, e.g. job-driver-0.job.ns.svc:6379")
+    p.add_argument("--wait", type=float, default=900.0, metavar="S", help="gcs: give up after S seconds (default 900)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="gcs: seconds between attempts (default 2)")
+    p.add_argument("--resource", metavar="NAME", help="joined: the role resource this pod's ray start advertises")
+    p.add_argument("--node-ip", metavar="IP", help="joined: this pod's IP (default: as ray start finds it)")
+    p.set_defaults(func=_cmd_probe)
     return parser
 
 

@@ -27,6 +27,7 @@ from asyncrl.trainer.driver.cluster import (
     missing_roles,
     required_roles,
     role_threads,
+    token_auth,
     wait_for_roles,
 )
 
@@ -93,6 +94,13 @@ def test_head_command_matches_the_operators_ports() -> None:
     assert json.loads(next(c for c in cmd if c.startswith("--resources="))[len("--resources="):]) == \
         {C.RESOURCE_DRIVER: 1}
     assert "--include-dashboard=false" in head_command(dashboard=False)
+
+
+def test_token_auth_needs_the_jobs_token() -> None:
+    assert not token_auth({}) and not token_auth({"RAY_AUTH_MODE": "disabled"})
+    assert token_auth({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t"})
+    with pytest.raises(RuntimeError, match="job's Secret <job>-ray-token"):
+        token_auth({"RAY_AUTH_MODE": "token"})  # the head would start, and no pod could join
 
 
 def _free_port() -> int:
@@ -236,6 +244,7 @@ def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     node joining as the operator's worker pods do (``ray start --block --address --resources``),
     then the job with ``placement="cluster"``: each process holds its role's resource."""
     import os
+    import secrets
     import shutil
     import subprocess
     import tempfile
@@ -249,7 +258,9 @@ def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("another test's Ray is running in this process")
     root = Path(tempfile.mkdtemp(prefix="arl-"))  # short: Ray's unix socket paths must stay < 108 bytes
     monkeypatch.setenv("RAY_TMPDIR", str(root / "head"))
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    # as in the job's pods: token auth with the job's one token (the operator's Secret) in every process
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_urlsafe(32))
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     job = validate_job({**TINY, "spec": {**TINY["spec"], "train": {**TINY["spec"]["train"], "warmStartSteps": 0}}})
     gcs = _free_port()
@@ -291,6 +302,9 @@ def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
                 w.kill()
                 w.wait()
         shutil.rmtree(root, ignore_errors=True)
+        # the driver switched this process's Ray to token mode; later tests' local Ray runs without
+        monkeypatch.undo()
+        cluster.reload_ray_auth()
     assert result.summary["status"] == "succeeded" and result.summary["final_version"] == 2
     assert all(h.get("rollout", 0.0) == 0.0 and h.get("actor", 0.0) == 0.0 for h in held)  # the hosts hold them
     assert sent[-1]["status"]["training"]["policyVersion"] == 2

@@ -14,6 +14,10 @@ Read top to bottom (:func:`run_driver`):
     exit     0 on success; 1 the job failed, 2 bad spec or arguments (the CLI), 3 the role pods
              never joined, 143 SIGTERM (after the final status report): the operator reads the pod's exit
 
+Token auth. In the job's pods ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` (the job's Secret) are
+in the environment: the head child and this process's ``ray.init`` use them (:func:`token_auth`), so
+the job's worker pods join and nothing else does.
+
 Readiness. The operator's readiness probe is ``GET :8265/api/gcs_healthz``, served by Ray's
 dashboard, which needs ``ray[default]``. Without it ``ray start`` starts no dashboard, and this
 driver serves that one path itself (:class:`GcsHealthServer`: 200 ``success`` while the GCS port
@@ -185,12 +189,44 @@ class GcsHealthServer:
         self.server.server_close()
 
 
+def token_auth(env: Mapping[str, str]) -> bool:
+    """Whether the job's Ray runs with token auth (the operator's pods: ``RAY_AUTH_MODE=token`` and
+    ``RAY_AUTH_TOKEN`` from the job's Secret); a token mode without a token is refused here, by name."""
+    if env.get("RAY_AUTH_MODE", "").lower() != "token":
+        return False
+    if not (env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH")):
+        raise RuntimeError(
+            "RAY_AUTH_MODE=token but neither RAY_AUTH_TOKEN nor RAY_AUTH_TOKEN_PATH is set: the operator "
+            "mounts RAY_AUTH_TOKEN from the job's Secret <job>-ray-token (key token); check that it exists"
+        )
+    return True
+
+
+def reload_ray_auth() -> None:
+    """Make this process's Ray read the auth mode and token from the environment now.
+
+    The head child inherits them, but Ray reads its own config once per process (when ``ray`` is
+    imported): a process whose environment gained the token later (a test) would connect without it.
+    """
+    import importlib
+
+    raylet: Any = importlib.import_module("ray._raylet")  # compiled: no type information
+    raylet.Config.initialize("")
+    raylet.AuthenticationTokenLoader.instance().reset_cache()
+
+
 @contextlib.contextmanager
 def ray_head(*, start_timeout_s: float = 120.0, gcs_port: int = PORT_GCS,
              dashboard_port: int = PORT_DASHBOARD) -> Iterator[str]:
-    """Start the Ray head as a child process, connect this process, yield the GCS address; stop on exit."""
+    """Start the Ray head as a child process, connect this process, yield the GCS address; stop on exit.
+
+    Token auth (:func:`token_auth`): the head and this process's ``ray.init`` use the environment's
+    token, so the job's worker pods (same Secret) join and nothing else does.
+    """
     import ray
 
+    if token_auth(os.environ):
+        reload_ray_auth()
     dashboard = dashboard_available()
     ray_bin = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
     cmd = [ray_bin, *head_command(dashboard=dashboard, gcs_port=gcs_port, dashboard_port=dashboard_port)[1:]]
