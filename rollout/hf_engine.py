@@ -11,6 +11,10 @@ Precision: the model runs in ``dtype`` (bfloat16 by default, ``spec.model.rollou
 are upcast to float32 before ``log_softmax`` (a bf16 softmax alone puts ~15 % of tokens outside a
 ±1 % ratio window, rl-on-cpu.md §5b).
 
+Device: CUDA when the process sees one (a rollout pod's GPU, handed over by Ray), else the CPU;
+``device`` pins it. Weights arrive and are kept (``release``) on the CPU; the model, the KV cache,
+the fp32 head copies and the sampling generator live on the device.
+
 Temperature: tokens are sampled from ``softmax(z / T)`` and ``logp_mu`` is the log-prob under that
 same temperature-scaled distribution, so the actor must divide its logits by ``T`` too.
 """
@@ -60,6 +64,7 @@ class HFEngine:
             chain-calculator SFT policy (256 episodes, ~4.3k tokens): mean |logp_mu - logp_fp32|
             4.3e-3 -> 3.6e-3, tokens outside a ±1 % ratio 10.1 % -> 7.2 %; a modest gain, smaller
             than rl-on-cpu.md §5b reports for its variant.
+        device: ``"cuda"``, ``"cpu"`` or None: CUDA when available, else the CPU.
     """
 
     def __init__(
@@ -70,8 +75,10 @@ class HFEngine:
         seed: int = 0,
         pad_id: int = 0,
         fp32_head: bool = False,
+        device: str | None = None,
     ) -> None:
         self.arch = arch
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = torch_dtype(dtype)
         self.pad_id = pad_id
         self.fp32_head = fp32_head
@@ -81,7 +88,7 @@ class HFEngine:
         self._host: dict[str, torch.Tensor] | None = None  # weights kept while released
         self._released = False
         self._version = NO_VERSION
-        self._sampler = torch.Generator().manual_seed(seed)
+        self._sampler = torch.Generator(device=self.device).manual_seed(seed)
         self._lock = threading.Lock()  # guards _pending, _generating, _snapshots
         self._gen_lock = threading.Lock()  # one generate at a time
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
@@ -127,7 +134,7 @@ class HFEngine:
         head = "model.embed_tokens.weight" if self.arch.tie_embeddings else LM_HEAD
         extra = {k[len(_FP32) :]: weights[k] for k in weights if k.startswith(_FP32)}
         if self.fp32_head and NORM in extra and head in extra:
-            self._head = (extra[NORM], extra[head])
+            self._head = (extra[NORM].to(self.device), extra[head].to(self.device))
         return {k: v for k, v in weights.items() if not k.startswith(_FP32)}
 
     def _apply(self, weights: dict[str, torch.Tensor], version: int) -> None:
@@ -137,7 +144,7 @@ class HFEngine:
             self._host = weights  # installed on acquire()
         else:
             if self._model is None:
-                self._model = build_model(self.arch, self.dtype)
+                self._model = build_model(self.arch, self.dtype).to(self.device)  # type: ignore[arg-type]
             load_hf_state_dict(self._model, weights)
         self._version = version
 
@@ -181,6 +188,8 @@ class HFEngine:
             self._model = None
             self._released = True
         gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed blocks back (interrupt-sync hosts pi_old there)
 
     def acquire(self) -> None:
         with self._lock:
@@ -188,7 +197,7 @@ class HFEngine:
                 return
             self._released = False
             if self._host is not None:
-                self._model = build_model(self.arch, self.dtype)
+                self._model = build_model(self.arch, self.dtype).to(self.device)  # type: ignore[arg-type]
                 load_hf_state_dict(self._model, self._host)
             self._host = None
 
@@ -240,7 +249,7 @@ class HFEngine:
                         self._stopped.clear()
                         break
                 self._running.wait()
-            sampler = torch.Generator().manual_seed(seed) if seed is not None else self._sampler
+            sampler = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else self._sampler
             try:
                 self._loop(model, list(episodes), max_new_tokens, temperature, partial_rollout, sampler)
             finally:
@@ -322,7 +331,7 @@ class HFEngine:
             try:
                 with torch.inference_mode():
                     if need_prefill:
-                        ids, attn, pos = _left_pad([e.tokens for e in rows], self.pad_id)
+                        ids, attn, pos = (t.to(self.device) for t in _left_pad([e.tokens for e in rows], self.pad_id))
                         cache = DynamicCache(config=model.config)
                         out = model(
                             input_ids=ids,
@@ -336,7 +345,7 @@ class HFEngine:
                         need_prefill = False
                         self.counters.prefills += 1
                     else:
-                        ids = torch.tensor([[e.tokens[-1]] for e in rows], dtype=torch.long)
+                        ids = torch.tensor([[e.tokens[-1]] for e in rows], dtype=torch.long, device=self.device)
                         attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=1)
                         last_pos = last_pos + 1
                         out = model(
@@ -362,7 +371,7 @@ class HFEngine:
                 rows, sampled.squeeze(1).tolist(), sampled_logp.tolist(), version, max_new_tokens
             )
             if len(keep) < len(rows):
-                idx = torch.tensor(keep, dtype=torch.long)
+                idx = torch.tensor(keep, dtype=torch.long, device=self.device)
                 if cache is not None and keep:
                     cache.batch_select_indices(idx)
                 attn, last_pos = attn[idx], last_pos[idx]

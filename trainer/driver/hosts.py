@@ -56,7 +56,8 @@ class RolloutHost:
         from asyncrl.rollout.worker import RolloutWorker
 
         spec = AsyncRLJobSpec.model_validate(spec_json)
-        self.worker = RolloutWorker(spec.task, spec.model, spec.async_, worker_index=worker_index, seed=spec.train.seed)
+        self.worker = RolloutWorker(spec.task, spec.model, spec.async_, worker_index=worker_index,
+                                    seed=spec.train.seed, rollout=spec.rollout)
 
     def generate(self, n_groups: int) -> list[Any]:
         return self.worker.generate(n_groups)
@@ -190,7 +191,8 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
     ``placement="local"``: every process asks for ``n_procs_cpus`` logical CPUs of the one local
     node. ``placement="cluster"``: the processes go where the operator's pods advertise their role
     (``ray start --resources``): each rollout worker takes one ``{"rollout": 1}`` and the actor one
-    ``{"actor": 1}``, with no CPU request (the role resource alone places them, one per pod).
+    ``{"actor": 1}``, with no CPU request (the role resource alone places them, one per pod), and the
+    GPUs of its pod (``gpusPerReplica``), so that Ray hands the process those devices.
     """
     import ray
 
@@ -198,8 +200,11 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
     actor_cls: Any = ray.remote(ActorHost)
     rollout_cls: Any = ray.remote(RolloutHost)
     if placement == "cluster":
-        actor_opts: dict[str, Any] = {"num_cpus": 0, "resources": {C.RESOURCE_ACTOR: 1}}
-        rollout_opts: dict[str, Any] = {"num_cpus": 0, "resources": {C.RESOURCE_ROLLOUT: 1}}
+        # The GPUs the pod holds (ray start --num-gpus): Ray then sets CUDA_VISIBLE_DEVICES for the process.
+        actor_opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": spec.actor.gpus_per_replica,
+                                      "resources": {C.RESOURCE_ACTOR: 1}}
+        rollout_opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": spec.rollout.gpus_per_replica,
+                                        "resources": {C.RESOURCE_ROLLOUT: 1}}
     else:
         actor_opts = rollout_opts = {"num_cpus": n_procs_cpus}
     actor = actor_cls.options(**actor_opts, max_concurrency=1).remote(spec_json, actor_threads)
