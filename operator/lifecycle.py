@@ -112,11 +112,6 @@ class PodView:
             waiting_message=waiting_message,
         )
 
-    @property
-    def preempted(self) -> bool:
-        """Disrupted and on its way out: counts as a preemption at once, before the pod is gone."""
-        return self.disrupted and (self.terminating or self.phase == "Failed")
-
 
 def _waiting(scheduled: dict[str, Any], statuses: list[dict[str, Any]]) -> tuple[str, str]:
     """The first reason a pod is stuck: not schedulable, else a container (init first) waiting."""
@@ -479,7 +474,8 @@ class _Planner:
                 self._fail("InvalidSpec", f"the driver refused the spec (exit code {INVALID_SPEC_EXIT_CODE}, "
                            f"not retried): {said}"[:MESSAGE_LIMIT])
                 return
-        # While creates fail, a missing pod is one not created yet (only gang pods before Running).
+        # A gang pod that failed or is terminating is lost now, not once it is gone (a disrupted one is a
+        # preemption at once). While creates fail, a missing pod is one not created yet (before Running).
         not_created = self.create_failing and self.phase is Phase.INITIALIZING
         lost = [n for n, s in self.desired.pods.items() if s.role.gang and (
             (n not in pods and not not_created)
