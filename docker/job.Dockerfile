@@ -28,8 +28,14 @@ COPY rollout ./rollout
 COPY operator ./operator
 RUN pip install . && rm -rf /src
 
+# The pods run as this user (asyncrl.operator.pod_policy.JOB_UID; runAsNonRoot needs a numeric USER):
+# the restricted Pod Security level, fsGroup 10001 makes a fresh checkpoint volume writable, and Ray
+# writes its session under /tmp (world-writable) and nothing under the image's own paths.
 RUN groupadd --gid 10001 asyncrl && useradd --uid 10001 --gid 10001 --create-home asyncrl
 USER 10001:10001
+ENV HOME=/home/asyncrl
 WORKDIR /home/asyncrl
-# The operator sets the command per role (asyncrl driver ... / ray start ...).
+# The operator sets the command per role: `asyncrl driver ...` (Ray head + driver), `ray start --block
+# ...` (workers), `asyncrl probe gcs|joined ...` (their init container and readiness probe). Ray token
+# auth comes from the pod's environment (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN from the job's Secret).
 CMD ["asyncrl", "--help"]

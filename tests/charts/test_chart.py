@@ -93,21 +93,66 @@ def test_deployment_is_hardened(helm: str) -> None:
     assert env["ASYNCRL_OPERATOR_JOB_IMAGE"] == "asyncrl/job:0.1.0"
 
 
+def operator_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for d in by_kind(docs, "ClusterRole") if not d["metadata"]["name"].endswith(("-edit", "-view"))
+            for r in d["rules"]]
+
+
+def verbs_on(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
+    return {v for r in rules if group in r["apiGroups"] and resource in r["resources"] for v in r["verbs"]}
+
+
 def test_rbac_is_least_privilege(helm: str) -> None:
     docs = render(helm)
-    rules = [r for d in by_kind(docs, "ClusterRole") for r in d["rules"]]
-    for r in rules:
+    for r in [r for d in by_kind(docs, "ClusterRole") for r in d["rules"]]:
         assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"], r
-        assert "secrets" not in r["resources"]
-    status = [r for r in rules if r["resources"] == ["asyncrljobs/status"]]
-    assert status and status[0]["verbs"] == ["get", "patch"]
+    rules = operator_rules(docs)
+    assert verbs_on(rules, "asyncrl.io", "asyncrljobs/status") == {"get", "patch"}
+    # blockOwnerDeletion on the children's ownerReferences needs update on the job's finalizers
+    assert verbs_on(rules, "asyncrl.io", "asyncrljobs/finalizers") == {"update"}
+    # the job's Ray token: created once, read back as metadata only -- never listed, watched or changed
+    assert verbs_on(rules, "", "secrets") == {"get", "create"}
+    assert verbs_on(rules, "networking.k8s.io", "networkpolicies") == {"get", "create"}
+    for group in ("scheduling.volcano.sh", "scheduling.x-k8s.io"):  # PodGroups follow the gang's size
+        assert verbs_on(rules, group, "podgroups") == {"get", "create", "patch"}
+    assert "update" not in verbs_on(rules, "", "pods") and "escalate" not in verbs_on(rules, "rbac.authorization.k8s.io",
+                                                                                    "roles")
     ns_docs = render(helm, "--set", "watchNamespaces={rl-jobs}")
     assert {(d["kind"], d["metadata"].get("namespace")) for d in by_kind(ns_docs, "Role")} == {("Role", "rl-jobs")}
+    (ns_role,) = by_kind(ns_docs, "Role")
+    assert verbs_on(ns_role["rules"], "", "secrets") == {"get", "create"}
+
+
+def test_users_get_asyncrljobs_through_the_default_roles(helm: str) -> None:
+    roles = {d["metadata"]["name"]: d for d in by_kind(render(helm), "ClusterRole")}
+    edit, view = roles["rel-asyncrl-operator-edit"], roles["rel-asyncrl-operator-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert verbs_on(edit["rules"], "asyncrl.io", "asyncrljobs") == {
+        "get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+    assert "patch" not in verbs_on(edit["rules"], "asyncrl.io", "asyncrljobs/status")  # status is the operator's
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert verbs_on(view["rules"], "asyncrl.io", "asyncrljobs") == {"get", "list", "watch"}
+    off = render(helm, "--set", "rbac.aggregateToDefaultRoles=false")
+    assert not [d for d in by_kind(off, "ClusterRole") if d["metadata"]["name"].endswith(("-edit", "-view"))]
+
+
+def test_prometheus_selectors_reach_the_operator_as_json(helm: str) -> None:
+    def env(*values: str) -> dict[str, str]:
+        (dep,) = by_kind(render(helm, *values), "Deployment")
+        return {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    default = env()
+    assert json.loads(default["ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR"]) == {}
+    assert json.loads(default["ASYNCRL_OPERATOR_PROMETHEUS_POD_SELECTOR"]) == {"app.kubernetes.io/name": "prometheus"}
+    custom = env("--set-json", 'jobNetworkPolicy.prometheusNamespaceSelector={"kubernetes.io/metadata.name":"mon"}')
+    assert json.loads(custom["ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR"]) == {"kubernetes.io/metadata.name": "mon"}
 
 
 def test_values_schema_refuses_bad_values(helm: str) -> None:
     for bad in (["--set", "metrics.port=0"], ["--set", "unknownKey=1"],
-                ["--set", "securityContext.allowPrivilegeEscalation=true"]):
+                ["--set", "securityContext.allowPrivilegeEscalation=true"],
+                ["--set", "jobNetworkPolicy.prometheusPodSelector.app=1"]):  # label values are strings
         out = subprocess.run([helm, "template", "rel", str(CHART), *bad], capture_output=True, text=True, timeout=60)
         assert out.returncode != 0 and "schema" in out.stderr.lower(), (bad, out.stderr)
 

@@ -54,6 +54,11 @@ app.kubernetes.io/part-of: asyncrl
 - apiGroups: ["asyncrl.io"]
   resources: ["asyncrljobs/status"]
   verbs: ["get", "patch"]
+# children carry ownerReferences with blockOwnerDeletion: the API server (OwnerReferencesPermissionEnforcement)
+# lets only who may update the owner's finalizers set that
+- apiGroups: ["asyncrl.io"]
+  resources: ["asyncrljobs/finalizers"]
+  verbs: ["update"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
@@ -63,6 +68,17 @@ app.kubernetes.io/part-of: asyncrl
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["get", "create"]
+# the job's Ray token Secret: created once and read back as metadata only; never listed, watched or changed
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create"]
+# the gang scheduler's PodGroup (volcano or scheduler-plugins coscheduling); it follows the gang's size
+- apiGroups: ["scheduling.volcano.sh", "scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create"]
