@@ -26,7 +26,7 @@ apiserver's start time (PKI, etcd, /readyz) is printed too.
 What a real cluster adds: nothing here schedules or runs a pod (no scheduler, no kubelet, no
 controller-manager), so "pods exist" is the operator's part only; a user then waits for the
 scheduler (and a gang scheduler or Kueue), image pulls, and the kubelets starting containers. The
-apiserver here is a single instance on loopback with etcd in memory-speed (``--unsafe-no-fsync``),
+apiserver here is a single instance on loopback with etcd not syncing to disk (``--unsafe-no-fsync``),
 one client and no other tenants: a real control plane adds network latency, etcd fsyncs and
 replication, webhooks, and API Priority and Fairness sharing the server with every other controller
 and tenant (the operator's requests can be queued or throttled behind theirs). The two cores of a
@@ -214,6 +214,17 @@ def scrape_reconcile_histogram(op: OperatorProcess) -> Histogram | None:
     return None
 
 
+def settled_histogram(op: OperatorProcess, before: Histogram | None, n: int, timeout: float = 15.0) -> Histogram | None:
+    """The histogram once every job's first reconcile has been observed: a reconcile is recorded after
+    it writes the job's status, i.e. after its pods exist (polling /metrics is fine: no latency is read off it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = scrape_reconcile_histogram(op)
+        if after is None or before is None or after.count - before.count >= n or time.monotonic() > deadline:
+            return after
+        time.sleep(0.1)
+
+
 # ---------------------------------------------------------------- one mode
 def pct(xs: list[float], q: float) -> float:
     """Nearest-rank quantile."""
@@ -251,7 +262,7 @@ def measure(server: ApiServer, op: OperatorProcess, mode: str, n: int, pod_secur
     finally:
         arrivals.stop()
         client.close()
-    after = scrape_reconcile_histogram(op)
+    after = settled_histogram(op, before, n)
     lat = [max(arrivals.added[x].values()) - created[x] for x in names]
     reconcile = after.minus(before).summary() if after is not None and before is not None else None
     return {"mode": mode, "jobs": n, "pods_per_job": per_job,
