@@ -74,3 +74,13 @@ def kube(apiserver: ApiServer) -> Any:
 @pytest.fixture
 def kubelet(kube: Any, namespace: str) -> Kubelet:
     return Kubelet(kube, namespace)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that ran the operator shows the operator's last log lines (what it saw and did)."""
+    outcome = yield
+    report = outcome.get_result()
+    op = getattr(item, "funcargs", {}).get("operator_process")
+    if report.failed and isinstance(op, OperatorProcess):
+        report.sections.append(("operator log (last 60 lines)", op.log(60)))

@@ -168,7 +168,7 @@ class ApiServer:
         while not ready():
             for proc in self._procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{what}: {proc.args[0]} exited with {proc.returncode}; "
+                    raise RuntimeError(f"{what}: {proc.args!s:.60} exited with {proc.returncode}; "
                                        f"see {self.workdir}/*.log:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} not ready after {timeout:g} s:\n{self.log_tail()}")
@@ -234,7 +234,7 @@ class ApiServer:
         """Apply the CRD server-side and wait for ``Established``; the seconds it took."""
         t0 = time.monotonic()
         self.kubectl("apply", "--server-side", "--field-manager=asyncrl-tests", "-f", str(path))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+        self.wait_established([CRD_NAME])
         # discovery of the new resource can lag Established by a moment
         deadline = time.monotonic() + 30
         while self.kubectl("get", "asyncrljobs", "-A", check=False).returncode != 0:
@@ -245,8 +245,18 @@ class ApiServer:
 
     def install_third_party_crds(self) -> None:
         """Stand-in CRDs of prometheus-operator (monitors, rules) and of the gang schedulers (PodGroup)."""
-        self.kubectl("apply", "--server-side", "--field-manager=asyncrl-tests", "-f", str(THIRD_PARTY_CRDS))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        out = self.kubectl("apply", "--server-side", "--field-manager=asyncrl-tests", "-f", str(THIRD_PARTY_CRDS),
+                           "-o", "name")
+        self.wait_established([line.split("/", 1)[1] for line in out.stdout.split()])
+
+    def wait_established(self, names: Sequence[str], timeout: float = 60.0) -> None:
+        """Poll until every CRD reports ``Established=True`` (``kubectl wait`` fails on a CRD that has no
+        status conditions yet, which a fresh one may not)."""
+        path = '{.status.conditions[?(@.type=="Established")].status}'
+        for name in names:
+            self._wait(lambda n=name: self.kubectl("get", "crd", n, "-o", f"jsonpath={path}",
+                                                   check=False).stdout.strip() == "True",
+                       timeout, f"CRD {name} Established")
 
     def namespace(self, name: str, pod_security: str | None = "restricted") -> str:
         """Create a namespace with its ``default`` ServiceAccount (no controller-manager makes one) and,
