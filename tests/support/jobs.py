@@ -81,3 +81,11 @@ class Jobs:
 
     def reasons(self, name: str = "job1") -> list[str]:
         return [r for _, r, _ in self.events(name)]
+
+    def wait_reasons(self, *reasons: str, name: str = "job1", timeout: float = 20.0) -> list[str]:
+        """Events with these reasons (kopf posts events from a queue: they can trail the status write)."""
+        def seen() -> list[str] | None:
+            got = self.reasons(name)
+            return got if set(reasons) <= set(got) else None
+
+        return list(wait_for(seen, timeout=timeout, message=f"events {reasons} about {name}"))
