@@ -145,7 +145,13 @@ class JobStatus(_StatusModel):
     start_time: str | None = Field(default=None, description="When the job started or resumed (RFC 3339).")
     attempt_start_time: str | None = Field(default=None, description="When the current pods were created.")
     completion_time: str | None = Field(default=None, description="When the job became Succeeded or Failed.")
-    restart_after: str | None = Field(default=None, description="Earliest time of the pending restart.")
+    restart_after: str | None = Field(
+        default=None,
+        description="Earliest time of the pending gang restart or of the retry of a refused pod create.")
+    disrupted_pods: list[str] = Field(
+        default_factory=list,
+        description="Pods of the current epoch seen with DisruptionTarget=True, as <pod>@<epoch>: a preemption is "
+        "recognised after the pod is gone, even across operator restarts.")
     sync_phase: SyncPhaseStatus | None = Field(default=None, description="Interrupt-sync phase (surfaced).")
     training: TrainingSummary | None = Field(default=None, description="Training summary (written by the driver).")
 

@@ -225,7 +225,7 @@ class CreateFailure:
 
 OPERATOR_FIELDS = ("phase", "reason", "message", "observedGeneration", "conditions", "replicas", "restarts",
                    "preemptions", "rolloutReplacements", "epoch", "startTime", "attemptStartTime",
-                   "completionTime", "restartAfter", "syncPhase")
+                   "completionTime", "restartAfter", "syncPhase", "disruptedPods")
 
 
 def plan(
@@ -315,12 +315,24 @@ class _Planner:
                 self._terminal()
         self._replicas()
         self._waiting_reasons()
+        self._remember_disruptions()
         if not self.create_retry_due and self.phase is not Phase.RESTARTING:
             self.st.pop("restartAfter", None)  # no create backoff pending any more
         self.st["observedGeneration"] = self.job.generation
         self.st["conditions"] = self._conditions()
         self.out.status = self.st
         return self.out
+
+    def _remember_disruptions(self) -> None:
+        """Persist the disruptions of the current epoch's pods (a pod seen with DisruptionTarget may be gone
+        by the next look, and the operator may restart in between): ``status.disruptedPods``."""
+        epoch = int(self.st["epoch"])
+        seen = set(self.obs.disrupted) | {(p.name, p.epoch) for p in self.obs.pods.values() if p.disrupted}
+        keep = sorted(f"{name}@{e}" for name, e in seen if e >= epoch)
+        if keep:
+            self.st["disruptedPods"] = keep
+        else:
+            self.st.pop("disruptedPods", None)
 
     def _invalid(self, err: SpecError) -> None:
         paths = "; ".join(str(p) for p in err.problems)

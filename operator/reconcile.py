@@ -135,8 +135,9 @@ class Reconciler:
         self._waiting: set[tuple[str, str]] = set()
         self._full: dict[tuple[str, str], bool] = {}
         self._later = Later(self._fire)
-        # job uid -> {(pod name, epoch)} seen with DisruptionTarget=True. In memory only: a pod event
-        # can carry the last state of a pod that is gone by the time its reconcile lists the pods.
+        # job uid -> {(pod name, epoch)} seen with DisruptionTarget=True: a pod event can carry the last
+        # state of a pod that is gone by the time its reconcile lists the pods. The planner persists what
+        # it was told in status.disruptedPods, read back here, so an operator restart forgets nothing.
         self._disrupted: defaultdict[str, set[tuple[str, int]]] = defaultdict(set)
 
     def note_pod(self, body: dict[str, Any]) -> None:
@@ -152,14 +153,18 @@ class Reconciler:
         self.note_pod(body)
         return self.reconcile(namespace, job, children=False)
 
-    def observe(self, ref: builders.JobRef, desired: builders.Desired | None, children: bool = True) -> Observed:
-        """List the job's pods and, when ``children``, read each desired child (one GET each)."""
+    def observe(self, ref: builders.JobRef, desired: builders.Desired | None, children: bool = True,
+                remembered: list[str] | None = None) -> Observed:
+        """List the job's pods and, when ``children``, read each desired child (one GET each).
+        ``remembered``: ``status.disruptedPods`` (``<pod>@<epoch>``) as the last reconcile wrote it."""
         manifests = self.kube.list_pods(ref.namespace, names.selector_string(ref.name))
         for m in manifests:
             self.note_pod(m)
         pods, foreign = observe_pods(manifests, ref.uid)
         with self._guard:
-            disrupted = frozenset(self._disrupted.get(ref.uid, ()))
+            disrupted = frozenset(self._disrupted.get(ref.uid, ())) | frozenset(
+                (pod, int(epoch)) for pod, _, epoch in (e.rpartition("@") for e in remembered or ())
+                if epoch.isdigit())
         if not children or desired is None:
             return Observed(pods, None, foreign, disrupted)
         found: dict[tuple[str, str], dict[str, Any]] = {}
@@ -212,7 +217,7 @@ class Reconciler:
         # A fresh token each time: it is used only if the Secret is missing (created once, never patched).
         desired = None if isinstance(spec, SpecError) else builders.desired(
             ref, spec, self.cfg, int(status.get("epoch") or 0), ray_token=secrets.token_urlsafe(32))
-        observed = self.observe(ref, desired, children=full)
+        observed = self.observe(ref, desired, children=full, remembered=status.get("disruptedPods"))
         view = JobView(ref, int(body["metadata"].get("generation") or 1), status)
         now = self.clock()
         p = plan(view, spec, desired, observed, now, self.cfg)

@@ -137,6 +137,16 @@ def test_vanished_pod_seen_disrupted_before_is_a_preemption() -> None:
     assert p.status["preemptions"] == 0 and p.status["restarts"] == 1
 
 
+def test_a_disruption_is_written_to_status_until_the_gang_moves_on() -> None:
+    # Running; the scheduler marks the actor for preemption: nothing to do yet, but it is written down
+    p = run({"phase": "Running"}, [pod(n) for n in ALL if n != "j-actor-0"] + [pod("j-actor-0", disrupted=True)])
+    assert p.status["phase"] == "Running" and p.status["disruptedPods"] == ["j-actor-0@0"]
+    # the actor is gone: a preemption; the gang restart moves to epoch 1 and drops the old epoch's entry
+    p = run(p.status, [pod(n) for n in ALL if n != "j-actor-0"], disrupted=frozenset({("j-actor-0", 0)}))
+    assert p.status["preemptions"] == 1 and p.status["restarts"] == 0
+    assert "disruptedPods" not in p.status
+
+
 def test_preemption_limit_fails_the_job() -> None:
     s = spec(runPolicy={"preemptionLimit": 2, "backoffLimit": 0})
     pods = [pod(n) for n in ALL if n != "j-actor-0"] + [pod("j-actor-0", "Failed", False, disrupted=True)]

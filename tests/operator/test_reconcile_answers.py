@@ -181,6 +181,22 @@ def test_a_pod_that_vanished_after_a_disruption_counts_as_preempted(h: Harness) 
     assert (st["phase"], st["reason"], st["preemptions"], st["restarts"]) == ("Restarting", "Preempted", 1, 0)
 
 
+def test_a_disruption_survives_an_operator_restart_through_the_status(h: Harness) -> None:
+    h.reconcile()
+    h.kube.run_pods()
+    h.reconcile(after=1)
+    h.kube.objects[("Pod", "j-actor-0")]["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"})
+    assert h.reconcile(after=2)["disruptedPods"] == ["j-actor-0@0"]  # still running: only written down
+    h.reconciler.close()
+    # the operator restarts (empty memory); the pod is gone before the new one lists anything
+    h.reconciler = Reconciler(CFG, cast(Kube, h.kube), create_metrics(CollectorRegistry()),
+                              lambda body, t, r, m: h.events.append((t, r, m)), clock=lambda: h.now)
+    h.kube.objects.pop(("Pod", "j-actor-0"))
+    st = h.reconcile(after=3)
+    assert (st["phase"], st["reason"], st["preemptions"], st["restarts"]) == ("Restarting", "Preempted", 1, 0)
+
+
 def test_a_pod_that_vanished_without_a_disruption_is_counted(h: Harness) -> None:
     h.reconcile()
     h.kube.run_pods()
