@@ -27,18 +27,13 @@ from asyncrl.operator.lifecycle import (
     OPERATOR_FIELDS,
     Action,
     CreateFailure,
-    JobView,
-    Observed,
     Plan,
-    PodView,
     fold_create_failures,
-    observe_pods,
-    owned_by,
-    owner_of,
     plan,
     plan_deletion,
 )
 from asyncrl.operator.metrics import OperatorMetrics
+from asyncrl.operator.observed import JobView, Observed, PodView, observe_pods, owned_by, owner_of
 
 log = logging.getLogger("asyncrl.operator")
 EventSink = Callable[[dict[str, Any], str, str, str], None]  # (job body, type, reason, message)

@@ -7,8 +7,9 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.validation import SpecError, SpecProblem
 from asyncrl.operator.builders import JobRef, desired
 from asyncrl.operator.config import OperatorSettings
-from asyncrl.operator.lifecycle import JobView, Observed, PodView, plan, plan_deletion
+from asyncrl.operator.lifecycle import plan, plan_deletion
 from asyncrl.operator.names import Role
+from asyncrl.operator.observed import JobView, Observed, PodView
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 REF = JobRef("j", "ns", "uid-1")

@@ -10,17 +10,9 @@ from typing import Any
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.operator.builders import Desired, JobRef, desired
 from asyncrl.operator.config import OperatorSettings
-from asyncrl.operator.lifecycle import (
-    CreateFailure,
-    JobView,
-    Observed,
-    Plan,
-    PodView,
-    fold_create_failures,
-    observe_pods,
-    plan,
-)
+from asyncrl.operator.lifecycle import CreateFailure, Plan, fold_create_failures, plan
 from asyncrl.operator.names import Role
+from asyncrl.operator.observed import JobView, Observed, PodView, observe_pods
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 REF = JobRef("j", "ns", "uid-1")
