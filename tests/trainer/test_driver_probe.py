@@ -170,7 +170,13 @@ def test_token_auth_a_shared_token_joins_a_wrong_one_is_refused(ray_nodes: RayNo
                              f"--resources={json.dumps({'rollout': 1})}")
     refused = _probe(wrong, "gcs", "--address", gcs, "--wait", "60")
     assert refused.returncode == 2 and "refused this pod's Ray token" in refused.stderr, refused.stderr
-    joined = _until(lambda: _probe(token, "joined", "--address", gcs, "--resource", "rollout"), 90, "rollout joined")
+    try:
+        joined = _until(lambda: _probe(token, "joined", "--address", gcs, "--resource", "rollout"), 180,
+                        "rollout joined")
+    except AssertionError as exc:  # say why: the worker's own output, if it gave up
+        ended = worker.poll() is not None
+        raise AssertionError(f"{exc}\nworker {'exited ' + str(worker.returncode) if ended else 'still running'}: "
+                             f"{worker.communicate(timeout=5)[0][-3000:] if ended else ''}") from exc
     assert "is ALIVE" in joined.stdout
     other_role = _probe(token, "joined", "--address", gcs, "--resource", "actor")
     assert other_role.returncode == 1, other_role.stdout
