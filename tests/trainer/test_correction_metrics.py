@@ -12,6 +12,7 @@ from test_correction_reference import Case, Config, cases, loop_loss, near_tie
 
 from asyncrl.api.correction import CorrectionSpec
 from asyncrl.trainer.correction import METRICS, CorrectionStats, correction_loss, metrics_markdown
+from asyncrl.trainer.correction.stats import DERIVED
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -22,20 +23,41 @@ def test_metrics_match_loop(case: Case, mode: str, level: str, dual: float | Non
     assume(not near_tie(case, cfg))
     res, _ = run(case, cfg)
     expected = loop_loss(case, cfg).metrics
-    got = {k: float(v) for k, v in res.metrics.as_dict().items()}
+    got = res.metrics.record()
     assert got.keys() == expected.keys()
     for k in got:
         assert math.isclose(got[k], expected[k], rel_tol=1e-6, abs_tol=1e-6), (k, got[k], expected[k])
+    counts = [f.name for f in fields(CorrectionStats) if f.name.endswith(("_tokens", "_seqs"))]
+    assert all(got[k] == expected[k] for k in counts)  # counts are exact, not fractions multiplied back
 
 
 def test_table_and_dataclass_agree() -> None:
     assert [f.name for f in fields(CorrectionStats)] == [m.name for m in METRICS]
+    assert all(isinstance(getattr(CorrectionStats, d.name), property) for d in DERIVED)
     for m in METRICS:
-        assert m.description and m.denominator in ("-", "valid_tokens", "valid_seqs"), m
+        assert m.description and m.denominator == "-", m
+    for m in DERIVED:
+        assert m.description and m.denominator in ("valid_tokens", "valid_seqs"), m
     doc = metrics_markdown()
-    assert doc.count("\n") == len(METRICS) + 2 and "`clip_and_reject_frac`" in doc
-    for row in doc.splitlines():  # pipes inside a cell are escaped: 4 column separators per row
+    assert "`clip_and_reject_tokens`" in doc and "`clip_and_reject_frac`" in doc
+    rows = [r for r in doc.splitlines() if r.startswith("| `")]
+    assert len(rows) == len(METRICS) + len(DERIVED)
+    for row in rows[: len(METRICS)]:  # pipes inside a cell are escaped: 3 column separators per row
+        assert row.replace("\\|", "").count("|") == 3, row
+    for row in rows[len(METRICS):]:
         assert row.replace("\\|", "").count("|") == 4, row
+
+
+def test_record_round_trip_and_empty_values() -> None:
+    # An all-masked batch: nothing valid. keep_ratio and the ratio means are 1, other fractions 0.
+    z = torch.zeros(2, 3)
+    m = correction_loss(z, z, z, torch.ones(2), torch.zeros(2, 3, dtype=torch.bool), CorrectionSpec()).metrics
+    rec = m.record()
+    assert rec["keep_ratio"] == rec["rd_mean"] == rec["rs_mean"] == 1.0 and rec["clip_low_frac"] == 0.0
+    back = CorrectionStats.from_record({**rec, "step": 3})
+    assert back == m.to_floats() and back.record() == rec
+    with pytest.raises(KeyError, match="missing kept_tokens"):
+        CorrectionStats.from_record({k: v for k, v in rec.items() if k != "kept_tokens"})
 
 
 def test_metrics_are_frozen_0dim_tensors_without_grad() -> None:
@@ -43,10 +65,11 @@ def test_metrics_are_frozen_0dim_tensors_without_grad() -> None:
     theta = (-torch.rand(2, 5)).requires_grad_(True)
     res = correction_loss(theta, -torch.rand(2, 5), -torch.rand(2, 5), torch.randn(2), torch.ones(2, 5, dtype=torch.bool),
                           CorrectionSpec())
+    assert res.metrics.as_dict(prefix="correction/").keys() == {"correction/" + m.name for m in METRICS}
     for name, v in res.metrics.as_dict(prefix="correction/").items():
         assert name.startswith("correction/") and v.dim() == 0 and v.dtype == torch.float32 and not v.requires_grad
     with pytest.raises(FrozenInstanceError):
-        res.metrics.keep_ratio = torch.tensor(0.0)  # type: ignore[misc]
+        res.metrics.kept_tokens = torch.tensor(0.0)  # type: ignore[misc]
 
 
 def test_clip_fractions_are_sign_aware_by_hand() -> None:
@@ -83,6 +106,16 @@ def test_kl_estimators_by_hand() -> None:
     m = run(case, Config())[0].metrics
     assert math.isclose(float(m.kl_k1), 0.1, rel_tol=1e-6)
     assert math.isclose(float(m.kl_k3), ((math.exp(0.2) - 1.2) + (math.exp(-0.4) - 0.6)) / 2, rel_tol=1e-6)
+
+
+def test_kl_k3_theta_ref_by_hand() -> None:
+    # log r_s = log(pi_theta / pi_ref) = 0.3 and -0.1; r = pi_ref / pi_theta = e^-0.3, e^0.1:
+    # k3 = mean(r - 1 - log r) = ((e^-0.3 - 1 + 0.3) + (e^0.1 - 1 - 0.1)) / 2 = (0.040818 + 0.005171) / 2.
+    case = Case(theta=[[0.3, -0.1]], ref=[[0.0, 0.0]], mu=[[0.0, 0.0]], adv=[[1.0, 1.0]], mask=[[True, True]])
+    m = run(case, Config())[0].metrics
+    expected = ((math.exp(-0.3) - 0.7) + (math.exp(0.1) - 1.1)) / 2
+    assert math.isclose(float(m.kl_k3_theta_ref), expected, rel_tol=1e-6)
+    assert float(m.kl_k3) == 0.0  # pi_ref = mu here
 
 
 def test_kl_k3_precise_in_fp32_for_tiny_discrepancy() -> None:

@@ -120,7 +120,7 @@ def loop_loss(case: Case, cfg: Config) -> LoopResult:
 
     terms: list[list[torch.Tensor]] = [[] for _ in range(B)]
     m = {k: 0.0 for k in ("kept", "below", "above", "rej_low", "rej_high", "veto", "clip_low", "clip_high",
-                          "dual", "c_and_r", "c_or_r", "w", "w2", "k1", "k3", "rd", "rs")}
+                          "dual", "c_and_r", "c_or_r", "w", "w2", "k1", "k3", "k3_theta_ref", "rd", "rs")}
     rds: list[float] = []
     rss: list[float] = []
     for b in range(B):
@@ -174,6 +174,8 @@ def loop_loss(case: Case, cfg: Config) -> LoopResult:
             rd_tok = math.exp(lrd[b][t])
             m["k1"] += -lrd[b][t]
             m["k3"] += rd_tok - 1.0 - lrd[b][t]
+            lrs = float(log_rs.detach())
+            m["k3_theta_ref"] += math.exp(-lrs) - 1.0 + lrs  # r = pi_ref / pi_theta: r - 1 - log r
             rds.append(rd_tok)
             rss.append(rs_f)
 
@@ -214,6 +216,15 @@ def loop_loss(case: Case, cfg: Config) -> LoopResult:
         "ess": m["w"] ** 2 / (n * m["w2"]) if n and m["w2"] else 0.0,
         "kl_k1": frac(m["k1"], n),
         "kl_k3": frac(m["k3"], n),
+        "kl_k3_theta_ref": frac(m["k3_theta_ref"], n),
+        # the counts and sums the record carries (the fractions above are derived from them)
+        "kept_tokens": m["kept"], "reject_low_tokens": m["rej_low"], "reject_high_tokens": m["rej_high"],
+        "rd_below_tokens": m["below"], "rd_above_tokens": m["above"], "veto_tokens": m["veto"],
+        "veto_seqs": float(sum(veto_seq)), "clip_low_tokens": m["clip_low"],
+        "clip_high_tokens": m["clip_high"], "dual_clip_tokens": m["dual"], "clip_and_reject_tokens": m["c_and_r"],
+        "clip_or_reject_tokens": m["c_or_r"], "rd_sum": sum(rds), "rs_sum": sum(rss), "weight_sum": m["w"],
+        "weight_sq_sum": m["w2"], "kl_k1_sum": m["k1"], "kl_k3_sum": m["k3"],
+        "kl_k3_theta_ref_sum": m["k3_theta_ref"],
     }
     return LoopResult(loss=loss, theta_leaf=theta_leaf, metrics=metrics)
 

@@ -43,10 +43,11 @@ from asyncrl.trainer.correction.stats import CorrectionStats, compute_stats
 
 @dataclass(frozen=True)
 class CorrectionResult:
-    """``loss``: 0-dim, differentiable w.r.t. ``logp_theta`` only; ``metrics``: see ``stats.METRICS``."""
+    """``loss``: 0-dim, differentiable w.r.t. ``logp_theta`` only; ``metrics``: the batch's counts and
+    sums (``stats.METRICS``) with fractions derived from them (``stats.DERIVED``)."""
 
     loss: Tensor
-    metrics: CorrectionStats
+    metrics: CorrectionStats[Tensor]
 
 
 class _AttachGrad(torch.autograd.Function):
@@ -219,7 +220,7 @@ def correction_loss(
         segment_ids: ``[B, T]`` int turn ids (-1 outside turns), required by ``mask.level: turn``.
 
     Returns:
-        :class:`CorrectionResult` with the 0-dim ``loss`` and :class:`CorrectionStats` metrics.
+        :class:`CorrectionResult` with the 0-dim ``loss`` and :class:`CorrectionStats` counts.
     """
     return decoupled_pg_loss(
         logp_theta, logp_ref, logp_mu, advantages, loss_mask,

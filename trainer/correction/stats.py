@@ -1,10 +1,19 @@
-"""The correction loss's diagnostics: one frozen, typed stats object and its documentation table.
+"""The correction loss's diagnostics: one frozen, typed record of counts and sums, and its documentation.
 
-Every metric is a 0-dim float tensor computed under ``no_grad`` (no ``.item()``: reading a value
-is the caller's sync point). Fractions name their denominator; they are ``0`` when the
-denominator is empty, except ``keep_ratio`` (``1``: nothing was rejected) and the ratio
-summaries ``rd_*``/``rs_*`` (``1``: the neutral ratio). ``METRICS`` is the single source for the
-metric docs (``docs/metrics.md`` can be generated from it, see :func:`metrics_markdown`).
+The record carries what was counted -- token and sequence counts, sums over valid tokens, extremes --
+never a fraction: a fraction of one step cannot be summed over steps, its counts can
+(``rate(kept) / rate(valid)`` in Prometheus). Fractions and means are derived properties with the
+names the logs use (``keep_ratio``, ``clip_low_frac``, ``kl_k3``, ...): they are ``0`` when the
+denominator is empty, except ``keep_ratio`` (``1``: nothing was rejected) and the ratio means
+``rd_mean``/``rs_mean`` (``1``: the neutral ratio).
+
+One record from the loss to the exporter: ``correction_loss`` returns ``CorrectionStats[Tensor]``
+(0-dim float32 tensors computed under ``no_grad``; no ``.item()``, reading a value is the caller's
+sync point), :meth:`CorrectionStats.to_floats` turns it into ``CorrectionStats[float]`` with one
+sync, :meth:`CorrectionStats.record` flattens it for a log line (fields and derived values, keyed by
+their own names) and :meth:`CorrectionStats.from_record` reads it back from such a line.
+``METRICS`` (fields) and ``DERIVED`` (properties) are the single source of the metric docs
+(``docs/correction-metrics.md``, see :func:`metrics_markdown`).
 
 Denominators:
 - ``valid_tokens``: tokens with ``loss_mask`` True and finite ``logp_theta``, ``logp_ref``,
@@ -12,7 +21,9 @@ Denominators:
 - ``valid_seqs``: sequences with at least one valid token.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -20,10 +31,12 @@ from torch import Tensor
 from asyncrl.trainer.correction.clip import Clip
 from asyncrl.trainer.correction.discrepancy import SAFETY_BOUND, Discrepancy
 
+S = TypeVar("S", Tensor, float)
+
 
 @dataclass(frozen=True)
 class MetricDoc:
-    """One metric's documentation: name, meaning, denominator (``-`` for counts)."""
+    """One metric's documentation: name, meaning, denominator (``-`` for counts, sums and extremes)."""
 
     name: str
     description: str
@@ -39,81 +52,221 @@ METRICS: tuple[MetricDoc, ...] = (
         "(or a log-ratio of them overflows).",
         "-",
     ),
-    MetricDoc("keep_ratio", "Valid tokens the discrepancy handling keeps (mask and veto); 1 when none is valid.", "valid_tokens"),
-    MetricDoc("reject_low_frac", "Valid tokens rejected because the level-aggregated r_d < mask.bounds.low (mask, icepop).", "valid_tokens"),
-    MetricDoc("reject_high_frac", "Valid tokens rejected because the level-aggregated r_d > mask.bounds.high (mask, icepop).", "valid_tokens"),
-    MetricDoc("rd_below_frac", "Valid tokens whose level-aggregated r_d < bounds.low, whatever the mode (truncate: clamped up).", "valid_tokens"),
-    MetricDoc("rd_above_frac", "Valid tokens whose level-aggregated r_d > bounds.high, whatever the mode (truncate: clamped down).", "valid_tokens"),
-    MetricDoc("veto_frac", "Valid tokens in sequences rejected by the catastrophic veto (token r_d < mask.vetoBelow).", "valid_tokens"),
-    MetricDoc("veto_seq_frac", "Sequences rejected by the catastrophic veto.", "valid_seqs"),
-    MetricDoc("clip_low_frac", "Valid tokens whose gradient the lower PPO clip stops: A < 0 and r_s < 1 - clip.low.", "valid_tokens"),
-    MetricDoc("clip_high_frac", "Valid tokens whose gradient the upper PPO clip stops: A > 0 and r_s > 1 + clip.high.", "valid_tokens"),
-    MetricDoc("dual_clip_frac", "Valid tokens whose gradient the dual clip stops: A < 0 and r_s > clip.dualClip.", "valid_tokens"),
+    MetricDoc("kept_tokens", "Valid tokens the discrepancy handling keeps (mask and veto).", "-"),
+    MetricDoc("reject_low_tokens", "Valid tokens rejected because the level-aggregated r_d < mask.bounds.low (mask, icepop).", "-"),
+    MetricDoc("reject_high_tokens", "Valid tokens rejected because the level-aggregated r_d > mask.bounds.high (mask, icepop).", "-"),
+    MetricDoc("rd_below_tokens", "Valid tokens whose level-aggregated r_d < bounds.low, whatever the mode (truncate: clamped up).", "-"),
+    MetricDoc("rd_above_tokens", "Valid tokens whose level-aggregated r_d > bounds.high, whatever the mode (truncate: clamped down).", "-"),
+    MetricDoc("veto_tokens", "Valid tokens in sequences rejected by the catastrophic veto (token r_d < mask.vetoBelow).", "-"),
+    MetricDoc("veto_seqs", "Sequences rejected by the catastrophic veto.", "-"),
+    MetricDoc("clip_low_tokens", "Valid tokens whose gradient the lower PPO clip stops: A < 0 and r_s < 1 - clip.low.", "-"),
+    MetricDoc("clip_high_tokens", "Valid tokens whose gradient the upper PPO clip stops: A > 0 and r_s > 1 + clip.high.", "-"),
+    MetricDoc("dual_clip_tokens", "Valid tokens whose gradient the dual clip stops: A < 0 and r_s > clip.dualClip.", "-"),
     MetricDoc(
-        "clip_and_reject_frac",
+        "clip_and_reject_tokens",
         "Valid tokens both clipped (sign-aware PPO clip, dual clip, or |log r_s| beyond the safety bound) "
         "and rejected by the discrepancy handling.",
-        "valid_tokens",
+        "-",
     ),
-    MetricDoc("clip_or_reject_frac", "Valid tokens clipped or rejected: 1 - this = tokens that carry gradient.", "valid_tokens"),
-    MetricDoc("rd_mean", "Mean token-level r_d = pi_ref/mu over valid tokens (log-ratio clamped to +-20).", "valid_tokens"),
-    MetricDoc("rd_min", "Minimum token-level r_d over valid tokens.", "-"),
-    MetricDoc("rd_max", "Maximum token-level r_d over valid tokens.", "-"),
-    MetricDoc("rs_mean", "Mean r_s = pi_theta/pi_ref over valid tokens (log-ratio clamped to +-20).", "valid_tokens"),
-    MetricDoc("rs_min", "Minimum r_s over valid tokens.", "-"),
-    MetricDoc("rs_max", "Maximum r_s over valid tokens.", "-"),
-    MetricDoc("weight_mean", "Mean discrepancy weight w applied to the policy-gradient term (0 for rejected tokens).", "valid_tokens"),
-    MetricDoc("ess", "Normalised effective sample size of w over valid tokens: (sum w)^2 / (n sum w^2); 0 if all w = 0.", "valid_tokens"),
+    MetricDoc("clip_or_reject_tokens", "Valid tokens clipped or rejected (the others carry gradient).", "-"),
+    MetricDoc("rd_sum", "Sum of token-level r_d = pi_ref/mu over valid tokens (log-ratio clamped to +-20).", "-"),
+    MetricDoc("rs_sum", "Sum of r_s = pi_theta/pi_ref over valid tokens (log-ratio clamped to +-20).", "-"),
+    MetricDoc("weight_sum", "Sum of the discrepancy weight w applied to the policy-gradient term (0 for rejected tokens).", "-"),
+    MetricDoc("weight_sq_sum", "Sum of w^2 over valid tokens (with weight_sum: the effective sample size).", "-"),
+    MetricDoc("kl_k1_sum", "Sum over valid tokens of logp_mu - logp_ref (log-ratio clamped to +-20).", "-"),
+    MetricDoc("kl_k3_sum", "Sum over valid tokens of r_d - 1 - log r_d (r_d = pi_ref/mu; non-negative).", "-"),
     MetricDoc(
-        "kl_k1",
-        "k1 estimate of KL(mu || pi_ref) from tokens sampled under mu: mean(logp_mu - logp_ref) "
-        "(log-ratio clamped to +-20).",
+        "kl_k3_theta_ref_sum",
+        "Sum over valid tokens of 1/r_s - 1 + log r_s (r_s = pi_theta/pi_ref; non-negative).", "-",
+    ),
+    MetricDoc("rd_min", "Minimum token-level r_d over valid tokens (1 when none is valid).", "-"),
+    MetricDoc("rd_max", "Maximum token-level r_d over valid tokens (1 when none is valid).", "-"),
+    MetricDoc("rs_min", "Minimum r_s over valid tokens (1 when none is valid).", "-"),
+    MetricDoc("rs_max", "Maximum r_s over valid tokens (1 when none is valid).", "-"),
+)
+
+DERIVED: tuple[MetricDoc, ...] = (
+    MetricDoc("keep_ratio", "kept_tokens / valid_tokens; 1 when none is valid.", "valid_tokens"),
+    MetricDoc("reject_low_frac", "reject_low_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("reject_high_frac", "reject_high_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("rd_below_frac", "rd_below_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("rd_above_frac", "rd_above_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("veto_frac", "veto_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("veto_seq_frac", "veto_seqs / valid_seqs.", "valid_seqs"),
+    MetricDoc("clip_low_frac", "clip_low_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("clip_high_frac", "clip_high_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("dual_clip_frac", "dual_clip_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("clip_and_reject_frac", "clip_and_reject_tokens / valid_tokens.", "valid_tokens"),
+    MetricDoc("clip_or_reject_frac", "clip_or_reject_tokens / valid_tokens: 1 - this = tokens that carry gradient.", "valid_tokens"),
+    MetricDoc("rd_mean", "Mean r_d: rd_sum / valid_tokens; 1 when none is valid.", "valid_tokens"),
+    MetricDoc("rs_mean", "Mean r_s: rs_sum / valid_tokens; 1 when none is valid.", "valid_tokens"),
+    MetricDoc("weight_mean", "Mean discrepancy weight: weight_sum / valid_tokens.", "valid_tokens"),
+    MetricDoc(
+        "ess",
+        "Normalised effective sample size of w: weight_sum^2 / (valid_tokens * weight_sq_sum); 0 if all w = 0.",
         "valid_tokens",
     ),
+    MetricDoc("kl_k1", "k1 estimate of KL(mu || pi_ref) from tokens sampled under mu: kl_k1_sum / valid_tokens.", "valid_tokens"),
     MetricDoc(
         "kl_k3",
-        "k3 estimate of KL(mu || pi_ref): mean(r_d - 1 - log r_d) with r_d = pi_ref/mu (non-negative, low variance).",
+        "k3 estimate of KL(mu || pi_ref): kl_k3_sum / valid_tokens (non-negative, low variance).",
+        "valid_tokens",
+    ),
+    MetricDoc(
+        "kl_k3_theta_ref",
+        "k3 estimate of KL(pi_theta || pi_ref): kl_k3_theta_ref_sum / valid_tokens (tokens sampled under mu, "
+        "which the clip keeps close to pi_theta).",
         "valid_tokens",
     ),
 )
 
 
-@dataclass(frozen=True)
-class CorrectionStats:
-    """Diagnostics of one ``correction_loss`` call; every field is a 0-dim float32 tensor.
+def _div(num: S, den: S) -> S:
+    """``num / den``; every numerator here is 0 when its denominator is (subsets of an empty set)."""
+    if isinstance(den, Tensor):
+        return num / den.clamp(min=1e-30)
+    return num / max(den, 1e-30)
 
-    The meaning and denominator of each field are in :data:`METRICS` (same names, same order).
+
+@dataclass(frozen=True)
+class CorrectionStats(Generic[S]):
+    """What one ``correction_loss`` call counted: 0-dim float32 tensors (``S = Tensor``) in the loss,
+    floats (``S = float``) once read (:meth:`to_floats`).
+
+    The meaning of each field is in :data:`METRICS` (same names, same order), of each derived
+    property in :data:`DERIVED`.
     """
 
-    valid_tokens: Tensor
-    valid_seqs: Tensor
-    nonfinite_tokens: Tensor
-    keep_ratio: Tensor
-    reject_low_frac: Tensor
-    reject_high_frac: Tensor
-    rd_below_frac: Tensor
-    rd_above_frac: Tensor
-    veto_frac: Tensor
-    veto_seq_frac: Tensor
-    clip_low_frac: Tensor
-    clip_high_frac: Tensor
-    dual_clip_frac: Tensor
-    clip_and_reject_frac: Tensor
-    clip_or_reject_frac: Tensor
-    rd_mean: Tensor
-    rd_min: Tensor
-    rd_max: Tensor
-    rs_mean: Tensor
-    rs_min: Tensor
-    rs_max: Tensor
-    weight_mean: Tensor
-    ess: Tensor
-    kl_k1: Tensor
-    kl_k3: Tensor
+    valid_tokens: S
+    valid_seqs: S
+    nonfinite_tokens: S
+    kept_tokens: S
+    reject_low_tokens: S
+    reject_high_tokens: S
+    rd_below_tokens: S
+    rd_above_tokens: S
+    veto_tokens: S
+    veto_seqs: S
+    clip_low_tokens: S
+    clip_high_tokens: S
+    dual_clip_tokens: S
+    clip_and_reject_tokens: S
+    clip_or_reject_tokens: S
+    rd_sum: S
+    rs_sum: S
+    weight_sum: S
+    weight_sq_sum: S
+    kl_k1_sum: S
+    kl_k3_sum: S
+    kl_k3_theta_ref_sum: S
+    rd_min: S
+    rd_max: S
+    rs_min: S
+    rs_max: S
 
-    def as_dict(self, prefix: str = "") -> dict[str, Tensor]:
-        """The metrics as ``{prefix + name: 0-dim tensor}`` (e.g. ``prefix="correction/"``)."""
+    # -- derived (DERIVED documents them, in this order) ------------------------------------------
+    @property
+    def keep_ratio(self) -> S:
+        return _div(self.kept_tokens - self.valid_tokens, self.valid_tokens) + 1.0  # 1 - rejected / n
+
+    @property
+    def reject_low_frac(self) -> S:
+        return _div(self.reject_low_tokens, self.valid_tokens)
+
+    @property
+    def reject_high_frac(self) -> S:
+        return _div(self.reject_high_tokens, self.valid_tokens)
+
+    @property
+    def rd_below_frac(self) -> S:
+        return _div(self.rd_below_tokens, self.valid_tokens)
+
+    @property
+    def rd_above_frac(self) -> S:
+        return _div(self.rd_above_tokens, self.valid_tokens)
+
+    @property
+    def veto_frac(self) -> S:
+        return _div(self.veto_tokens, self.valid_tokens)
+
+    @property
+    def veto_seq_frac(self) -> S:
+        return _div(self.veto_seqs, self.valid_seqs)
+
+    @property
+    def clip_low_frac(self) -> S:
+        return _div(self.clip_low_tokens, self.valid_tokens)
+
+    @property
+    def clip_high_frac(self) -> S:
+        return _div(self.clip_high_tokens, self.valid_tokens)
+
+    @property
+    def dual_clip_frac(self) -> S:
+        return _div(self.dual_clip_tokens, self.valid_tokens)
+
+    @property
+    def clip_and_reject_frac(self) -> S:
+        return _div(self.clip_and_reject_tokens, self.valid_tokens)
+
+    @property
+    def clip_or_reject_frac(self) -> S:
+        return _div(self.clip_or_reject_tokens, self.valid_tokens)
+
+    @property
+    def rd_mean(self) -> S:
+        return _div(self.rd_sum - self.valid_tokens, self.valid_tokens) + 1.0  # 1 when empty
+
+    @property
+    def rs_mean(self) -> S:
+        return _div(self.rs_sum - self.valid_tokens, self.valid_tokens) + 1.0
+
+    @property
+    def weight_mean(self) -> S:
+        return _div(self.weight_sum, self.valid_tokens)
+
+    @property
+    def ess(self) -> S:
+        return _div(self.weight_sum * self.weight_sum, self.valid_tokens * self.weight_sq_sum)
+
+    @property
+    def kl_k1(self) -> S:
+        return _div(self.kl_k1_sum, self.valid_tokens)
+
+    @property
+    def kl_k3(self) -> S:
+        return _div(self.kl_k3_sum, self.valid_tokens)
+
+    @property
+    def kl_k3_theta_ref(self) -> S:
+        return _div(self.kl_k3_theta_ref_sum, self.valid_tokens)
+
+    # -- conversions ------------------------------------------------------------------------------
+    def as_dict(self, prefix: str = "") -> dict[str, S]:
+        """The fields as ``{prefix + name: value}`` (e.g. ``prefix="correction/"``)."""
         return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_floats(self) -> "CorrectionStats[float]":
+        """The same record with Python floats (one device sync for all fields)."""
+        values = [getattr(self, f.name) for f in fields(self)]
+        floats = torch.stack(values).tolist() if isinstance(values[0], Tensor) else [float(v) for v in values]
+        return CorrectionStats(**dict(zip((f.name for f in fields(self)), floats, strict=True)))
+
+    def record(self) -> dict[str, float]:
+        """Fields and derived values as floats, keyed by their own names (a step record, a log line)."""
+        out = self.to_floats()
+        return {**out.as_dict(), **{d.name: float(getattr(out, d.name)) for d in DERIVED}}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, object]) -> "CorrectionStats[float]":
+        """The record back from a :meth:`record` mapping (extra keys, e.g. a step's others, are ignored)."""
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in record]
+        if missing:
+            raise KeyError(
+                f"not a correction record: missing {', '.join(missing)}; build it with CorrectionStats.record()"
+            )
+        return CorrectionStats(**{n: float(record[n]) for n in names})  # type: ignore[arg-type]
 
 
 def _cell(text: str) -> str:
@@ -122,9 +275,12 @@ def _cell(text: str) -> str:
 
 
 def metrics_markdown() -> str:
-    """A Markdown table of every metric (name, meaning, denominator), generated from ``METRICS``."""
-    rows = ["| metric | meaning | denominator |", "|---|---|---|"]
-    rows += [f"| `{m.name}` | {_cell(m.description)} | {m.denominator} |" for m in METRICS]
+    """Markdown tables of the record's fields and its derived values, generated from ``METRICS`` and ``DERIVED``."""
+    rows = ["| field | meaning |", "|---|---|"]
+    rows += [f"| `{m.name}` | {_cell(m.description)} |" for m in METRICS]
+    rows += ["", "Derived (properties of the record, also in every step record):", ""]
+    rows += ["| derived | meaning | denominator |", "|---|---|---|"]
+    rows += [f"| `{m.name}` | {_cell(m.description)} | {m.denominator} |" for m in DERIVED]
     return "\n".join(rows) + "\n"
 
 
@@ -144,12 +300,10 @@ def compute_stats(
     rs: Tensor,
     disc: Discrepancy,
     clip: Clip,
-) -> CorrectionStats:
-    """The metrics of one batch from the loss's intermediates (call under ``no_grad``).
+) -> "CorrectionStats[Tensor]":
+    """The counts and sums of one batch from the loss's intermediates (call under ``no_grad``).
 
-    All numerators and denominators are stacked and divided once (two dozen 0-dim divisions
-    would cost more than the ``[B, T]`` work). Where-free: an empty denominator comes with a zero
-    numerator, which gives the documented empty values.
+    No division here: fractions are derived where they are read.
 
     Args:
         mask_count: 0-dim, tokens with ``loss_mask`` True.
@@ -162,42 +316,37 @@ def compute_stats(
     n_seq = n_tok.clamp(max=1.0).sum()  # n_tok is integer-valued: clamp(max=1) is "has a token"
     keep, stopped, w = disc.keep, clip.stopped, disc.weight  # stopped implies valid (A = 0 elsewhere)
     kept = keep.sum()
-    below, above = disc.below, disc.above
     zero = torch.zeros_like(n)
-    stopped_n = stopped.sum()
     stopped_kept = _dot(stopped, keep)
-    w_sum = w.sum()
     log_rd_sum = log_rd.sum()
-    # (numerator, denominator, offset): metric = numerator / denominator + offset.
-    one = torch.ones_like(n)
-    table: dict[str, tuple[Tensor, Tensor, float]] = {
-        "valid_tokens": (n, one, 0.0),
-        "valid_seqs": (n_seq, one, 0.0),
-        "nonfinite_tokens": (mask_count - n, one, 0.0),
-        "keep_ratio": (kept - n, n, 1.0),  # 1 - rejected / n: 1 when nothing is valid
-        "reject_low_frac": (below if disc.rejects else zero, n, 0.0),
-        "reject_high_frac": (above if disc.rejects else zero, n, 0.0),
-        "rd_below_frac": (below, n, 0.0),
-        "rd_above_frac": (above, n, 0.0),
-        "veto_frac": ((n_tok * disc.veto_seq.squeeze(-1)).sum(), n, 0.0),
-        "veto_seq_frac": (disc.veto_seq.sum(), n_seq, 0.0),
-        "clip_low_frac": (clip.clip_low, n, 0.0),
-        "clip_high_frac": (clip.clip_high, n, 0.0),
-        "dual_clip_frac": (clip.dual, n, 0.0),
-        "clip_and_reject_frac": (stopped_n - stopped_kept, n, 0.0),
-        "clip_or_reject_frac": (n - kept + stopped_kept, n, 0.0),
-        "rd_mean": (rd_m1.sum(), n, 1.0),  # mean(r_d - 1) + 1 (r_d - 1 is 0 where invalid)
-        "rs_mean": (rs.sum() - valid.numel(), n, 1.0),  # invalid tokens hold r_s = 1
-        "weight_mean": (w_sum, n, 0.0),
-        "ess": (w_sum * w_sum, n * _dot(w, w), 0.0),
-        "kl_k1": (-log_rd_sum, n, 0.0),
-        # sum(expm1(x)) - sum(x): no r_d - 1 cancellation in fp32.
-        "kl_k3": (rd_m1.sum() - log_rd_sum, n, 0.0),
+    rd_m1_sum = rd_m1.sum()
+    # k3 of KL(pi_theta || pi_ref) with r = pi_ref / pi_theta = exp(-log r_s): r - 1 - log r;
+    # expm1 keeps it exact for small |log r_s| in fp32 (0 where invalid: log_rs = 0 there).
+    k3_theta_ref = torch.neg(log_rs).expm1_().add_(log_rs).sum()
+    sums: dict[str, Tensor] = {
+        "valid_tokens": n,
+        "valid_seqs": n_seq,
+        "nonfinite_tokens": mask_count - n,
+        "kept_tokens": kept,
+        "reject_low_tokens": disc.below if disc.rejects else zero,
+        "reject_high_tokens": disc.above if disc.rejects else zero,
+        "rd_below_tokens": disc.below,
+        "rd_above_tokens": disc.above,
+        "veto_tokens": (n_tok * disc.veto_seq.squeeze(-1)).sum(),
+        "veto_seqs": disc.veto_seq.sum(),
+        "clip_low_tokens": clip.clip_low,
+        "clip_high_tokens": clip.clip_high,
+        "dual_clip_tokens": clip.dual,
+        "clip_and_reject_tokens": stopped.sum() - stopped_kept,
+        "clip_or_reject_tokens": n - kept + stopped_kept,
+        "rd_sum": rd_m1_sum + n,  # r_d - 1 is 0 where invalid
+        "rs_sum": rs.sum() - (valid.numel() - n),  # invalid tokens hold r_s = 1
+        "weight_sum": w.sum(),
+        "weight_sq_sum": _dot(w, w),
+        "kl_k1_sum": -log_rd_sum,
+        "kl_k3_sum": rd_m1_sum - log_rd_sum,  # sum(expm1(x)) - sum(x): no r_d - 1 cancellation in fp32
+        "kl_k3_theta_ref_sum": k3_theta_ref,
     }
-    num = torch.stack([t[0] for t in table.values()])
-    den = torch.stack([t[1] for t in table.values()])
-    # Wherever a denominator is 0 its numerator is 0 too (subsets of an empty set), so 0 / tiny = 0.
-    values = num / den.clamp(min=1e-30) + num.new_tensor([t[2] for t in table.values()])
 
     # Extremes in log space: invalid tokens are pushed 4 * SAFETY_BOUND out of the way; with no
     # valid token the result is multiplied by 0, i.e. a ratio of 1.
@@ -207,8 +356,7 @@ def compute_stats(
         torch.add(log_rd, push, out=tmp).amin(), torch.sub(log_rd, push, out=tmp).amax(),
         torch.add(log_rs, push, out=tmp).amin(), torch.sub(log_rs, push, out=tmp).amax(),
     ])
-    nonempty = n.clamp(max=1.0)
-    ext = (ext * nonempty).exp()
-    by_name = dict(zip(table, values.unbind(), strict=True))
-    by_name.update(zip(("rd_min", "rd_max", "rs_min", "rs_max"), ext.unbind(), strict=True))
-    return CorrectionStats(**{f.name: by_name[f.name].to(torch.float32) for f in fields(CorrectionStats)})
+    ext = (ext * n.clamp(max=1.0)).exp()
+    sums.update(zip(("rd_min", "rd_max", "rs_min", "rs_max"), ext.unbind(), strict=True))
+    values = torch.stack([sums[f.name] for f in fields(CorrectionStats)]).to(torch.float32)
+    return CorrectionStats(**dict(zip((f.name for f in fields(CorrectionStats)), values.unbind(), strict=True)))
