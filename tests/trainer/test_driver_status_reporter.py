@@ -3,12 +3,14 @@ and round trips with the real ``kubernetes`` client against the real API server 
 
 import datetime as dt
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from asyncrl.api.status import JobStatus
+from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.status_reporter import StatusReporter, describe_failure, kubernetes_sender
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,8 +30,11 @@ class FakeClock:
 
 def step(version: int, valid: float = 100, keep: float = 1.0, clip_low: float = 0.0, clip_high: float = 0.0,
          staleness: int = 0, **extra: Any) -> dict[str, Any]:
-    return {"step": version, "version": version, "valid_tokens": valid, "keep_ratio": keep,
-            "clip_low_frac": clip_low, "clip_high_frac": clip_high, "dual_clip_frac": 0.0,
+    """A step record as the loop writes it: the correction counts (CorrectionStats.record()) and the rest."""
+    counts = {f.name: 0.0 for f in fields(CorrectionStats)}
+    counts |= {"valid_tokens": valid, "kept_tokens": valid * keep, "clip_low_tokens": valid * clip_low,
+               "clip_high_tokens": valid * clip_high}
+    return {"step": version, "version": version, **CorrectionStats(**counts).record(),
             "staleness_max": staleness, "ewma_reset": 0, **extra}
 
 

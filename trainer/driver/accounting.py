@@ -1,13 +1,34 @@
 """What the loop counts: rollouts and correction statistics into the metrics, steps into a summary.
 
-Plain functions over the catalogue's metrics (:mod:`.metrics`) and the per-step records.
+Plain functions over the catalogue's metrics (:mod:`.metrics`) and the per-step records. The
+correction loss's counts arrive as its own record (:class:`CorrectionStats`) and go into the
+counters as they are: nothing is divided and multiplied back.
 """
 
 from collections.abc import Sequence
 from typing import Any
 
+from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
-from asyncrl.trainer.driver.metrics import TRAJECTORY_STATUSES, DriverMetrics
+from asyncrl.trainer.correction.stats import CorrectionStats
+from asyncrl.trainer.driver.metrics import SYNC_STATES, TRAJECTORY_STATUSES, DriverMetrics
+
+
+def set_job_gauges(m: DriverMetrics, spec: AsyncRLJobSpec) -> None:
+    """The job's constants the alert rules compare with (thresholds, W) and the idle sync phase."""
+    guard = spec.monitoring.mask_guard
+    m.mask_guard_threshold.labels("warning").set(guard.warn_keep_ratio)
+    m.mask_guard_threshold.labels("critical").set(guard.critical_keep_ratio)
+    m.max_staleness.set(spec.async_.max_staleness)
+    set_sync_phase(m, "idle")
+
+
+def set_sync_phase(m: DriverMetrics, phase: str) -> None:
+    """``asyncrl_sync_phase{phase}``: 1 for ``phase``, 0 for the others (one-hot)."""
+    if phase not in SYNC_STATES:
+        raise ValueError(f"unknown sync phase {phase!r}; valid: {', '.join(SYNC_STATES)}")
+    for p in SYNC_STATES:
+        m.sync_phase.labels(p).set(1.0 if p == phase else 0.0)
 
 
 def count_rollouts(m: DriverMetrics, trajs: Sequence[Trajectory]) -> None:
@@ -27,17 +48,24 @@ def count_rollouts(m: DriverMetrics, trajs: Sequence[Trajectory]) -> None:
         m.rollout_tokens.labels("environment").inc(len(t.tokens) - t.prompt_len - sampled)
 
 
-def count_correction(m: DriverMetrics, stats: dict[str, Any], reference: str, trained_tokens: int) -> None:
-    """Turn one step's correction fractions back into token counts (numerator/denominator counters)."""
-    valid = float(stats.get("valid_tokens", trained_tokens))
+def count_correction(m: DriverMetrics, stats: CorrectionStats[float], reference: str, trained_tokens: int) -> None:
+    """One applied step's correction counts into the numerator/denominator counters, and the
+    last-step gauges (ESS ratio, k3 KL between pi_theta and pi_ref)."""
     m.trained_tokens.inc(trained_tokens)
-    m.tokens_valid.labels(reference).inc(valid)
-    m.tokens_kept.labels(reference).inc(round(valid * float(stats.get("keep_ratio", 1.0))))
-    for side, key in (("low", "clip_low_frac"), ("high", "clip_high_frac"), ("dual", "dual_clip_frac")):
-        m.tokens_clipped.labels(reference, side).inc(round(valid * float(stats.get(key, 0.0))))
-    m.nonfinite_tokens.inc(float(stats.get("nonfinite_tokens", 0.0)))
-    if stats.get("ewma_reset"):
-        m.ewma_resets.labels(str(stats["ewma_reset_reason"])).inc()
+    m.tokens_valid.labels(reference).inc(stats.valid_tokens)
+    m.tokens_kept.labels(reference).inc(stats.kept_tokens)
+    clipped = (("low", stats.clip_low_tokens), ("high", stats.clip_high_tokens), ("dual", stats.dual_clip_tokens))
+    for side, n in clipped:
+        m.tokens_clipped.labels(reference, side).inc(n)
+    m.nonfinite_tokens.inc(stats.nonfinite_tokens)
+    m.importance_ess.set(stats.ess)
+    m.kl_k3.set(stats.kl_k3_theta_ref)
+
+
+def count_ewma_reset(m: DriverMetrics, reason: str) -> None:
+    """One automatic (or manual) reset of the EWMA reference; ``""``: no reset this step."""
+    if reason:
+        m.ewma_resets.labels(reason).inc()
 
 
 def success_rate(groups: Sequence[Sequence[Trajectory]]) -> float:

@@ -36,8 +36,16 @@ from prometheus_client import CollectorRegistry
 
 from asyncrl.api.job import AsyncRLJob
 from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver import checkpoints
-from asyncrl.trainer.driver.accounting import count_correction, count_rollouts, success_rate, summarise
+from asyncrl.trainer.driver.accounting import (
+    count_correction,
+    count_ewma_reset,
+    count_rollouts,
+    set_job_gauges,
+    success_rate,
+    summarise,
+)
 from asyncrl.trainer.driver.batch import assemble_batch, token_staleness
 from asyncrl.trainer.driver.hosts import HostHandles, Placement, start_hosts
 from asyncrl.trainer.driver.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
@@ -125,6 +133,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
         "name": job.metadata.name, "reference": spec.correction.reference.value,
         "max_staleness": str(spec.async_.max_staleness), "task": spec.task.name,
     })
+    set_job_gauges(metrics, spec)
     server: MetricsServer | None = None
     port = spec.monitoring.port if options.port is None else options.port
     started = time.monotonic()
@@ -349,6 +358,8 @@ class _Loop:
         stats: dict[str, Any] = ray.get(stats_ref)
         step_s = time.monotonic() - t0
         self.m.step_duration.observe(step_s)
+        reference = self.spec.correction.reference.value
+        self.m.reference_seconds.labels(reference).inc(float(stats.get("actor_reference_s", 0.0)))
         rewards = batch.rewards
         record: dict[str, Any] = {
             "step": self.version + 1, "wall_s": round(time.monotonic() - self.started, 3),
@@ -370,7 +381,9 @@ class _Loop:
         self.consecutive_nonfinite = 0
         for g in gaps.tolist():
             self.m.token_staleness.observe(g)
-        count_correction(self.m, stats, self.spec.correction.reference.value, int(batch.loss_mask.sum()))
+        # The actor's step record carries the loss's CorrectionStats.record() under the record's own names.
+        count_correction(self.m, CorrectionStats.from_record(stats), reference, int(batch.loss_mask.sum()))
+        count_ewma_reset(self.m, str(stats.get("ewma_reset_reason", "")))
         self.version += 1
         record["version"] = self.version
         t0 = time.monotonic()

@@ -29,6 +29,11 @@ CLIP_SIDES = ("low", "high", "dual")
 TOKEN_KINDS = ("prompt", "sampled", "environment")
 # The EWMA controller's own reason names (paper §6.5 keep-ratio rule, or an explicit reset).
 EWMA_RESET_REASONS: tuple[str, ...] = get_args(ResetReason)
+# spec.monitoring.maskGuard: warnKeepRatio -> warning, criticalKeepRatio -> critical (the alerts' severities).
+MASK_GUARD_SEVERITIES = ("warning", "critical")
+# Interrupt-sync phases of an update v -> v+1 (oldLogits.strategy interruptSync); idle between updates.
+SYNC_PHASES = ("interrupt", "score", "update", "resume")
+SYNC_STATES = ("idle", *SYNC_PHASES)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class MetricDef:
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32, 64)
 _STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _SYNC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+_PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600)
 
 CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("job", "info", "asyncrl_job_info",
@@ -122,6 +128,27 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "GRPO groups admitted and still being generated."),
     MetricDef("admission_capacity", "gauge", "asyncrl_admission_capacity_groups",
               "Groups rollout may still start at the current version (AReaL staleness capacity)."),
+    MetricDef("mask_guard_threshold", "gauge", "asyncrl_mask_guard_keep_ratio_threshold",
+              "The job's mask-guard keep-ratio thresholds (spec.monitoring.maskGuard warnKeepRatio, "
+              "criticalKeepRatio): the alert rules compare the keep ratio with these.",
+              labels=(("severity", MASK_GUARD_SEVERITIES),)),
+    MetricDef("max_staleness", "gauge", "asyncrl_max_staleness_versions",
+              "The job's staleness bound W (spec.async.maxStaleness): no trained token is older than this."),
+    MetricDef("importance_ess", "gauge", "asyncrl_importance_ess_ratio",
+              "Effective sample size of the discrepancy weights over the valid tokens of the last step, "
+              "divided by the valid tokens: (sum w)^2 / (n sum w^2), 1 when every weight is equal."),
+    MetricDef("kl_k3", "gauge", "asyncrl_kl_k3",
+              "k3 estimate of KL(pi_theta || pi_ref) over the valid tokens of the last step."),
+    MetricDef("reference_seconds", "counter", "asyncrl_reference_seconds_total",
+              "Seconds the actor spent computing pi_ref (the old-logit / reference forward passes), by reference.",
+              labels=(("reference", REFERENCES),), ratio="reference share = reference / trainer_seconds"),
+    MetricDef("sync_phase_duration", "histogram", "asyncrl_sync_phase_duration_seconds",
+              "Wall time of each interrupt-sync phase of an update (oldLogits.strategy interruptSync; "
+              "empty until that strategy runs).",
+              labels=(("phase", SYNC_PHASES),), buckets=_PHASE_BUCKETS),
+    MetricDef("sync_phase", "gauge", "asyncrl_sync_phase",
+              "1 for the current interrupt-sync phase (idle between updates), 0 for the others.",
+              labels=(("phase", SYNC_STATES),)),
 )
 
 
@@ -221,8 +248,10 @@ def metrics_markdown(defs: tuple[MetricDef, ...] = CATALOGUE) -> str:
     lines += [
         "",
         "The run directory's `metrics.jsonl` has one line per step with the same quantities as",
-        "per-step values (`keep_ratio`, `clip_low_frac`, `reward_mean`, `success_rate`,",
-        "`staleness_mean`, `staleness_max`, `ewma_reset`, ...).",
+        "per-step values: the correction loss's counts and sums (`valid_tokens`, `kept_tokens`,",
+        "`clip_low_tokens`, ..., see `docs/correction-metrics.md`) with the fractions derived from them",
+        "(`keep_ratio`, `clip_low_frac`, ...), `reward_mean`, `success_rate`, `staleness_mean`,",
+        "`staleness_max`, `ewma_reset`, ...",
         "",
     ]
     return "\n".join(lines)

@@ -39,10 +39,9 @@ from asyncrl.api.status import (
     rfc3339,
     training_patch,
 )
+from asyncrl.trainer.correction.stats import CorrectionStats
 
 log = logging.getLogger(__name__)
-
-CLIP_KEYS = ("clip_low_frac", "clip_high_frac", "dual_clip_frac")
 
 Sender = Callable[[dict[str, Any]], None]  # takes the merge-patch body; raises on failure
 
@@ -58,11 +57,11 @@ class ReportWindow:
     steps: int = 0
 
     def add(self, record: dict[str, Any]) -> None:
-        """Add one applied step record (keys as the loop writes them; see ``correction/stats.py``)."""
-        valid = float(record.get("valid_tokens", 0.0))
-        self.valid_tokens += valid
-        self.kept_tokens += valid * float(record.get("keep_ratio", 1.0))
-        self.clipped_tokens += valid * sum(float(record.get(k, 0.0)) for k in CLIP_KEYS)
+        """Add one applied step record (the loop's: the correction counts under ``CorrectionStats``'s names)."""
+        stats = CorrectionStats.from_record(record)
+        self.valid_tokens += stats.valid_tokens
+        self.kept_tokens += stats.kept_tokens
+        self.clipped_tokens += stats.clip_low_tokens + stats.clip_high_tokens + stats.dual_clip_tokens
         self.max_staleness = max(self.max_staleness, int(record.get("staleness_max", 0)))
         self.steps += 1
 
@@ -79,7 +78,7 @@ class ReportWindow:
 def _ratio(num: float, den: float) -> float | None:
     if den <= 0:
         return None
-    return min(1.0, max(0.0, num / den))  # float rounding of valid*frac sums must not leave [0, 1]
+    return min(1.0, max(0.0, num / den))
 
 
 class StatusReporter:

@@ -101,7 +101,9 @@ class TrainStepMetrics:
     reference_seconds: float  # the extra forward of the reference (0 when none)
     forward_seconds: float
     backward_seconds: float  # backward + clip + optimizer step
-    correction: dict[str, float] = field(default_factory=dict)  # CorrectionStats, as floats
+    # CorrectionStats.record(): the loss's counts and sums with the fractions derived from them, keyed
+    # by the record's own names (CorrectionStats.from_record reads the counts back for the exporter).
+    correction: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self, prefix: str = "actor/") -> dict[str, float | str]:
         """Flat ``{name: value}`` for logs; correction metrics under ``<prefix>correction/``."""
@@ -257,7 +259,7 @@ class MegatronActor:
             self.settings.correction,
             segment_ids=batch.segment_ids,
         )
-        correction = {k: float(v) for k, v in result.metrics.as_dict().items()}
+        correction = result.metrics.record()  # one device sync for every count
         loss = float(result.loss.detach())
         t2 = time.perf_counter()
         grad_norm, stepped, reset = math.nan, False, ""
