@@ -27,6 +27,11 @@ class Jobs:
         body = job_manifest(name, self.ns, **spec)
         return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body))
 
+    def create_manifest(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a whole AsyncRLJob manifest in this namespace (its own namespace field is replaced)."""
+        body = {**body, "metadata": {**body["metadata"], "namespace": self.ns}}
+        return dict(self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body))
+
     def get(self, name: str = "job1") -> dict[str, Any] | None:
         try:
             return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))

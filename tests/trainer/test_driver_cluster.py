@@ -174,68 +174,74 @@ TINY = {
 }
 
 
-def test_local_driver_run_reports_status_to_the_api(tmp_path: Path) -> None:
-    """The driver as the pod runs it: its own process (exit code), status to the API via KUBECONFIG."""
+def _server_job(apiserver: Any, namespace: str, manifest: dict[str, Any]) -> Any:
+    """The job on the real API server, in a namespace no operator watches (the test plays the operator)."""
+    from tests.support.jobs import Jobs
+
+    jobs = Jobs(apiserver.api_client(), apiserver.namespace(namespace))
+    jobs.create_manifest(manifest)
+    return jobs
+
+
+def test_local_driver_run_reports_status_to_the_api(tmp_path: Path, apiserver: Any) -> None:
+    """The driver as the pod runs it: its own process (exit code), status to the real API server via KUBECONFIG."""
     import os
     import subprocess
 
-    from tests.support.fakeapi import FakeCluster
-
-    with FakeCluster(tmp_path) as api:
-        api.create("asyncrljobs", TINY)
-        api.patch("asyncrljobs", "default", "tiny", {"status": {"phase": "Running"}}, sub="status")
-        spec = tmp_path / "job.yaml"
-        spec.write_text(yaml.safe_dump(TINY))
-        env = {**os.environ, "KUBECONFIG": str(api.kubeconfig), "ASYNCRL_CHECKPOINT_DIR": str(tmp_path / "volume")}
-        env.pop("KUBERNETES_SERVICE_HOST", None)
-        env.pop("RAY_ADDRESS", None)
-        out = subprocess.run([sys.executable, "-m", "asyncrl.trainer.cli", "driver", "--spec", str(spec), "--local", "--port", "0"],
-                             env=env, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-3000:]
-        final = json.loads(out.stdout.strip().splitlines()[-1])
-        assert final["status"] == "succeeded" and final["status_failures"] == 0 and final["status_reports"] >= 2
-        status = api.get("asyncrljobs", "default", "tiny")["status"]
-        assert status["phase"] == "Running"  # the operator's field, untouched by the merge patch
-        training = status["training"]
-        assert training["policyVersion"] == 2 and training["lastCheckpointVersion"] == 2
-        assert training["lastCheckpoint"] == str(tmp_path / "volume" / "checkpoints" / "step-000002")
-        assert (tmp_path / "volume" / "checkpoints" / "step-000002" / "meta.json").exists()
-        # no --run-dir: the run directory is the job's own on the volume (a restarted gang continues it)
-        assert json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())["steps_done"] == 2
+    jobs = _server_job(apiserver, "driver-local", TINY)
+    jobs.patch_status({"status": {"phase": "Running"}}, "tiny")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(TINY))
+    env = {**os.environ, "KUBECONFIG": str(apiserver.kubeconfig), "ASYNCRL_CHECKPOINT_DIR": str(tmp_path / "volume"),
+           "ASYNCRL_JOB_NAMESPACE": jobs.ns}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-m", "asyncrl.trainer.cli", "driver", "--spec", str(spec), "--local", "--port", "0"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    final = json.loads(out.stdout.strip().splitlines()[-1])
+    assert final["status"] == "succeeded" and final["status_failures"] == 0 and final["status_reports"] >= 2
+    status = jobs.status("tiny")
+    assert status["phase"] == "Running"  # the operator's field, untouched by the merge patch
+    training = status["training"]
+    assert training["policyVersion"] == 2 and training["lastCheckpointVersion"] == 2
+    assert training["lastCheckpoint"] == str(tmp_path / "volume" / "checkpoints" / "step-000002")
+    assert (tmp_path / "volume" / "checkpoints" / "step-000002" / "meta.json").exists()
+    # no --run-dir: the run directory is the job's own on the volume (a restarted gang continues it)
+    assert json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())["steps_done"] == 2
 
 
-def test_sigterm_unwinds_with_a_final_report(tmp_path: Path) -> None:
+def test_sigterm_unwinds_with_a_final_report(tmp_path: Path, apiserver: Any) -> None:
     """Kubernetes stops the driver pod with SIGTERM: cleanup runs and the final report is sent."""
     import os
     import signal
     import subprocess
 
-    from tests.support.fakeapi import FakeCluster
     from tests.support.helpers import wait_for
 
     long_job = {**TINY, "spec": {**TINY["spec"], "train": {**TINY["spec"]["train"], "steps": 500}}}
-    with FakeCluster(tmp_path) as api:
-        api.create("asyncrljobs", long_job)
-        spec = tmp_path / "job.yaml"
-        spec.write_text(yaml.safe_dump(long_job))
-        env = {**os.environ, "KUBECONFIG": str(api.kubeconfig), "ASYNCRL_CHECKPOINT_DIR": str(tmp_path / "volume")}
-        env.pop("KUBERNETES_SERVICE_HOST", None)
-        proc = subprocess.Popen([sys.executable, "-m", "asyncrl.trainer.cli", "driver", "--spec", str(spec),
-                                 "--local", "--port", "0"], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            wait_for(lambda: (api.get("asyncrljobs", "default", "tiny") or {}).get("status", {}).get("training"),
-                     timeout=90, interval=0.2, message="the first status report")
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 143, err[-3000:]
-        assert "final status report sent" in err
-        summary = json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())
-        assert summary["status"] == "failed" and "SystemExit" in summary["error"]
+    jobs = _server_job(apiserver, "driver-sigterm", long_job)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(long_job))
+    env = {**os.environ, "KUBECONFIG": str(apiserver.kubeconfig), "ASYNCRL_CHECKPOINT_DIR": str(tmp_path / "volume"),
+           "ASYNCRL_JOB_NAMESPACE": jobs.ns}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl.trainer.cli", "driver", "--spec", str(spec),
+                             "--local", "--port", "0"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: jobs.status("tiny").get("training"), timeout=90, interval=0.2,
+                 message="the first status report")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "final status report sent" in err
+    summary = json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "SystemExit" in summary["error"]
 
 
 @pytest.mark.slow
