@@ -47,7 +47,17 @@ ENV_WORLD_SIZE: Final = "ASYNCRL_WORLD_SIZE"
 # Operator settings are ASYNCRL_OPERATOR_<FIELD> (asyncrl.operator.config).
 ENV_OPERATOR_PREFIX: Final = "ASYNCRL_OPERATOR_"
 
-# ---------------------------------------------------------------- files inside the job's pods
+# Ray's own variables in the job's pods: token auth from the job's Secret (key TOKEN_KEY).
+ENV_RAY_ADDRESS: Final = "RAY_ADDRESS"
+ENV_RAY_AUTH_MODE: Final = "RAY_AUTH_MODE"
+ENV_RAY_AUTH_TOKEN: Final = "RAY_AUTH_TOKEN"
+TOKEN_KEY: Final = "token"
+
+# ---------------------------------------------------------------- the job's pods
+JOB_UID: Final = 10001  # the user (and group) of docker/job.Dockerfile
 SPEC_DIR: Final = "/etc/asyncrl"
 SPEC_FILE: Final = "job.yaml"
 CHECKPOINT_MOUNT: Final = "/checkpoints"
+SHM_MOUNT: Final = "/dev/shm"
+# The operator's own volumes (name -> mount path); pod overrides may not reuse either.
+OPERATOR_VOLUMES: Final = {"spec": SPEC_DIR, "dshm": SHM_MOUNT, "checkpoints": CHECKPOINT_MOUNT}

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule, RuleError, on_field
+from asyncrl.api.constants import OPERATOR_VOLUMES
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 
@@ -19,6 +20,12 @@ _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 RESERVED_ENV_PREFIXES = ("ASYNCRL_", "RAY_")
 RESERVED_ENV_MESSAGE = (
     "env names starting with ASYNCRL_ or RAY_ are set by the operator and cannot be overridden; rename the variable"
+)
+RESERVED_VOLUMES = tuple(OPERATOR_VOLUMES)
+RESERVED_PATHS = tuple(OPERATOR_VOLUMES.values())
+RESERVED_VOLUME_MESSAGE = (
+    f"volume names {', '.join(RESERVED_VOLUMES)} and mount paths {', '.join(RESERVED_PATHS)} are the operator's "
+    "own (the job spec, shared memory, checkpoints); pick another name or path"
 )
 ONE_ACTOR_MESSAGE = (
     "the driver runs one actor process: set actor.replicas: 1, actor.gpusPerReplica: 0 or 1 and "
@@ -101,13 +108,28 @@ class EnvVar(SpecModel):
         return self
 
 
+def _not_in(values: tuple[str, ...]) -> str:
+    return " && ".join(f"self != '{v}'" for v in values)
+
+
 class VolumeMount(SpecModel):
     """Where one of ``volumes`` is mounted in the role's container."""
 
-    name: str = Field(min_length=1, max_length=63, description="Name of the volume (from volumes) to mount.")
-    mount_path: str = Field(min_length=1, description="Absolute path inside the container.")
+    name: str = Field(min_length=1, max_length=63, description="Name of the volume (from volumes) to mount.",
+                      json_schema_extra=on_field(CelRule(_not_in(RESERVED_VOLUMES), RESERVED_VOLUME_MESSAGE)))
+    mount_path: str = Field(
+        min_length=1, description="Absolute path inside the container.",
+        json_schema_extra=on_field(CelRule(_not_in(RESERVED_PATHS), RESERVED_VOLUME_MESSAGE)),
+    )
     read_only: bool = Field(default=False, description="Mount read-only.")
     sub_path: str | None = Field(default=None, description="Path inside the volume to mount instead of its root.")
+
+    @field_validator("name", "mount_path")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        if v in RESERVED_VOLUMES + RESERVED_PATHS:
+            raise ValueError(f"{RESERVED_VOLUME_MESSAGE} (got {v!r})")
+        return v
 
 
 class PodOverrides(SpecModel):
@@ -146,7 +168,8 @@ class PodOverrides(SpecModel):
         "defaults.",
     )
     volumes: list[dict[str, Any]] = Field(
-        default_factory=list, max_length=64, description="Extra Kubernetes Volumes of this role's pods."
+        default_factory=list, max_length=64,
+        description="Extra Kubernetes Volumes of this role's pods (not named spec, dshm or checkpoints).",
     )
     volume_mounts: list[VolumeMount] = Field(
         default_factory=list, max_length=64, description="Where the extra volumes are mounted in the container."

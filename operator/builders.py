@@ -43,8 +43,8 @@ SPEC_DIR, SPEC_FILE, CHECKPOINT_MOUNT = C.SPEC_DIR, C.SPEC_FILE, C.CHECKPOINT_MO
 PORT_GCS, PORT_DASHBOARD, PORT_CLIENT = C.PORT_GCS, C.PORT_DASHBOARD, C.PORT_CLIENT
 
 # Ray's own environment (read by ``ray start`` and ``ray.init`` in every pod).
-RAY_ADDRESS, RAY_AUTH_MODE, RAY_AUTH_TOKEN = "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"
-TOKEN_KEY = "token"  # key of the token in the job's Secret
+RAY_ADDRESS, RAY_AUTH_MODE, RAY_AUTH_TOKEN = C.ENV_RAY_ADDRESS, C.ENV_RAY_AUTH_MODE, C.ENV_RAY_AUTH_TOKEN
+TOKEN_KEY = C.TOKEN_KEY  # key of the token in the job's Secret
 GCS_WAIT_SECONDS = 900  # a worker's init container gives up after this long (as the driver's --wait-timeout)
 INIT_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
 
@@ -232,7 +232,7 @@ def _pod(
         limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(gpus)
     mounts: list[dict[str, Any]] = [
         {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "dshm", "mountPath": C.SHM_MOUNT},
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "spec", "configMap": {"name": names.configmap_name(job.name)}},
@@ -268,6 +268,9 @@ def _pod(
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
         "securityContext": security,
+        # A refused spec (exit 2) or a crash is explained on stderr: the kubelet copies its tail into the
+        # termination message, which the operator puts into the job's status and event.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         **_probes(job, role),
     }
     pod_spec: dict[str, Any] = {

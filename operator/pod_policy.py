@@ -28,9 +28,10 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from asyncrl.api import constants as C
 from asyncrl.api.pods import GangScheduler
 
-JOB_UID = 10001  # the user of docker/job.Dockerfile
+JOB_UID = C.JOB_UID  # the user of docker/job.Dockerfile
 POD_SECURITY_DEFAULTS: Mapping[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": JOB_UID,

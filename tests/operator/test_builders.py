@@ -383,3 +383,9 @@ def test_quantities(q: str, nbytes: int) -> None:
     assert [cpu_millis(c) for c in ("4", "500m", "1.5")] == [4000, 500, 1500]
     assert [ray_num_cpus(c) for c in ("4", "500m", "1.5", "100m")] == [4, 1, 2, 1]  # whole CPUs, rounded up
     assert shm_size_limit("3Gi") == "1536Mi" and shm_size_limit("1001Mi") == "501Mi"  # 500.5 Mi rounds up
+
+
+def test_containers_report_their_last_log_lines_on_error() -> None:
+    d = build()
+    for slot in d.pods.values():
+        assert slot.manifest["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"

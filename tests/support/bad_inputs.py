@@ -48,6 +48,7 @@ from asyncrl.api.pods import (
     MASK_GUARD_ORDER_MESSAGE,
     ONE_ACTOR_MESSAGE,
     RESERVED_ENV_MESSAGE,
+    RESERVED_VOLUME_MESSAGE,
     ROLLOUT_GPUS_MESSAGE,
     TRAINING_SIDE_MEMORY_MESSAGE,
 )
@@ -160,6 +161,11 @@ BAD_INPUTS: list[BadInput] = [
              "spec.rollout.template.env[0].name", RESERVED_ENV_MESSAGE),
     BadInput("env-ray-prefix", {"actor": {"template": {"env": [{"name": "RAY_ADDRESS", "value": "x"}]}}},
              "spec.actor.template.env[0].name", RESERVED_ENV_MESSAGE),
+    BadInput("mount-reserved-name", {"actor": {"template": {"volumeMounts": [{"name": "dshm", "mountPath": "/x"}]}}},
+             "spec.actor.template.volumeMounts[0].name", RESERVED_VOLUME_MESSAGE),
+    BadInput("mount-reserved-path",
+             {"rollout": {"template": {"volumeMounts": [{"name": "data", "mountPath": "/etc/asyncrl"}]}}},
+             "spec.rollout.template.volumeMounts[0].mountPath", RESERVED_VOLUME_MESSAGE),
     # ---- enums (schema only)
     _enum("reference-enum", {"correction": {"reference": "ewmaa"}}, "spec.correction.reference"),
     _enum("mask-mode-enum", {"correction": {"mask": {"mode": "hard"}}}, "spec.correction.mask.mode"),
