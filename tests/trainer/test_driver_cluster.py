@@ -260,8 +260,8 @@ def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     from asyncrl.trainer.driver.loop import RunOptions, run_job
     from asyncrl.trainer.driver.status_reporter import StatusReporter
 
-    if ray.is_initialized():
-        pytest.skip("another test's Ray is running in this process")
+    # every test shuts its Ray down: one still running here is a leak in an earlier test, not a reason to skip
+    assert not ray.is_initialized(), "an earlier test left Ray running in this process"
     root = Path(tempfile.mkdtemp(prefix="arl-"))  # short: Ray's unix socket paths must stay < 108 bytes
     monkeypatch.setenv("RAY_TMPDIR", str(root / "head"))
     # as in the job's pods: token auth with the job's one token (the operator's Secret) in every process
