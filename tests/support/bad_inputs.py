@@ -17,7 +17,6 @@ unsupported enum value, missing field, ...), so a case that broke two things cou
 suite.
 """
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +51,7 @@ from asyncrl.api.pods import (
     ROLLOUT_GPUS_MESSAGE,
     TRAINING_SIDE_MEMORY_MESSAGE,
 )
+from asyncrl.operator.pod_policy import merge as deep_merge  # the operator's own override merge
 
 # A small job that runs on CPU pods (every case starts from it).
 BASE_SPEC: dict[str, Any] = {
@@ -72,17 +72,6 @@ class BadInput:
     message: str
     cli_message: str = ""
     name: str | None = field(default=None)
-
-
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` merged into a copy of ``base`` (nested dicts merged, everything else replaced)."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def bad_manifest(case: BadInput, name: str) -> dict[str, Any]:
