@@ -21,22 +21,8 @@ from monitoring import dashboard
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Labels Prometheus adds at scrape time (PodMonitor relabelling) or that histograms carry.
+# Labels Prometheus adds at scrape time (PodMonitor relabelling); `le` comes with the bucket series.
 TARGET_LABELS = {"namespace", "asyncrljob", "role"}
-# Metrics named in engineer E's contract for issue 9 (docs/briefs: issue9-shared) that the catalogue
-# does not export yet. Each is allowed to be missing only while it is missing: once the catalogue
-# has it, its labels are checked like any other. Delete this set when E's catalogue change lands.
-PENDING_IN_CATALOGUE = {
-    "asyncrl_mask_guard_keep_ratio_threshold": {"severity"},
-    "asyncrl_max_staleness_versions": set(),
-    "asyncrl_importance_ess_ratio": set(),
-    "asyncrl_kl_k3": set(),
-    "asyncrl_reference_seconds_total": {"reference"},
-    "asyncrl_sync_phase_duration_seconds_bucket": {"phase", "le"},
-    "asyncrl_sync_phase_duration_seconds_sum": {"phase"},
-    "asyncrl_sync_phase_duration_seconds_count": {"phase"},
-    "asyncrl_sync_phase": {"phase"},
-}
 
 
 def _exposed_series() -> dict[str, set[str]]:
@@ -120,8 +106,7 @@ def test_every_job_query_filters_namespace_and_job() -> None:
 
 def test_every_metric_and_label_a_query_names_is_exported() -> None:
     series = _exposed_series()
-    missing_pending = {name: labels for name, labels in PENDING_IN_CATALOGUE.items() if name not in series}
-    known = {**missing_pending, **series}
+    known = series
     problems = []
     for title, expr in _all_queries():
         names = set(re.findall(r"\b(asyncrl_[a-z0-9_]+)\b", expr))
@@ -138,15 +123,6 @@ def test_every_metric_and_label_a_query_names_is_exported() -> None:
         for label in sorted(used - allowed):
             problems.append(f"{title}: label {label!r} is not on {sorted(names)}; labels there: {sorted(allowed)}")
     assert not problems, "\n".join(problems)
-
-
-def test_the_pending_set_only_holds_names_still_missing() -> None:
-    # A name in PENDING_IN_CATALOGUE that the catalogue already exports must carry the labels the
-    # contract promised, so that the dashboard's label use is right once the pending set is gone.
-    series = _exposed_series()
-    for name, labels in PENDING_IN_CATALOGUE.items():
-        if name in series:
-            assert labels <= series[name], f"{name}: contract labels {sorted(labels)}, exported {sorted(series[name])}"
 
 
 def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
