@@ -33,6 +33,7 @@ typecheck: venv
 	for p in $(PACKAGES); do ln -sfn ../../$$p .typecheck/asyncrl/$$p; done
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache \
 		$(foreach p,$(PACKAGES),-p asyncrl.$(p))
+	$(BIN)/mypy monitoring
 
 lint: venv
 	$(BIN)/ruff check .

@@ -36,6 +36,13 @@ else
   echo "installed helm $("$TOOLS/helm/helm" version --short) and kubectl into .tools/"
 fi
 
+command -v npm >/dev/null || apt_install npm   # also for the Grafana dashboard schema check
+GRAFANA_SCHEMA="$TOOLS/grafana-schema-11.6.0"   # pinned with tests/monitoring/test_dashboard_schema.py
+if [ ! -d "$GRAFANA_SCHEMA/node_modules/@grafana/schema" ]; then
+  npm install --no-save --no-audit --no-fund --silent --prefix "$GRAFANA_SCHEMA" @grafana/schema@11.6.0 typescript@5.7.3
+fi
+echo "grafana schema $(node -p "require('$GRAFANA_SCHEMA/node_modules/@grafana/schema/package.json').version")"
+
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v etcd >/dev/null || missing+=(etcd-server)

@@ -6,6 +6,7 @@ The actor (megatron-core ``GPTModel``) and the rollout engine (transformers
 """
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from asyncrl.api.job import ModelSpec
 
@@ -49,7 +50,7 @@ def resolve_arch(spec: ModelSpec, vocab_size: int, max_sequence_length: int | No
     if spec.preset not in PRESETS:
         raise ValueError(f"model.preset {spec.preset!r} is unknown; valid presets: {', '.join(PRESETS)}")
     arch = PRESETS[spec.preset]
-    overrides = {
+    overrides: dict[str, Any] = {
         "hidden_size": spec.hidden_size,
         "num_layers": spec.num_layers,
         "num_attention_heads": spec.num_attention_heads,

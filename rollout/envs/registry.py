@@ -27,8 +27,8 @@ class TaskDef:
     max_new_tokens_needed: int  # tokens after the prompt of the longest correct solution
     max_prompt_tokens: int  # longest prompt, <bos> included
 
-    def make_env(self, *, max_tool_calls: int = 4, tokenizer: ToolTokenizer = TOKENIZER) -> Environment:
-        """A fresh episode environment (one per trajectory)."""
+    def make_env(self, *, max_tool_calls: int = 4, tokenizer: ToolTokenizer = TOKENIZER) -> MathToolEnv:
+        """A fresh episode environment (one per trajectory; an :class:`Environment`)."""
         calls = max_tool_calls if self.uses_tool else 0
         return MathToolEnv(self.name, self.problem_fn, tokenizer, calls)
 
