@@ -119,3 +119,44 @@ def test_put_rejects_inconsistent_reports():
     buf.reserve(1, 0)
     with pytest.raises(ValueError, match="2 groups came back for 1 reserved"):
         buf.put(group("a", [0]) + group("b", [0]), reserved=1)
+
+
+def _fill_and_take(buf: StalenessBuffer, version: int, tag: str) -> list:
+    """Admit what capacity allows, return it all as fresh groups, take one batch."""
+    n = buf.reserve(100, version)
+    buf.put([t for i in range(n) for t in group(f"{tag}{i}", [version])], reserved=n)
+    batch, _ = buf.take_batch(version)
+    assert batch is not None
+    return batch
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 3])
+def test_skipped_steps_do_not_consume_admission_capacity(max_staleness):
+    B = 2
+    buf = StalenessBuffer(max_staleness=max_staleness, groups_per_step=B)
+    full = (max_staleness + 1) * B  # capacity at an empty buffer: W + 1 batches
+    assert buf.capacity(0) == full
+    # More skipped steps than W + 1 (which used to stall admission for good), all at version 0.
+    for k in range(max_staleness + 3):
+        batch = _fill_and_take(buf, 0, f"s{k}-")
+        buf.step_skipped(len(batch))
+        # Each round admits up to the limit and takes one batch, so (W + 1) B - B groups wait, holding
+        # their slots; the skipped batch's B slots are free again: capacity (W + 1) B - W B = B, not 0.
+        assert buf.ready == full - B and buf.capacity(0) == B
+    assert buf.counts.groups_skipped == (max_staleness + 3) * B
+    # An applied step then counts as on a buffer that never skipped: its B groups plus the W B waiting
+    # fill the limit at version 0, and version 1 allows (W + 2) B - (W + 1) B = B more.
+    _fill_and_take(buf, 0, "ok-")
+    assert buf.capacity(0) == 0 and buf.capacity(1) == B
+    c = buf.counts
+    assert c.groups_admitted == c.groups_consumed + c.groups_dropped_stale + c.groups_aborted + buf.ready + buf.running
+
+
+def test_step_skipped_rejects_more_groups_than_were_consumed():
+    buf = StalenessBuffer(max_staleness=0, groups_per_step=1)
+    batch = _fill_and_take(buf, 0, "a")
+    with pytest.raises(ValueError, match=r"step_skipped\(groups=2\) but 1 consumed groups"):
+        buf.step_skipped(2)
+    buf.step_skipped(len(batch))
+    with pytest.raises(ValueError, match=r"step_skipped\(groups=1\) but 0 consumed groups"):
+        buf.step_skipped(1)

@@ -13,7 +13,10 @@ Two guarantees, kept apart:
        accepted + running < (W + (version - base_version) + 1) * groups_per_step
 
    so rollout can never run arbitrarily far ahead of training. ``accepted`` counts groups that
-   came back and were not dropped (consumed or waiting); a dropped group frees its slot again.
+   came back and were not dropped (consumed or waiting); a dropped group frees its slot again, and
+   so does a group consumed by a step the actor skipped (non-finite loss or gradient): that step
+   made no version, so counting its groups would shrink the capacity by one batch per skip for
+   good, and after ``W + 1`` skips admission would stall.
    Counted in *groups*: a GRPO group (one prompt, ``group_size`` samples) moves as a unit from
    admission to the batch, since its members share one baseline.
 
@@ -75,6 +78,7 @@ class BufferCounts:
     groups_admitted: int = 0
     groups_accepted: int = 0  # came back with at least one usable trajectory
     groups_consumed: int = 0  # handed to the actor
+    groups_skipped: int = 0  # of the consumed: trained by a skipped step (no version); slots freed
     groups_dropped_stale: int = 0
     groups_aborted: int = 0  # reserved but nothing usable came back (worker error, shutdown)
     trajectories_accepted: int = 0
@@ -121,8 +125,9 @@ class StalenessBuffer:
     # --- admission ---------------------------------------------------------------------------
     @property
     def accepted_outstanding(self) -> int:
-        """Groups accepted since ``base_version`` and not dropped (consumed or still waiting)."""
-        return self.counts.groups_accepted - self.counts.groups_dropped_stale
+        """Groups accepted since ``base_version`` that hold a slot: not dropped, not consumed by a
+        skipped step (consumed by an applied step, or still waiting)."""
+        return self.counts.groups_accepted - self.counts.groups_dropped_stale - self.counts.groups_skipped
 
     def capacity(self, actor_version: int) -> int:
         """How many new groups rollout may start now (AReaL's formula, in groups)."""
@@ -169,6 +174,17 @@ class StalenessBuffer:
     def abort(self, reserved: int) -> None:
         """Reserved groups that will never come back (a failed worker call)."""
         self.put([], reserved)
+
+    def step_skipped(self, groups: int) -> None:
+        """The actor skipped the step on ``groups`` consumed groups (no update, no new version):
+        free their slots, since only an applied step raises the limit (``version - base_version``)."""
+        unskipped = self.counts.groups_consumed - self.counts.groups_skipped
+        if not 0 <= groups <= unskipped:
+            raise ValueError(
+                f"step_skipped(groups={groups}) but {unskipped} consumed groups are not yet marked skipped; "
+                "pass the number of groups of the skipped batch"
+            )
+        self.counts.groups_skipped += groups
 
     # --- consumption -------------------------------------------------------------------------
     @property
