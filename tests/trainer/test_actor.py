@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
-from asyncrl.api.old_logits import OldLogitStrategy
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.actor import MegatronActor
 from asyncrl.trainer.megatron.batch import TrainBatch
@@ -30,16 +29,7 @@ def _spec(reference: str, **train) -> AsyncRLJobSpec:
         "task": {"temperature": 1.0},
         "train": {"learningRate": 1e-2, "seed": 3, **train},
     }
-    if reference == "exact":
-        doc["oldLogits"] = {"strategy": "snapshot"}
-    spec = AsyncRLJobSpec.model_validate(doc)
-    if reference == "exact":
-        # dedicated: pi_old comes from outside the actor, in TrainBatch.logp_ref (snapshot, where
-        # the actor scores old versions itself, is tested in test_actor_snapshots.py). Validation
-        # refuses `dedicated` until the driver runs it, so the section is swapped in unvalidated.
-        old = spec.old_logits.model_copy(update={"strategy": OldLogitStrategy.DEDICATED})
-        spec = spec.model_copy(update={"old_logits": old})
-    return spec
+    return AsyncRLJobSpec.model_validate(doc)  # exact (snapshot) is tested in test_actor_snapshots.py
 
 
 def _actor(reference: str = "behavior", **train) -> MegatronActor:
@@ -57,8 +47,8 @@ def _batch(actor: MegatronActor, *, seed: int = 0, noise: float = 0.05, version:
     logp_mu = (actor.logprobs(tokens) + noise * torch.randn(B, T, generator=g)) * loss_mask
     versions = torch.where(loss_mask, torch.full((B, T), version), torch.full((B, T), -1))
     advantages = torch.tensor([1.0, -1.0] * (B // 2))[:, None].expand(B, T).contiguous()
-    segment_ids = torch.where(loss_mask, torch.zeros(B, T, dtype=torch.long), torch.full((B, T), -1))
-    return TrainBatch(tokens, loss_mask, logp_mu, versions, advantages, segment_ids)
+    turn_ids = torch.where(loss_mask, torch.zeros(B, T, dtype=torch.long), torch.full((B, T), -1))
+    return TrainBatch(tokens, loss_mask, logp_mu, versions, advantages, turn_ids)
 
 
 def _params(actor: MegatronActor) -> list[torch.Tensor]:
@@ -91,22 +81,6 @@ def test_current_reference_is_the_pre_step_forward() -> None:
     m = actor.train_step(batch)
     assert m.stepped and m.correction["rd_max"] == pytest.approx(1.0, abs=1e-6)
     assert m.correction["rs_min"] == m.correction["rs_max"] == 1.0
-
-
-def test_exact_reference_takes_logp_ref_from_the_batch() -> None:
-    actor = _actor("exact")
-    batch = _batch(actor)
-    with pytest.raises(ValueError, match="has no logp_ref"):
-        actor.train_step(batch)
-    logp_ref = batch.logp_mu + 0.01 * batch.loss_mask
-    m = actor.train_step(TrainBatch.from_fields(batch, logp_ref=logp_ref))
-    assert m.stepped and m.reference == "exact"
-    # r_d = exp(0.01) on every valid token.
-    assert m.correction["rd_mean"] == pytest.approx(torch.tensor(0.01).exp().item(), rel=1e-5)
-
-    other = _actor("behavior")
-    with pytest.raises(ValueError, match="only reference 'exact' takes"):
-        other.train_step(TrainBatch.from_fields(batch, logp_ref=logp_ref))
 
 
 class _Spy:
@@ -168,7 +142,7 @@ def test_ewma_reference_forward_update_and_restore(monkeypatch) -> None:
     theta1 = _params(actor)
     # total: 0.5 * 1 + 1 = 1.5, theta_prox = (0.5 / 1.5) theta0 + theta1 / 1.5 = theta0 / 3 + 2 theta1 / 3.
     for name, p0, p1 in zip(actor._named, theta0, theta1, strict=True):
-        torch.testing.assert_close(actor._ewma.params[name], p0 / 3 + 2 * p1 / 3, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(actor.old_logits.controller.params[name], p0 / 3 + 2 * p1 / 3, rtol=1e-6, atol=1e-7)
     # The EWMA forward swaps its weights in and back: the next gradient forward sees theta1 exactly.
     expected_theta = actor.logprobs(batch.tokens)
     actor.train_step(batch)
@@ -186,7 +160,7 @@ def test_ewma_resets_when_the_keep_ratio_stays_low() -> None:
         resets.append((m.ewma_reset, m.ewma_reset_reason))
     assert resets == [(False, ""), (False, ""), (True, "keep_ratio_collapse")] and m.ewma_resets_total == 1
     for name, p in actor._named.items():
-        assert torch.equal(actor._ewma.params[name], p.detach()), name
+        assert torch.equal(actor.old_logits.controller.params[name], p.detach()), name
 
 
 def test_nonfinite_loss_stops_the_step(monkeypatch, caplog) -> None:
@@ -257,8 +231,8 @@ def test_checkpoint_round_trip_resumes_identically(tmp_path, reference: str) -> 
     assert got.version == expected.version == 2 and got.loss == expected.loss
     assert all(torch.equal(a, p) for a, p in zip(after, fresh._params, strict=True))
     if reference == "ewma":
-        for name, value in actor._ewma.params.items():
-            assert torch.equal(fresh._ewma.params[name], value), name
+        for name, value in actor.old_logits.controller.params.items():
+            assert torch.equal(fresh.old_logits.controller.params[name], value), name
 
 
 def test_train_batch_reports_every_shape_problem() -> None:
@@ -270,13 +244,13 @@ def test_train_batch_reports_every_shape_problem() -> None:
             logp_mu=ok,
             versions=torch.zeros(2, 4, dtype=torch.long),  # wrong T
             advantages=ok,
-            segment_ids=torch.zeros(2, 3, dtype=torch.long),
+            turn_ids=torch.zeros(2, 3, dtype=torch.long),
         )
     assert "loss_mask has dtype torch.float32, expected torch.bool" in str(err.value)
     assert "versions has shape (2, 4), tokens has (2, 3)" in str(err.value)
 
 
-def test_train_batch_takes_the_driver_padded_batch() -> None:
+def test_the_driver_batch_crosses_the_ray_boundary_field_for_field() -> None:
     from asyncrl.rollout.trajectory import Trajectory
     from asyncrl.trainer.driver.batch import assemble_batch
 
@@ -292,19 +266,26 @@ def test_train_batch_takes_the_driver_padded_batch() -> None:
         turn_ids=[-1, -1, 0, 0],
         reward=1.0,
     )
-    padded = assemble_batch([[traj]], pad_id=0)
-    batch = TrainBatch.from_fields(padded)
-    assert batch.shape == (1, 4) and batch.logp_ref is None
-    assert batch.logp_mu.tolist() == [[0.0, 0.0, -0.5, -0.25]]
+    sent = assemble_batch([[traj]], pad_id=0)
+    arrays = sent.to_numpy()
+    assert list(arrays) == ["tokens", "loss_mask", "logp_mu", "versions", "advantages", "turn_ids"]
+    got = TrainBatch.from_numpy(arrays)
+    assert got.shape == (1, 4) and got.logp_mu.tolist() == [[0.0, 0.0, -0.5, -0.25]]
+    assert got.turn_ids.tolist() == [[-1, -1, 0, 0]]
+    for name, value in vars(sent).items():
+        assert torch.equal(getattr(got, name), value) and getattr(got, name).dtype == value.dtype, name
+    with pytest.raises(ValueError, match=r"missing fields \['turn_ids'\], unknown fields \['segment_ids'\]"):
+        TrainBatch.from_numpy({**{k: v for k, v in arrays.items() if k != "turn_ids"},
+                               "segment_ids": arrays["turn_ids"]})
 
 
 def test_unknown_reference_lists_the_valid_ones() -> None:
-    from asyncrl.trainer.megatron.references import reference_rule
-
+    settings = _actor("behavior").settings
+    bad = dataclasses.replace(settings, correction=settings.correction.model_copy(update={"reference": "proximal"}))
     with pytest.raises(
-        ValueError, match="valid references: behavior, current, linear, loglinear, ewma, exact"
+        ValueError, match="'proximal' has no old-logit provider; valid: behavior, current, linear, loglinear, ewma"
     ):
-        reference_rule("proximal")
+        MegatronActor(bad)
 
 
 @pytest.mark.parametrize("reference", ["behavior", "ewma"])

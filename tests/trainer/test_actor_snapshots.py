@@ -9,7 +9,7 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.actor import MegatronActor
 from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.megatron.snapshots import MissingSnapshotError, WeightSnapshots
+from asyncrl.trainer.oldlogits import MissingSnapshotError, WeightSnapshots
 
 VOCAB = 40
 B, T, PROMPT = 6, 14, 4
@@ -95,7 +95,7 @@ def test_multi_version_batch_gets_each_tokens_own_version(monkeypatch) -> None:
     assert abs(m.correction["rd_max"] - 1.0) < 1e-5 and abs(m.correction["rd_min"] - 1.0) < 1e-5
     # The swaps restored the live weights before the update: the step moved from v2's weights.
     assert actor.version == 3
-    assert actor.snapshots is not None and actor.snapshots.versions == [0, 1, 2]  # W + 1 = 3 kept
+    assert actor.old_logits.store.versions == [0, 1, 2]  # W + 1 = 3 kept
     assert any(not torch.equal(a, p) for a, p in zip(weights_before, actor._params, strict=True))
 
 
@@ -118,3 +118,23 @@ def test_snapshot_store_evicts_oldest_and_counts_bytes() -> None:
     assert torch.equal(store.get(3)["a"], torch.ones(3))  # a copy, not a view of the live weights
     with pytest.raises(MissingSnapshotError, match="kept: \\[2, 3\\]"):
         store.get(1)
+
+
+def test_snapshots_survive_a_checkpoint(tmp_path) -> None:
+    actor = _actor(max_staleness=1)  # keeps W + 1 = 2 versions
+    for v, seed in enumerate((30, 31)):
+        actor.train_step(_on_policy(actor, seed, v))
+    probe = _on_policy(actor, 32, 1)  # scored under v1 below, after the resume
+    v1 = actor.old_logits.store.get(1)
+    actor.save_checkpoint(str(tmp_path / "ckpt"))
+
+    fresh = _actor(max_staleness=1)
+    fresh.load_checkpoint(str(tmp_path / "ckpt"))
+    assert fresh.version == 2 and fresh.old_logits.store.versions == [0, 1]  # v2 is recorded at its first batch
+    for name, value in v1.items():
+        assert torch.equal(fresh.old_logits.store.get(1)[name], value), name
+    assert fresh.train_step(probe).stepped  # a resumed run still scores tokens of the version before it
+
+    warm = _actor(max_staleness=1)
+    warm.load_checkpoint(str(tmp_path / "ckpt"), old_logits=False)  # a warm start: the provider starts fresh
+    assert warm.old_logits.store.versions == []

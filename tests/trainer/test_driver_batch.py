@@ -58,8 +58,7 @@ def test_batch_is_padded_and_aligned():
     assert b.tokens.tolist() == [[1, 2, 5, 9, 6], [1, 2, 7, 0, 0]]
     assert b.loss_mask.tolist() == [[False, False, True, False, True], [False, False, True, False, False]]
     assert b.versions.tolist() == [[-1, -1, 3, -1, 4], [-1, -1, 4, -1, -1]]
-    assert b.segment_ids.tolist() == [[-1, -1, 0, -1, 0], [-1, -1, 0, -1, -1]]
-    assert b.attention_mask.tolist() == [[True] * 5, [True, True, True, False, False]]
+    assert b.turn_ids.tolist() == [[-1, -1, 0, -1, 0], [-1, -1, 0, -1, -1]]  # the trajectory's own name
     # rewards [1, 0], mean 0.5: advantages +0.5 / -0.5 over the real tokens, 0 on padding
     assert b.advantages.tolist() == [[0.5] * 5, [-0.5, -0.5, -0.5, 0.0, 0.0]]
     assert b.logp_mu[0].tolist() == [0.0, 0.0, -0.5, 0.0, -0.5]

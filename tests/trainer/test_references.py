@@ -1,4 +1,4 @@
-"""Reference policies in log space: behavior, given (current/ewma/exact), linear, loglinear."""
+"""Closed-form reference policies in log space (behavior, linear, loglinear) and the one provider registry."""
 
 import math
 
@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncrl.api.correction import ReferencePolicy
-from asyncrl.trainer.correction import REFERENCES, reference_logp, version_gaps
+from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
+from asyncrl.trainer.oldlogits import PROVIDERS, ProviderSettings, make_provider, reference_logp, version_gaps
 
 
 def _inputs(gaps: list[list[int]], actor: int = 7) -> dict[str, object]:
@@ -22,22 +23,29 @@ def _inputs(gaps: list[list[int]], actor: int = 7) -> dict[str, object]:
     }
 
 
-def test_registry_covers_every_policy_and_lists_keys() -> None:
-    assert set(REFERENCES) == set(ReferencePolicy)
-    with pytest.raises(ValueError, match="unknown correction.reference 'prox'; valid: behavior, current, linear, "
-                                         "loglinear, ewma, exact"):
+def test_registry_covers_every_runnable_reference_and_lists_keys() -> None:
+    # One provider per reference; exact is keyed by its strategy (snapshot is the one that runs).
+    assert list(PROVIDERS) == ["behavior", "current", "linear", "loglinear", "ewma", "snapshot"]
+    for reference in ReferencePolicy:
+        old = OldLogitsSpec(strategy=OldLogitStrategy.SNAPSHOT) if reference is ReferencePolicy.EXACT else OldLogitsSpec()
+        assert make_provider(reference, ProviderSettings(old_logits=old)).reference is reference
+    with pytest.raises(ValueError, match="correction.reference 'prox' has no old-logit provider; valid: behavior, "
+                                         "current, linear, loglinear, ewma, snapshot"):
         reference_logp("prox", logp_mu=torch.zeros(1, 1))
+    dedicated = OldLogitsSpec.model_construct(strategy=OldLogitStrategy.DEDICATED)  # validation refuses it
+    with pytest.raises(ValueError, match="oldLogits.strategy 'dedicated' has no old-logit provider; valid: "):
+        make_provider("exact", ProviderSettings(old_logits=dedicated))
+    with pytest.raises(ValueError, match="oldLogits.strategy is not set"):
+        make_provider("exact")
 
 
-def test_behavior_and_given() -> None:
+def test_behavior_is_mu_and_forward_references_have_no_closed_form() -> None:
     mu = torch.randn(2, 3, requires_grad=True)
-    given_lp = torch.randn(2, 3, requires_grad=True)
     assert torch.equal(reference_logp("behavior", logp_mu=mu), mu) and not reference_logp("behavior", logp_mu=mu).requires_grad
-    for kind in ("current", "ewma", "exact"):
-        out = reference_logp(kind, logp_given=given_lp)
-        assert torch.equal(out, given_lp) and not out.requires_grad
-    with pytest.raises(ValueError, match="pass logp_given"):
-        reference_logp("current", logp_mu=mu)
+    for kind in ("current", "ewma"):
+        with pytest.raises(ValueError, match="computed by a forward pass of the actor.*closed-form references: "
+                                             "behavior, linear, loglinear"):
+            reference_logp(kind, logp_mu=mu)
 
 
 def test_loglinear_by_hand() -> None:

@@ -15,11 +15,11 @@ Pure functions: tensors and plain records in, tensors out; torch only.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
+from asyncrl.trainer.megatron.batch import TrainBatch
 
 
 def grpo_advantages(
@@ -51,38 +51,12 @@ def grpo_advantages(
     return centred / (var.sqrt()[group_index] + eps)
 
 
-@dataclass(frozen=True)
-class PaddedBatch:
-    """A padded batch; every tensor is ``[B, T]`` with ``T`` the longest trajectory.
-
-    Padding positions have ``loss_mask = False``, ``versions = NO_VERSION``, ``logp_mu = 0``,
-    ``advantages = 0``, ``segment_ids = -1`` and ``attention_mask = False``.
-
-    Attributes:
-        tokens: ``[B, T]`` int64 token ids (right-padded with ``pad_id``).
-        loss_mask: ``[B, T]`` bool, True = an agent-sampled token that is trained on.
-        logp_mu: ``[B, T]`` float32 inference-side log-prob of each sampled token (0 elsewhere).
-        versions: ``[B, T]`` int64 version that generated each token (NO_VERSION: prompt/env/pad).
-        advantages: ``[B, T]`` float32 sequence advantage broadcast over the sequence.
-        segment_ids: ``[B, T]`` int64 assistant turn of each sampled token (-1 elsewhere).
-        attention_mask: ``[B, T]`` bool, True = a real (non-padding) token.
-        rewards: ``[B]`` float32 reward of each trajectory.
-    """
-
-    tokens: torch.Tensor
-    loss_mask: torch.Tensor
-    logp_mu: torch.Tensor
-    versions: torch.Tensor
-    advantages: torch.Tensor
-    segment_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    rewards: torch.Tensor
-
-
 def assemble_batch(
     groups: Sequence[Sequence[Trajectory]], pad_id: int, normalize_std: bool = False
-) -> PaddedBatch:
-    """Flatten groups (in order) into one right-padded batch with GRPO advantages.
+) -> TrainBatch:
+    """Flatten groups (in order) into one right-padded :class:`TrainBatch` with GRPO advantages.
+
+    Row ``b`` is the ``b``-th trajectory of the flattened groups (its reward: ``trajectory.reward``).
 
     Raises:
         ValueError: a trajectory trains on a token without a version, or on a prompt token.
@@ -99,15 +73,15 @@ def assemble_batch(
     loss_mask = torch.zeros(B, T, dtype=torch.bool)
     logp_mu = torch.zeros(B, T, dtype=torch.float32)
     versions = torch.full((B, T), NO_VERSION, dtype=torch.int64)
-    segment_ids = torch.full((B, T), -1, dtype=torch.int64)
-    attention_mask = torch.zeros(B, T, dtype=torch.bool)
+    turn_ids = torch.full((B, T), -1, dtype=torch.int64)
+    attention_mask = torch.zeros(B, T, dtype=torch.bool)  # True = a real (non-padding) token
     for b, t in enumerate(trajs):
         n = len(t.tokens)
         tokens[b, :n] = torch.tensor(t.tokens, dtype=torch.int64)
         loss_mask[b, :n] = torch.tensor(t.loss_mask, dtype=torch.bool)
         logp_mu[b, :n] = torch.tensor(t.logp_mu, dtype=torch.float32)
         versions[b, :n] = torch.tensor(t.versions, dtype=torch.int64)
-        segment_ids[b, :n] = torch.tensor(t.turn_ids, dtype=torch.int64)
+        turn_ids[b, :n] = torch.tensor(t.turn_ids, dtype=torch.int64)
         attention_mask[b, :n] = True
     # Why check here: a trained token without a version would make its staleness unknowable
     # (ARCHITECTURE §5), and a trained prompt token has no logp_mu to correct against.
@@ -117,9 +91,9 @@ def assemble_batch(
         raise ValueError(f"trajectory {trajs[b].traj_id} trains on tokens without a version (loss_mask True, version -1)")
     if any(any(t.loss_mask[: t.prompt_len]) for t in trajs):
         raise ValueError("a trajectory has loss_mask True inside its prompt")
-    segment_ids = torch.where(loss_mask, segment_ids, torch.full_like(segment_ids, -1))
-    advantages = adv[:, None].expand(B, T) * attention_mask
-    return PaddedBatch(tokens, loss_mask, logp_mu, versions, advantages.contiguous(), segment_ids, attention_mask, rewards)
+    turn_ids = torch.where(loss_mask, turn_ids, torch.full_like(turn_ids, -1))
+    advantages = adv[:, None].expand(B, T) * attention_mask  # 0 on padding
+    return TrainBatch(tokens, loss_mask, logp_mu, versions, advantages.contiguous(), turn_ids)
 
 
 def token_staleness(versions: torch.Tensor, loss_mask: torch.Tensor, actor_version: int) -> torch.Tensor:

@@ -97,7 +97,7 @@ class ActorHost:
         cache = Path(cache_dir)
         if not (cache / "meta.json").exists():  # the actor writes checkpoints atomically
             return False
-        self.actor.load_checkpoint(str(cache))
+        self.actor.load_checkpoint(str(cache), old_logits=False)  # the provider starts from these weights
         self.actor.version = 0
         return True
 
@@ -136,16 +136,13 @@ class ActorHost:
         self.actor.save_checkpoint(cache_dir)
 
     def train_step(self, batch: dict[str, np.ndarray], version: int) -> tuple[dict[str, Any], Weights | None]:
-        """One optimizer step; returns (flat stats, new weights or None when the step was skipped)."""
-        import torch
-
+        """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (flat stats, new weights or
+        None when the step was skipped)."""
         from asyncrl.trainer.megatron.batch import TrainBatch
 
         if self.actor.version != version:
             raise RuntimeError(f"driver expected actor version {version}, actor is at {self.actor.version}")
-        fields = {k: torch.from_numpy(v) for k, v in batch.items()}
-        tb = TrainBatch(**{k: fields[k] for k in ("tokens", "loss_mask", "logp_mu", "versions", "advantages",
-                                                   "segment_ids")})
+        tb = TrainBatch.from_numpy(batch)
         out = self.actor.train_step(tb)
         stats: dict[str, Any] = {
             "applied": out.stepped, "loss": out.loss, "grad_norm": out.grad_norm, "reference": out.reference,

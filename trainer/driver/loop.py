@@ -346,7 +346,7 @@ class _Loop:
         gaps = token_staleness(batch.versions, batch.loss_mask, self.version)
         t0 = time.monotonic()
         stats_ref, weights_ref = self.hosts.actor.train_step.options(num_returns=2).remote(
-            {k: v.numpy() for k, v in vars(batch).items()}, self.version
+            batch.to_numpy(), self.version
         )
         # Keep feeding rollout while the actor trains: that overlap is the whole point of async.
         while True:
@@ -360,18 +360,20 @@ class _Loop:
         self.m.step_duration.observe(step_s)
         reference = self.spec.correction.reference.value
         self.m.reference_seconds.labels(reference).inc(float(stats.get("actor_reference_s", 0.0)))
-        rewards = batch.rewards
+        rewards = [t.reward for g in groups for t in g]  # one per batch row
         record: dict[str, Any] = {
             "step": self.version + 1, "wall_s": round(time.monotonic() - self.started, 3),
-            "reward_mean": float(rewards.mean()), "success_rate": success_rate(groups),
+            "reward_mean": sum(rewards) / len(rewards), "success_rate": success_rate(groups),
             "staleness_mean": float(gaps.float().mean()) if gaps.numel() else 0.0,
-            "staleness_max": worst, "trajectories": int(rewards.numel()),
-            "partial_frac": sum(t.is_partial for g in groups for t in g) / max(1, int(rewards.numel())),
+            "staleness_max": worst, "trajectories": len(rewards),
+            "partial_frac": sum(t.is_partial for g in groups for t in g) / max(1, len(rewards)),
             "step_s": round(step_s, 4),
             **stats,
         }
         if not stats.get("applied", True):
             # Non-finite loss: the actor skipped the update; the record carries its batch_summary.
+            # No version came of these groups: their admission slots are free again.
+            self.buffer.step_skipped(len(groups))
             self.m.nonfinite_losses.inc()
             self.consecutive_nonfinite += 1
             self._record(record)

@@ -2,22 +2,23 @@
 
 One :meth:`MegatronActor.train_step` is one optimizer step and one version (paper §3.2, ARCHITECTURE §3):
 
-1. reference forward, if the reference needs one (``ewma``: EWMA weights swapped in, no grad);
+1. the old-logit provider's own forwards, if it needs any (``ewma``: ``theta_prox``; ``exact``:
+   each version's snapshot), run by the actor under the weights the provider names, no grad
+   (:mod:`asyncrl.trainer.oldlogits`; the actor is the provider's :class:`Scorer`);
 2. gradient forward: ``logp_theta`` ``[B, T]`` at the rollout temperature;
-3. ``logp_ref = reference_logp(reference, ...)`` with what the reference rule supplied
-   (:mod:`asyncrl.trainer.megatron.references`);
+3. ``logp_ref = provider.logp_ref(batch, logp_theta, version, scored)``;
 4. ``correction_loss(logp_theta, logp_ref, logp_mu, ...)``; a non-finite loss stops here: no
    backward, no update, the batch statistics are logged and the step is counted;
 5. backward, clip (``train.maxGradNorm``), optimizer step, ``version += 1``;
-6. ``ewma``: the EWMA controller takes the new weights and the step's keep ratio (it may reset
-   ``theta_prox`` to the current weights, paper §6.5), and the batch's mean staleness (for
-   ``ewma.window: measured``).
+6. the provider observes the update (``ewma``: the new weights, the step's keep ratio, which may
+   reset ``theta_prox`` to the current weights, paper §6.5, and the batch's mean staleness).
 """
 
 import dataclasses
 import logging
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,15 +27,14 @@ import torch
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
-from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
+from asyncrl.api.old_logits import OldLogitsSpec
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
 from asyncrl.trainer.megatron.convert import hf_to_megatron, load_hf, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
-from asyncrl.trainer.megatron.references import reference_rule
-from asyncrl.trainer.megatron.snapshots import WeightSnapshots, per_version_logprobs
+from asyncrl.trainer.oldlogits import OldLogitProvider, ProviderSettings, make_provider, provider_key
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,8 @@ class MegatronActor:
 
     def __init__(self, settings: ActorSettings) -> None:
         self.settings = settings
-        self.reference = ReferencePolicy(settings.correction.reference)
-        self._rule = reference_rule(self.reference)
+        self.old_logits: OldLogitProvider = self._new_provider()  # an unknown reference fails here
+        self.reference: ReferencePolicy = self.old_logits.reference
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
         self.runtime = compat.init_megatron(settings.seed, device=settings.device)
@@ -147,12 +147,7 @@ class MegatronActor:
         self._params = list(self._named.values())
         self._optimizer = compat.make_optimizer(self._ddp, settings.optimizer)
         self.version = 0
-        self._ewma: Any = None  # EwmaController, created from the weights RL starts with
-        self._scratch: dict[str, torch.Tensor] | None = None
-        self.snapshots: WeightSnapshots | None = None
-        if self.reference is ReferencePolicy.EXACT and settings.old_logits.strategy is OldLogitStrategy.SNAPSHOT:
-            keep = settings.old_logits.snapshot.max_versions or settings.max_staleness + 1
-            self.snapshots = WeightSnapshots(keep)
+        self._scratch: dict[str, torch.Tensor] | None = None  # live weights while others are swapped in
         self.nonfinite_loss_total = 0
         self.nonfinite_grad_total = 0
         self.ewma_resets_total = 0
@@ -181,36 +176,31 @@ class MegatronActor:
         with torch.no_grad():
             return self._logprobs(tokens.to(self.runtime.device), t)
 
-    def ewma_logprobs(self, tokens: torch.Tensor) -> torch.Tensor:
-        """No-grad log-probs ``[B, T]`` under the EWMA weights ``theta_prox`` (swapped in, then back)."""
-        ewma = self._ensure_ewma()
+    def named_weights(self) -> Mapping[str, torch.Tensor]:
+        """The live trainable parameters by name (the old-logit providers read them)."""
+        return self._named
+
+    def logprobs_under(self, weights: Mapping[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+        """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under ``weights`` (named like
+        :meth:`named_weights`): swapped in place, then the live weights are restored bit for bit.
+
+        In place, not a second model: costs two weight copies and one forward. It must run before
+        the gradient forward of a step (autograd saves the parameters it will need for backward).
+        """
+        missing = sorted(set(self._named) - set(weights))
+        if missing:
+            raise ValueError(f"logprobs_under: weights lack parameters {missing[:5]} (of {len(missing)})")
         with torch.no_grad():
             if self._scratch is None:
                 self._scratch = {n: torch.empty_like(p) for n, p in self._named.items()}
             for name, p in self._named.items():
                 self._scratch[name].copy_(p)
-                p.copy_(ewma.params[name])
+                p.copy_(weights[name])
             try:
                 return self._logprobs(tokens.to(self.runtime.device), self.settings.temperature)
             finally:
                 for name, p in self._named.items():
                     p.copy_(self._scratch[name])
-
-    def snapshot_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Exact ``pi_old`` ``[B, T]`` from the weight snapshots (each token under its own version)."""
-        if self.snapshots is None:
-            raise ValueError(
-                "snapshot old logits need correction.reference: exact with oldLogits.strategy: snapshot"
-            )
-        self.snapshots.record(self.version, self._named)  # the weights rollout received as this version
-        return per_version_logprobs(
-            batch.tokens,
-            batch.versions,
-            batch.loss_mask,
-            self._named,
-            self.snapshots,
-            lambda t: self._logprobs(t, self.settings.temperature),
-        )
 
     def _logprobs(self, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(
@@ -225,31 +215,14 @@ class MegatronActor:
     def train_step(self, batch: TrainBatch) -> TrainStepMetrics:
         """One RL optimizer step on ``batch`` with the job's correction (see the module docstring)."""
         from asyncrl.trainer.correction import correction_loss
-        from asyncrl.trainer.correction.references import reference_logp
 
-        if batch.logp_ref is not None and self.reference is not ReferencePolicy.EXACT:
-            raise ValueError(
-                f"the batch carries logp_ref but correction.reference is {self.reference.value!r}; "
-                "only reference 'exact' takes a caller-supplied logp_ref"
-            )
         batch = batch.to(self.runtime.device)
         self._optimizer.zero_grad()
         t0 = time.perf_counter()
-        given = self._rule.before(self, batch) if self._rule.before is not None else None
+        scored = self.old_logits.score(batch, self)  # before the gradient forward (weight swaps)
         t1 = time.perf_counter()
         logp_theta = self._logprobs(batch.tokens, self.settings.temperature)
-        if self._rule.after is not None:
-            given = self._rule.after(self, batch, logp_theta)
-        logp_ref = reference_logp(
-            self.reference,
-            logp_mu=batch.logp_mu,
-            logp_theta=logp_theta,
-            versions=batch.versions,
-            actor_version=self.version,
-            logp_given=given,
-            loss_mask=batch.loss_mask,
-            max_staleness=self.settings.max_staleness,
-        )
+        logp_ref = self.old_logits.logp_ref(batch, logp_theta, self.version, scored)
         result = correction_loss(
             logp_theta,
             logp_ref,
@@ -257,7 +230,7 @@ class MegatronActor:
             batch.advantages,
             batch.loss_mask,
             self.settings.correction,
-            segment_ids=batch.segment_ids,
+            segment_ids=batch.turn_ids,
         )
         correction = result.metrics.record()  # one device sync for every count
         loss = float(result.loss.detach())
@@ -278,8 +251,11 @@ class MegatronActor:
             grad_norm, stepped = outcome.grad_norm, outcome.stepped
             if stepped:
                 self.version += 1
-                if self.reference is ReferencePolicy.EWMA:
-                    reset = self._update_ewma(batch, correction["keep_ratio"])
+                reset = self.old_logits.observe_update(batch, self, correction["keep_ratio"])
+                if reset:
+                    self.ewma_resets_total += 1
+                    log.info("%s reference reset to the current weights at version %d (%s)",
+                             self.reference.value, self.version, reset)
             else:
                 self.nonfinite_grad_total += 1
                 log.warning(
@@ -339,32 +315,13 @@ class MegatronActor:
                 self.nonfinite_grad_total += 1
         return SftStepMetrics(self.version, stepped, value, grad_norm, n, time.perf_counter() - t0)
 
-    # ---------------------------------------------------------------- EWMA reference
-    def _ensure_ewma(self) -> Any:
-        """The EWMA controller; ``theta_prox`` starts as the weights RL starts from (first use,
-        so SFT warm-start steps are not averaged in)."""
-        if self._ewma is None:
-            from asyncrl.trainer.correction.ewma import EwmaController
-
-            self._ewma = EwmaController.from_spec(
-                self.settings.correction.ewma, max_staleness=self.settings.max_staleness
-            )
-            self._ewma.init(self._named)
-        return self._ewma
-
-    def _update_ewma(self, batch: TrainBatch, keep_ratio: float) -> str:
-        """Fold the post-step weights into ``theta_prox``; the reset reason, or "" when none."""
-        ewma = self._ensure_ewma()
-        gaps = (self.version - 1 - batch.versions)[batch.loss_mask]  # version the batch met
-        if gaps.numel():
-            ewma.observe_staleness(gaps.float().mean())
-        report = ewma.update(self._named, keep_ratio)
-        if report.reset:
-            self.ewma_resets_total += 1
-            log.info(
-                "EWMA reference reset to the current weights at version %d (%s)", self.version, report.reason
-            )
-        return str(report.reason) if report.reset else ""
+    # ---------------------------------------------------------------- old-logit provider
+    def _new_provider(self) -> OldLogitProvider:
+        s = self.settings
+        return make_provider(
+            s.correction.reference,
+            ProviderSettings(max_staleness=s.max_staleness, ewma=s.correction.ewma, old_logits=s.old_logits),
+        )
 
     # ---------------------------------------------------------------- weights and checkpoints
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -386,11 +343,15 @@ class MegatronActor:
         self._gpt.load_state_dict({k: v.to(self.runtime.device) for k, v in mcore.items()}, strict=True)
 
     def save_checkpoint(self, directory: str) -> None:
-        """Model, optimizer, version, EWMA state and counters; atomic (temporary folder, then rename)."""
+        """Model, optimizer, version, old-logit provider state (EWMA weights, snapshots) and counters;
+        atomic (temporary folder, then rename)."""
         state = {
             "model": {k: v for k, v in self._gpt.state_dict().items() if not k.endswith("_extra_state")},
             "optimizer": self._optimizer.state_dict(),
-            "ewma": self._ewma.state_dict() if self._ewma is not None else None,
+            "old_logits": {
+                "provider": provider_key(self.reference, self.settings.old_logits),
+                "state": self.old_logits.state_dict(),
+            },
             "version": self.version,
             "counters": {
                 "nonfinite_loss_total": self.nonfinite_loss_total,
@@ -405,8 +366,12 @@ class MegatronActor:
         }
         write_checkpoint(directory, state, meta)
 
-    def load_checkpoint(self, directory: str) -> None:
-        """Restore everything :meth:`save_checkpoint` wrote (the architecture must match)."""
+    def load_checkpoint(self, directory: str, *, old_logits: bool = True) -> None:
+        """Restore everything :meth:`save_checkpoint` wrote (the architecture must match).
+
+        ``old_logits=False`` (a warm start) leaves the old-logit provider fresh: it starts from the
+        weights RL starts with, whatever reference wrote the checkpoint.
+        """
         state, meta = read_checkpoint(directory)
         arch = dataclasses.asdict(self.settings.arch)
         if meta["arch"] != arch:
@@ -416,9 +381,22 @@ class MegatronActor:
         )
         self._optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
-        if state["ewma"] is not None:
-            self._ensure_ewma().load_state_dict(state["ewma"])
-        else:
-            self._ewma = None
+        self.old_logits = self._new_provider()
+        if old_logits:
+            self._load_provider_state(directory, state)
         for name, value in state["counters"].items():
             setattr(self, name, int(value))
+
+    def _load_provider_state(self, directory: str, state: dict[str, Any]) -> None:
+        key = provider_key(self.reference, self.settings.old_logits)
+        saved = state.get("old_logits")
+        if saved is None:  # written before the old-logit providers: only an EWMA state was kept
+            if state.get("ewma") is not None and self.reference is ReferencePolicy.EWMA:
+                self.old_logits.load_state_dict({"ewma": state["ewma"]})
+            return
+        if saved["provider"] != key:
+            raise ValueError(
+                f"checkpoint {directory} holds the state of old-logit provider {saved['provider']!r}, this "
+                f"actor runs {key!r}; resume with the job's own correction.reference and oldLogits.strategy"
+            )
+        self.old_logits.load_state_dict(saved["state"])

@@ -1,8 +1,17 @@
-"""The actor's input: one padded, per-token-aligned training batch."""
+"""The one batch record from the driver to the actor: a padded, per-token-aligned training batch.
 
+The driver builds it (:func:`asyncrl.trainer.driver.batch.assemble_batch`), sends it over the Ray
+boundary as ``{field: numpy array}`` (:meth:`TrainBatch.to_numpy` / :meth:`TrainBatch.from_numpy`,
+both derived from the record's fields) and the actor trains on it. Every field keeps its name from
+the trajectory to the actor.
+"""
+
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 _DTYPES: dict[str, tuple[torch.dtype, ...]] = {
@@ -11,8 +20,7 @@ _DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "logp_mu": (torch.float32, torch.float64),
     "versions": (torch.long,),
     "advantages": (torch.float32, torch.float64),
-    "segment_ids": (torch.long,),
-    "logp_ref": (torch.float32, torch.float64),
+    "turn_ids": (torch.long,),
 }
 
 
@@ -22,17 +30,17 @@ class TrainBatch:
 
     Position ``t`` of every field describes ``tokens[:, t]``: ``logp_mu[:, t]`` is the inference
     log-prob with which ``tokens[:, t]`` was sampled, ``versions[:, t]`` the policy version that
-    sampled it. Prompt, environment and padding tokens have ``loss_mask = False``.
+    sampled it. Prompt, environment and padding tokens have ``loss_mask = False``, padding also
+    ``versions = -1``, ``logp_mu = 0``, ``advantages = 0`` and ``turn_ids = -1``.
 
     Attributes:
-        tokens: ``[B, T]`` long token ids.
+        tokens: ``[B, T]`` long token ids (right-padded).
         loss_mask: ``[B, T]`` bool, True = an agent-sampled token that is trained on.
         logp_mu: ``[B, T]`` float inference-side log-prob (``mu_old``) of each sampled token.
         versions: ``[B, T]`` long version that generated each token (-1 for untrained tokens).
-        advantages: ``[B, T]`` float advantage of each token (a sequence's, broadcast).
-        segment_ids: ``[B, T]`` long assistant-turn id of each sampled token (-1 elsewhere).
-        logp_ref: optional ``[B, T]`` float exact ``pi_old`` supplied by an old-logit strategy
-            (``reference: exact``); None for every other reference.
+        advantages: ``[B, T]`` float advantage of each token (a sequence's, broadcast; 0 on padding).
+        turn_ids: ``[B, T]`` long assistant turn of each trained token (-1 elsewhere); the loss's
+            ``segment_ids`` for ``correction.level: turn``.
     """
 
     tokens: torch.Tensor
@@ -40,8 +48,7 @@ class TrainBatch:
     logp_mu: torch.Tensor
     versions: torch.Tensor
     advantages: torch.Tensor
-    segment_ids: torch.Tensor
-    logp_ref: torch.Tensor | None = None
+    turn_ids: torch.Tensor
 
     def __post_init__(self) -> None:
         problems = []
@@ -49,8 +56,6 @@ class TrainBatch:
             problems.append(f"tokens must be [B, T]; got shape {tuple(self.tokens.shape)}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
-                continue
             if tuple(value.shape) != tuple(self.tokens.shape):
                 problems.append(
                     f"{f.name} has shape {tuple(value.shape)}, tokens has {tuple(self.tokens.shape)}"
@@ -61,27 +66,39 @@ class TrainBatch:
         if problems:
             raise ValueError("TrainBatch: " + "; ".join(problems))
 
-    @classmethod
-    def from_fields(cls, source: Any, logp_ref: torch.Tensor | None = None) -> "TrainBatch":
-        """Take the same-named ``[B, T]`` attributes of ``source`` (e.g. the driver's padded batch)."""
-        names = [f.name for f in fields(cls) if f.name != "logp_ref"]
-        return cls(**{n: getattr(source, n) for n in names}, logp_ref=logp_ref)
-
     @property
     def shape(self) -> tuple[int, int]:
         B, T = self.tokens.shape
         return B, T
 
+    # ---------------------------------------------------------------- the Ray boundary
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """``{field: array}`` of every field (CPU), for the Ray object store."""
+        return {f.name: getattr(self, f.name).detach().cpu().numpy() for f in fields(self)}
+
+    @classmethod
+    def from_numpy(cls, arrays: Mapping[str, np.ndarray]) -> "TrainBatch":
+        """The batch of :meth:`to_numpy`'s arrays (zero-copy); missing or unknown fields are named."""
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in arrays]
+        unknown = sorted(set(arrays) - set(names))
+        if missing or unknown:
+            raise ValueError(
+                f"TrainBatch.from_numpy: missing fields {missing}, unknown fields {unknown}; "
+                f"the record's fields are {names}"
+            )
+        with warnings.catch_warnings():
+            # Arrays from the object store are read-only; nothing writes into a batch's tensors.
+            warnings.simplefilter("ignore", UserWarning)
+            return cls(**{n: torch.from_numpy(arrays[n]) for n in names})
+
+    # ---------------------------------------------------------------- on the actor
     def to(self, device: torch.device) -> "TrainBatch":
         """The batch on ``device`` (float fields as float32)."""
         moved: dict[str, Any] = {}
         for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                value = value.to(device)
-                if value.is_floating_point():
-                    value = value.float()
-            moved[f.name] = value
+            value = getattr(self, f.name).to(device)
+            moved[f.name] = value.float() if value.is_floating_point() else value
         return replace(self, **moved)
 
     def summary(self) -> dict[str, float]:
@@ -93,11 +110,8 @@ class TrainBatch:
             "seq_len": float(self.tokens.shape[1]),
         }
         stats["valid_tokens"] = float(n)
-        for name in ("logp_mu", "advantages", "logp_ref"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            picked = value[m]
+        for name in ("logp_mu", "advantages"):
+            picked = getattr(self, name)[m]
             finite = picked[torch.isfinite(picked)]
             stats[f"{name}_nonfinite"] = float(picked.numel() - finite.numel())
             stats[f"{name}_min"] = float(finite.min()) if finite.numel() else float("nan")
