@@ -47,7 +47,7 @@ class DiscrepancyLevel(StrEnum):
     - ``token``: each token's own ratio.
     - ``sequence``: product of the ratios over the sequence's valid tokens.
     - ``geometric``: geometric mean over the sequence's valid tokens.
-    - ``turn``: geometric mean over each assistant turn (a run of tokens with one ``segment_id``).
+    - ``turn``: geometric mean over each assistant turn (a run of tokens with one ``turn_id``).
     """
 
     TOKEN = "token"

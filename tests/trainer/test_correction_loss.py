@@ -214,7 +214,7 @@ def test_shape_and_type_errors_print_shapes() -> None:
         correction_loss(**{**ok, "logp_theta": torch.zeros(6)}, spec=spec)
     with pytest.raises(TypeError, match="loss_mask must be bool"):
         correction_loss(**{**ok, "loss_mask": torch.ones(B, T)}, spec=spec)
-    with pytest.raises(ValueError, match="segment_ids"):
+    with pytest.raises(ValueError, match="turn_ids"):
         correction_loss(**ok, spec=CorrectionSpec(mask=MaskSpec(level="turn")))
 
 

@@ -13,7 +13,8 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from asyncrl.trainer.correction import decoupled_pg_loss, reference_logp
+from asyncrl.trainer.correction import decoupled_pg_loss
+from asyncrl.trainer.oldlogits import reference_logp
 from asyncrl.trainer.thresholds import effective_bounds
 
 MASK = (0.7, 1.4)

@@ -35,7 +35,7 @@ class Case:
             "loss_mask": torch.tensor(self.mask, dtype=torch.bool),
         }
         if self.segments is not None:
-            t["segment_ids"] = torch.tensor(self.segments, dtype=torch.long)
+            t["turn_ids"] = torch.tensor(self.segments, dtype=torch.long)
         return t
 
 

@@ -48,8 +48,8 @@ def test_actor_trains_and_exports_weights_on_cuda(cuda_runtime) -> None:
     logp_mu = actor.logprobs(tokens).cpu() * loss_mask
     versions = torch.where(loss_mask, actor.version, -1)
     advantages = torch.tensor([1.0, -1.0] * (B // 2))[:, None].expand(B, T).contiguous()
-    segment_ids = torch.where(loss_mask, 0, -1)
-    m = actor.train_step(TrainBatch(tokens, loss_mask, logp_mu, versions, advantages, segment_ids))
+    turn_ids = torch.where(loss_mask, 0, -1)
+    m = actor.train_step(TrainBatch(tokens, loss_mask, logp_mu, versions, advantages, turn_ids))
     assert m.stepped and m.version == 2 and m.reference == "ewma"
 
     hf = LlamaForCausalLM(llama_config(actor.settings.arch)).eval()

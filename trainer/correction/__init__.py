@@ -1,5 +1,5 @@
 """The off-policy correction core: decoupled loss, discrepancy modes, staleness clip, metrics,
-reference policies in log space and the PPO-EWMA controller (paper §3–5, ARCHITECTURE §1)."""
+and the PPO-EWMA controller (reference policies: ``asyncrl.trainer.oldlogits``) (paper §3–5, ARCHITECTURE §1)."""
 
 from asyncrl.trainer.correction.clip import Clip, ppo_clip
 from asyncrl.trainer.correction.discrepancy import (
@@ -12,14 +12,12 @@ from asyncrl.trainer.correction.discrepancy import (
 )
 from asyncrl.trainer.correction.ewma import EwmaController, EwmaStepReport
 from asyncrl.trainer.correction.loss import CorrectionResult, correction_loss, decoupled_pg_loss
-from asyncrl.trainer.correction.references import REFERENCES, reference_logp, version_gaps
 from asyncrl.trainer.correction.stats import METRICS, CorrectionStats, MetricDoc, metrics_markdown
 
 __all__ = [
     "LEVELS",
     "METRICS",
     "MODES",
-    "REFERENCES",
     "SAFETY_BOUND",
     "Clip",
     "CorrectionResult",
@@ -34,6 +32,4 @@ __all__ = [
     "discrepancy_weights",
     "metrics_markdown",
     "ppo_clip",
-    "reference_logp",
-    "version_gaps",
 ]

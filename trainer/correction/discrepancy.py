@@ -39,45 +39,45 @@ def lookup(registry: Mapping[K, V], key: object, what: str) -> V:
     raise ValueError(f"unknown {what} {key!r}; valid: {valid}")
 
 
-# --- levels: (log_rd [B, T] clamped, 0 where invalid; valid [B, T] 0/1; segment_ids) -> [B, T] ---
+# --- levels: (log_rd [B, T] clamped, 0 where invalid; valid [B, T] 0/1; turn_ids) -> [B, T] ---
 # Each returns the aggregated log r_d of the token's unit, 0 where the token is invalid.
 LevelFn = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
 
-def _token_level(log_rd: Tensor, valid: Tensor, segment_ids: Tensor | None) -> Tensor:
+def _token_level(log_rd: Tensor, valid: Tensor, turn_ids: Tensor | None) -> Tensor:
     return log_rd
 
 
-def _sequence_level(log_rd: Tensor, valid: Tensor, segment_ids: Tensor | None) -> Tensor:
+def _sequence_level(log_rd: Tensor, valid: Tensor, turn_ids: Tensor | None) -> Tensor:
     # log of the product of the ratios over the sequence's valid tokens; clamped again because a
     # sum of clamped terms can leave the safety bound.
     seq = log_rd.sum(dim=-1, keepdim=True).clamp(-SAFETY_BOUND, SAFETY_BOUND)  # [B, 1]
     return seq * valid
 
 
-def _geometric_level(log_rd: Tensor, valid: Tensor, segment_ids: Tensor | None) -> Tensor:
+def _geometric_level(log_rd: Tensor, valid: Tensor, turn_ids: Tensor | None) -> Tensor:
     count = valid.sum(dim=-1, keepdim=True).clamp(min=1.0)  # [B, 1]
     return (log_rd.sum(dim=-1, keepdim=True) / count) * valid  # mean log-ratio = log geometric mean
 
 
-def _turn_level(log_rd: Tensor, valid: Tensor, segment_ids: Tensor | None) -> Tensor:
-    """Geometric mean over each turn: a maximal run of equal ``segment_ids >= 0`` in a row.
+def _turn_level(log_rd: Tensor, valid: Tensor, turn_ids: Tensor | None) -> Tensor:
+    """Geometric mean over each turn: a maximal run of equal ``turn_ids >= 0`` in a row.
 
     Runs are found without a host sync: a new run starts where the id changes, ``cumsum`` numbers
     the runs of a row, and ``index_add_`` sums each run into a ``[B * T]`` buffer. A valid token
-    outside any turn (``segment_id < 0``) keeps its own token-level ratio.
+    outside any turn (``turn_id < 0``) keeps its own token-level ratio.
     """
-    if segment_ids is None:
-        raise ValueError("mask.level 'turn' needs segment_ids [B, T] (turn ids, -1 outside turns); got None")
+    if turn_ids is None:
+        raise ValueError("mask.level 'turn' needs turn_ids [B, T] (turn ids, -1 outside turns); got None")
     B, T = log_rd.shape
-    starts = torch.ones_like(segment_ids, dtype=torch.bool)  # [B, T]
-    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    starts = torch.ones_like(turn_ids, dtype=torch.bool)  # [B, T]
+    starts[:, 1:] = turn_ids[:, 1:] != turn_ids[:, :-1]
     run = starts.cumsum(dim=-1) - 1  # [B, T] run index within the row, in [0, T)
     flat = (run + torch.arange(B, device=run.device).unsqueeze(-1) * T).reshape(-1)  # [B*T]
     sums = torch.zeros(B * T, dtype=log_rd.dtype, device=log_rd.device).index_add_(0, flat, log_rd.reshape(-1))
     counts = torch.zeros(B * T, dtype=log_rd.dtype, device=log_rd.device).index_add_(0, flat, valid.reshape(-1))
     mean = (sums[flat] / counts[flat].clamp(min=1.0)).reshape(B, T)  # [B, T] mean of the token's run
-    in_turn = (segment_ids >= 0).to(log_rd.dtype) * valid
+    in_turn = (turn_ids >= 0).to(log_rd.dtype) * valid
     return torch.lerp(log_rd, mean, in_turn)
 
 
@@ -135,7 +135,7 @@ def discrepancy_weights(
     low: float,
     high: float,
     veto_below: float | None,
-    segment_ids: Tensor | None = None,
+    turn_ids: Tensor | None = None,
     log_rd_unclamped: Tensor | None = None,
 ) -> Discrepancy:
     """Weights of the discrepancy ratio on the chosen level.
@@ -147,12 +147,12 @@ def discrepancy_weights(
         mode, level: see :mod:`asyncrl.api.correction`.
         low, high: keep interval ``[low, high]`` of ``r_d`` (closed).
         veto_below: catastrophic veto on the *token-level* ``r_d`` (None disables it).
-        segment_ids: ``[B, T]`` int turn ids (-1 outside turns); needed by level ``turn``.
+        turn_ids: ``[B, T]`` int turn ids (-1 outside turns); needed by level ``turn``.
         log_rd_unclamped: ``[B, T]`` ``log_rd`` before the clamp, 0 where invalid; only read when
             ``veto_below < exp(-SAFETY_BOUND)`` (the clamp would hide such a token).
     """
     rule = lookup(MODES, mode, "mask.mode")
-    agg = lookup(LEVELS, level, "mask.level")(log_rd, valid, segment_ids)  # [B, T]
+    agg = lookup(LEVELS, level, "mask.level")(log_rd, valid, turn_ids)  # [B, T]
     rd_agg = rd if agg is log_rd else agg.exp()  # [B, T], 1 where invalid
     # Invalid tokens have r_d = 1 and low < 1 < high, so they are never below or above.
     scratch = ind.lt(rd_agg, low)

@@ -72,14 +72,14 @@ def _check_inputs(
     logp_mu: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
-    segment_ids: Tensor | None,
+    turn_ids: Tensor | None,
 ) -> None:
     if logp_theta.dim() != 2:
         raise ValueError(f"logp_theta must be [B, T]; got shape {tuple(logp_theta.shape)}")
     shape = logp_theta.shape
     named = {"logp_ref": logp_ref, "logp_mu": logp_mu, "loss_mask": loss_mask}
-    if segment_ids is not None:
-        named["segment_ids"] = segment_ids
+    if turn_ids is not None:
+        named["turn_ids"] = turn_ids
     bad = [f"{n} {tuple(t.shape)}" for n, t in named.items() if t.shape != shape]
     if advantages.shape not in (shape, shape[:1]):
         bad.append(f"advantages {tuple(advantages.shape)} (must be [B, T] or [B])")
@@ -90,8 +90,8 @@ def _check_inputs(
     for n, t in (("logp_theta", logp_theta), ("logp_ref", logp_ref), ("logp_mu", logp_mu), ("advantages", advantages)):
         if not t.is_floating_point():
             raise TypeError(f"{n} must be a floating-point tensor; got dtype {t.dtype}")
-    if segment_ids is not None and (segment_ids.is_floating_point() or segment_ids.dtype == torch.bool):
-        raise TypeError(f"segment_ids must be an integer tensor; got dtype {segment_ids.dtype}")
+    if turn_ids is not None and (turn_ids.is_floating_point() or turn_ids.dtype == torch.bool):
+        raise TypeError(f"turn_ids must be an integer tensor; got dtype {turn_ids.dtype}")
 
 
 def _check_scalars(
@@ -128,7 +128,7 @@ def decoupled_pg_loss(
     clip_high: float,
     dual_clip: float | None,
     aggregation: LossAggregation,
-    segment_ids: Tensor | None = None,
+    turn_ids: Tensor | None = None,
 ) -> CorrectionResult:
     """The decoupled correction loss with explicit scalars (pure; see :func:`correction_loss`).
 
@@ -141,9 +141,9 @@ def decoupled_pg_loss(
         mode, level, mask_low, mask_high, veto_below: ``spec.mask`` (discrepancy of ``r_d``).
         clip_low, clip_high, dual_clip: ``spec.clip`` (staleness clip of ``r_s``).
         aggregation: ``tokenMean`` or ``sequenceMean``.
-        segment_ids: ``[B, T]`` int turn ids, -1 outside turns (level ``turn`` only).
+        turn_ids: ``[B, T]`` int turn ids, -1 outside turns (level ``turn`` only).
     """
-    _check_inputs(logp_theta, logp_ref, logp_mu, advantages, loss_mask, segment_ids)
+    _check_inputs(logp_theta, logp_ref, logp_mu, advantages, loss_mask, turn_ids)
     _check_scalars(mask_low, mask_high, veto_below, clip_low, clip_high, dual_clip)
     agg = lookup({a: a for a in LossAggregation}, aggregation, "loss_aggregation")
     dtype = torch.promote_types(logp_theta.dtype, torch.float32)  # (1)
@@ -173,7 +173,7 @@ def decoupled_pg_loss(
 
         disc = discrepancy_weights(
             log_rd, rd, valid, mode=mode, level=level, low=mask_low, high=mask_high,
-            veto_below=veto_below, segment_ids=segment_ids, log_rd_unclamped=log_rd_unclamped,
+            veto_below=veto_below, turn_ids=turn_ids, log_rd_unclamped=log_rd_unclamped,
         )
         clip = ppo_clip(rs, adv, eps_low=clip_low, eps_high=clip_high, dual_clip=dual_clip, extra_stop=saturated)
         term = clip.pg.mul_(disc.weight)  # [B, T] per-token loss, 0 where invalid or rejected
@@ -206,7 +206,7 @@ def correction_loss(
     loss_mask: Tensor,
     spec: CorrectionSpec,
     *,
-    segment_ids: Tensor | None = None,
+    turn_ids: Tensor | None = None,
 ) -> CorrectionResult:
     """The decoupled correction loss configured by ``spec`` (``spec.correction`` of the job).
 
@@ -217,7 +217,7 @@ def correction_loss(
         advantages: ``[B, T]``, or ``[B]`` broadcast over tokens.
         loss_mask: ``[B, T]`` bool, True = the token counts.
         spec: :class:`asyncrl.api.correction.CorrectionSpec` (``mask``, ``clip``, ``loss_aggregation``).
-        segment_ids: ``[B, T]`` int turn ids (-1 outside turns), required by ``mask.level: turn``.
+        turn_ids: ``[B, T]`` int turn ids (-1 outside turns), required by ``mask.level: turn``.
 
     Returns:
         :class:`CorrectionResult` with the 0-dim ``loss`` and :class:`CorrectionStats` counts.
@@ -227,5 +227,5 @@ def correction_loss(
         mode=spec.mask.mode, level=spec.mask.level,
         mask_low=spec.mask.bounds.low, mask_high=spec.mask.bounds.high, veto_below=spec.mask.veto_below,
         clip_low=spec.clip.low, clip_high=spec.clip.high, dual_clip=spec.clip.dual_clip,
-        aggregation=spec.loss_aggregation, segment_ids=segment_ids,
+        aggregation=spec.loss_aggregation, turn_ids=turn_ids,
     )

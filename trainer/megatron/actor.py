@@ -230,7 +230,7 @@ class MegatronActor:
             batch.advantages,
             batch.loss_mask,
             self.settings.correction,
-            segment_ids=batch.turn_ids,
+            turn_ids=batch.turn_ids,
         )
         correction = result.metrics.record()  # one device sync for every count
         loss = float(result.loss.detach())

@@ -40,7 +40,7 @@ class TrainBatch:
         versions: ``[B, T]`` long version that generated each token (-1 for untrained tokens).
         advantages: ``[B, T]`` float advantage of each token (a sequence's, broadcast; 0 on padding).
         turn_ids: ``[B, T]`` long assistant turn of each trained token (-1 elsewhere); the loss's
-            ``segment_ids`` for ``correction.level: turn``.
+            ``turn_ids`` for ``correction.level: turn``.
     """
 
     tokens: torch.Tensor
