@@ -95,12 +95,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from asyncrl.trainer.driver.console import run_with_progress
-    from asyncrl.trainer.driver.loop import RunOptions, unsupported
+    from asyncrl.trainer.driver.loop import RunOptions
 
-    if (why := unsupported(job)) is not None:  # refused before Ray starts
-        print(f"{source}: {why}", file=sys.stderr)
-        return 2
-
+    # what the driver cannot run is refused by validation (the same rules as the CRD), before Ray starts
     options = RunOptions(
         run_dir=Path(args.run_dir) if args.run_dir else None, steps=args.steps, port=args.port,
     )
@@ -122,11 +119,6 @@ def _cmd_driver(args: argparse.Namespace) -> int:
         return 2
     if len(jobs) != 1:
         print(f"asyncrl driver: {args.spec} must hold one AsyncRLJob, found {len(jobs)}", file=sys.stderr)
-        return 2
-    from asyncrl.trainer.driver.loop import unsupported
-
-    if (why := unsupported(jobs[0])) is not None:  # refused before the Ray head starts
-        print(f"{args.spec}: {why}", file=sys.stderr)
         return 2
     if args.wait_timeout <= 0:
         print(f"asyncrl driver: --wait-timeout must be > 0 seconds, got {args.wait_timeout}", file=sys.stderr)

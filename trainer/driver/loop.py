@@ -89,24 +89,6 @@ class NonFiniteLossError(RuntimeError):
     """Raised when too many consecutive steps had a non-finite loss."""
 
 
-def unsupported(job: AsyncRLJob) -> str | None:
-    """Why this driver cannot run ``job`` (checked before Ray starts), or None."""
-    spec = job.spec
-    if spec.rollout.engine != "transformers":
-        return (
-            f"rollout.engine {spec.rollout.engine!r} has no backend in this build yet; "
-            "use rollout.engine: transformers"
-        )
-    strategy = spec.old_logits.strategy
-    if spec.correction.reference.value == "exact" and strategy is not None and strategy.value != "snapshot":
-        return (
-            f"oldLogits.strategy {strategy.value!r} is not implemented by the driver yet; use "
-            "oldLogits.strategy: snapshot (exact old logits from kept weight versions), or "
-            "correction.reference: ewma"
-        )
-    return None
-
-
 def default_run_dir(job: AsyncRLJob) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{job.metadata.name}-{stamp}"
