@@ -1,6 +1,7 @@
 """RBAC on the real API server: the driver's Role reaches its own job's status and nothing else; the
 operator's chart ClusterRole is enough for the operator and not more than it needs."""
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +9,7 @@ import pytest
 from kubernetes.client import ApiException
 
 from asyncrl.api.status import TrainingSummary, training_patch
+from asyncrl.trainer.correction.stats import CorrectionStats
 from tests.support.apiserver import ApiServer
 from tests.support.jobs import Jobs, wait_for
 from tests.support.operator_proc import OPERATOR_NAMESPACE, RELEASE, OperatorProcess
@@ -39,7 +41,8 @@ def test_driver_role_patches_only_its_own_jobs_status(apiserver: ApiServer, jobs
 
     # the driver's real reporter, with the driver's real credentials
     reporter = StatusReporter(kubernetes_sender("job1", jobs.ns))
-    reporter({"version": 7, "valid_tokens": 100.0, "keep_ratio": 0.93, "staleness_max": 2})
+    counts = {f.name: 0.0 for f in fields(CorrectionStats)} | {"valid_tokens": 100.0, "kept_tokens": 93.0}
+    reporter({"version": 7, **CorrectionStats(**counts).record(), "staleness_max": 2})  # a step record
     assert reporter.flush() and reporter.failures == 0
     wait_for(lambda: jobs.status("job1").get("training", {}).get("policyVersion") == 7, message="report landed")
     assert jobs.status("job1")["training"]["keepPercent"] == 93.0
