@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := api trainer rollout operator
 
-.PHONY: run test lint typecheck tools venv clean
+.PHONY: run test test-slow lint typecheck tools venv clean
 
 $(BIN)/asyncrl: pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,8 +39,13 @@ lint: venv
 	$(BIN)/ruff check .
 	$(MAKE) --no-print-directory typecheck
 
+# The suite without the slow end-to-end tests (real Prometheus over real runs, multi-raylet Ray,
+# SmolLM2, the operator bench); .ci/run runs those too (make test-slow).
 test: lint tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
+
+test-slow: venv tools
+	$(BIN)/python -m pytest -q -m slow --durations=15
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .typecheck

@@ -30,6 +30,9 @@ class OperatorMetrics:
             return
         if old is not None:
             self.job_phase.remove(namespace, name, old)
+        else:  # a job seen for the first time: its restart counters exist at 0 (rate() and panels need them)
+            for cause in RESTART_CAUSES:
+                self.job_restarts.labels(namespace, name, cause)
         self._phase_of[(namespace, name)] = phase
         self.job_phase.labels(namespace, name, phase).set(1)
         self._recount()

@@ -5,8 +5,10 @@ rules taken from the rendered chart with ``for:`` shortened by values, and stati
 ``namespace``/``asyncrljob``/``role`` as the PodMonitor's relabelling would. Job ``collapse``
 (long-memory EWMA, reset off, a tight mask) must raise AsyncRLMaskCollapse and job ``resets``
 (reset on at a high keep-ratio bar) AsyncRLEwmaReset; neither alert may name the other job.
-While both jobs train, every dashboard panel query that can have data here is run through the
-HTTP API and must return some.
+The same two AsyncRLJobs also exist on the real API server, reconciled by the real operator process
+(its pods never run: no kubelet), and Prometheus scrapes the operator too, as the chart's
+ServiceMonitor would (``honorLabels``): while both jobs train, every dashboard panel query is run
+through the HTTP API and must return data, the operator's panels included.
 """
 
 import json
@@ -25,7 +27,6 @@ import yaml
 from test_alerts import ROOT, rendered_groups
 
 pytestmark = pytest.mark.slow
-NS = "e2e"
 STEPS = 40
 
 COMMON = {
@@ -45,8 +46,8 @@ JOBS = {
                               "ewma": {"reset": {"enabled": True, "keepRatioBelow": 0.999, "consecutiveSteps": 1}}},
                "monitoring": {"maskGuard": {"warnKeepRatio": 0.5, "criticalKeepRatio": 0.3}}},
 }
-# Panels with nothing to show in this setup: no operator runs, and no job uses interruptSync.
-NO_DATA_HERE = ("asyncrl_operator_", "asyncrl_sync_phase_duration_seconds")
+# Panels with nothing to show in this setup: no job uses interruptSync (its phases never end).
+NO_DATA_HERE = ("asyncrl_sync_phase_duration_seconds",)
 
 
 def free_port() -> int:
@@ -69,11 +70,17 @@ def firing(port: int) -> set[tuple[str, str]]:
             for a in api(port, "alerts")["alerts"] if a["state"] == "firing"}
 
 
-def test_alerts_fire_for_the_right_job_and_panels_have_data(tmp_path: Path) -> None:
+def test_alerts_fire_for_the_right_job_and_panels_have_data(tmp_path: Path, namespace: str, kube: Any,
+                                                           operator_process: Any) -> None:
+    from tests.support.jobs import Jobs
+
     prometheus = shutil.which("prometheus")
     asyncrl = Path(sys.executable).with_name("asyncrl")
-    if prometheus is None:
-        pytest.skip("prometheus not found; run make tools (Debian package prometheus)")
+    assert prometheus, "prometheus not found; run `make tools` (Debian package prometheus)"
+    jobs = Jobs(kube, namespace)
+    for name, spec in JOBS.items():  # the operator's view of the same jobs
+        jobs.create_manifest({"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": name},
+                              "spec": {**COMMON, **spec}})
     t0 = time.monotonic()
     groups = rendered_groups("prometheusRule.alerts.AsyncRLMaskCollapse.for=1s",
                              "prometheusRule.alerts.AsyncRLEwmaReset.for=0s")
@@ -83,9 +90,13 @@ def test_alerts_fire_for_the_right_job_and_panels_have_data(tmp_path: Path) -> N
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
         "rule_files": [str(tmp_path / "rules.yaml")],
-        "scrape_configs": [{"job_name": "asyncrl-jobs", "static_configs": [
-            {"targets": [f"127.0.0.1:{ports[name]}"], "labels": {"namespace": NS, "asyncrljob": name, "role": "driver"}}
-            for name in JOBS]}],
+        "scrape_configs": [
+            {"job_name": "asyncrl-jobs", "static_configs": [
+                {"targets": [f"127.0.0.1:{ports[name]}"], "labels": {"namespace": namespace, "asyncrljob": name, "role": "driver"}}
+                for name in JOBS]},
+            {"job_name": "asyncrl-operator", "honor_labels": True,
+             "static_configs": [{"targets": [f"127.0.0.1:{operator_process.metrics_port}"]}]},
+        ],
     }))
     procs: list[subprocess.Popen[bytes]] = []
     logs = {name: tmp_path / f"{name}.log" for name in [*JOBS, "prometheus"]}
@@ -117,7 +128,7 @@ def test_alerts_fire_for_the_right_job_and_panels_have_data(tmp_path: Path) -> N
             if first_step is None and any(v > 0 for v in versions.values()):
                 first_step = time.monotonic() - t0
             if panels is None and len(versions) == 2 and min(versions.values()) >= 10:
-                panels = panel_results(prom_port)  # both jobs live and training
+                panels = panel_results(prom_port, namespace)  # both jobs live and training
             done = {("AsyncRLMaskCollapse", "collapse"), ("AsyncRLEwmaReset", "resets")} <= seen
             if (done and panels is not None) or all(p.poll() is not None for p in procs[1:]):
                 break
@@ -141,16 +152,14 @@ def test_alerts_fire_for_the_right_job_and_panels_have_data(tmp_path: Path) -> N
     assert not empty, f"panel queries without data: {empty}"
 
 
-def panel_results(port: int) -> dict[str, int]:
-    """Series returned per dashboard panel query (engineer F's ``panel_queries``), skipping NO_DATA_HERE."""
+def panel_results(port: int, namespace: str) -> dict[str, int]:
+    """Series returned per dashboard panel query (``monitoring.dashboard.panel_queries``), skipping NO_DATA_HERE."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    try:
-        from monitoring.dashboard import panel_queries
-    except ImportError as exc:  # the dashboard generator needs grafana-foundation-sdk
-        pytest.skip(f"monitoring.dashboard not importable: {exc}")
+    from monitoring.dashboard import panel_queries
+
     out: dict[str, int] = {}
-    for title, expr in panel_queries(namespace=NS, job=".*", rate_interval="1m"):
+    for title, expr in panel_queries(namespace=namespace, job=".*", rate_interval="1m"):
         if any(m in expr for m in NO_DATA_HERE):
             continue
         out[f"{title}: {expr}"] = len(api(port, "query", query=expr)["result"])

@@ -13,6 +13,9 @@ def test_job_series_disappear_when_the_job_is_deleted() -> None:
     m = create_metrics(reg)
     m.observe_phase("ns", "a", "Running")
     m.observe_phase("ns", "b", "Running")
+    for cause in ("failure", "preemption", "spec_change"):  # a new job's counters start at 0
+        assert reg.get_sample_value("asyncrl_operator_job_restarts_total",
+                                    {"namespace": "ns", "asyncrljob": "b", "cause": cause}) == 0
     m.restarted("ns", "a", "failure")
     assert reg.get_sample_value("asyncrl_operator_jobs", {"phase": "Running"}) == 2
     m.observe_phase("ns", "a", "Failed")
