@@ -30,7 +30,7 @@ def rendered_groups(*values: str) -> list[dict[str, Any]]:
     """``spec.groups`` of the chart's PrometheusRule, rendered by helm with ``--set`` ``values``."""
     helm = find_helm()
     if helm is None:
-        pytest.skip("helm v3 not found in .tools/helm/helm or on PATH; run make tools")
+        pytest.fail("helm v3 not found in .tools/helm/helm or on PATH; run `make tools`", pytrace=False)
     args = [helm, "template", "rel", str(CHART), "-n", "ops", "--set", "prometheusRule.enabled=true"]
     for v in values:
         args += ["--set", v]
@@ -43,7 +43,7 @@ def rendered_groups(*values: str) -> list[dict[str, Any]]:
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.skip("promtool not found; run make tools (Debian package prometheus)")
+        pytest.fail("promtool not found; run `make tools` (Debian package prometheus)", pytrace=False)
     return path
 
 
@@ -300,7 +300,7 @@ def test_values_switch_alerts_and_set_thresholds_and_for() -> None:
 def test_bad_alert_values_are_refused_by_the_schema() -> None:
     helm = find_helm()
     if helm is None:
-        pytest.skip("helm v3 not found")
+        pytest.fail("helm v3 not found; run `make tools`", pytrace=False)
     for bad in ("prometheusRule.alerts.AsyncRLMaskCollapse.for=5 minutes",
                 "prometheusRule.alerts.AsyncRLJobRestarting.restarts=0",
                 "prometheusRule.alerts.AsyncRLNoSuchAlert.enabled=true"):
