@@ -192,9 +192,9 @@ class GcsHealthServer:
 def token_auth(env: Mapping[str, str]) -> bool:
     """Whether the job's Ray runs with token auth (the operator's pods: ``RAY_AUTH_MODE=token`` and
     ``RAY_AUTH_TOKEN`` from the job's Secret); a token mode without a token is refused here, by name."""
-    if env.get("RAY_AUTH_MODE", "").lower() != "token":
+    if env.get(C.ENV_RAY_AUTH_MODE, "").lower() != "token":
         return False
-    if not (env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH")):
+    if not (env.get(C.ENV_RAY_AUTH_TOKEN) or env.get(f"{C.ENV_RAY_AUTH_TOKEN}_PATH")):
         raise RuntimeError(
             "RAY_AUTH_MODE=token but neither RAY_AUTH_TOKEN nor RAY_AUTH_TOKEN_PATH is set: the operator "
             "mounts RAY_AUTH_TOKEN from the job's Secret <job>-ray-token (key token); check that it exists"
