@@ -21,6 +21,10 @@ RESERVED_ENV_PREFIXES = ("ASYNCRL_", "RAY_")
 RESERVED_ENV_MESSAGE = (
     "env names starting with ASYNCRL_ or RAY_ are set by the operator and cannot be overridden; rename the variable"
 )
+ENV_SOURCE_MESSAGE = (
+    "an env entry needs exactly one of value and valueFrom, e.g. value: '1', or "
+    "valueFrom: {secretKeyRef: {name: my-secret, key: token}}"
+)
 RESERVED_VOLUMES = tuple(OPERATOR_VOLUMES)
 RESERVED_PATHS = tuple(OPERATOR_VOLUMES.values())
 RESERVED_VOLUME_MESSAGE = (
@@ -84,6 +88,9 @@ class EnvVar(SpecModel):
         )),
     )
     value: str | None = Field(default=None, description="Literal value (exactly one of value and valueFrom).")
+
+    # valueFrom is an object with open fields, but typed (type: object), so CEL can test its presence.
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (CelRule("has(self.value) != has(self.valueFrom)", ENV_SOURCE_MESSAGE),)
     value_from: dict[str, Any] | None = Field(
         default=None,
         description="Kubernetes EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef "
@@ -99,12 +106,8 @@ class EnvVar(SpecModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> "EnvVar":
-        # valueFrom is free-form (no CEL rule may name it), so this is checked by the model only.
         if (self.value is None) == (self.value_from is None):
-            raise ValueError(
-                f"env {self.name!r} needs exactly one of value and valueFrom; e.g. value: '1', or "
-                "valueFrom: {secretKeyRef: {name: my-secret, key: token}}"
-            )
+            raise ValueError(f"{ENV_SOURCE_MESSAGE} (env {self.name!r})")
         return self
 
 

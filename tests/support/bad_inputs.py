@@ -44,6 +44,7 @@ from asyncrl.api.old_logits import (
 )
 from asyncrl.api.pods import (
     ENGINE_MESSAGE,
+    ENV_SOURCE_MESSAGE,
     MASK_GUARD_ORDER_MESSAGE,
     ONE_ACTOR_MESSAGE,
     RESERVED_ENV_MESSAGE,
@@ -150,6 +151,12 @@ BAD_INPUTS: list[BadInput] = [
              "spec.rollout.template.env[0].name", RESERVED_ENV_MESSAGE),
     BadInput("env-ray-prefix", {"actor": {"template": {"env": [{"name": "RAY_ADDRESS", "value": "x"}]}}},
              "spec.actor.template.env[0].name", RESERVED_ENV_MESSAGE),
+    BadInput("env-no-source", {"actor": {"template": {"env": [{"name": "HF_HOME"}]}}},
+             "spec.actor.template.env[0]", ENV_SOURCE_MESSAGE),
+    BadInput("env-two-sources",
+             {"rollout": {"template": {"env": [{"name": "HF_HOME", "value": "/x",
+                                                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}}},
+             "spec.rollout.template.env[0]", ENV_SOURCE_MESSAGE),
     BadInput("mount-reserved-name", {"actor": {"template": {"volumeMounts": [{"name": "dshm", "mountPath": "/x"}]}}},
              "spec.actor.template.volumeMounts[0].name", RESERVED_VOLUME_MESSAGE),
     BadInput("mount-reserved-path",
