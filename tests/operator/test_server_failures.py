@@ -154,3 +154,16 @@ def test_a_foreign_pod_with_our_labels_is_ignored(jobs: Jobs, apiserver: ApiServ
     time.sleep(3)
     assert "job1-rollout-7" in jobs.pods(), "a pod the job does not own is never deleted"
     assert jobs.status()["replicas"]["rollout"] == "2/2" and jobs.phase() == "Running"
+
+
+def test_a_spec_the_crd_cannot_check_is_validation_failed_and_makes_no_pods(jobs: Jobs) -> None:
+    # engineArgs is an open object in the CRD (CEL cannot iterate it), so the server accepts unknown engine
+    # flags; the operator validates with the typed model and refuses, naming the field, before any pod exists.
+    jobs.create(rollout={"replicas": 2, "gpusPerReplica": 0, "engineArgs": {"gpu-memory-utilization": "0.9"}})
+    st = jobs.wait_phase("ValidationFailed")
+    assert "spec.rollout.engineArgs" in st["message"] and "fp32Head" in st["message"], st["message"]
+    assert jobs.condition("SpecValid")["status"] == "False"
+    time.sleep(2)
+    assert not jobs.pods()
+    jobs.patch({"spec": {"rollout": {"engineArgs": None}}})  # the corrected spec is picked up
+    jobs.wait_pods(4)
