@@ -15,6 +15,7 @@ from asyncrl.api.correction import (
     MaskSpec,
     ReferencePolicy,
 )
+from asyncrl.api.evaluation import EvalMode, EvalSpec
 from asyncrl.api.job import (
     API_VERSION,
     GROUP,
@@ -38,6 +39,8 @@ __all__ = [
     "AsyncSpec",
     "Bounds",
     "CheckpointSpec",
+    "EvalMode",
+    "EvalSpec",
     "ClipSpec",
     "CorrectionSpec",
     "DiscrepancyLevel",

@@ -12,7 +12,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from asyncrl.api.base import SpecModel
-from asyncrl.api.cel import CelRule, RuleError, at_defaults_cel, changed_from_defaults, on_field
+from asyncrl.api.cel import (
+    CelRule,
+    RuleError,
+    at_defaults_cel,
+    cel_literal,
+    changed_from_defaults,
+    on_field,
+    raise_all,
+)
 
 
 class ReferencePolicy(StrEnum):
@@ -194,40 +202,58 @@ class ClipSpec(SpecModel):
 
 
 class EwmaResetSpec(SpecModel):
-    """Automatic reset of the EWMA reference to the current weights (paper §6.5)."""
+    """Automatic reset of the EWMA reference to the current weights (paper §6.5).
 
-    enabled: bool = Field(default=True, description="Whether the keep-ratio reset rule is active.")
+    The statistic is the batch's *in-bounds ratio*: the share of valid tokens whose (level-aggregated)
+    ``r_d = pi_prox / mu`` lies inside ``mask.bounds``. Under ``mask.mode: mask`` it is the keep ratio
+    (vetoed sequences aside); it is computed the same under ``icepop``, ``truncate`` and ``none``, where
+    nothing is rejected and a keep ratio would stay at 1, so the reset can fire whatever the mode.
+    """
+
+    enabled: bool = Field(default=True, description="Whether the in-bounds-ratio reset rule is active.")
     keep_ratio_below: float = Field(
         default=0.8,
         gt=0.0,
         lt=1.0,
-        description="tau: a step whose discrepancy-mask keep ratio is below this counts as a low step.",
+        description="tau: a policy version whose batch has fewer than this share of valid tokens with r_d "
+        "inside mask.bounds counts as a low step (the keep ratio under mask.mode mask; measured the same "
+        "under every mode).",
     )
     consecutive_steps: int = Field(
-        default=3, ge=1, description="k: reset after this many consecutive low steps."
+        default=3, ge=1, description="k: reset after this many consecutive low policy versions (batches)."
     )
 
 
-DECAY_AUTO_HINT = "omit decay for the automatic W/(W+2)"
+DECAY_AUTO_HINT = "omit decay for the automatic g/(g+1), g the expected version gap"
 DECAY_MESSAGE = f"decay must be strictly between 0 and 1 ({DECAY_AUTO_HINT})"
 
 
 class EwmaSpec(SpecModel):
-    """The PPO-EWMA reference: a bias-corrected parameter EWMA ``theta_prox`` (paper §5.2)."""
+    """The PPO-EWMA reference: a bias-corrected parameter EWMA ``theta_prox`` (paper §5.2).
+
+    ``theta_prox`` folds in the weights once per policy version (after all updates of a batch) and is
+    held fixed while a batch trains. The automatic decay ``beta = g / (g + 1)`` puts the average's centre
+    of mass ``beta / (1 - beta)`` at ``g`` versions back, the expected version gap of a trained token:
+    ``g = W / 2`` for ``window: configured`` (W = async.maxStaleness; gaps spread over 0..W, so
+    ``beta = W / (W + 2)``, paper Appendix B) and the measured mean gap for ``window: measured``.
+    """
 
     decay: float | None = Field(
         default=None,
-        description="EWMA decay beta in (0, 1); omit it for the automatic W/(W+2), W the staleness window "
-        "(places the EWMA's centre of mass W/2 versions back, paper Appendix B).",
+        description="EWMA decay beta in (0, 1) per policy version; omit it for the automatic g/(g+1), which "
+        "puts the EWMA's centre of mass g versions back: g = W/2 (so W/(W+2), paper Appendix B) or the "
+        "measured mean gap (see window).",
         json_schema_extra=on_field(CelRule("self > 0.0 && self < 1.0", DECAY_MESSAGE)),
     )
     window: Literal["configured", "measured"] = Field(
         default="configured",
-        description="For the automatic decay: W is async.maxStaleness (configured) or the running mean of "
-        "the measured per-token staleness (measured).",
+        description="For the automatic decay, the expected version gap g: configured = async.maxStaleness/2; "
+        "measured = the trained tokens' mean version gap, averaged over about the last 20 batches "
+        "(async.maxStaleness/2 until the first batch).",
     )
     reset: EwmaResetSpec = Field(
-        default_factory=EwmaResetSpec, description="Reset theta_prox to theta when the keep ratio collapses."
+        default_factory=EwmaResetSpec,
+        description="Reset theta_prox to theta when the batch's in-bounds ratio of r_d collapses.",
     )
 
     @field_validator("decay", mode="before")
@@ -246,6 +272,59 @@ class EwmaSpec(SpecModel):
                 "reference: current instead)"
             )
         return v
+
+
+AUDIT_EXACT_MESSAGE = (
+    "correction.audit measures a cheap reference against exact pi_old; with reference: exact there is nothing "
+    "to audit: remove correction.audit (or set everyNSteps: 0), or choose a cheap reference"
+)
+DEFAULT_AUDIT_FRACTION = 0.25
+AUDIT_FRACTION_UNUSED_MESSAGE = (
+    "audit.fraction is only used when audit.everyNSteps > 0; set everyNSteps (e.g. 10) or remove fraction"
+)
+
+
+class AuditSpec(SpecModel):
+    """Live audit of a cheap reference (behavior, current, linear, loglinear, ewma) against exact ``pi_old``.
+
+    On every ``everyNSteps``-th step a ``fraction`` of the batch rows is also scored under the exact
+    version that generated each token, and the distance of the cheap ``pi_ref`` from it is exported
+    (mean and p99 of ``|log pi_ref - log pi_old|``, and how often the keep/clip decisions differ).
+    """
+
+    every_n_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Audit every Nth optimizer step; 0 = off. While on, the actor keeps weight snapshots for "
+        "the audit: up to async.maxStaleness + 1 (W+1) extra copies of the weights in host memory.",
+    )
+    fraction: float = Field(
+        default=DEFAULT_AUDIT_FRACTION,
+        gt=0.0,
+        le=1.0,
+        description="Share of the batch rows of an audited step also scored with exact pi_old, in (0, 1] "
+        "(the extra forward's cost scales with it).",
+    )
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            f"!has(self.fraction) || self.fraction == {cel_literal(DEFAULT_AUDIT_FRACTION)} || "
+            "(has(self.everyNSteps) && self.everyNSteps > 0)",
+            AUDIT_FRACTION_UNUSED_MESSAGE,
+            ".fraction",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _fraction_only_when_on(self) -> "AuditSpec":
+        if self.every_n_steps == 0 and self.fraction != DEFAULT_AUDIT_FRACTION:
+            raise RuleError([("fraction", f"{AUDIT_FRACTION_UNUSED_MESSAGE} (got fraction={self.fraction})")])
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any step is audited."""
+        return self.every_n_steps > 0
 
 
 EWMA_UNUSED_MESSAGE = (
@@ -270,6 +349,11 @@ class CorrectionSpec(SpecModel):
         default=LossAggregation.TOKEN_MEAN,
         description="tokenMean (denominator: valid tokens before the discrepancy mask) or sequenceMean.",
     )
+    audit: AuditSpec = Field(
+        default_factory=AuditSpec,
+        description="Live audit of a cheap reference against exact pi_old on sampled steps (off by default; "
+        "costs up to W+1 host weight copies while on). Not with reference: exact.",
+    )
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
@@ -278,15 +362,27 @@ class CorrectionSpec(SpecModel):
             EWMA_UNUSED_MESSAGE,
             ".ewma",
         ),
+        CelRule(
+            "!has(self.audit) || !has(self.reference) || self.reference != 'exact' || "
+            f"({at_defaults_cel(AuditSpec, 'self.audit')})",
+            AUDIT_EXACT_MESSAGE,
+            ".audit",
+        ),
     )
 
     @model_validator(mode="after")
-    def _ewma_only_with_ewma(self) -> "CorrectionSpec":
+    def _sections_match_the_reference(self) -> "CorrectionSpec":
+        problems: list[tuple[str, str]] = []
         if self.reference is not ReferencePolicy.EWMA:
             changed = changed_from_defaults(self.ewma)
             if changed:
-                raise RuleError([(
+                problems.append((
                     "ewma",
                     f"{EWMA_UNUSED_MESSAGE} (reference is '{self.reference.value}'; set here: {', '.join(changed)})",
-                )])
+                ))
+        if self.reference is ReferencePolicy.EXACT:
+            changed = changed_from_defaults(self.audit)
+            if changed:
+                problems.append(("audit", f"{AUDIT_EXACT_MESSAGE} (set here: {', '.join(changed)})"))
+        raise_all(problems)
         return self

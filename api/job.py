@@ -12,8 +12,16 @@ from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule, RuleError, on_field
 from asyncrl.api.constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
+from asyncrl.api.evaluation import EvalSpec
 from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
-from asyncrl.api.pods import ActorSpec, MonitoringSpec, RolloutSpec, RunPolicySpec, SchedulingSpec
+from asyncrl.api.pods import (
+    DEFAULT_TRAINING_SIDE_MEMORY,
+    ActorSpec,
+    MonitoringSpec,
+    RolloutSpec,
+    RunPolicySpec,
+    SchedulingSpec,
+)
 
 # Children are named "<job>-<role>-<index>"; 40 leaves room for the longest suffix under the
 # 63-character label-value and DNS-label limits. RFC 1035 (a letter first), because the job's
@@ -115,19 +123,61 @@ class TaskSpec(SpecModel):
 
 
 class TrainSpec(SpecModel):
-    """``spec.train``: optimisation of the actor."""
+    """``spec.train``: optimisation of the actor.
 
-    steps: int = Field(default=200, ge=1, description="Optimizer steps (policy versions) to train.")
-    prompts_per_step: int = Field(default=16, ge=1, description="Prompt groups consumed per optimizer step.")
+    A *policy version* is what rollout receives: the actor makes one version per consumed rollout batch,
+    after all of that batch's optimizer updates (``epochs x minibatches`` of them, each accumulating the
+    gradient of its micro-batches). ``steps`` counts versions, and so does ``async.maxStaleness``: a token
+    sampled by version ``v`` and trained while the actor is at ``v + n`` has gap ``n``, however many
+    optimizer updates those ``n`` versions took.
+    """
+
+    steps: int = Field(
+        default=200,
+        ge=1,
+        description="Policy versions to train: one per consumed rollout batch, after all of its optimizer "
+        "updates (epochs x minibatches).",
+    )
+    prompts_per_step: int = Field(
+        default=16, ge=1, description="Prompt groups consumed per policy version (one rollout batch)."
+    )
+    minibatches: int = Field(
+        default=1,
+        ge=1,
+        description="Optimizer updates per pass over a rollout batch: its rows (promptsPerStep x groupSize) "
+        "are shuffled and split into this many minibatches, each one update against the reference held "
+        "since the batch arrived. Rollout still receives one version per batch.",
+    )
+    epochs: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Passes over each rollout batch (PPO epochs); the batch makes epochs x minibatches "
+        "optimizer updates.",
+    )
+    micro_batch_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Token budget of one forward (padded rows x sequence length): a minibatch runs as "
+        "micro-batches of at most this many tokens whose gradients accumulate into one update (one row is "
+        "never split); 0 = the whole minibatch in one forward.",
+    )
     learning_rate: float = Field(
         default=3e-4, gt=0.0, description="AdamW learning rate of the actor for RL (after the warm start)."
     )
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
-    max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Gradient-norm clip (null: none).")
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0.0, description="Gradient-norm clip of every optimizer update (null: none)."
+    )
     warm_start_steps: int = Field(
         default=300, ge=0, description="Supervised steps on generated demonstrations before RL (0: none)."
     )
     seed: int = Field(default=0, ge=0, description="Seed of every random generator in the job.")
+
+    @property
+    def updates_per_version(self) -> int:
+        """Optimizer updates per rollout batch: ``epochs * minibatches``."""
+        return self.epochs * self.minibatches
 
 
 class CheckpointSpec(SpecModel):
@@ -147,13 +197,26 @@ class CheckpointSpec(SpecModel):
 
 
 _DEFAULT_W = AsyncSpec.model_fields["max_staleness"].default
-EXACT_NEEDS_STRATEGY_MESSAGE = "correction.reference 'exact' needs oldLogits.strategy: snapshot"
+_DEFAULT_PROMPTS = TrainSpec.model_fields["prompts_per_step"].default
+_DEFAULT_GROUP = TaskSpec.model_fields["group_size"].default
+EXACT_NEEDS_STRATEGY_MESSAGE = (
+    "correction.reference 'exact' needs oldLogits.strategy (how the exact old logits are recovered): "
+    + ", ".join(s.value for s in list(OldLogitStrategy)[:-1]) + f" or {list(OldLogitStrategy)[-1].value}"
+)
 STRATEGY_NEEDS_EXACT_MESSAGE = (
     "oldLogits.strategy is only used with correction.reference: exact; set reference: exact, or remove the strategy"
 )
 MAX_VERSIONS_MESSAGE = (
-    "oldLogits.snapshot.maxVersions must be 0 (= async.maxStaleness + 1) or more than async.maxStaleness: "
-    "a token may be maxStaleness versions old and each version needs its snapshot"
+    "oldLogits.snapshot.maxVersions cannot hold every version async.maxStaleness (W) admits: a token may be W "
+    "versions old and each version needs its snapshot; set maxVersions to 0 (auto) or >= W+1"
+)
+TRAINING_SIDE_MEMORY_UNUSED_MESSAGE = (
+    "rollout.trainingSideMemory is only used by oldLogits.strategy interruptSync (the rollout workers then host "
+    "the training-side model to score); remove it or set the strategy to interruptSync"
+)
+MINIBATCHES_MESSAGE = (
+    "train.minibatches cannot exceed the rows of a rollout batch (train.promptsPerStep x task.groupSize): "
+    "each minibatch needs at least one trajectory; lower minibatches or raise promptsPerStep"
 )
 MODEL_IMMUTABLE_MESSAGE = (
     "spec.model is immutable: the checkpoint holds these weights; create a new job to change the model"
@@ -179,6 +242,10 @@ class AsyncRLJobSpec(SpecModel):
     task: TaskSpec = Field(default_factory=TaskSpec, description="The environment / agent task.")
     train: TrainSpec = Field(default_factory=TrainSpec, description="Optimisation of the actor.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints and resume.")
+    eval: EvalSpec = Field(
+        default_factory=EvalSpec,
+        description="Periodic evaluation of the current policy on a fixed held-out prompt set (off by default).",
+    )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout workers.")
     actor: ActorSpec = Field(default_factory=ActorSpec, description="Actor (trainer) processes.")
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Failure and time limits.")
@@ -198,10 +265,24 @@ class AsyncRLJobSpec(SpecModel):
         ),
         CelRule(
             "!has(self.oldLogits) || !has(self.oldLogits.snapshot) || !has(self.oldLogits.snapshot.maxVersions) "
-            "|| self.oldLogits.snapshot.maxVersions == 0 || self.oldLogits.snapshot.maxVersions > "
-            f"(has(self.async) && has(self.async.maxStaleness) ? self.async.maxStaleness : {_DEFAULT_W})",
+            "|| self.oldLogits.snapshot.maxVersions == 0 || self.oldLogits.snapshot.maxVersions >= "
+            f"(has(self.async) && has(self.async.maxStaleness) ? self.async.maxStaleness : {_DEFAULT_W}) + 1",
             MAX_VERSIONS_MESSAGE,
             ".oldLogits.snapshot.maxVersions",
+        ),
+        CelRule(
+            "!has(self.rollout) || !has(self.rollout.trainingSideMemory) || "
+            f"self.rollout.trainingSideMemory == '{DEFAULT_TRAINING_SIDE_MEMORY}' || (has(self.oldLogits) && "
+            f"has(self.oldLogits.strategy) && self.oldLogits.strategy == '{OldLogitStrategy.INTERRUPT_SYNC.value}')",
+            TRAINING_SIDE_MEMORY_UNUSED_MESSAGE,
+            ".rollout.trainingSideMemory",
+        ),
+        CelRule(
+            "!has(self.train) || !has(self.train.minibatches) || self.train.minibatches <= "
+            f"(has(self.train.promptsPerStep) ? self.train.promptsPerStep : {_DEFAULT_PROMPTS}) * "
+            f"(has(self.task) && has(self.task.groupSize) ? self.task.groupSize : {_DEFAULT_GROUP})",
+            MINIBATCHES_MESSAGE,
+            ".train.minibatches",
         ),
     )
 
@@ -219,14 +300,42 @@ class AsyncRLJobSpec(SpecModel):
 
     @model_validator(mode="after")
     def _snapshots_cover_the_window(self) -> "AsyncRLJobSpec":
+        # Whatever the strategy (the CEL rule cannot see it either): a snapshot section set without
+        # strategy snapshot is refused on its own, by OldLogitsSpec.
         kept, w = self.old_logits.snapshot.max_versions, self.async_.max_staleness
-        if self.old_logits.strategy is OldLogitStrategy.SNAPSHOT and 0 < kept <= w:
+        if 0 < kept < w + 1:
             raise RuleError([(
                 "oldLogits.snapshot.maxVersions",
-                f"{MAX_VERSIONS_MESSAGE}; got maxVersions={kept} with async.maxStaleness={w} (set it to {w + 1} "
-                "or more, or 0)",
+                f"{MAX_VERSIONS_MESSAGE}; got maxVersions={kept} with async.maxStaleness={w} (W+1 = {w + 1})",
             )])
         return self
+
+    @model_validator(mode="after")
+    def _training_side_memory_with_interrupt_sync(self) -> "AsyncRLJobSpec":
+        memory = self.rollout.training_side_memory
+        if memory != DEFAULT_TRAINING_SIDE_MEMORY and self.old_logits.strategy is not OldLogitStrategy.INTERRUPT_SYNC:
+            strategy = self.old_logits.strategy.value if self.old_logits.strategy else "none"
+            raise RuleError([(
+                "rollout.trainingSideMemory",
+                f"{TRAINING_SIDE_MEMORY_UNUSED_MESSAGE} (got {memory!r} with oldLogits.strategy {strategy})",
+            )])
+        return self
+
+    @model_validator(mode="after")
+    def _minibatches_fit_the_batch(self) -> "AsyncRLJobSpec":
+        rows = self.train.prompts_per_step * self.task.group_size
+        if self.train.minibatches > rows:
+            raise RuleError([(
+                "train.minibatches",
+                f"{MINIBATCHES_MESSAGE}; got minibatches={self.train.minibatches} with promptsPerStep="
+                f"{self.train.prompts_per_step} x groupSize={self.task.group_size} = {rows} rows",
+            )])
+        return self
+
+    @property
+    def snapshot_versions(self) -> int:
+        """The snapshot cap in force: ``oldLogits.snapshot.maxVersions``, or W+1 when it is 0 (auto)."""
+        return self.old_logits.snapshot.max_versions or self.async_.max_staleness + 1
 
     @property
     def ewma_decay(self) -> float:

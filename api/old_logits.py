@@ -1,87 +1,93 @@
 """``spec.oldLogits``: how the exact training-side old log-probs ``pi_old`` are recovered.
 
-Used when ``correction.reference`` is ``exact`` (paper §5.1, ARCHITECTURE §1).
+Used when ``correction.reference`` is ``exact`` (paper §5.1, ARCHITECTURE §1). Every strategy runs;
+what validation refuses is a knob of a section the chosen strategy does not use (it would be
+accepted and then ignored), with the same words from the model and the CRD's CEL rule.
 """
 
 from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from asyncrl.api.base import SpecModel
-from asyncrl.api.cel import CelRule, at_defaults_cel, changed_from_defaults, on_field, raise_all
+from asyncrl.api.cel import CelRule, at_defaults_cel, changed_from_defaults, raise_all
 
 
 class OldLogitStrategy(StrEnum):
-    """The three exact routes of paper §5.1 (the driver runs :data:`RUNNABLE_STRATEGIES` today)."""
+    """The three exact routes of paper §5.1."""
 
     SNAPSHOT = "snapshot"
     DEDICATED = "dedicated"
     INTERRUPT_SYNC = "interruptSync"
 
 
-RUNNABLE_STRATEGIES = (OldLogitStrategy.SNAPSHOT,)
-STRATEGY_MESSAGE = (
-    "is not implemented by the driver yet; use oldLogits.strategy: snapshot (exact old logits from kept "
-    "weight versions), or correction.reference: ewma"
-)
-SNAPSHOT_DEVICE_MESSAGE = (
-    "oldLogits.snapshot.device 'disk' is not implemented yet: snapshots are kept in host memory; use device: cpu"
-)
-SNAPSHOT_UNUSED_MESSAGE = (
-    "oldLogits.snapshot is only used with oldLogits.strategy: snapshot; remove it or set the strategy"
-)
-DEDICATED_UNUSED_MESSAGE = (
-    "oldLogits.dedicated configures strategy dedicated, which the driver does not run yet; remove it"
-)
-INTERRUPT_SYNC_UNUSED_MESSAGE = (
-    "oldLogits.interruptSync configures strategy interruptSync, which the driver does not run yet; remove it"
-)
+RUNNABLE_STRATEGIES = tuple(OldLogitStrategy)  # the driver runs every strategy
+
+
+class SnapshotDevice(StrEnum):
+    """Where the weight snapshots of the snapshot strategy live."""
+
+    CPU = "cpu"
+    DISK = "disk"
+
+
+def unused_message(section: str, strategy: OldLogitStrategy) -> str:
+    """The refusal of a knob of ``oldLogits.<section>`` while the strategy is not ``strategy``."""
+    return (
+        f"oldLogits.{section} is only used with oldLogits.strategy: {strategy.value}; remove it or set "
+        f"the strategy to {strategy.value}"
+    )
+
+
+SNAPSHOT_UNUSED_MESSAGE = unused_message("snapshot", OldLogitStrategy.SNAPSHOT)
+DEDICATED_UNUSED_MESSAGE = unused_message("dedicated", OldLogitStrategy.DEDICATED)
+INTERRUPT_SYNC_UNUSED_MESSAGE = unused_message("interruptSync", OldLogitStrategy.INTERRUPT_SYNC)
 
 
 class SnapshotSpec(SpecModel):
-    """Keep the weights of every version an in-flight token still references."""
+    """Keep the weights of every version a not-yet-trained token still references."""
 
     max_versions: int = Field(
         default=0,
         ge=0,
-        description="Most weight snapshots kept in host memory; 0 = async.maxStaleness + 1, the most "
-        "any admitted token can need.",
+        description="Hard cap on the weight snapshots kept. 0 = auto: async.maxStaleness + 1 (W+1), the most "
+        "the staleness window W admits. Otherwise at least W+1 (validation refuses less); when the cap is "
+        "reached the oldest trajectories holding the oldest version are dropped and counted.",
     )
-    device: str = Field(
-        default="cpu",
-        pattern=r"^(cpu|disk)$",
-        description="Where snapshots live: cpu (host memory); disk is refused until it is implemented.",
-        json_schema_extra=on_field(CelRule("self == 'cpu'", SNAPSHOT_DEVICE_MESSAGE)),
+    device: SnapshotDevice = Field(
+        default=SnapshotDevice.CPU,
+        description="Where snapshots live: cpu = host memory; disk = safetensors files under the run "
+        "directory (<run dir>/snapshots/), loaded for each scoring (less host memory, more time).",
     )
-
-    @field_validator("device")
-    @classmethod
-    def _host_memory_only(cls, v: str) -> str:
-        if v != "cpu":
-            raise ValueError(SNAPSHOT_DEVICE_MESSAGE)
-        return v
 
 
 class DedicatedSpec(SpecModel):
     """A separate old-logit model that follows the versions and scores trajectories as they arrive."""
 
-    replicas: int = Field(default=1, ge=1, description="Old-logit model replicas (pods in a cluster).")
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Old-logit scorers (pods in a cluster): each receives every weight version; trajectory "
+        "segments are spread over them.",
+    )
     max_lag_versions: int = Field(
         default=1,
         ge=0,
-        description="How many versions the old-logit model may trail the actor before the driver waits for it.",
+        description="How many versions the scorers may trail the actor before the driver waits for them "
+        "(the wait is counted).",
     )
 
 
 class InterruptSyncSpec(SpecModel):
     """Before each update v -> v+1: interrupt rollouts, score partial trajectories with version v on
-    the rollout workers' own resources, then resume generation."""
+    the rollout workers' own resources, then take the weight sync and resume generation."""
 
     phase_timeout_seconds: int = Field(
         default=300,
         ge=1,
-        description="A sync phase (interrupt, score, resume) running longer than this is reported as stuck.",
+        description="A sync phase (interrupt, score, update, resume) running longer than this sets the job's "
+        "SyncStuck condition with a Warning event (operator).",
     )
     release_rollout_resources: bool = Field(
         default=True,
@@ -90,16 +96,24 @@ class InterruptSyncSpec(SpecModel):
     )
 
 
+# (camelCase section key, python attribute, its strategy, message), in one place for the model and the CEL.
+_SECTIONS: tuple[tuple[str, str, OldLogitStrategy, str, type[BaseModel]], ...] = (
+    ("snapshot", "snapshot", OldLogitStrategy.SNAPSHOT, SNAPSHOT_UNUSED_MESSAGE, SnapshotSpec),
+    ("dedicated", "dedicated", OldLogitStrategy.DEDICATED, DEDICATED_UNUSED_MESSAGE, DedicatedSpec),
+    ("interruptSync", "interrupt_sync", OldLogitStrategy.INTERRUPT_SYNC, INTERRUPT_SYNC_UNUSED_MESSAGE,
+     InterruptSyncSpec),
+)
+
+
 class OldLogitsSpec(SpecModel):
     """``spec.oldLogits``: the exact old-logit strategy and its knobs."""
 
     strategy: OldLogitStrategy | None = Field(
         default=None,
-        description="Required when correction.reference is exact: snapshot (dedicated and interruptSync are "
-        "refused until the driver runs them).",
-        json_schema_extra=on_field(CelRule(
-            " || ".join(f"self == '{s.value}'" for s in RUNNABLE_STRATEGIES), f"this oldLogits.strategy {STRATEGY_MESSAGE}"
-        )),
+        description="Required when correction.reference is exact: snapshot (keep the weights of every "
+        "version in flight and score under them), dedicated (separate scorer models follow the versions "
+        "and score as trajectories arrive), interruptSync (before each update the rollout workers score "
+        "their partial trajectories with the training-side model).",
     )
     snapshot: SnapshotSpec = Field(default_factory=SnapshotSpec, description="Knobs of the snapshot strategy.")
     dedicated: DedicatedSpec = Field(default_factory=DedicatedSpec, description="Knobs of the dedicated strategy.")
@@ -107,44 +121,22 @@ class OldLogitsSpec(SpecModel):
         default_factory=InterruptSyncSpec, description="Knobs of the interruptSync strategy."
     )
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+    cel_rules: ClassVar[tuple[CelRule, ...]] = tuple(
         CelRule(
-            "!has(self.snapshot) || (has(self.strategy) && self.strategy == 'snapshot') || "
-            f"({at_defaults_cel(SnapshotSpec, 'self.snapshot')})",
-            SNAPSHOT_UNUSED_MESSAGE,
-            ".snapshot",
-        ),
-        CelRule(
-            f"!has(self.dedicated) || ({at_defaults_cel(DedicatedSpec, 'self.dedicated')})",
-            DEDICATED_UNUSED_MESSAGE,
-            ".dedicated",
-        ),
-        CelRule(
-            f"!has(self.interruptSync) || ({at_defaults_cel(InterruptSyncSpec, 'self.interruptSync')})",
-            INTERRUPT_SYNC_UNUSED_MESSAGE,
-            ".interruptSync",
-        ),
+            f"!has(self.{key}) || (has(self.strategy) && self.strategy == '{strategy.value}') || "
+            f"({at_defaults_cel(model, f'self.{key}')})",
+            message,
+            f".{key}",
+        )
+        for key, _, strategy, message, model in _SECTIONS
     )
-
-    @field_validator("strategy")
-    @classmethod
-    def _runnable(cls, v: OldLogitStrategy | None) -> OldLogitStrategy | None:
-        if v is not None and v not in RUNNABLE_STRATEGIES:
-            raise ValueError(f"oldLogits.strategy '{v.value}' {STRATEGY_MESSAGE}")
-        return v
 
     @model_validator(mode="after")
     def _no_ignored_knobs(self) -> "OldLogitsSpec":
         problems: list[tuple[str, str]] = []
-        changed = changed_from_defaults(self.snapshot)
-        if changed and self.strategy is not OldLogitStrategy.SNAPSHOT:
-            problems.append(("snapshot", f"{SNAPSHOT_UNUSED_MESSAGE} (set here: {', '.join(changed)})"))
-        for key, section, message in (
-            ("dedicated", self.dedicated, DEDICATED_UNUSED_MESSAGE),
-            ("interruptSync", self.interrupt_sync, INTERRUPT_SYNC_UNUSED_MESSAGE),
-        ):
-            changed = changed_from_defaults(section)
-            if changed:
+        for key, attr, strategy, message, _ in _SECTIONS:
+            changed = changed_from_defaults(getattr(self, attr))
+            if changed and self.strategy is not strategy:
                 problems.append((key, f"{message} (set here: {', '.join(changed)})"))
         raise_all(problems)
         return self

@@ -35,19 +35,18 @@ ONE_ACTOR_MESSAGE = (
     "the driver runs one actor process: set actor.replicas: 1, actor.gpusPerReplica: 0 or 1 and "
     "megatron.tensorParallel/pipelineParallel: 1 (a later release runs more)"
 )
-ENGINES = ("transformers", "vllm")  # known to the schema; RUNNABLE_ENGINES have a backend in this build
-RUNNABLE_ENGINES = ("transformers",)
-ENGINE_MESSAGE = "rollout.engine 'vllm' has no backend in this build yet; use rollout.engine: transformers"
+ENGINES = ("transformers", "vllm")  # every one has a backend (asyncrl.rollout.engine.make_engine)
 ROLLOUT_GPUS_MESSAGE = (
-    "the transformers rollout engine uses at most one GPU per worker: set rollout.gpusPerReplica to 0 or 1 "
-    "(for more rollout throughput raise rollout.replicas)"
+    "a rollout worker uses at most one GPU in this build (both engines run on one device): set "
+    "rollout.gpusPerReplica to 0 or 1 (for more rollout throughput raise rollout.replicas)"
 )
-TRANSFORMERS_ENGINE_ARGS = {"fp32Head": bool}  # what asyncrl.rollout.engine.make_engine takes
+TRANSFORMERS_ENGINE_ARGS: dict[str, type] = {"fp32Head": bool}  # what asyncrl.rollout.engine.make_engine takes
+# What the vllm engine takes (asyncrl.rollout.vllm_engine.VLLM_ENGINE_ARGS; a test keeps both equal). ints >= 0.
+VLLM_ENGINE_ARGS: dict[str, type] = {
+    "enforceEager": bool, "maxNumSeqs": int, "kvCacheMemoryBytes": int, "enablePrefixCaching": bool,
+    "cpuThreads": int,
+}
 DEFAULT_TRAINING_SIDE_MEMORY = "16Gi"
-TRAINING_SIDE_MEMORY_MESSAGE = (
-    "rollout.trainingSideMemory is only used by oldLogits.strategy interruptSync, which the driver does not "
-    "run yet; remove it"
-)
 
 
 class Resources(SpecModel):
@@ -186,14 +185,15 @@ class RolloutSpec(SpecModel):
     engine: str = Field(
         default="transformers",
         pattern=f"^({'|'.join(ENGINES)})$",
-        description="Inference backend: transformers (CPU-friendly, default); vllm is refused until this "
-        "build has its backend.",
-        json_schema_extra=on_field(CelRule(" || ".join(f"self == '{e}'" for e in RUNNABLE_ENGINES), ENGINE_MESSAGE)),
+        description="Inference backend: transformers (CPU-friendly, default) or vllm (its own engine process; "
+        "on CPU it needs the vLLM environment, `make vllm-env`, float32 rolloutDtype and a head dimension the CPU "
+        "attention kernel supports, e.g. 64).",
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra arguments of the engine; transformers takes only fp32Head: true|false (final norm "
-        "and LM head in float32).",
+        description="Extra arguments of the engine: transformers takes only fp32Head: true|false (final norm "
+        "and LM head in float32); vllm takes enforceEager, enablePrefixCaching (booleans), maxNumSeqs, "
+        "kvCacheMemoryBytes and cpuThreads (integers >= 0).",
     )
     gpus_per_replica: int = Field(
         default=1, ge=0, le=16, description="GPUs (nvidia.com/gpu) per rollout pod; 0 runs on CPU."
@@ -202,47 +202,33 @@ class RolloutSpec(SpecModel):
     training_side_memory: str = Field(
         default=DEFAULT_TRAINING_SIDE_MEMORY,
         pattern=_QUANTITY,
-        description="Extra memory a rollout pod requests to host the training-side model code when "
-        "oldLogits.strategy is interruptSync (refused until the driver runs it: leave it unset).",
-        json_schema_extra=on_field(CelRule(f"self == '{DEFAULT_TRAINING_SIDE_MEMORY}'", TRAINING_SIDE_MEMORY_MESSAGE)),
+        description="Extra memory a rollout pod requests to host the training-side model code that scores "
+        "partial trajectories during the interrupt-sync window (oldLogits.strategy interruptSync only).",
     )
     template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
-            "!has(self.gpusPerReplica) || self.gpusPerReplica <= 1 || "
-            "(has(self.engine) && self.engine != 'transformers')",
-            ROLLOUT_GPUS_MESSAGE,
-            ".gpusPerReplica",
-        ),
+        CelRule("!has(self.gpusPerReplica) || self.gpusPerReplica <= 1", ROLLOUT_GPUS_MESSAGE, ".gpusPerReplica"),
     )
-
-    @field_validator("engine")
-    @classmethod
-    def _has_backend(cls, v: str) -> str:
-        if v not in RUNNABLE_ENGINES:
-            raise ValueError(f"rollout.engine {v!r} has no backend in this build yet; use rollout.engine: transformers")
-        return v
-
-    @field_validator("training_side_memory")
-    @classmethod
-    def _interrupt_sync_only(cls, v: str) -> str:
-        if v != DEFAULT_TRAINING_SIDE_MEMORY:
-            raise ValueError(f"{TRAINING_SIDE_MEMORY_MESSAGE} (got {v!r})")
-        return v
 
     @model_validator(mode="after")
     def _fits_the_engine(self) -> "RolloutSpec":
         problems = []
-        if self.engine == "transformers" and self.gpus_per_replica > 1:
+        if self.gpus_per_replica > 1:
             problems.append(("gpusPerReplica", f"{ROLLOUT_GPUS_MESSAGE} (got {self.gpus_per_replica})"))
+        # engineArgs is free-form in the CRD (each engine takes its own flags), so only the model checks it.
         if self.engine == "transformers":
-            # engineArgs is free-form in the CRD (a later engine takes its own flags), so only the model
-            # checks it against what the transformers engine takes.
             bad = {k: v for k, v in self.engine_args.items()
-                   if k not in TRANSFORMERS_ENGINE_ARGS or not isinstance(v, TRANSFORMERS_ENGINE_ARGS[k])}
+                   if k not in TRANSFORMERS_ENGINE_ARGS or type(v) is not TRANSFORMERS_ENGINE_ARGS[k]}
             if bad:
                 problems.append(("engineArgs", f"the transformers engine takes only fp32Head: true|false; got {bad}"))
+        else:
+            bad = {k: v for k, v in self.engine_args.items()
+                   if k not in VLLM_ENGINE_ARGS or type(v) is not VLLM_ENGINE_ARGS[k]
+                   or (type(v) is int and v < 0)}
+            if bad:
+                takes = ", ".join(f"{k} ({t.__name__})" for k, t in VLLM_ENGINE_ARGS.items())
+                problems.append(("engineArgs", f"the vllm engine takes {takes}, integers >= 0; got {bad}"))
         if problems:
             raise RuleError(problems)
         return self

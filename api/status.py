@@ -14,10 +14,14 @@ Status-patch contract for the driver (the in-job status reporter):
    Credentials: the pod's ServiceAccount ``<job>-status`` (only the driver pod mounts its token),
    whose Role allows ``get``/``patch`` on ``asyncrljobs/status`` for this job's name only.
 2. At most one patch every :data:`MIN_REPORT_INTERVAL_SECONDS` (30 s); use :class:`ReportThrottle`.
-   Per-step numbers go to Prometheus, never to the API server.
+   Per-step numbers go to Prometheus, never to the API server. One exception: a sync phase that
+   has lasted :data:`SYNC_PHASE_REPORT_AFTER_SECONDS` (a phase that may be stuck: no further step
+   record would carry it) is sent then, throttle or not, and so is the return from such a phase;
+   phases shorter than that ride along with the next throttled report.
 3. ``syncPhase``/``syncPhaseSince`` carry the interrupt-sync phase current at report time;
-   the operator copies them to ``status.syncPhase`` and emits one event when a phase stays
-   longer than ``oldLogits.interruptSync.phaseTimeoutSeconds``.
+   the operator copies them to ``status.syncPhase``; a phase other than ``Idle`` older than
+   ``oldLogits.interruptSync.phaseTimeoutSeconds`` sets the ``SyncStuck`` condition (reason
+   ``SyncPhaseTimeout``) with one Warning event, until the phase changes.
 4. ``keepRatio`` is the train–inference keep ratio over the report window (kept / valid tokens),
    the value ``monitoring.maskGuard`` compares with its thresholds; ``keepPercent`` is derived.
 
@@ -32,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 MIN_REPORT_INTERVAL_SECONDS = 30.0
+SYNC_PHASE_REPORT_AFTER_SECONDS = 5.0
 
 
 class Phase(StrEnum):
@@ -53,13 +58,34 @@ class Phase(StrEnum):
 
 
 class SyncPhase(StrEnum):
-    """Interrupt-sync phase of the update ``v -> v+1`` (ARCHITECTURE §1, strategy interruptSync)."""
+    """Interrupt-sync phase of the update ``v -> v+1`` (ARCHITECTURE §1, strategy interruptSync).
+
+    ``Idle`` between updates; ``Interrupt`` (rollout workers stop and return their partial
+    trajectories), ``Score`` (they score the partial tokens of version v with the training-side
+    model), ``Update`` (the optimizer step and the weight sync), ``Resume`` (engines re-acquired,
+    generation continues). The driver's ``asyncrl_sync_phase{phase}`` labels are these names in
+    lower case (:attr:`metric_label`).
+    """
 
     IDLE = "Idle"
-    PAUSING = "Pausing"
-    OLD_LOGITS = "OldLogits"
-    UPDATING = "Updating"
-    RESUMING = "Resuming"
+    INTERRUPT = "Interrupt"
+    SCORE = "Score"
+    UPDATE = "Update"
+    RESUME = "Resume"
+
+    @property
+    def metric_label(self) -> str:
+        """The ``phase`` label value of the driver's sync-phase metrics."""
+        return self.value.lower()
+
+    @classmethod
+    def parse(cls, name: str) -> "SyncPhase":
+        """The phase named by its status value (``Score``) or its metric label (``score``)."""
+        for phase in cls:
+            if name in (phase.value, phase.metric_label):
+                return phase
+        raise ValueError(f"unknown sync phase {name!r}; valid: {', '.join(p.value for p in cls)} "
+                         f"(or in lower case: {', '.join(p.metric_label for p in cls)})")
 
 
 class _StatusModel(BaseModel):

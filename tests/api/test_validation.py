@@ -13,7 +13,7 @@ import yaml
 
 from asyncrl.api import AsyncRLJobSpec, SpecError, validate_job
 from asyncrl.api.crd import all_spec_models, build_crd
-from tests.support.bad_inputs import BAD_INPUTS, BASE_SPEC, BadInput, bad_manifest
+from tests.support.bad_inputs import BAD_INPUTS, BASE_SPEC, GOOD_INPUTS, BadInput, bad_manifest, good_manifest
 from tests.support.crvalidate import CRValidator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +126,35 @@ def test_every_cel_rule_of_the_crd_has_a_bad_input() -> None:
     assert messages
     uncovered = [m for m in messages if not any(c.message and c.message in m for c in BAD_INPUTS)]
     assert uncovered == []
+
+
+@pytest.mark.parametrize("spec", [s for _, s in GOOD_INPUTS], ids=[i for i, _ in GOOD_INPUTS])
+def test_good_input_is_accepted_by_validate_and_the_crd(spec: dict, crd_validator: CRValidator) -> None:
+    manifest = good_manifest(spec, "good-job")
+    validate_job(manifest)
+    assert crd_validator.validate(manifest) == []
+
+
+def test_every_strategy_runs_and_its_knobs_reach_the_spec() -> None:
+    from asyncrl.api.old_logits import RUNNABLE_STRATEGIES, OldLogitStrategy, SnapshotDevice
+
+    assert set(RUNNABLE_STRATEGIES) == set(OldLogitStrategy)
+    spec = validate_job(good_manifest(dict(GOOD_INPUTS)["snapshot-on-disk"], "j")).spec
+    assert spec.old_logits.snapshot.device is SnapshotDevice.DISK
+    assert spec.snapshot_versions == 3  # auto: W+1 with the default W = 2
+    capped = validate_job(good_manifest(dict(GOOD_INPUTS)["snapshot-cap-at-window"], "j")).spec
+    assert capped.snapshot_versions == 4
+    audited = validate_job(good_manifest(dict(GOOD_INPUTS)["audit-ewma"], "j")).spec.correction.audit
+    assert audited.enabled and audited.every_n_steps == 10 and audited.fraction == 0.5
+    assert not AsyncRLJobSpec().correction.audit.enabled  # off by default
+
+
+def test_max_versions_error_names_both_fields_and_the_fix() -> None:
+    problems = _problems({"correction": {"reference": "exact"}, "async": {"maxStaleness": 4},
+                          "oldLogits": {"strategy": "snapshot", "snapshot": {"maxVersions": 4}}})
+    msg = problems["spec.oldLogits.snapshot.maxVersions"]
+    assert "maxVersions=4 with async.maxStaleness=4 (W+1 = 5)" in msg
+    assert "set maxVersions to 0 (auto) or >= W+1" in msg
 
 
 def test_table_covers_the_new_refusals_and_is_large() -> None:

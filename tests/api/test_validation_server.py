@@ -9,7 +9,7 @@ from kubernetes.client import ApiException, CustomObjectsApi
 
 from asyncrl.api.constants import GROUP, PLURAL, VERSION
 from asyncrl.api.validation import SpecError, validate_job
-from tests.support.bad_inputs import BAD_INPUTS, BadInput, bad_manifest
+from tests.support.bad_inputs import BAD_INPUTS, GOOD_INPUTS, BadInput, bad_manifest, good_manifest
 
 
 def server_error(kube: Any, manifest: dict[str, Any]) -> tuple[int, str]:
@@ -36,6 +36,13 @@ def test_the_server_refuses_what_validate_refuses(kube: Any, case: BadInput) -> 
     assert case.message in text, text
     if case.message:
         assert any(case.message in p.message for p in err.value.problems)
+
+
+@pytest.mark.parametrize("spec", [s for _, s in GOOD_INPUTS], ids=[i for i, _ in GOOD_INPUTS])
+def test_the_server_accepts_what_validate_accepts(kube: Any, spec: dict[str, Any]) -> None:
+    manifest = good_manifest(spec, "good-input")
+    validate_job(manifest)
+    assert server_error(kube, manifest) == (201, "")
 
 
 def test_the_valid_base_job_is_accepted_and_defaulted_as_the_model_defaults_it(kube: Any) -> None:
