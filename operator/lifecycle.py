@@ -20,7 +20,11 @@ Failure policy:
 - a child of the job's name owned by someone else is never adopted, patched or deleted: the
   ``ChildConflict`` condition names it and no pod is started while it lasts;
 - ``Succeeded``/``Failed`` are final: nothing is ever created again, running pods are deleted
-  (GPUs freed), finished pods stay for their logs until ``ttlSecondsAfterFinished``.
+  (GPUs freed), finished pods stay for their logs until ``ttlSecondsAfterFinished``;
+- an interrupt-sync phase (other than ``Idle``) the driver reported longer ago than
+  ``oldLogits.interruptSync.phaseTimeoutSeconds`` is ``SyncStuck`` (one Warning event, counted in
+  ``Plan.sync_stuck``) until the driver reports another phase; a running phase is requeued for the
+  moment it would time out, since a hung driver sends nothing that would wake the operator.
 """
 
 import dataclasses
@@ -53,7 +57,8 @@ from asyncrl.operator.observed import (
 
 ACTIVE = (Phase.PENDING, Phase.INITIALIZING, Phase.RUNNING, Phase.RESTARTING)
 CONDITION_TYPES = ("SpecValid", "PodsReady", "Running", "Suspended", "Restarting", "Degraded", "FailedCreate",
-                   "ChildConflict", "Succeeded", "Failed")
+                   "ChildConflict", "SyncStuck", "Succeeded", "Failed")
+SYNC_STUCK_REASON = "SyncPhaseTimeout"
 INVALID_SPEC_EXIT_CODE = 2  # ``asyncrl driver`` (trainer/cli.py): the spec is refused, retrying cannot help
 
 
@@ -88,6 +93,7 @@ class Plan:
     counted_restarts: int = 0
     preemptions: int = 0
     spec_restarts: int = 0
+    sync_stuck: int = 0  # interrupt-sync phases found stuck now (operator counter)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)
@@ -147,6 +153,7 @@ class _Planner:
         # The last pod create failed (quota, admission): missing pods are not-yet-created, not lost.
         self.create_failing = _condition(self.prev, "FailedCreate").get("status") == "True"
         self.create_retry_due = False  # missing pods still wait for the create backoff
+        self.sync_stuck: str | None = None  # the SyncStuck message, when a phase timed out now
 
     # -- helpers
     @property
@@ -309,25 +316,47 @@ class _Planner:
             self.out.events.append(Event("Normal", "MaskRecovered", f"keep ratio {k:.3f} back above thresholds"))
 
     def _sync_phase(self, spec: AsyncRLJobSpec, tr: TrainingSummary) -> None:
+        """Surface the driver's interrupt-sync phase; one that outlives phaseTimeoutSeconds is stuck
+        (``SyncStuck`` condition, one Warning event, counted) until the driver reports another phase."""
         if tr.sync_phase is None:
             self.st.pop("syncPhase", None)
             return
         prev = self.prev.get("syncPhase") or {}
-        timed_out = bool(prev.get("timedOut")) and prev.get("since") == tr.sync_phase_since \
-            and prev.get("phase") == tr.sync_phase.value
+        same = prev.get("since") == tr.sync_phase_since and prev.get("phase") == tr.sync_phase.value
+        timed_out = bool(prev.get("timedOut")) and same
         since = parse_time(tr.sync_phase_since)
         limit = spec.old_logits.interrupt_sync.phase_timeout_seconds
-        if tr.sync_phase is not SyncPhase.IDLE and since is not None and not timed_out:
+        if (tr.sync_phase is not SyncPhase.IDLE and since is not None and not timed_out
+                and self.phase is Phase.RUNNING and self._from_this_attempt(tr)):
             took = (self.now - since).total_seconds()
             if took > limit:
                 timed_out = True
-                self.out.events.append(Event("Warning", "SyncPhaseTimeout",
-                                             f"interrupt-sync phase {tr.sync_phase.value} running for {took:.0f} s "
-                                             f"> phaseTimeoutSeconds {limit}"))
+                self.sync_stuck = (f"interrupt-sync phase {tr.sync_phase.value} running since "
+                                   f"{tr.sync_phase_since}: {took:.0f} s > phaseTimeoutSeconds {limit}")
+                self.out.events.append(Event("Warning", SYNC_STUCK_REASON, self.sync_stuck))
+                self.out.sync_stuck += 1
+            else:  # no other event may come while a phase hangs: look again when it would time out
+                self.out.requeue(limit - took + 1.0)
         sp: dict[str, Any] = {"phase": tr.sync_phase.value, "timedOut": timed_out}
         if tr.sync_phase_since:
             sp["since"] = tr.sync_phase_since
         self.st["syncPhase"] = sp
+
+    def _from_this_attempt(self, tr: TrainingSummary) -> bool:
+        """Whether the summary was sent by the current pods' driver (after a gang restart, the dead
+        driver's last phase stays in status.training until the new driver reports)."""
+        reported, attempt = parse_time(tr.reported_at), parse_time(self.st.get("attemptStartTime"))
+        return reported is None or attempt is None or reported >= attempt
+
+    def _sync_stuck_condition(self) -> tuple[str, str, str]:
+        sp = self.st.get("syncPhase") or {}
+        if not sp.get("timedOut") or self.phase is not Phase.RUNNING:
+            return "False", "NoSyncPhaseTimeout", ""
+        if self.sync_stuck is None:  # detected by an earlier reconcile: keep its words
+            prev = _condition(self.prev, "SyncStuck")
+            self.sync_stuck = prev.get("message") if prev.get("status") == "True" else \
+                f"interrupt-sync phase {sp.get('phase')} running since {sp.get('since')} > phaseTimeoutSeconds"
+        return "True", SYNC_STUCK_REASON, self.sync_stuck or ""
 
     # -- the active state machine
     def _active(self, spec: AsyncRLJobSpec) -> None:
@@ -593,6 +622,7 @@ class _Planner:
             "FailedCreate": _triple(_condition(self.prev, "FailedCreate")) if self.create_retry_due
             else ("False", "NoFailedCreate", ""),
             "ChildConflict": self._conflict_condition(),
+            "SyncStuck": self._sync_stuck_condition(),
             "Succeeded": flag(ph is Phase.SUCCEEDED, "NotSucceeded"),
             "Failed": flag(ph in (Phase.FAILED,), "NotFailed"),
         }

@@ -1,7 +1,7 @@
 """Operator metrics (``asyncrl_operator_*``), defined in one place; the factory takes a registry.
 
-Per-job series (``job_phase``, ``job_restarts_total``) are removed when the job is deleted, so a
-dashboard never shows a ghost. Bounded labels only: namespace, asyncrljob, phase, cause, kind.
+Per-job series (``job_phase``, ``job_restarts_total``, ``sync_stuck_total``) are removed when the job
+is deleted, so a dashboard never shows a ghost. Bounded labels only: namespace, asyncrljob, phase, cause, kind.
 """
 
 from dataclasses import dataclass, field
@@ -22,6 +22,7 @@ class OperatorMetrics:
     jobs: Gauge
     job_phase: Gauge
     job_restarts: Counter
+    sync_stuck: Counter
     _phase_of: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def observe_phase(self, namespace: str, name: str, phase: str) -> None:
@@ -33,6 +34,7 @@ class OperatorMetrics:
         else:  # a job seen for the first time: its restart counters exist at 0 (rate() and panels need them)
             for cause in RESTART_CAUSES:
                 self.job_restarts.labels(namespace, name, cause)
+            self.sync_stuck.labels(namespace, name)
         self._phase_of[(namespace, name)] = phase
         self.job_phase.labels(namespace, name, phase).set(1)
         self._recount()
@@ -40,6 +42,11 @@ class OperatorMetrics:
     def restarted(self, namespace: str, name: str, cause: str, n: int = 1) -> None:
         if n:
             self.job_restarts.labels(namespace, name, cause).inc(n)
+
+    def sync_phases_stuck(self, namespace: str, name: str, n: int = 1) -> None:
+        """Count interrupt-sync phases found stuck (``Plan.sync_stuck``)."""
+        if n:
+            self.sync_stuck.labels(namespace, name).inc(n)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every series of a deleted job."""
@@ -51,6 +58,10 @@ class OperatorMetrics:
                 self.job_restarts.remove(namespace, name, cause)
             except KeyError:
                 pass
+        try:
+            self.sync_stuck.remove(namespace, name)
+        except KeyError:
+            pass
         self._recount()
 
     def _recount(self) -> None:
@@ -80,6 +91,12 @@ def create_metrics(registry: CollectorRegistry) -> OperatorMetrics:
             "Gang restarts, by cause: failure (counted against backoffLimit), preemption (against "
             "preemptionLimit) or spec_change (a pod-shaping spec edit, not counted).",
             ["namespace", "asyncrljob", "cause"], registry=registry,
+        ),
+        sync_stuck=Counter(
+            "asyncrl_operator_sync_stuck_total",
+            "Interrupt-sync phases that ran longer than oldLogits.interruptSync.phaseTimeoutSeconds (each sets "
+            "the SyncStuck condition once).",
+            ["namespace", "asyncrljob"], registry=registry,
         ),
     )
     for kind in ERROR_KINDS:

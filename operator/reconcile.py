@@ -235,6 +235,7 @@ class Reconciler:
         self.metrics.restarted(namespace, name, "failure", p.counted_restarts)
         self.metrics.restarted(namespace, name, "preemption", p.preemptions)
         self.metrics.restarted(namespace, name, "spec_change", p.spec_restarts)
+        self.metrics.sync_phases_stuck(namespace, name, p.sync_stuck)
         if p.requeue_after is not None and p.requeue_after < self.cfg.resync_seconds:
             self._later.schedule((namespace, name), p.requeue_after)
         if failures:

@@ -162,18 +162,6 @@ def test_mask_guard_degrades_once_and_acts() -> None:
     assert {c["type"]: c for c in warn.status["conditions"]}["Degraded"]["reason"] == "MaskDegrading"
 
 
-def test_sync_phase_timeout_event_fires_once() -> None:
-    # 10 min in one phase > oldLogits.interruptSync.phaseTimeoutSeconds (default 300 s)
-    training = {"policyVersion": 3, "syncPhase": "OldLogits", "syncPhaseSince": "2026-01-01T11:50:00Z"}
-    s = spec()
-    p = run({"phase": "Running", "training": training}, [pod(n) for n in ALL], s)
-    assert p.status["syncPhase"] == {"phase": "OldLogits", "since": "2026-01-01T11:50:00Z", "timedOut": True}
-    assert [e.reason for e in p.events] == ["SyncPhaseTimeout"]
-    again = run({"phase": "Running", "training": training, "syncPhase": p.status["syncPhase"]},
-                [pod(n) for n in ALL], s)
-    assert not again.events
-
-
 def test_condition_transition_time_is_kept_when_status_does_not_change() -> None:
     first = run({"phase": "Initializing"}, [pod(n) for n in ALL])
     later = run({**first.status}, [pod(n) for n in ALL], now=T0 + dt.timedelta(minutes=5))
