@@ -95,7 +95,8 @@ def test_multi_version_batch_gets_each_tokens_own_version(monkeypatch) -> None:
     assert abs(m.correction["rd_max"] - 1.0) < 1e-5 and abs(m.correction["rd_min"] - 1.0) < 1e-5
     # The swaps restored the live weights before the update: the step moved from v2's weights.
     assert actor.version == 3
-    assert actor.old_logits.store.versions == [0, 1, 2]  # W + 1 = 3 kept
+    # No live set: the newest W + 1 = 3 stay; v3 was recorded at the update (rollout receives it now).
+    assert actor.old_logits.store.versions == [1, 2, 3]
     assert any(not torch.equal(a, p) for a, p in zip(weights_before, actor._params, strict=True))
 
 
@@ -130,7 +131,7 @@ def test_snapshots_survive_a_checkpoint(tmp_path) -> None:
 
     fresh = _actor(max_staleness=1)
     fresh.load_checkpoint(str(tmp_path / "ckpt"))
-    assert fresh.version == 2 and fresh.old_logits.store.versions == [0, 1]  # v2 is recorded at its first batch
+    assert fresh.version == 2 and fresh.old_logits.store.versions == [1, 2]  # v2 recorded at its update
     for name, value in v1.items():
         assert torch.equal(fresh.old_logits.store.get(1)[name], value), name
     assert fresh.train_step(probe).stepped  # a resumed run still scores tokens of the version before it
@@ -138,3 +139,89 @@ def test_snapshots_survive_a_checkpoint(tmp_path) -> None:
     warm = _actor(max_staleness=1)
     warm.load_checkpoint(str(tmp_path / "ckpt"), old_logits=False)  # a warm start: the provider starts fresh
     assert warm.old_logits.store.versions == []
+
+
+def _swap_in_place_logprobs(actor: MegatronActor, weights, tokens: torch.Tensor) -> torch.Tensor:
+    """The scoring logprobs_under replaced: copy ``weights`` into the live model, forward, copy back."""
+    with torch.no_grad():
+        saved = {n: p.detach().clone() for n, p in actor.named_weights().items()}
+        for n, p in actor.named_weights().items():
+            p.copy_(weights[n])
+        try:
+            return actor.logprobs(tokens)
+        finally:
+            for n, p in actor.named_weights().items():
+                p.copy_(saved[n])
+
+
+def test_functional_scoring_is_bit_identical_to_the_swap_and_leaves_training_unchanged() -> None:
+    a, b = _actor(), _actor()  # same seed: identical weights
+    other = {n: p.detach() + 0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1))
+             for n, p in a.named_weights().items()}
+    tokens = _batch(seed=40, version=0).tokens
+    live = {n: p.detach().clone() for n, p in a.named_weights().items()}
+    got = a.logprobs_under(other, tokens)
+    assert torch.equal(got, _swap_in_place_logprobs(b, other, tokens))  # bit for bit (fp32, CPU)
+    assert not torch.equal(got, a.logprobs(tokens))
+    for n, p in a.named_weights().items():
+        assert torch.equal(p, live[n]), n  # nothing written into the live weights
+    # Scoring while autograd holds the live parameters (between forward and backward) changes nothing:
+    # a's gradient step equals b's, which scored nothing.
+    batch = _on_policy(a, 41, 0)
+    logp = a._logprobs(batch.tokens, 1.0)
+    a.logprobs_under(other, tokens)
+    (-(logp * batch.loss_mask).sum()).backward()
+    grads = [p.main_grad.clone() if hasattr(p, "main_grad") else p.grad.clone() for p in a._params]
+    a._optimizer.zero_grad()
+    logp_b = b._logprobs(batch.tokens, 1.0)
+    (-(logp_b * batch.loss_mask).sum()).backward()
+    for g, p in zip(grads, b._params, strict=True):
+        assert torch.equal(g, p.main_grad if hasattr(p, "main_grad") else p.grad)
+    b._optimizer.zero_grad()
+    ma, mb = a.train_step(batch), b.train_step(batch)
+    assert ma.loss == mb.loss and ma.grad_norm == mb.grad_norm
+    for pa, pb in zip(a._params, b._params, strict=True):
+        assert torch.equal(pa, pb)
+
+
+def _disk_actor(work_dir: str | None, max_staleness: int = 1) -> MegatronActor:
+    from asyncrl.api.old_logits import OldLogitsSpec, SnapshotSpec
+
+    base = _actor(max_staleness=max_staleness)
+    base.close()
+    old_logits = OldLogitsSpec.model_construct(
+        strategy=base.settings.old_logits.strategy,
+        snapshot=SnapshotSpec.model_construct(max_versions=0, device="disk"),
+    )
+    return MegatronActor(dataclasses.replace(base.settings, old_logits=old_logits, work_dir=work_dir))
+
+
+def test_disk_snapshots_score_like_memory_and_clean_up(tmp_path) -> None:
+    memory, disk = _actor(max_staleness=1), _disk_actor(str(tmp_path / "snapshots"))
+    for v, seed in enumerate((50, 51)):
+        batch = _on_policy(memory, seed, v)
+        mm, md = memory.train_step(batch), disk.train_step(batch, live_versions={v, v + 1})
+        assert mm.loss == md.loss  # same weights, same pi_old whether the snapshot sat in memory or a file
+    files = sorted(p.name for p in (tmp_path / "snapshots").iterdir())
+    assert files == ["v1.safetensors", "v2.safetensors"]  # v0 released: its file is gone
+    assert md.snapshot_versions == 2 and md.snapshot_bytes == sum(
+        p.stat().st_size for p in (tmp_path / "snapshots").iterdir())
+    probe = _on_policy(memory, 52, 1)
+    disk.save_checkpoint(str(tmp_path / "ckpt"))
+    disk.train_step(_on_policy(disk, 53, 2), live_versions={3})  # releases v1, v2 after the checkpoint
+    assert sorted(p.name for p in (tmp_path / "snapshots").iterdir()) == ["v3.safetensors"]
+
+    resumed = _disk_actor(str(tmp_path / "snapshots"))
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))  # rebuilds v1 and v2 from the checkpoint's tensors
+    assert resumed.old_logits.store.versions == [1, 2]
+    assert resumed.train_step(probe).loss == memory.train_step(probe).loss
+    resumed.close()
+    disk.close()
+    assert list((tmp_path / "snapshots").iterdir()) == []
+
+    private = _disk_actor(None)  # no work_dir: a private temporary folder, removed on close
+    private.train_step(_on_policy(private, 54, 0))
+    folder = private.old_logits.store.path(1).parent
+    assert folder.is_dir() and len(list(folder.iterdir())) == 2
+    private.close()
+    assert not folder.exists()

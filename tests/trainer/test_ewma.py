@@ -46,7 +46,7 @@ def test_one_step_by_hand() -> None:
 
 @pytest.mark.parametrize(("w", "beta"), [(0, 0.0), (1, 1 / 3), (2, 0.5), (3, 0.6), (6, 0.75)])
 def test_auto_decay_from_configured_window(w: int, beta: float) -> None:
-    # beta = W / (W + 2): W = 3 -> 3/5 = 0.6; W = 6 -> 6/8 = 0.75 (centre of mass W/2 = 3 back).
+    # g = W/2, beta = g / (g + 1) = W / (W + 2): W = 3 -> 3/5 = 0.6; W = 6 -> 6/8 = 0.75 (centre of mass 3 back).
     ctl = EwmaController.from_spec(EwmaSpec(), max_staleness=w)
     assert math.isclose(ctl.decay, beta, rel_tol=1e-15)
     if w > 0:
@@ -62,16 +62,62 @@ def test_decay_zero_tracks_current_weights() -> None:
 
 def test_measured_window() -> None:
     ctl = EwmaController.from_spec(EwmaSpec(window="measured"), max_staleness=4)
-    assert ctl.decay == 4 / 6  # no observation yet: the configured W
+    assert ctl.decay == 4 / 6  # no observation yet: g = W/2 = 2 -> 2/3, the configured rule
     ctl.observe_staleness(1.0)
     ctl.observe_staleness(torch.tensor(2.0))
-    # running mean W = 1.5 -> beta = 1.5 / 3.5 = 0.428571
-    assert ctl.staleness_window == 1.5 and math.isclose(ctl.decay, 1.5 / 3.5, rel_tol=1e-15)
+    # g = (0.95 * 1 + 2) / (0.95 + 1) = 2.95 / 1.95 = 1.512821; beta = g / (g + 1) = 2.95 / 4.9 = 0.602041
+    assert math.isclose(ctl.expected_gap, 2.95 / 1.95, rel_tol=1e-15)
+    assert math.isclose(ctl.decay, 2.95 / 4.9, rel_tol=1e-15)
     configured = EwmaController.from_spec(EwmaSpec(), max_staleness=4)
     configured.observe_staleness(1.0)
     assert configured.decay == 4 / 6
     with pytest.raises(ValueError, match="staleness must be a number >= 0"):
         ctl.observe_staleness(float("nan"))
+
+
+@pytest.mark.parametrize("gap", [0.5, 1.0, 1.7, 3.0])
+def test_measured_decay_puts_the_centre_of_mass_at_the_measured_gap(gap: float) -> None:
+    # Issue 10: with a constant measured gap m the average's centre of mass sum_k k beta^k / sum_k beta^k
+    # = beta / (1 - beta) must be m (beta = m / (m + 1)); the old beta = m / (m + 2) put it at m / 2.
+    ctl = EwmaController.from_spec(EwmaSpec(window="measured"), max_staleness=8)
+    for _ in range(5):
+        ctl.observe_staleness(gap)
+    beta = ctl.decay
+    assert math.isclose(beta, gap / (gap + 1), rel_tol=1e-12)
+    ages = torch.arange(4000, dtype=torch.float64)  # beta^4000 is far below double precision
+    weights = beta**ages
+    assert math.isclose(float((ages * weights).sum() / weights.sum()), gap, rel_tol=1e-9)
+    # The same centre of mass, measured on the controller's own weights: feed theta^(k) = k (a scalar that
+    # grows by one per version) for many versions; theta_t - theta_prox is then the centre of mass.
+    ctl.init({"p": torch.tensor([0.0], dtype=torch.float64)})
+    for k in range(1, 400):
+        ctl.update({"p": torch.tensor([float(k)], dtype=torch.float64)})
+    assert math.isclose(399.0 - float(ctl.params["p"]), gap, rel_tol=1e-4)
+
+
+def test_measured_gap_forgets_old_batches() -> None:
+    # A run whose staleness drops from 4 to 1: a whole-run mean would stay near (30*4 + 60*1) / 90 = 2;
+    # the forgetting window follows: after 60 batches at gap 1 the weight left on the old gap is
+    # 0.95^60 = 0.046, so g = 1 + 3 * 0.95^60 * (1 - 0.95^30) / (1 - 0.95^90) = 1.108.
+    ctl = EwmaController.from_spec(EwmaSpec(window="measured"), max_staleness=8)
+    for _ in range(30):
+        ctl.observe_staleness(4.0)
+    assert math.isclose(ctl.expected_gap, 4.0, rel_tol=1e-12)
+    for _ in range(60):
+        ctl.observe_staleness(1.0)
+    old = 0.95**60 * (1 - 0.95**30) / (1 - 0.95**90)
+    assert math.isclose(ctl.expected_gap, 1.0 + 3.0 * old, rel_tol=1e-9) and ctl.expected_gap < 1.11
+
+
+def test_state_dict_before_the_forgetting_window_loads() -> None:
+    # A checkpoint of the whole-run mean (staleness_sum/count) resumes as one observation of that mean.
+    a = EwmaController.from_spec(EwmaSpec(window="measured"), max_staleness=3)
+    a.init(_params(0))
+    state = {k: v for k, v in a.state_dict().items() if k not in ("gap_sum", "gap_weight")}
+    a.load_state_dict({**state, "staleness_sum": 6.0, "staleness_count": 4})
+    assert a.expected_gap == 1.5
+    a.load_state_dict({**state, "staleness_sum": 0.0, "staleness_count": 0})
+    assert a.expected_gap == 1.5  # no observation: W / 2
 
 
 def test_reset_after_k_consecutive_low_steps() -> None:

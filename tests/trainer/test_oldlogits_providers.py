@@ -147,3 +147,23 @@ def test_forward_references_need_their_forward_and_current_is_the_detached_theta
     mu = batch.logp_mu - 0.5 * batch.loss_mask  # behavior: logp_ref is logp_mu itself, not theta
     behavior = make_provider("behavior").logp_ref(dataclasses.replace(batch, logp_mu=mu), theta, 0, None)
     assert torch.equal(behavior, mu)
+
+
+def test_snapshot_records_the_new_version_at_the_update_and_retains_the_live_set() -> None:
+    from asyncrl.trainer.oldlogits.protocol import VersionRetention, retain_versions
+
+    scorer, provider = TinyScorer(), SnapshotProvider(capacity=4)
+    batch = _batch(torch.full((B, T), 0))
+    provider.score(batch, scorer)
+    for v in range(3):
+        scorer.step(seed=20 + v)
+        provider.observe_update(batch, scorer, keep_ratio=1.0)  # rollout gets v + 1 now: kept now
+    assert provider.store.versions == [0, 1, 2, 3]
+    assert isinstance(provider, VersionRetention)
+    retain_versions(provider, {1, 3})
+    assert provider.store.versions == [1, 3] and provider.resident().versions == 2
+    ewma = EwmaProvider(EwmaSpec(), max_staleness=2)
+    assert not isinstance(ewma, VersionRetention)
+    retain_versions(ewma, {1})  # a provider without weight versions: nothing to release
+    got = provider.score(_batch(torch.tensor([[-1, 1, 1, 3, 3, 3, 3]] * B)), scorer)
+    assert got is not None and bool((got[:, 1:] != 0).all())

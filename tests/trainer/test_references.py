@@ -24,17 +24,18 @@ def _inputs(gaps: list[list[int]], actor: int = 7) -> dict[str, object]:
 
 
 def test_registry_covers_every_runnable_reference_and_lists_keys() -> None:
-    # One provider per reference; exact is keyed by its strategy (snapshot is the one that runs).
-    assert list(PROVIDERS) == ["behavior", "current", "linear", "loglinear", "ewma", "snapshot"]
+    # One provider per reference; exact is keyed by its strategy, every strategy has one.
+    assert list(PROVIDERS) == ["behavior", "current", "linear", "loglinear", "ewma", "snapshot", "dedicated",
+                               "interruptSync"]
     for reference in ReferencePolicy:
         old = OldLogitsSpec(strategy=OldLogitStrategy.SNAPSHOT) if reference is ReferencePolicy.EXACT else OldLogitsSpec()
         assert make_provider(reference, ProviderSettings(old_logits=old)).reference is reference
+    for strategy in OldLogitStrategy:
+        provider = make_provider("exact", ProviderSettings(old_logits=OldLogitsSpec(strategy=strategy)))
+        assert provider.reference is ReferencePolicy.EXACT
     with pytest.raises(ValueError, match="correction.reference 'prox' has no old-logit provider; valid: behavior, "
-                                         "current, linear, loglinear, ewma, snapshot"):
+                                         "current, linear, loglinear, ewma, snapshot, dedicated, interruptSync"):
         reference_logp("prox", logp_mu=torch.zeros(1, 1))
-    dedicated = OldLogitsSpec.model_construct(strategy=OldLogitStrategy.DEDICATED)  # validation refuses it
-    with pytest.raises(ValueError, match="oldLogits.strategy 'dedicated' has no old-logit provider; valid: "):
-        make_provider("exact", ProviderSettings(old_logits=dedicated))
     with pytest.raises(ValueError, match="oldLogits.strategy is not set"):
         make_provider("exact")
 

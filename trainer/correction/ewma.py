@@ -1,7 +1,7 @@
 """The PPO-EWMA reference controller: a bias-corrected parameter EWMA ``theta_prox`` (paper §5.2).
 
 Update rule (openai/ppo-ewma ``ppo_ewma/ppg.py::EwmaModel``): the total weight starts at 1 when
-``theta_prox`` is set to the current weights; after each optimizer step::
+``theta_prox`` is set to the current weights; after each policy version::
 
     new_total = beta * total + 1
     theta_prox <- (beta * total / new_total) * theta_prox + theta / new_total
@@ -11,14 +11,30 @@ so that with a constant ``beta``, ``theta_prox^(t) = sum_k beta^(t-k) theta^(k) 
 (paper §5.2, the bias-corrected weighted average). A reset is the update with ``beta = 0``:
 ``theta_prox = theta``, ``total = 1``.
 
-Decay: a number in (0, 1), or ``auto = W / (W + 2)`` which puts the EWMA's centre of mass
-``beta / (1 - beta) = W / 2`` versions back (paper Appendix B), with ``W`` either the configured
-``async.maxStaleness`` or the running mean of the measured per-token staleness
-(:meth:`EwmaController.observe_staleness`; the configured W is used until a first observation).
+Update point: once per **policy version** (after all ``epochs x minibatches`` optimizer updates of a
+batch, :meth:`asyncrl.trainer.megatron.actor.MegatronActor.train_step`), not per optimizer update. Why:
 
-Reset rule (paper §6.5): when the discrepancy-mask keep ratio stays below ``tau`` for ``k``
-consecutive steps, ``theta_prox`` is reset to the current weights (reason ``keep_ratio_collapse``);
-:meth:`EwmaController.reset` does it on demand (reason ``manual``).
+1. ``theta_prox`` stands in for the policies that *sampled* the tokens, and only versions sample
+   (rollout never sees the weights between the updates of one batch);
+2. the version gap of a token and ``async.maxStaleness`` count versions, so the centre of mass below
+   is in the same unit as the gap it must match; updating per optimizer update with ``u`` updates
+   per version would put it ``u`` times too close to ``theta`` (measured: ``docs/update-step.md``);
+3. the reference is held fixed while a batch trains (read once, at arrival), so intermediate states
+   would never be read anyway, and the reset statistic is one per batch.
+
+Decay: a number in (0, 1), or ``auto = g / (g + 1)``: the EWMA's centre of mass
+``beta / (1 - beta)`` then sits at ``g`` versions back, the expected version gap of a trained token.
+``window: configured``: ``g = W / 2`` (gaps spread over ``0..W``, ``W = async.maxStaleness``), i.e.
+``beta = W / (W + 2)`` (paper Appendix B). ``window: measured``: ``g`` = the mean version gap of the
+trained tokens with a forgetting window (:meth:`EwmaController.observe_staleness`: a bias-corrected
+average of the per-batch mean gaps with weight ``GAP_MEMORY ** age``, centre of mass about 20
+batches back, so it follows a run whose staleness changes); ``W / 2`` until a first observation.
+
+Reset rule (paper §6.5): when the batch's keep ratio of the mask bounds -- the share of valid tokens
+whose ``r_d = pi_prox / mu`` lies inside ``mask.bounds``, computed the same whatever ``mask.mode``
+(under ``truncate`` and ``none`` nothing is rejected, but ``theta_prox`` drifting away still shows
+here) -- stays below ``tau`` for ``k`` consecutive versions, ``theta_prox`` is reset to the current
+weights (reason ``keep_ratio_collapse``); :meth:`EwmaController.reset` does it on demand (``manual``).
 
 Parameters are kept in fp32 whatever the model's dtype; only floating-point tensors are
 averaged, others (integer buffers) follow the current value.
@@ -34,6 +50,9 @@ from torch import Tensor, nn
 from asyncrl.api.correction import EwmaSpec
 
 ResetReason = Literal["keep_ratio_collapse", "manual"]
+# Forgetting factor of the measured gap: weight GAP_MEMORY**age per batch, centre of mass
+# GAP_MEMORY / (1 - GAP_MEMORY) = 19 batches back (about the last 20 batches).
+GAP_MEMORY = 0.95
 # A module (its state_dict), a name -> tensor mapping, or a parameter list (keys "0", "1", ...).
 Params = Mapping[str, Tensor] | nn.Module | Sequence[Tensor]
 
@@ -65,7 +84,7 @@ def _as_dict(params: Params) -> dict[str, Tensor]:
 
 class EwmaController:
     """Keeps ``theta_prox`` and decides its resets. Use ``from_spec``, ``init``, then ``update``
-    after every optimizer step."""
+    after every policy version."""
 
     def __init__(
         self,
@@ -97,8 +116,10 @@ class EwmaController:
         self.step = 0
         self.resets = 0
         self.last_reset_reason: ResetReason | None = None
-        self._staleness_sum = 0.0
-        self._staleness_count = 0
+        # Bias-corrected forgetting average of the per-batch mean gaps: sum GAP_MEMORY**age * gap and
+        # sum GAP_MEMORY**age (0 before the first observation).
+        self._gap_sum = 0.0
+        self._gap_weight = 0.0
 
     @classmethod
     def from_spec(cls, spec: EwmaSpec, *, max_staleness: int) -> "EwmaController":
@@ -114,27 +135,29 @@ class EwmaController:
 
     # --- decay -----------------------------------------------------------------------------------
     @property
-    def staleness_window(self) -> float:
-        """W used by ``decay: auto``: configured, or the running mean of the measured staleness."""
-        if self.window == "measured" and self._staleness_count > 0:
-            return self._staleness_sum / self._staleness_count
-        return float(self.max_staleness)
+    def expected_gap(self) -> float:
+        """``g`` of ``decay: auto``: ``W / 2`` (configured, or measured before any observation), else the
+        forgetting average of the measured per-batch mean gaps."""
+        if self.window == "measured" and self._gap_weight > 0.0:
+            return self._gap_sum / self._gap_weight
+        return self.max_staleness / 2.0
 
     @property
     def decay(self) -> float:
-        """The current ``beta``: the fixed value, or ``W / (W + 2)``."""
+        """The current ``beta``: the fixed value, or ``g / (g + 1)`` (centre of mass ``g`` versions back)."""
         if self.decay_setting == "auto":
-            w = self.staleness_window
-            return w / (w + 2.0)
+            g = self.expected_gap
+            return g / (g + 1.0)
         return float(self.decay_setting)
 
     def observe_staleness(self, mean_gap: float | Tensor) -> None:
-        """Feed the mean version gap of the tokens of one batch (window ``measured``)."""
+        """Feed the mean version gap of the trained tokens of one batch (window ``measured``); older
+        batches fade by ``GAP_MEMORY`` per batch."""
         gap = float(mean_gap)
         if not gap >= 0.0:  # also rejects NaN
             raise ValueError(f"mean staleness must be a number >= 0; got {gap}")
-        self._staleness_sum += gap
-        self._staleness_count += 1
+        self._gap_sum = GAP_MEMORY * self._gap_sum + gap
+        self._gap_weight = GAP_MEMORY * self._gap_weight + 1.0
 
     # --- parameters ------------------------------------------------------------------------------
     def init(self, params: Params) -> None:
@@ -179,12 +202,13 @@ class EwmaController:
         return EwmaStepReport(True, reason, streak, 0.0, self.total_weight, self.step)
 
     def update(self, params: Params, keep_ratio: float | Tensor | None = None) -> EwmaStepReport:
-        """One step after an optimizer step: reset if the keep ratio collapsed, else EWMA-update.
+        """One step after a policy version: reset if the keep ratio collapsed, else EWMA-update.
 
         Args:
             params: the current weights (module or name -> tensor).
-            keep_ratio: ``keep_ratio`` of this step's correction metrics (None: not observed,
-                the streak is left as it is). A 0-dim tensor is read here (one host sync).
+            keep_ratio: the batch's keep ratio of the mask bounds (share of valid tokens with ``r_d``
+                inside ``mask.bounds``, whatever ``mask.mode``; see the module docstring). None: not
+                observed, the streak is left as it is. A 0-dim tensor is read here (one host sync).
         """
         current = _as_dict(params)
         self._check_keys(current)
@@ -212,8 +236,8 @@ class EwmaController:
             "step": self.step,
             "resets": self.resets,
             "last_reset_reason": self.last_reset_reason,
-            "staleness_sum": self._staleness_sum,
-            "staleness_count": self._staleness_count,
+            "gap_sum": self._gap_sum,
+            "gap_weight": self._gap_weight,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -223,5 +247,9 @@ class EwmaController:
         self.step = int(state["step"])
         self.resets = int(state["resets"])
         self.last_reset_reason = state["last_reset_reason"]
-        self._staleness_sum = float(state["staleness_sum"])
-        self._staleness_count = int(state["staleness_count"])
+        if "gap_sum" in state:
+            self._gap_sum, self._gap_weight = float(state["gap_sum"]), float(state["gap_weight"])
+        else:  # written before the forgetting window: the whole-run mean, as one observation
+            count = int(state["staleness_count"])
+            self._gap_sum = float(state["staleness_sum"]) / count if count else 0.0
+            self._gap_weight = 1.0 if count else 0.0

@@ -1,24 +1,48 @@
 """The training actor: a megatron-core Llama ``GPTModel``, its optimizer and the policy version.
 
-One :meth:`MegatronActor.train_step` is one optimizer step and one version (paper §3.2, ARCHITECTURE §3):
+One :meth:`MegatronActor.train_step` consumes one rollout batch and makes **one** version (paper §3.2,
+ARCHITECTURE §3), after ``train.epochs x train.minibatches`` optimizer updates
+(:mod:`asyncrl.trainer.megatron.update` plans them):
 
-1. the old-logit provider's own forwards, if it needs any (``ewma``: ``theta_prox``; ``exact``:
-   each version's snapshot), run by the actor under the weights the provider names, no grad
-   (:mod:`asyncrl.trainer.oldlogits`; the actor is the provider's :class:`Scorer`);
-2. gradient forward: ``logp_theta`` ``[B, T]`` at the rollout temperature;
-3. ``logp_ref = provider.logp_ref(batch, logp_theta, version, scored)``;
-4. ``correction_loss(logp_theta, logp_ref, logp_mu, ...)``; a non-finite loss stops here: no
-   backward, no update, the batch statistics are logged and the step is counted;
-5. backward, clip (``train.maxGradNorm``), optimizer step, ``version += 1``;
-6. the provider observes the update (``ewma``: the new weights, the step's keep ratio, which may
-   reset ``theta_prox`` to the current weights, paper §6.5, and the batch's mean staleness).
+1. the held reference, once, when the batch arrives and before its first update: the old-logit
+   provider's own forwards (``ewma``: ``theta_prox``; ``exact``: each version's snapshot), run by the
+   actor under the weights the provider names, no grad, as a functional call over the stored tensors
+   (the live weights are never written) (:mod:`asyncrl.trainer.oldlogits`; the actor is the provider's
+   :class:`Scorer`); then ``logp_ref = provider.logp_ref(batch, logp_theta_at_arrival, version,
+   scored)``, held fixed across minibatches and epochs. For ``current`` this is decoupled PPO: after
+   the first update ``pi_theta`` moves away from it, ``r_s != 1`` and the clip acts within the batch.
+   The arrival ``logp_theta`` is a no-grad forward, run only when the provider reads it; with a single
+   update the gradient forward runs under the very same weights, so its detached output is used
+   instead and the step costs what it always did;
+2. per update (a minibatch of rows): per micro-batch (``train.microBatchTokens``), the gradient
+   forward ``logp_theta`` ``[b, T]`` at the rollout temperature and ``correction_loss(logp_theta,
+   logp_ref, logp_mu, ...)`` rescaled to the minibatch's denominator, then backward (gradients
+   accumulate); a non-finite loss stops that update (no optimizer step, counted); then clip
+   (``train.maxGradNorm``) and the optimizer step; a non-finite gradient norm skips it (counted);
+3. ``version += 1`` once, if at least one update applied. A skipped update does not stop the others:
+   the batch's remaining minibatches still train against the held reference (Megatron's optimizer
+   skips an overflowing step the same way); when none applied, the version stays and rollout gets
+   no new weights;
+4. on an audited step (``correction.audit``, cheap references only): a fraction of the rows scored
+   exactly from the audit's snapshots and compared with the arrival ``logp_theta`` and ``logp_ref``
+   (:mod:`asyncrl.trainer.oldlogits.audit`);
+5. retention: the snapshot stores keep ``live_versions`` (the driver's) plus the version now live,
+   and release every other version at once (:mod:`asyncrl.trainer.oldlogits.retention`);
+6. the provider observes the new version, once (``ewma``: the new weights, the batch's in-bounds
+   ratio of ``r_d``, which may reset ``theta_prox`` to the current weights, paper §6.5, and the
+   batch's mean staleness; ``snapshot`` and the audit: record the new version, which rollout
+   receives now).
+
+Metrics (:class:`TrainStepMetrics`): the correction counts summed over every micro-batch of every
+update (so fractions are over ``epochs x`` the batch's tokens), loss and gradient norm as the mean over
+the updates and the last one, and the counts of updates planned, applied and skipped.
 """
 
 import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,15 +52,40 @@ from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.old_logits import OldLogitsSpec
+from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
 from asyncrl.trainer.megatron.convert import hf_to_megatron, load_hf, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
+from asyncrl.trainer.megatron.update import (
+    LossShare,
+    in_bounds_ratio,
+    micro_batches,
+    select_rows,
+    sum_stats,
+    update_rows,
+)
 from asyncrl.trainer.oldlogits import OldLogitProvider, ProviderSettings, make_provider, provider_key
+from asyncrl.trainer.oldlogits.audit import Auditor
+from asyncrl.trainer.oldlogits.protocol import VersionRetention
+from asyncrl.trainer.oldlogits.registry import reads_logp_theta
 
 log = logging.getLogger(__name__)
+
+
+class _LogprobCall(torch.nn.Module):
+    """``token_logprobs`` of the wrapped ``GPTModel`` as one module call, so that
+    ``torch.func.functional_call`` keeps its substituted weights for the whole computation (the
+    decoder forward and the chunked output projection, which :func:`token_logprobs` calls apart)."""
+
+    def __init__(self, gpt: torch.nn.Module) -> None:
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, tokens: torch.Tensor, temperature: float, max_chunk_bytes: int) -> torch.Tensor:
+        return token_logprobs(self.gpt, tokens, temperature=temperature, max_chunk_bytes=max_chunk_bytes)
 
 
 @dataclass(frozen=True)
@@ -54,6 +103,11 @@ class ActorSettings:
     init_weights: str | None = None  # folder of HF-named safetensors (None: random init)
     device: Literal["auto", "cpu", "cuda"] = "auto"  # compat.init_megatron: auto = CUDA if present
     old_logits: OldLogitsSpec = OldLogitsSpec()  # exact old-logit strategy (reference: exact)
+    work_dir: str | None = None  # snapshot.device disk: folder of the snapshot files (None: private temp)
+    minibatches: int = 1  # train.minibatches: optimizer updates per pass over a batch
+    epochs: int = 1  # train.epochs: passes over a batch
+    micro_batch_tokens: int = 0  # train.microBatchTokens: padded tokens per forward (0: the whole minibatch)
+    group_size: int = 1  # task.groupSize: rows of a GRPO group (kept under one update when it fits)
 
     @classmethod
     def from_spec(
@@ -63,6 +117,7 @@ class ActorSettings:
         *,
         num_threads: int | None = None,
         max_sequence_length: int | None = None,
+        work_dir: str | None = None,
     ) -> "ActorSettings":
         arch = resolve_arch(spec.model, vocab_size, max_sequence_length)
         optimizer = compat.OptimizerSettings(
@@ -80,18 +135,24 @@ class ActorSettings:
             num_threads=num_threads,
             init_weights=spec.model.weights,
             old_logits=spec.old_logits,
+            work_dir=work_dir,
+            minibatches=spec.train.minibatches,
+            epochs=spec.train.epochs,
+            micro_batch_tokens=spec.train.micro_batch_tokens,
+            group_size=spec.task.group_size,
         )
 
 
 @dataclass(frozen=True)
 class TrainStepMetrics:
-    """What one :meth:`MegatronActor.train_step` did. Counters (``*_total``) are cumulative."""
+    """What one :meth:`MegatronActor.train_step` (one batch, one version) did. Counters (``*_total``) are
+    cumulative; per-update values are means over the batch's updates with their last value beside."""
 
     version: int  # actor version after the step
     reference: str  # which reference produced logp_ref (ARCHITECTURE §5: always said)
-    stepped: bool  # False: no update (non-finite loss or gradients)
-    loss: float
-    grad_norm: float  # before clipping; nan when the step stopped before backward
+    stepped: bool  # True: at least one update applied, so the version advanced (by one)
+    loss: float  # mean loss of the updates that computed a finite one (nan when none did)
+    grad_norm: float  # mean gradient norm (before clipping) of the applied updates; nan when none applied
     valid_tokens: int  # loss_mask.sum()
     nonfinite_loss_total: int
     nonfinite_grad_total: int
@@ -104,15 +165,29 @@ class TrainStepMetrics:
     # CorrectionStats.record(): the loss's counts and sums with the fractions derived from them, keyed
     # by the record's own names (CorrectionStats.from_record reads the counts back for the exporter).
     correction: dict[str, float] = field(default_factory=dict)
+    snapshot_versions: int = 0  # weight versions resident after the step (snapshot strategy + audit)
+    snapshot_bytes: int = 0  # their bytes (host memory, or file sizes for snapshot.device disk)
+    audit_seconds: float = 0.0  # the audit's exact forwards and statistics (0 on non-audit steps)
+    # AuditStats.record() on an audited step (audit_tokens, audit_abs_diff_mean, ...); empty otherwise.
+    audit: dict[str, float] = field(default_factory=dict)
+    updates: int = 1  # optimizer updates planned for the batch: epochs x min(minibatches, rows)
+    updates_applied: int = 0  # of them, applied (finite loss and gradient norm)
+    updates_skipped: int = 0  # of them, skipped: non-finite loss or gradient norm (counted in *_total too)
+    micro_batches: int = 1  # gradient forwards of the step (over all updates)
+    loss_last: float = math.nan  # the last update's loss (nan when it stopped before)
+    grad_norm_last: float = math.nan  # the last update's gradient norm (nan when it stopped before backward)
+    in_bounds_ratio: float = 1.0  # share of the batch's valid tokens with r_d inside mask.bounds (EWMA reset)
 
     def as_dict(self, prefix: str = "actor/") -> dict[str, float | str]:
-        """Flat ``{name: value}`` for logs; correction metrics under ``<prefix>correction/``."""
+        """Flat ``{name: value}`` for logs; correction metrics under ``<prefix>correction/``, the audit's
+        under ``<prefix>`` with their own ``audit_`` names."""
         out: dict[str, float | str] = {}
         for f in dataclasses.fields(self):
-            if f.name != "correction":
+            if f.name not in ("correction", "audit"):
                 value = getattr(self, f.name)
                 out[prefix + f.name] = value if isinstance(value, str) else float(value)
         out |= {f"{prefix}correction/{k}": v for k, v in self.correction.items()}
+        out |= {f"{prefix}{k}": v for k, v in self.audit.items()}
         return out
 
 
@@ -135,6 +210,7 @@ class MegatronActor:
         self.settings = settings
         self.old_logits: OldLogitProvider = self._new_provider()  # an unknown reference fails here
         self.reference: ReferencePolicy = self.old_logits.reference
+        self.auditor: Auditor | None = self._new_auditor()
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
         self.runtime = compat.init_megatron(settings.seed, device=settings.device)
@@ -146,8 +222,8 @@ class MegatronActor:
         self._named = {n: p for n, p in self._gpt.named_parameters() if p.requires_grad}
         self._params = list(self._named.values())
         self._optimizer = compat.make_optimizer(self._ddp, settings.optimizer)
+        self._scoring = _LogprobCall(self._gpt)  # functional calls over stored weights (logprobs_under)
         self.version = 0
-        self._scratch: dict[str, torch.Tensor] | None = None  # live weights while others are swapped in
         self.nonfinite_loss_total = 0
         self.nonfinite_grad_total = 0
         self.ewma_resets_total = 0
@@ -160,11 +236,14 @@ class MegatronActor:
         *,
         num_threads: int | None = None,
         max_sequence_length: int | None = None,
+        work_dir: str | None = None,
     ) -> "MegatronActor":
-        """The actor of a job (``spec.model``, ``spec.train``, ``spec.correction``, ``spec.task.temperature``)."""
+        """The actor of a job (``spec.model``, ``spec.train``, ``spec.correction``, ``spec.task.temperature``);
+        ``work_dir``: the folder of ``oldLogits.snapshot.device: disk`` files (the run's ``snapshots/``)."""
         return cls(
             ActorSettings.from_spec(
-                spec, vocab_size, num_threads=num_threads, max_sequence_length=max_sequence_length
+                spec, vocab_size, num_threads=num_threads, max_sequence_length=max_sequence_length,
+                work_dir=work_dir,
             )
         )
 
@@ -182,25 +261,30 @@ class MegatronActor:
 
     def logprobs_under(self, weights: Mapping[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
         """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under ``weights`` (named like
-        :meth:`named_weights`): swapped in place, then the live weights are restored bit for bit.
+        :meth:`named_weights`; host or device tensors).
 
-        In place, not a second model: costs two weight copies and one forward. It must run before
-        the gradient forward of a step (autograd saves the parameters it will need for backward).
+        A functional call (``torch.func.functional_call``) of the live module with ``weights`` in
+        place of its parameters for this one forward: nothing is copied into the live weights (on a
+        GPU only the host-to-device transfer of ``weights``), so it may run anywhere in a step, even
+        while autograd holds the live parameters. Bit-identical to loading ``weights`` into the
+        model (tested against the in-place swap it replaced and against a fresh model).
         """
         missing = sorted(set(self._named) - set(weights))
-        if missing:
-            raise ValueError(f"logprobs_under: weights lack parameters {missing[:5]} (of {len(missing)})")
+        wrong = [f"{n} {tuple(weights[n].shape)} (live {tuple(p.shape)})"
+                 for n, p in self._named.items() if n in weights and weights[n].shape != p.shape]
+        if missing or wrong:
+            raise ValueError(
+                f"logprobs_under: weights lack parameters {missing[:5]} (of {len(missing)}); wrong shapes: "
+                f"{wrong[:5]}; pass the tensors of named_weights() of this architecture"
+            )
+        from torch.func import functional_call
+
+        device = self.runtime.device
+        swapped = {"gpt." + n: weights[n].to(device, non_blocking=True) for n in self._named}
         with torch.no_grad():
-            if self._scratch is None:
-                self._scratch = {n: torch.empty_like(p) for n, p in self._named.items()}
-            for name, p in self._named.items():
-                self._scratch[name].copy_(p)
-                p.copy_(weights[name])
-            try:
-                return self._logprobs(tokens.to(self.runtime.device), self.settings.temperature)
-            finally:
-                for name, p in self._named.items():
-                    p.copy_(self._scratch[name])
+            return functional_call(
+                self._scoring, swapped, (tokens.to(device), self.settings.temperature, self.settings.max_chunk_bytes)
+            )
 
     def _logprobs(self, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
         return token_logprobs(
@@ -212,65 +296,146 @@ class MegatronActor:
         """Set the optimizer's learning rate (the driver's warm-start schedule, then train.learningRate)."""
         self._optimizer.set_learning_rate(lr)
 
-    def train_step(self, batch: TrainBatch) -> TrainStepMetrics:
-        """One RL optimizer step on ``batch`` with the job's correction (see the module docstring)."""
+    def train_step(self, batch: TrainBatch, *, live_versions: Collection[int] | None = None) -> TrainStepMetrics:
+        """One rollout batch: ``epochs x minibatches`` optimizer updates against the reference held since
+        the batch arrived, then one new version (see the module docstring).
+
+        Args:
+            batch: the step's batch (``[B, T]`` fields).
+            live_versions: every version a not-yet-trained token may still reference after this step
+                (:func:`asyncrl.trainer.oldlogits.retention.live_versions`); the weight snapshots keep
+                these plus the version live after the step and release the rest at once. None: keep
+                the newest ``oldLogits.snapshot.maxVersions`` (0 = ``W + 1``) versions.
+        """
         from asyncrl.trainer.correction import correction_loss
 
+        s = self.settings
         batch = batch.to(self.runtime.device)
-        self._optimizer.zero_grad()
+        version = self.version  # the version the batch meets
+        B, T = batch.shape
+        plan = update_rows(B, minibatches=s.minibatches, epochs=s.epochs, seed=s.seed, version=version,
+                           group_size=s.group_size)
+        # One update: the gradient forward runs under the arrival weights, so its detached output *is* the
+        # arrival-time logp_theta (current, linear, loglinear, own-version exact tokens): no extra forward.
+        fused = len(plan) == 1
+        audited = self.auditor is not None and self.auditor.due(version)
         t0 = time.perf_counter()
-        scored = self.old_logits.score(batch, self)  # before the gradient forward (weight swaps)
+        if self.auditor is not None:
+            self.auditor.before_step(self)
+        # 1. The held reference: every provider forward and logp_ref now, before the first update.
+        arrival_chunks = micro_batches(torch.arange(B), T, s.micro_batch_tokens)
+        scored = self._score(batch, arrival_chunks)
+        theta0: torch.Tensor | None = None  # [B, T] logp_theta at arrival (when something reads it)
+        held: torch.Tensor | None = None  # [B, T] logp_ref of every update
+        if not fused:
+            if audited or reads_logp_theta(self.reference, s.old_logits):
+                theta0 = torch.cat([self.logprobs(batch.tokens[c]) for c in arrival_chunks])
+            # NaN stand-in: a provider that read logp_theta without being listed in READS_THETA would show
+            # every token as non-finite (counted), never train on a wrong reference silently.
+            stand_in = theta0 if theta0 is not None else torch.full_like(batch.logp_mu, math.nan)
+            held = self.old_logits.logp_ref(batch, stand_in, version, scored).detach()
+        elif audited:
+            theta0 = torch.full_like(batch.logp_mu, math.nan)  # filled from the gradient forward(s)
+        ref_seen = held if held is not None else torch.full_like(batch.logp_mu, math.nan)
         t1 = time.perf_counter()
-        logp_theta = self._logprobs(batch.tokens, self.settings.temperature)
-        logp_ref = self.old_logits.logp_ref(batch, logp_theta, self.version, scored)
-        result = correction_loss(
-            logp_theta,
-            logp_ref,
-            batch.logp_mu,
-            batch.advantages,
-            batch.loss_mask,
-            self.settings.correction,
-            turn_ids=batch.turn_ids,
-        )
-        correction = result.metrics.record()  # one device sync for every count
-        loss = float(result.loss.detach())
-        t2 = time.perf_counter()
-        grad_norm, stepped, reset = math.nan, False, ""
-        if not math.isfinite(loss):
-            self.nonfinite_loss_total += 1
-            log.warning(
-                "non-finite loss %s at version %d (reference %s): step skipped; batch %s",
-                loss,
-                self.version,
-                self.reference.value,
-                batch.summary(),
-            )
-        else:
-            result.loss.backward()
+
+        # 2. The updates: micro-batch forwards whose gradients accumulate, one optimizer step each.
+        records: list[CorrectionStats[torch.Tensor]] = []
+        losses: list[float] = []
+        norms: list[float] = []
+        skipped = micro = 0
+        loss_last = grad_last = math.nan
+        forward_s = backward_s = 0.0
+        for rows in plan:
+            self._optimizer.zero_grad()
+            chunks = micro_batches(rows, T, s.micro_batch_tokens)
+            share = LossShare(batch.loss_mask[rows], s.correction.loss_aggregation) if len(chunks) > 1 else None
+            loss_u, finite = 0.0, True
+            for chunk in chunks:
+                ta = time.perf_counter()
+                sub = select_rows(batch, chunk)
+                logp_theta = self._logprobs(sub.tokens, s.temperature)  # [b, T] with grad
+                if held is not None:
+                    logp_ref = held[chunk]
+                else:
+                    logp_ref = self.old_logits.logp_ref(
+                        sub, logp_theta, version, None if scored is None else scored[chunk]
+                    )
+                    ref_seen[chunk] = logp_ref
+                    if theta0 is not None:
+                        theta0[chunk] = logp_theta.detach()
+                result = correction_loss(
+                    logp_theta, logp_ref, sub.logp_mu, sub.advantages, sub.loss_mask, s.correction,
+                    turn_ids=sub.turn_ids,
+                )
+                records.append(result.metrics)
+                loss = result.loss if share is None else share(result.loss, result.metrics)
+                value = float(loss.detach())  # one sync per micro-batch: a non-finite loss stops the update
+                micro += 1
+                tb = time.perf_counter()
+                forward_s += tb - ta
+                if not math.isfinite(value):
+                    loss_u, finite = value, False
+                    break
+                loss.backward()
+                loss_u += value
+                backward_s += time.perf_counter() - tb
+            loss_last, grad_last = loss_u, math.nan
+            if not finite:
+                self.nonfinite_loss_total += 1
+                skipped += 1
+                log.warning(
+                    "non-finite loss %s at version %d (reference %s): update skipped; minibatch %s",
+                    loss_u, version, self.reference.value, select_rows(batch, rows).summary(),
+                )
+                continue
+            losses.append(loss_u)
+            tb = time.perf_counter()
             outcome = self._optimizer.step()
-            grad_norm, stepped = outcome.grad_norm, outcome.stepped
-            if stepped:
-                self.version += 1
-                reset = self.old_logits.observe_update(batch, self, correction["keep_ratio"])
-                if reset:
-                    self.ewma_resets_total += 1
-                    log.info("%s reference reset to the current weights at version %d (%s)",
-                             self.reference.value, self.version, reset)
+            backward_s += time.perf_counter() - tb
+            grad_last = outcome.grad_norm
+            if outcome.stepped:
+                norms.append(outcome.grad_norm)
             else:
                 self.nonfinite_grad_total += 1
+                skipped += 1
                 log.warning(
-                    "non-finite gradient norm %s at version %d: update skipped; batch %s",
-                    grad_norm,
-                    self.version,
-                    batch.summary(),
+                    "non-finite gradient norm %s at version %d: update skipped; minibatch %s",
+                    outcome.grad_norm, version, select_rows(batch, rows).summary(),
                 )
-        t3 = time.perf_counter()
+        # 3. One version per batch, after all its updates (rollout receives it; maxStaleness counts it).
+        stepped = bool(norms)
+        if stepped:
+            self.version += 1
+        stats = sum_stats(records).to_floats()  # one device sync for every count of every update
+        correction = stats.record()
+        bounds_ratio = in_bounds_ratio(stats)
+        t3 = t4 = time.perf_counter()
+        audit: dict[str, float] = {}
+        if audited and self.auditor is not None and theta0 is not None:
+            # After the updates: the exact forwards read the stored snapshots only; compared at arrival.
+            audit = self.auditor.run(batch, self, version, theta0, ref_seen, s.correction).record()
+            t4 = time.perf_counter()
+        if live_versions is not None:
+            keep = {int(v) for v in live_versions} | {self.version}
+            for holder in self._version_holders():
+                holder.retain(keep)
+        reset = ""
+        if stepped:
+            reset = self.old_logits.observe_update(batch, self, bounds_ratio)
+            if self.auditor is not None:
+                self.auditor.after_update(self)
+            if reset:
+                self.ewma_resets_total += 1
+                log.info("%s reference reset to the current weights at version %d (%s)",
+                         self.reference.value, self.version, reset)
+        resident = [h.resident() for h in self._version_holders()]
         return TrainStepMetrics(
             version=self.version,
             reference=self.reference.value,
             stepped=stepped,
-            loss=loss,
-            grad_norm=grad_norm,
+            loss=sum(losses) / len(losses) if losses else math.nan,
+            grad_norm=sum(norms) / len(norms) if norms else math.nan,
             valid_tokens=int(batch.loss_mask.sum()),
             nonfinite_loss_total=self.nonfinite_loss_total,
             nonfinite_grad_total=self.nonfinite_grad_total,
@@ -278,10 +443,34 @@ class MegatronActor:
             ewma_reset_reason=reset,
             ewma_resets_total=self.ewma_resets_total,
             reference_seconds=t1 - t0,
-            forward_seconds=t2 - t1,
-            backward_seconds=t3 - t2,
+            forward_seconds=forward_s,
+            backward_seconds=backward_s,
             correction=correction,
+            snapshot_versions=sum(r.versions for r in resident),
+            snapshot_bytes=sum(r.nbytes for r in resident),
+            audit_seconds=t4 - t3,
+            audit=audit,
+            updates=len(plan),
+            updates_applied=len(norms),
+            updates_skipped=skipped,
+            micro_batches=micro,
+            loss_last=loss_last,
+            grad_norm_last=grad_last,
+            in_bounds_ratio=bounds_ratio,
         )
+
+    def _score(self, batch: TrainBatch, chunks: list[torch.Tensor]) -> torch.Tensor | None:
+        """The provider's own forwards (``[B, T]`` or None) over the micro-batches ``chunks`` (consecutive
+        rows in order), so that ``train.microBatchTokens`` bounds these forwards too."""
+        if len(chunks) == 1:
+            return self.old_logits.score(batch, self)
+        parts = [self.old_logits.score(select_rows(batch, c), self) for c in chunks]
+        present = [p for p in parts if p is not None]
+        if not present:
+            return None
+        if len(present) != len(parts):
+            raise RuntimeError(f"old-logit provider {self.reference.value} scored some micro-batches and not others")
+        return torch.cat(present)
 
     def sft_step(self, tokens: torch.Tensor, loss_mask: torch.Tensor) -> SftStepMetrics:
         """One supervised step (warm start): mean cross-entropy of the ``loss_mask`` tokens.
@@ -320,8 +509,38 @@ class MegatronActor:
         s = self.settings
         return make_provider(
             s.correction.reference,
-            ProviderSettings(max_staleness=s.max_staleness, ewma=s.correction.ewma, old_logits=s.old_logits),
+            ProviderSettings(
+                max_staleness=s.max_staleness, ewma=s.correction.ewma, old_logits=s.old_logits, work_dir=s.work_dir
+            ),
         )
+
+    def _new_auditor(self) -> Auditor | None:
+        """The audit of a cheap reference (``correction.audit.everyNSteps > 0``); None otherwise."""
+        s = self.settings
+        spec = getattr(s.correction, "audit", None)  # api: CorrectionSpec.audit (AuditSpec)
+        every = int(getattr(spec, "every_n_steps", 0) or 0)
+        if spec is None or every == 0:
+            return None
+        if self.reference is ReferencePolicy.EXACT:
+            raise ValueError(
+                f"correction.audit.everyNSteps is {every} with correction.reference: exact; exact old logits "
+                "have nothing to audit: set everyNSteps: 0 or choose a cheap reference"
+            )
+        return Auditor(every, float(spec.fraction), seed=s.seed, capacity=s.max_staleness + 1)
+
+    def _version_holders(self) -> list[VersionRetention]:
+        """What keeps weight versions: the provider (snapshot strategy) and the audit."""
+        holders: list[VersionRetention] = []
+        if isinstance(self.old_logits, VersionRetention):
+            holders.append(self.old_logits)
+        if self.auditor is not None:
+            holders.append(self.auditor)
+        return holders
+
+    def close(self) -> None:
+        """Release the weight snapshots (``snapshot.device: disk``: delete their files)."""
+        for holder in self._version_holders():
+            holder.close()
 
     # ---------------------------------------------------------------- weights and checkpoints
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -351,6 +570,7 @@ class MegatronActor:
             "old_logits": {
                 "provider": provider_key(self.reference, self.settings.old_logits),
                 "state": self.old_logits.state_dict(),
+                "audit": self.auditor.state_dict() if self.auditor is not None else None,
             },
             "version": self.version,
             "counters": {
@@ -381,7 +601,9 @@ class MegatronActor:
         )
         self._optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self.close()  # the old stores' versions (and files) are replaced
         self.old_logits = self._new_provider()
+        self.auditor = self._new_auditor()
         if old_logits:
             self._load_provider_state(directory, state)
         for name, value in state["counters"].items():
@@ -400,3 +622,5 @@ class MegatronActor:
                 f"actor runs {key!r}; resume with the job's own correction.reference and oldLogits.strategy"
             )
         self.old_logits.load_state_dict(saved["state"])
+        if self.auditor is not None and saved.get("audit") is not None:
+            self.auditor.load_state_dict(saved["audit"])

@@ -21,7 +21,9 @@ _DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "versions": (torch.long,),
     "advantages": (torch.float32, torch.float64),
     "turn_ids": (torch.long,),
+    "logp_old": (torch.float32, torch.float64),
 }
+OPTIONAL = ("logp_old",)  # fields that may be None (left out of to_numpy)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,9 @@ class TrainBatch:
         advantages: ``[B, T]`` float advantage of each token (a sequence's, broadcast; 0 on padding).
         turn_ids: ``[B, T]`` long assistant turn of each trained token (-1 elsewhere); the loss's
             ``turn_ids`` for ``correction.level: turn``.
+        logp_old: ``[B, T]`` float exact training-side old log-prob of each token under the version that
+            sampled it, scored before the batch reached the actor (``oldLogits.strategy`` dedicated or
+            interruptSync); NaN where not scored. None when no strategy pre-scores tokens.
     """
 
     tokens: torch.Tensor
@@ -49,6 +54,7 @@ class TrainBatch:
     versions: torch.Tensor
     advantages: torch.Tensor
     turn_ids: torch.Tensor
+    logp_old: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -56,6 +62,8 @@ class TrainBatch:
             problems.append(f"tokens must be [B, T]; got shape {tuple(self.tokens.shape)}")
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name in OPTIONAL:
+                continue
             if tuple(value.shape) != tuple(self.tokens.shape):
                 problems.append(
                     f"{f.name} has shape {tuple(value.shape)}, tokens has {tuple(self.tokens.shape)}"
@@ -74,13 +82,17 @@ class TrainBatch:
     # ---------------------------------------------------------------- the Ray boundary
     def to_numpy(self) -> dict[str, np.ndarray]:
         """``{field: array}`` of every field (CPU), for the Ray object store."""
-        return {f.name: getattr(self, f.name).detach().cpu().numpy() for f in fields(self)}
+        return {
+            f.name: getattr(self, f.name).detach().cpu().numpy()
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
 
     @classmethod
     def from_numpy(cls, arrays: Mapping[str, np.ndarray]) -> "TrainBatch":
         """The batch of :meth:`to_numpy`'s arrays (zero-copy); missing or unknown fields are named."""
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in arrays]
+        missing = [n for n in names if n not in arrays and n not in OPTIONAL]
         unknown = sorted(set(arrays) - set(names))
         if missing or unknown:
             raise ValueError(
@@ -90,13 +102,15 @@ class TrainBatch:
         with warnings.catch_warnings():
             # Arrays from the object store are read-only; nothing writes into a batch's tensors.
             warnings.simplefilter("ignore", UserWarning)
-            return cls(**{n: torch.from_numpy(arrays[n]) for n in names})
+            return cls(**{n: torch.from_numpy(arrays[n]) for n in names if n in arrays})
 
     # ---------------------------------------------------------------- on the actor
     def to(self, device: torch.device) -> "TrainBatch":
         """The batch on ``device`` (float fields as float32)."""
         moved: dict[str, Any] = {}
         for f in fields(self):
+            if getattr(self, f.name) is None:
+                continue
             value = getattr(self, f.name).to(device)
             moved[f.name] = value.float() if value.is_floating_point() else value
         return replace(self, **moved)

@@ -180,9 +180,16 @@ def save_hf(hf: dict[str, torch.Tensor], arch: LlamaArch, directory: str) -> Non
 
 
 def load_hf(directory: str) -> dict[str, torch.Tensor]:
-    """HF-named tensors from every ``*.safetensors`` file of ``directory`` (sharded or not)."""
+    """HF-named tensors from every ``*.safetensors`` file of ``directory`` (sharded or not; ``~`` is
+    expanded, as ``spec.model.weights`` may name the user's model cache)."""
     from safetensors.torch import load_file
 
+    directory = os.path.expanduser(directory)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"no weights folder {directory!r} (spec.model.weights); a pulled model's folder is what "
+            "'asyncrl models pull smollm2' prints"
+        )
     files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in {directory}")

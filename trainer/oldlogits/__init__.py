@@ -7,6 +7,7 @@ ARCHITECTURE §1 and §3, paper §4.2 and §5. One module per concept:
 - :mod:`.current`: ``current`` (the detached gradient forward);
 - :mod:`.ewma`: ``ewma`` (``theta_prox`` and its controller);
 - :mod:`.snapshot`: ``exact`` by weight snapshots (the snapshot store);
+- :mod:`.precomputed`: ``exact`` scored before the batch arrives (dedicated, interruptSync);
 - :mod:`.registry`: the one registry, :func:`make_provider`, :func:`reference_logp`.
 
 Submodules import torch only; none imports the actor or the loss.
@@ -15,6 +16,7 @@ Submodules import torch only; none imports the actor or the loss.
 from asyncrl.trainer.oldlogits.closed_form import ClosedFormProvider, version_gaps
 from asyncrl.trainer.oldlogits.current import CurrentProvider
 from asyncrl.trainer.oldlogits.ewma import EwmaProvider
+from asyncrl.trainer.oldlogits.precomputed import PrecomputedProvider, UnscoredTokensError
 from asyncrl.trainer.oldlogits.protocol import OldLogitProvider, Scorer
 from asyncrl.trainer.oldlogits.registry import (
     PROVIDERS,
@@ -32,9 +34,11 @@ __all__ = [
     "EwmaProvider",
     "MissingSnapshotError",
     "OldLogitProvider",
+    "PrecomputedProvider",
     "ProviderSettings",
     "Scorer",
     "SnapshotProvider",
+    "UnscoredTokensError",
     "WeightSnapshots",
     "make_provider",
     "provider_key",

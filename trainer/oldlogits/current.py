@@ -13,11 +13,13 @@ from asyncrl.trainer.oldlogits.protocol import Scorer
 
 @dataclass
 class CurrentProvider:
-    """``logp_ref = logp_theta.detach()``: no forward of its own.
+    """``logp_ref`` = the ``logp_theta`` it is given, detached: the actor's weights when the batch arrives.
 
-    The actor takes one optimizer step per batch, so the weights the batch meets are exactly those
-    of the gradient forward: its detached output is bit-identical to an extra no-grad forward
-    (tested) and saves that forward.
+    The actor calls ``logp_ref`` once per batch, before the first update, and holds the result across
+    every minibatch and epoch (decoupled PPO: after the first update ``pi_theta`` moves away from it
+    and the clip acts on ``r_s``). With several updates it passes a no-grad forward run at arrival;
+    with one update it passes the gradient forward's output, which runs under those same weights and
+    is bit-identical to that extra forward (tested), so the single-update step costs no extra forward.
     """
 
     reference: ReferencePolicy = ReferencePolicy.CURRENT

@@ -1,6 +1,8 @@
 """The ``ewma`` reference (PPO-EWMA, paper §5.2): a parameter EWMA ``theta_prox`` scored by the actor.
 
-Cost: one weight copy (``theta_prox``, kept here) and one no-grad forward per step. The EWMA math
+Cost: one weight copy (``theta_prox``, kept here) and one no-grad forward per batch (at its arrival;
+the result is held across the batch's minibatches and epochs). ``theta_prox`` folds in the weights
+once per version, after all the batch's updates (the controller's module docstring says why). The EWMA math
 (decay, bias correction, resets) is :class:`asyncrl.trainer.correction.ewma.EwmaController`; this
 provider owns the controller, starts it from the weights RL starts with, feeds it every update and
 checkpoints it.
@@ -51,10 +53,12 @@ class EwmaProvider:
         return scored.detach()
 
     def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
-        """Fold the post-step weights into ``theta_prox`` and the batch's mean staleness into the
-        measured window; the reset reason, or "" when none."""
+        """Fold the new version's weights into ``theta_prox`` and the batch's mean staleness into the
+        measured window; ``keep_ratio``: the batch's in-bounds ratio of ``r_d`` (the reset statistic);
+        the reset reason, or "" when none."""
         ewma = self._ensure(scorer)
-        gaps = (scorer.version - 1 - batch.versions)[batch.loss_mask]  # the version the batch met
+        # One version per batch: the batch met scorer.version - 1, whatever the number of updates.
+        gaps = (scorer.version - 1 - batch.versions)[batch.loss_mask]
         if gaps.numel():
             ewma.observe_staleness(gaps.float().mean())
         report = ewma.update(scorer.named_weights(), keep_ratio)

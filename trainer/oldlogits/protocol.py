@@ -9,18 +9,30 @@ Two roles, kept apart:
 
 The loss stays pure: it receives the ``logp_ref`` a provider returned.
 
-One train step calls a provider in this order (:meth:`MegatronActor.train_step`):
+One train step (one batch, one version, ``epochs x minibatches`` optimizer updates) calls a provider
+in this order (:meth:`MegatronActor.train_step`):
 
-1. ``scored = provider.score(batch, scorer)``: the provider's own no-grad forwards, *before* the
-   gradient forward (a weight swap is an in-place copy, which must happen before autograd saves
-   any parameter for backward);
-2. the actor's gradient forward gives ``logp_theta``;
-3. ``logp_ref = provider.logp_ref(batch, logp_theta, actor_version, scored)``, detached;
-4. after an applied update only: ``provider.observe_update(batch, scorer, keep_ratio)``.
+1. when the batch arrives, before any update: ``scored = provider.score(batch, scorer)``, the
+   provider's own no-grad forwards (functional calls over the stored tensors: the live weights are
+   never written, so they may run anywhere); the actor may call it on consecutive row ranges of the
+   batch (micro-batches) and concatenate, so ``score`` must treat rows independently;
+2. ``logp_ref = provider.logp_ref(batch, logp_theta, actor_version, scored)``, detached, with the
+   ``logp_theta`` of the arrival weights; held fixed across every update of the batch. With a single
+   update the actor may call it per micro-batch (row subsets of ``batch`` and ``scored``) with the
+   gradient forward's output, which runs under those same weights: ``logp_ref`` must treat rows
+   independently too. Providers that read ``logp_theta`` are listed in ``registry.READS_THETA``;
+3. the updates (gradient forwards, loss, optimizer steps) never call the provider;
+4. after the step, a provider that holds weight versions (:class:`VersionRetention`) keeps only the
+   live versions the driver passed (plus the new one): ``provider.retain(live)``;
+5. once per new version (at least one update applied): ``provider.observe_update(batch, scorer,
+   keep_ratio)``, ``keep_ratio`` being the batch's share of valid tokens with ``r_d`` inside
+   ``mask.bounds`` whatever ``mask.mode`` (the snapshot provider records the new version here:
+   rollout receives it now).
 """
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -46,7 +58,7 @@ class Scorer(Protocol):
 
     def logprobs_under(self, weights: Mapping[str, Tensor], tokens: Tensor) -> Tensor:
         """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under ``weights`` (same names and
-        shapes as :meth:`named_weights`); the live weights are unchanged afterwards."""
+        shapes as :meth:`named_weights`); the live weights are never written (a functional call)."""
         ...
 
 
@@ -67,8 +79,9 @@ class OldLogitProvider(Protocol):
         ...
 
     def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
-        """After an applied update (``scorer.version`` already advanced): fold the new weights into
-        the provider's state; returns why the reference was reset this step ("" when it was not)."""
+        """Once per new version (``scorer.version`` already advanced by one, after all the batch's
+        updates): fold the new weights into the provider's state; ``keep_ratio``: the batch's in-bounds
+        ratio of ``r_d`` (step 5 above); returns why the reference was reset ("" when it was not)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -77,3 +90,37 @@ class OldLogitProvider(Protocol):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         ...
+
+
+@dataclass(frozen=True)
+class ResidentVersions:
+    """What a version store holds now: how many weight versions and their bytes (memory or disk)."""
+
+    versions: int
+    nbytes: int
+
+
+@runtime_checkable
+class VersionRetention(Protocol):
+    """A provider (or the audit) that keeps weight versions: the driver's live set governs them.
+
+    Providers without weight versions (closed-form, current, ewma, precomputed) do not implement it;
+    for them retention is a no-op (:func:`retain_versions`).
+    """
+
+    def retain(self, versions: Collection[int]) -> None:
+        """Keep exactly the resident versions in ``versions``; release every other one at once."""
+        ...
+
+    def resident(self) -> ResidentVersions:
+        ...
+
+    def close(self) -> None:
+        """Release every version (and any file behind it)."""
+        ...
+
+
+def retain_versions(holder: object, versions: Collection[int]) -> None:
+    """``holder.retain(versions)`` when it keeps weight versions; a no-op otherwise."""
+    if isinstance(holder, VersionRetention):
+        holder.retain(versions)

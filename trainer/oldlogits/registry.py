@@ -1,9 +1,9 @@
 """The one registry of old-logit providers: ``(correction.reference, oldLogits.strategy)`` -> provider.
 
-Keys are the reference values, except ``exact``, whose key is its strategy (``snapshot``): the
-strategy is what decides how ``pi_old`` is recovered. Strategies without a provider (``dedicated``,
-``interruptSync``) are refused by validation before a job starts; asking for one here names the
-valid keys.
+Keys are the reference values, except ``exact``, whose key is its strategy (``snapshot``,
+``dedicated``, ``interruptSync``): the strategy is what decides how ``pi_old`` is recovered.
+``dedicated`` and ``interruptSync`` score tokens before the batch reaches the actor
+(:mod:`.precomputed`); asking for an unknown key names the valid ones.
 """
 
 from collections.abc import Callable
@@ -21,6 +21,7 @@ from asyncrl.trainer.oldlogits.closed_form import (
 )
 from asyncrl.trainer.oldlogits.current import CurrentProvider
 from asyncrl.trainer.oldlogits.ewma import EwmaProvider
+from asyncrl.trainer.oldlogits.precomputed import PrecomputedProvider
 from asyncrl.trainer.oldlogits.protocol import OldLogitProvider
 from asyncrl.trainer.oldlogits.snapshot import SnapshotProvider
 
@@ -32,13 +33,22 @@ class ProviderSettings:
     max_staleness: int = 2  # W (async.maxStaleness)
     ewma: EwmaSpec = field(default_factory=EwmaSpec)  # correction.ewma
     old_logits: OldLogitsSpec = field(default_factory=OldLogitsSpec)  # oldLogits
+    work_dir: str | None = None  # snapshot.device disk: the folder of the files (None: a private temp folder)
+
+    @property
+    def snapshot_capacity(self) -> int:
+        """Hard cap on resident snapshot versions: ``oldLogits.snapshot.maxVersions``, 0 = ``W + 1``."""
+        return self.old_logits.snapshot.max_versions or self.max_staleness + 1
 
 
 ProviderFactory = Callable[[ProviderSettings], OldLogitProvider]
 
 
 def _snapshot(s: ProviderSettings) -> OldLogitProvider:
-    return SnapshotProvider(s.old_logits.snapshot.max_versions or s.max_staleness + 1)
+    device = str(getattr(s.old_logits.snapshot.device, "value", s.old_logits.snapshot.device))
+    if device not in ("cpu", "disk"):
+        raise ValueError(f"oldLogits.snapshot.device {device!r} is not one of cpu, disk")
+    return SnapshotProvider(s.snapshot_capacity, device="disk" if device == "disk" else "cpu", work_dir=s.work_dir)
 
 
 PROVIDERS: dict[str, ProviderFactory] = {
@@ -52,7 +62,24 @@ PROVIDERS: dict[str, ProviderFactory] = {
     ),
     ReferencePolicy.EWMA.value: lambda s: EwmaProvider(s.ewma, max_staleness=s.max_staleness),
     "snapshot": _snapshot,  # reference exact, oldLogits.strategy snapshot
+    # reference exact, scored before the batch arrives (trainer/driver's old-logit stages)
+    "dedicated": lambda s: PrecomputedProvider("dedicated"),
+    "interruptSync": lambda s: PrecomputedProvider("interruptSync"),
 }
+
+
+# Providers whose ``logp_ref`` reads ``logp_theta`` (the reference of a batch is computed at its
+# arrival, so with several updates the actor runs one no-grad forward for these; the others use
+# their own forwards or the batch alone). An extra forward for a key missing here would only cost time.
+READS_THETA: frozenset[str] = frozenset({
+    ReferencePolicy.CURRENT.value, ReferencePolicy.LINEAR.value, ReferencePolicy.LOGLINEAR.value,
+    "dedicated", "interruptSync",  # the actor's own-version tokens
+})
+
+
+def reads_logp_theta(reference: ReferencePolicy | str, old_logits: OldLogitsSpec | None = None) -> bool:
+    """Whether the provider of ``reference`` (and strategy) reads ``logp_theta`` in ``logp_ref``."""
+    return provider_key(reference, old_logits) in READS_THETA
 
 
 def provider_key(reference: ReferencePolicy | str, old_logits: OldLogitsSpec | None = None) -> str:
