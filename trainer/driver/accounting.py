@@ -6,12 +6,15 @@ counters as they are: nothing is divided and multiplied back.
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.metrics import SYNC_STATES, TRAJECTORY_STATUSES, DriverMetrics
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.driver.evaluation import EvalResult
 
 
 def set_job_gauges(m: DriverMetrics, spec: AsyncRLJobSpec) -> None:
@@ -20,6 +23,7 @@ def set_job_gauges(m: DriverMetrics, spec: AsyncRLJobSpec) -> None:
     m.mask_guard_threshold.labels("warning").set(guard.warn_keep_ratio)
     m.mask_guard_threshold.labels("critical").set(guard.critical_keep_ratio)
     m.max_staleness.set(spec.async_.max_staleness)
+    m.eval_version.set(-1)  # no evaluation yet
     set_sync_phase(m, "idle")
 
 
@@ -62,10 +66,36 @@ def count_correction(m: DriverMetrics, stats: CorrectionStats[float], reference:
     m.kl_k3.set(stats.kl_k3_theta_ref)
 
 
+def count_old_logits(m: DriverMetrics, stats: dict[str, Any], reference: str) -> None:
+    """One applied step's snapshot residency and, on audited steps, the live audit's numbers."""
+    m.optimizer_updates.labels("applied").inc(float(stats.get("updates_applied", 0)))
+    m.optimizer_updates.labels("skipped").inc(float(stats.get("updates_skipped", 0)))
+    m.in_bounds_ratio.set(float(stats.get("in_bounds_ratio", 1.0)))
+    m.snapshot_versions.set(float(stats.get("snapshot_versions", 0)))
+    m.snapshot_bytes.set(float(stats.get("snapshot_bytes", 0)))
+    m.audit_seconds.labels(reference).inc(float(stats.get("actor_audit_s", 0.0)))
+    if "audit_tokens" not in stats:
+        return
+    m.audit_abs_diff.labels(reference, "mean").set(float(stats["audit_abs_diff_mean"]))
+    m.audit_abs_diff.labels(reference, "p99").set(float(stats["audit_abs_diff_p99"]))
+    m.audit_tokens.labels(reference).inc(float(stats["audit_tokens"]))
+    m.audit_disagree_tokens.labels(reference, "mask").inc(float(stats["audit_mask_disagree_tokens"]))
+    m.audit_disagree_tokens.labels(reference, "clip").inc(float(stats["audit_clip_disagree_tokens"]))
+
+
 def count_ewma_reset(m: DriverMetrics, reason: str) -> None:
     """One automatic (or manual) reset of the EWMA reference; ``""``: no reset this step."""
     if reason:
         m.ewma_resets.labels(reason).inc()
+
+
+def count_eval(m: DriverMetrics, result: "EvalResult") -> None:
+    """One evaluation of the current policy (:mod:`.evaluation`) into the gauges and counters."""
+    m.eval_success.set(result.success)
+    m.eval_reward.set(result.reward)
+    m.eval_version.set(result.version)
+    m.eval_seconds.inc(result.seconds)
+    m.eval_trajectories.inc(result.prompts)
 
 
 def success_rate(groups: Sequence[Sequence[Trajectory]]) -> float:
@@ -74,12 +104,16 @@ def success_rate(groups: Sequence[Sequence[Trajectory]]) -> float:
 
 
 def summarise(records: Sequence[dict[str, Any]], wall_s: float, window: int = 10) -> dict[str, Any]:
-    """Start/final success and reward (means over the first/last ``window`` applied steps), wall time."""
+    """Start/final success and reward (means over the first/last ``window`` applied steps), wall time,
+    and the held-out evaluation's first/last success and curve (``eval_*``; None/empty without one)."""
 
     def mean(xs: list[float]) -> float | None:
         return round(sum(xs) / len(xs), 4) if xs else None
 
     ok = [r for r in records if "version" in r]  # steps whose update was applied
+    evals = [r for r in records if "eval_version" in r]  # evaluations of the current policy, in order
+    curve = [{"version": r["eval_version"], "success": round(r["eval_success"], 4),
+              "reward": round(r["eval_reward"], 4), "seconds": r.get("eval_s")} for r in evals]
     return {
         "steps_done": len(ok), "wall_s": round(wall_s, 2),
         "start_success": mean([r["success_rate"] for r in ok[:window]]),
@@ -87,4 +121,11 @@ def summarise(records: Sequence[dict[str, Any]], wall_s: float, window: int = 10
         "start_reward": mean([r["reward_mean"] for r in ok[:window]]),
         "final_reward": mean([r["reward_mean"] for r in ok[-window:]]),
         "final_version": ok[-1]["version"] if ok else None,
+        # held-out evaluation (spec.eval): first and last evaluated success, and every evaluation
+        "eval_first": curve[0]["success"] if curve else None,
+        "eval_last": curve[-1]["success"] if curve else None,
+        "eval_first_version": curve[0]["version"] if curve else None,
+        "eval_last_version": curve[-1]["version"] if curve else None,
+        "eval_curve": curve,
+        "eval_s": round(sum(r.get("eval_s", 0.0) for r in evals), 3),
     }

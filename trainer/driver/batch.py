@@ -74,6 +74,8 @@ def assemble_batch(
     logp_mu = torch.zeros(B, T, dtype=torch.float32)
     versions = torch.full((B, T), NO_VERSION, dtype=torch.int64)
     turn_ids = torch.full((B, T), -1, dtype=torch.int64)
+    scored = any(t.logp_old is not None for t in trajs)
+    logp_old = torch.full((B, T), torch.nan, dtype=torch.float32) if scored else None
     attention_mask = torch.zeros(B, T, dtype=torch.bool)  # True = a real (non-padding) token
     for b, t in enumerate(trajs):
         n = len(t.tokens)
@@ -82,6 +84,8 @@ def assemble_batch(
         logp_mu[b, :n] = torch.tensor(t.logp_mu, dtype=torch.float32)
         versions[b, :n] = torch.tensor(t.versions, dtype=torch.int64)
         turn_ids[b, :n] = torch.tensor(t.turn_ids, dtype=torch.int64)
+        if logp_old is not None and t.logp_old is not None:
+            logp_old[b, :n] = torch.tensor(t.logp_old, dtype=torch.float32)
         attention_mask[b, :n] = True
     # Why check here: a trained token without a version would make its staleness unknowable
     # (ARCHITECTURE §5), and a trained prompt token has no logp_mu to correct against.
@@ -93,7 +97,7 @@ def assemble_batch(
         raise ValueError("a trajectory has loss_mask True inside its prompt")
     turn_ids = torch.where(loss_mask, turn_ids, torch.full_like(turn_ids, -1))
     advantages = adv[:, None].expand(B, T) * attention_mask  # 0 on padding
-    return TrainBatch(tokens, loss_mask, logp_mu, versions, advantages.contiguous(), turn_ids)
+    return TrainBatch(tokens, loss_mask, logp_mu, versions, advantages.contiguous(), turn_ids, logp_old)
 
 
 def token_staleness(versions: torch.Tensor, loss_mask: torch.Tensor, actor_version: int) -> torch.Tensor:

@@ -35,6 +35,11 @@ def _complete(root: Path) -> list[Checkpoint]:
     return sorted(out, key=lambda c: c.version)
 
 
+def all_complete(root: Path) -> list[Checkpoint]:
+    """Every complete checkpoint under ``root``, oldest first."""
+    return _complete(root)
+
+
 def latest(root: Path) -> Checkpoint | None:
     """The newest complete checkpoint under ``root``, if any."""
     found = _complete(root)

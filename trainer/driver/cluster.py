@@ -373,7 +373,8 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
                 # on the job's volume, so that a restarted gang reuses it
                 warm_start_dir=None if ckpt is None else ckpt / "warm_start",
             )
-            result = run_job(job, run_options, on_step=reporter)
+            on_phase = None if reporter is None else (lambda p: reporter({"sync_phase": p.capitalize()}))
+            result = run_job(job, run_options, on_step=reporter, on_phase=on_phase)
     except ClusterTimeoutError as exc:
         print(f"asyncrl driver: {exc}", file=sys.stderr)
         return 3

@@ -19,10 +19,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{summary.get('job')}: {summary.get('status')} after {summary.get('steps_done', 0)} steps "
         f"in {summary.get('wall_s', 0):.1f} s (maxStaleness {summary.get('max_staleness')}, "
         f"reference {summary.get('reference')})",
-        f"  success (mean of the first / last 10 steps): {pct(summary.get('start_success'))} -> "
+        f"  training success (mean of the first / last 10 steps): {pct(summary.get('start_success'))} -> "
         f"{pct(summary.get('final_success'))}",
         f"  run directory: {summary.get('run_dir')}  (report: {summary.get('report')})",
     ]
+    if summary.get("eval_first") is not None:
+        # The held-out evaluation is the honest learning signal: the current version, on prompts never trained on.
+        lines.insert(1, f"  success went from {pct(summary['eval_first'])} to {pct(summary['eval_last'])} "
+                        f"(held-out evaluation, version {summary.get('eval_first_version')} -> "
+                        f"{summary.get('eval_last_version')}, {len(summary.get('eval_curve') or [])} evaluations)")
     warm = summary.get("warm_start")
     if warm:
         how = "reused from the run directory" if warm.get("cached") else f"{warm.get('seconds')} s"
@@ -58,14 +63,22 @@ def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = Fal
         if done >= steps:
             warm_bar.close()
 
+    postfix: dict[str, Any] = {"eval": "-"}  # the last held-out evaluation stays beside the training numbers
+
     def on_step(r: dict[str, Any]) -> None:
         nonlocal bar
+        if "eval_version" in r:  # an evaluation record (spec.eval): no step was taken
+            postfix["eval"] = f"{r['eval_success']:.2f}@v{r['eval_version']}"
+            if bar is not None:
+                bar.set_postfix(postfix, refresh=True)
+            return
         if bar is None and not quiet:
             bar = tqdm(total=total, initial=r["step"] - 1, desc=job.metadata.name, unit="step",
                        file=sys.stderr, dynamic_ncols=True)
         if bar is not None:
-            bar.set_postfix(reward=f"{r.get('reward_mean', 0):.2f}", success=f"{r.get('success_rate', 0):.2f}",
-                            keep=f"{r.get('keep_ratio', 1.0):.3f}", v=r.get("version", "-"), refresh=False)
+            postfix.update(reward=f"{r.get('reward_mean', 0):.2f}", success=f"{r.get('success_rate', 0):.2f}",
+                           keep=f"{r.get('keep_ratio', 1.0):.3f}", v=r.get("version", "-"))
+            bar.set_postfix(postfix, refresh=False)
             if r.get("version") is not None:
                 bar.update(1)
 

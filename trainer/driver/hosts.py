@@ -14,7 +14,7 @@ stores them once and readers map them zero-copy (reference/feasibility.md §1.2)
 
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +27,14 @@ from asyncrl.trainer.driver.warm import warm_start_lr
 
 Weights = dict[str, np.ndarray]
 Placement = Literal["local", "cluster"]  # where start_hosts puts the processes (see start_hosts)
+
+
+def _context(spec: AsyncRLJobSpec, tokenizer: Any) -> int:
+    """The longest trajectory of the job's task: the actor, the scorers and the rollout workers all
+    build the model for this context length."""
+    from asyncrl.rollout.envs.registry import max_sequence_length
+
+    return max_sequence_length(spec.task.name, spec.task.max_new_tokens, tokenizer)
 
 
 def _limit_threads(n: int) -> None:
@@ -55,9 +63,12 @@ class RolloutHost:
         _limit_threads(threads)
         from asyncrl.rollout.worker import RolloutWorker
 
-        spec = AsyncRLJobSpec.model_validate(spec_json)
-        self.worker = RolloutWorker(spec.task, spec.model, spec.async_, worker_index=worker_index,
-                                    seed=spec.train.seed, rollout=spec.rollout)
+        self.spec = AsyncRLJobSpec.model_validate(spec_json)
+        self.threads = threads
+        self.worker = RolloutWorker(self.spec.task, self.spec.model, self.spec.async_, worker_index=worker_index,
+                                    seed=self.spec.train.seed, rollout=self.spec.rollout)
+        self._weights: Weights | None = None  # the last version received (interrupt-sync scores under it)
+        self._scorer: Any = None  # the training-side SegmentScorer, built on the first interrupt-sync window
 
     def generate(self, n_groups: int) -> list[Any]:
         return self.worker.generate(n_groups)
@@ -70,7 +81,72 @@ class RolloutHost:
             self.worker.load_weights(state, version)
         else:
             self.worker.update_weights(state, version)
+        self._weights = weights  # a zero-copy view of the object store's arrays
         return time.perf_counter() - t0
+
+    def evaluate(self, problems: list[Any], version: int, temperature: float, seed: int, first: int) -> list[Any]:
+        """One sample of each held-out problem under ``version`` (``RolloutWorker.evaluate``); the driver
+        calls it only while no ``generate`` runs here."""
+        return self.worker.evaluate(problems, version=version, temperature=temperature, seed=seed, first=first)
+
+    # ------------------------------------------------------------------ interrupt-sync (paper §5.1)
+    def sync_interrupt(self, timeout_s: float) -> int:
+        """Phase *interrupt*: stop generation at a token boundary and hold it; in-flight episodes stay
+        suspended here (a running ``generate`` returns its finished trajectories). Returns how many."""
+        return len(self.worker.interrupt(timeout_s, hold=True))
+
+    def sync_score(self, trajs: list[Any], version: int, release: bool) -> dict[str, Any]:
+        """Phase *score*: with the engine's memory released (``release``), score every unscored sampled
+        token of ``version`` -- of the suspended episodes here and of ``trajs`` (finished ones the driver
+        holds) -- with the training-side model code under this worker's weights of ``version``.
+
+        Returns ``{"scores": [(positions, values)] per trajs, "tokens": n, "release_s", "score_s",
+        "acquire_s"}``; the suspended episodes keep their scores and carry them when they finish.
+        """
+        from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings, SegmentScorer
+
+        if self.worker.version != version or self._weights is None:
+            raise RuntimeError(
+                f"interrupt-sync: worker {self.worker.worker_index} holds version {self.worker.version}, "
+                f"the driver scores version {version}"
+            )
+        t0 = time.perf_counter()
+        if release:
+            self.worker.release()
+        t1 = time.perf_counter()
+        if self._scorer is None:
+            self._scorer = SegmentScorer(ScorerSettings(self.worker.arch, temperature=self.spec.task.temperature,
+                                                        seed=self.spec.train.seed))
+        builds = self._scorer.builds
+        try:
+            self._scorer.load(self._weights, version)
+            episodes = self.worker.suspended_episodes()
+            snaps = [e.to_trajectory() for e in episodes]
+            results = self._scorer.score([*snaps, *trajs], version)
+            for e, (pos, val) in zip(episodes, results[: len(snaps)], strict=True):
+                if pos:
+                    e.set_logp_old(pos, val)
+            scores = results[len(snaps):]
+        finally:
+            if release:
+                self._scorer.free()  # the engine gets the memory back
+        t2 = time.perf_counter()
+        if release:
+            self.worker.acquire()
+        t3 = time.perf_counter()
+        built = self._scorer.builds > builds  # this window built the model (first, or after free())
+        return {"scores": scores, "tokens": sum(len(p) for p, _ in results),
+                "release_s": t1 - t0, "score_s": t2 - t1, "acquire_s": t3 - t2,
+                "scorer_build_s": self._scorer.build_seconds if built else 0.0,
+                "scorer_load_s": self._scorer.load_seconds}
+
+    def set_prompt_cursor(self, n: int) -> None:
+        """Continue the worker's prompt sequence at group ``n`` (resume, replacement)."""
+        self.worker.set_prompt_cursor(n)
+
+    def sync_resume(self) -> None:
+        """Phase *resume*: end the hold (the new weights were handed over in phase *update*)."""
+        self.worker.resume()
 
     def stats(self) -> dict[str, Any]:
         return vars(self.worker.stats()).copy()
@@ -79,15 +155,18 @@ class RolloutHost:
 class ActorHost:
     """The Megatron actor process."""
 
-    def __init__(self, spec_json: dict[str, Any], threads: int) -> None:
+    def __init__(self, spec_json: dict[str, Any], threads: int, work_dir: str | None = None) -> None:
         _limit_threads(threads)
         self.threads = threads
-        from asyncrl.rollout.tokenizer import TOKENIZER
+        from asyncrl.rollout.tokenizer import tokenizer_for
         from asyncrl.trainer.megatron.actor import MegatronActor
 
         self.spec = AsyncRLJobSpec.model_validate(spec_json)
-        self.pad = TOKENIZER.pad_id
-        self.actor = MegatronActor.from_spec(self.spec, TOKENIZER.vocab_size, num_threads=threads)
+        self.tokenizer = tokenizer_for(self.spec.model)  # the rollout workers resolve the same one
+        self.pad = self.tokenizer.pad_id
+        self.actor = MegatronActor.from_spec(self.spec, self.tokenizer.vocab_size, num_threads=threads,
+                                             max_sequence_length=_context(self.spec, self.tokenizer),
+                                             work_dir=work_dir)
 
     def pad_id(self) -> int:
         return self.pad
@@ -122,8 +201,8 @@ class ActorHost:
             for step in range(start, stop):
                 self.actor.set_learning_rate(warm_start_lr(step, total))
                 demos = demonstrations(self.spec.task.name, batch_size, self._demo_rng,
-                                       max_tool_calls=self.spec.task.max_tool_calls)
-                b = pad_batch(demos)
+                                       max_tool_calls=self.spec.task.max_tool_calls, tokenizer=self.tokenizer)
+                b = pad_batch(demos, pad_id=self.pad)
                 losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
         finally:
             torch.set_num_threads(self.threads)
@@ -135,21 +214,30 @@ class ActorHost:
         self.actor.version = 0
         self.actor.save_checkpoint(cache_dir)
 
-    def train_step(self, batch: dict[str, np.ndarray], version: int) -> tuple[dict[str, Any], Weights | None]:
+    def train_step(self, batch: dict[str, np.ndarray], version: int,
+                   live_versions: list[int] | None = None) -> tuple[dict[str, Any], Weights | None]:
         """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (flat stats, new weights or
-        None when the step was skipped)."""
+        None when the step was skipped). ``live_versions``: the versions untrained tokens may still
+        carry after this step (weight snapshots of every other version are released)."""
         from asyncrl.trainer.megatron.batch import TrainBatch
 
         if self.actor.version != version:
             raise RuntimeError(f"driver expected actor version {version}, actor is at {self.actor.version}")
         tb = TrainBatch.from_numpy(batch)
-        out = self.actor.train_step(tb)
+        kwargs = {} if live_versions is None else {"live_versions": live_versions}
+        out = self.actor.train_step(tb, **kwargs)
         stats: dict[str, Any] = {
             "applied": out.stepped, "loss": out.loss, "grad_norm": out.grad_norm, "reference": out.reference,
             "ewma_reset": int(out.ewma_reset), "ewma_reset_reason": out.ewma_reset_reason,
             "actor_forward_s": round(out.forward_seconds, 4),
             "actor_reference_s": round(out.reference_seconds, 4), "actor_backward_s": round(out.backward_seconds, 4),
-            **out.correction,
+            "snapshot_versions": out.snapshot_versions, "snapshot_bytes": out.snapshot_bytes,
+            "actor_audit_s": round(out.audit_seconds, 4),
+            # train.minibatches x train.epochs updates per batch; "applied" = the version advanced
+            "updates": out.updates, "updates_applied": out.updates_applied, "updates_skipped": out.updates_skipped,
+            "micro_batches": out.micro_batches, "loss_last": out.loss_last, "grad_norm_last": out.grad_norm_last,
+            "in_bounds_ratio": out.in_bounds_ratio,
+            **out.correction, **out.audit,
         }
         if not out.stepped:
             stats["batch_summary"] = tb.summary()
@@ -165,14 +253,45 @@ class ActorHost:
         self.actor.load_checkpoint(path)
         return int(self.actor.version)
 
+    def close(self) -> None:
+        """Release what outlives the process otherwise (snapshot files of a private folder)."""
+        self.actor.close()
+
 
 @dataclass
 class HostHandles:
-    """Ray handles of one job's processes."""
+    """Ray handles of one job's processes, and how to start a replacement rollout worker."""
 
     actor: Any
     rollout: list[Any]
     pad_id: int
+    new_rollout: Callable[[int], Any] | None = None  # worker index -> a started RolloutHost handle
+    weights: Any = None  # the object ref of the weights rollout holds now (a replacement loads them)
+    spawn_dedicated: Callable[[int], Any] | None = None  # replica -> a DedicatedScorer handle (dedicated)
+
+    def replace_rollout(self, i: int) -> Any:
+        """Start a new rollout worker ``i`` (the old handle is killed if it still answers); wait until up."""
+        import ray
+
+        if self.new_rollout is None:
+            raise RuntimeError("these hosts cannot start a replacement rollout worker")
+        try:
+            ray.kill(self.rollout[i])
+        except Exception:  # noqa: BLE001 -- already dead
+            pass
+        worker = self.new_rollout(i)
+        ray.get(worker.stats.remote())
+        self.rollout[i] = worker
+        return worker
+
+    def close(self) -> None:
+        """Ask the actor to release its snapshot files (best effort: it may be dead already)."""
+        import ray
+
+        try:
+            ray.get(self.actor.close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 -- a dead actor has nothing left to close
+            pass
 
     def kill(self) -> None:
         import ray
@@ -182,7 +301,7 @@ class HostHandles:
 
 
 def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int, rollout_threads: int,
-                placement: Placement = "local") -> HostHandles:
+                placement: Placement = "local", work_dir: str | None = None) -> HostHandles:
     """Start the actor and ``spec.rollout.replicas`` rollout workers; wait until all are up.
 
     ``placement="local"``: every process asks for ``n_procs_cpus`` logical CPUs of the one local
@@ -204,11 +323,42 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
                                         "resources": {C.RESOURCE_ROLLOUT: 1}}
     else:
         actor_opts = rollout_opts = {"num_cpus": n_procs_cpus}
-    actor = actor_cls.options(**actor_opts, max_concurrency=1).remote(spec_json, actor_threads)
-    rollout = [
-        rollout_cls.options(**rollout_opts, max_concurrency=2).remote(spec_json, i, rollout_threads)
-        for i in range(spec.rollout.replicas)
-    ]
+    actor = actor_cls.options(**actor_opts, max_concurrency=1).remote(spec_json, actor_threads, work_dir)
+
+    def new_rollout(i: int) -> Any:
+        return rollout_cls.options(**rollout_opts, max_concurrency=2).remote(spec_json, i, rollout_threads)
+
+    rollout = [new_rollout(i) for i in range(spec.rollout.replicas)]
     pad_id: int = ray.get(actor.pad_id.remote())
     ray.get([w.stats.remote() for w in rollout])  # surfaces construction errors here, not mid-loop
-    return HostHandles(actor, rollout, pad_id)
+    spawn_dedicated = None
+    if spec.correction.reference == "exact" and spec.old_logits.strategy == "dedicated":
+        spawn_dedicated = dedicated_spawner(spec, n_procs_cpus=n_procs_cpus, threads=rollout_threads,
+                                            placement=placement)
+    return HostHandles(actor, rollout, pad_id, new_rollout, spawn_dedicated=spawn_dedicated)
+
+
+def dedicated_spawner(spec: AsyncRLJobSpec, *, n_procs_cpus: float, threads: int,
+                      placement: Placement = "local") -> Callable[[int], Any]:
+    """``replica -> handle`` that starts one dedicated old-logit scorer (``oldLogits.strategy: dedicated``)
+    as a Ray actor: locally on ``n_procs_cpus`` logical CPUs, in a cluster on a pod advertising the
+    ``oldlogits`` role (the operator builds ``oldLogits.dedicated.replicas`` of them) with its GPUs."""
+    import ray
+
+    from asyncrl.rollout.tokenizer import tokenizer_for
+    from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
+    from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings
+
+    tokenizer = tokenizer_for(spec.model)
+    settings = ScorerSettings.from_spec(spec, tokenizer.vocab_size, max_sequence_length=_context(spec, tokenizer))
+    cls: Any = ray.remote(DedicatedScorer)
+    if placement == "cluster":
+        opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": spec.actor.gpus_per_replica,
+                                "resources": {C.RESOURCE_OLD_LOGITS: 1}}
+    else:
+        opts = {"num_cpus": n_procs_cpus}
+
+    def spawn(replica: int) -> Any:
+        return cls.options(**opts, max_concurrency=1).remote(settings, num_threads=threads)
+
+    return spawn

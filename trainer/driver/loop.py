@@ -3,6 +3,7 @@
     setup    run directory, metrics endpoint, local Ray, rollout workers, actor
     warm     supervised warm start (cached in the run directory), or resume from a checkpoint
     loop     admit groups (staleness capacity) -> collect -> batch -> actor step -> weight sync
+             [-> evaluation of the new version on held-out prompts, when spec.eval makes it due]
     cleanup  summary.json, report.png, Ray shutdown -- on every exit path, Ctrl-C included
 
 Data flow (ARCHITECTURE §3): rollout workers (threaded Ray actors, so that ``update_weights``
@@ -22,6 +23,7 @@ process-global state never leaks into the caller (tests and the benchmark run se
 one process).
 """
 
+import logging
 import math
 import os
 import time
@@ -37,21 +39,27 @@ from prometheus_client import CollectorRegistry
 from asyncrl.api.job import AsyncRLJob
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.driver import checkpoints
+from asyncrl.trainer.driver import checkpoints, recovery
 from asyncrl.trainer.driver.accounting import (
     count_correction,
+    count_eval,
     count_ewma_reset,
+    count_old_logits,
     count_rollouts,
     set_job_gauges,
     success_rate,
     summarise,
 )
 from asyncrl.trainer.driver.batch import assemble_batch, token_staleness
+from asyncrl.trainer.driver.evaluation import Evaluator
 from asyncrl.trainer.driver.hosts import HostHandles, Placement, start_hosts
 from asyncrl.trainer.driver.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
 from asyncrl.trainer.driver.ray_env import local_ray
 from asyncrl.trainer.driver.rundir import RunDir, write_report
+from asyncrl.trainer.driver.stages import PhaseCallback, Stage, make_stage
 from asyncrl.trainer.driver.staleness import Group, StalenessBuffer, check_staleness
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,12 +104,14 @@ def default_run_dir(job: AsyncRLJob) -> Path:
 
 def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCallback | None = None,
             on_start: Callable[[dict[str, Any]], None] | None = None,
-            on_batch: BatchCallback | None = None, on_warm: WarmCallback | None = None) -> RunResult:
+            on_batch: BatchCallback | None = None, on_warm: WarmCallback | None = None,
+            on_phase: PhaseCallback | None = None) -> RunResult:
     """Run ``job`` (already validated) on a local Ray; returns the summary and per-step records.
 
     ``on_start`` gets the summary so far (metrics URL, run directory) once the workers are up,
     ``on_step`` every step record, ``on_batch`` every batch right before the actor trains on it,
-    ``on_warm`` the warm start's progress.
+    ``on_warm`` the warm start's progress, ``on_phase`` every interrupt-sync phase change
+    (``idle``, ``interrupt``, ``score``, ``update``, ``resume``).
     """
     spec = job.spec
     total_steps = options.steps or spec.train.steps
@@ -130,27 +140,33 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
         if spec.monitoring.enabled:
             server = serve_metrics(registry, port, options.metrics_host)
             summary["metrics_url"] = server.url
-        n_procs = spec.rollout.replicas + 1
+        n_procs = spec.rollout.replicas + 1 + (spec.old_logits.dedicated.replicas if _dedicated(spec) else 0)
         with local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray:
             try:
                 hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs,
                                     actor_threads=options.actor_threads, rollout_threads=options.rollout_threads,
-                                    placement=options.placement)
+                                    placement=options.placement,
+                                    # snapshot.device disk: under the run directory locally; in a cluster the
+                                    # actor's pod has its own disk (a private folder there)
+                                    work_dir=str(run.path / "snapshots") if options.placement == "local" else None)
                 summary["startup_s"] = round(time.monotonic() - started, 2)
                 if on_start is not None:
                     on_start({**summary, "total_steps": total_steps})
                 # --- warm start or resume --------------------------------------------------
-                version = _warm_or_resume(hosts, job, run, options, summary, on_warm)
+                version, driver_state = _warm_or_resume(hosts, job, run, options, summary, on_warm)
                 summary["start_version"] = version
                 records.extend(run.keep_steps_up_to(version))  # a resumed run continues its log
                 # --- the loop -----------------------------------------------------------------
                 loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
                              on_step=on_step, on_batch=on_batch, records=records, summary=summary,
-                             started=started)
+                             started=started, stage=make_stage(job.spec, on_phase))
+                loop.restore(driver_state)
                 loop.run(total_steps)
             finally:
-                if hosts is not None and not own_ray:
-                    hosts.kill()  # a shared Ray (tests, benchmarks) outlives this job's processes
+                if hosts is not None:
+                    hosts.close()  # the actor's snapshot files
+                    if not own_ray:
+                        hosts.kill()  # a shared Ray (tests, benchmarks) outlives this job's processes
         summary["status"] = "succeeded"
     except KeyboardInterrupt:
         summary["status"] = "interrupted"
@@ -191,25 +207,29 @@ def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions
 
 
 def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: RunOptions,
-                    summary: dict[str, Any], on_warm: WarmCallback | None) -> int:
-    """Resume from the newest checkpoint, else warm-start (reusing a cached warm start)."""
+                    summary: dict[str, Any], on_warm: WarmCallback | None
+                    ) -> tuple[int, recovery.DriverState | None]:
+    """Resume from the newest checkpoint (with the driver's state saved beside it), else warm-start
+    (reusing a cached warm start)."""
     import ray
 
     spec = job.spec
     ckpt_dir = run.checkpoint_dir(spec.checkpoint.dir)
     latest = checkpoints.latest(ckpt_dir) if spec.checkpoint.resume else None
+    state: recovery.DriverState | None = None
     if latest is not None:
         version = ray.get(hosts.actor.load_checkpoint.remote(str(latest.path)))
         summary["resumed_from"] = str(latest.path)
+        state = recovery.load(ckpt_dir, version)
     elif options.warm_start and spec.train.warm_start_steps > 0:
         summary["warm_start"] = _warm_start(hosts, spec.train.warm_start_steps,
                                             options.warm_start_dir or run.warm_start_dir, options, on_warm)
         version = 0
     else:
         version = 0
-    weights = hosts.actor.weights.remote()
-    ray.get([w.update_weights.remote(weights, version) for w in hosts.rollout])
-    return int(version)
+    hosts.weights = hosts.actor.weights.remote()
+    ray.get([w.update_weights.remote(hosts.weights, version) for w in hosts.rollout])
+    return int(version), state
 
 
 class _Loop:
@@ -217,7 +237,7 @@ class _Loop:
 
     def __init__(self, *, spec: Any, hosts: HostHandles, metrics: DriverMetrics, run: RunDir, version: int,
                  on_step: StepCallback | None, on_batch: BatchCallback | None, records: list[dict[str, Any]],
-                 summary: dict[str, Any], started: float) -> None:
+                 summary: dict[str, Any], started: float, stage: Stage | None = None) -> None:
         self.spec, self.hosts, self.m, self.run_dir = spec, hosts, metrics, run
         self.version = version
         self.on_step, self.on_batch = on_step, on_batch
@@ -225,30 +245,53 @@ class _Loop:
         self.first_record = len(records)
         self.W = spec.async_.max_staleness
         B = spec.train.prompts_per_step
-        self.buffer = StalenessBuffer(self.W, B, base_version=version)
+        # Members of a group may come back in different calls once interrupt-sync interrupts them.
+        self.buffer = StalenessBuffer(self.W, B, base_version=version, group_size=spec.task.group_size)
         n = len(hosts.rollout)
         self.chunk = max(1, math.ceil(B / n))  # groups per generate call
         self.pending: dict[Any, tuple[int, int]] = {}  # ref -> (worker index, reserved groups)
+        self.admitted_at: dict[Any, int] = {}  # ref -> actor version when the call was admitted
+        self.called: dict[Any, Any] = {}  # ref -> the worker handle that runs it
+        self.stage = stage or Stage()
         self.idle_since: dict[int, float] = {i: time.monotonic() for i in range(n)}
         self.consecutive_nonfinite = 0
         self.total_steps = version
         self.m.policy_version.set(version)
+        self.cursors = [0] * n  # groups requested from each worker over the run (its prompt cursor)
+        self.replacements = 0
+        self.step_extra: dict[str, Any] = {}  # what the stage adds to the next step record
+        self.evaluator = Evaluator(spec)
+        self.paused = False  # an evaluation runs: no training generate call is admitted
+
+    def restore(self, state: recovery.DriverState | None) -> None:
+        """Continue each worker's prompt sequence from a checkpoint's driver state (no prompt replayed);
+        the groups that were waiting or in flight then are counted as aborted (rollout regenerates)."""
+        import ray
+
+        if state is None:
+            return
+        if len(state.cursors) != len(self.hosts.rollout):
+            # A changed rollout.replicas: workers keep their index; new ones start at 0.
+            state = recovery.DriverState(state.version, (state.cursors + [0] * len(self.hosts.rollout))[
+                : len(self.hosts.rollout)], state.buffer, state.groups_open)
+        self.cursors = list(state.cursors)
+        ray.get([w.set_prompt_cursor.remote(c) for w, c in zip(self.hosts.rollout, self.cursors, strict=True)])
+        self.summary["resume"] = {"cursors": self.cursors, "groups_aborted_at_resume": state.groups_open}
 
     # ---------------------------------------------------------------------------------------------
     def run(self, total_steps: int) -> None:
-        import ray
 
         self.total_steps = total_steps
         loop_start = time.monotonic()
         try:
+            self.stage.start(self)
+            self._evaluate_if_due()  # version 0: the policy before any RL step
             while self.version < total_steps:
                 self._admit()
                 wait_start = time.monotonic()
                 batch = self._next_batch()
                 while batch is None:
-                    done, _ = ray.wait(list(self.pending), num_returns=1)
-                    self._collect(done[0])
-                    self._admit()
+                    self.wait_any()
                     batch = self._next_batch()
                 self.m.trainer_idle.inc(time.monotonic() - wait_start)
                 self._train(batch)
@@ -256,17 +299,40 @@ class _Loop:
             self._drain()
             self._account_time(time.monotonic() - loop_start)
 
+    def wait_any(self, *extra: Any) -> Any:
+        """Wait until one generate call, one call of the old-logit stage or one of ``extra`` finishes and
+        handle it (collect and admit, or the stage's answer); returns the ``extra`` ref that finished,
+        None otherwise, and False when nothing is in flight at all."""
+        import ray
+
+        refs = [*extra, *self.pending, *self.stage.refs()]
+        if not refs:
+            return False
+        done, _ = ray.wait(refs, num_returns=1)
+        ref = done[0]
+        if ref in extra:
+            return ref
+        if ref in self.pending:
+            self._collect(ref)
+            self._admit()
+        else:
+            self.stage.collect(self, ref)
+        return None
+
     def _account_time(self, wall: float) -> None:
         now = time.monotonic()
         for i, since in self.idle_since.items():
             self.m.rollout_idle.inc(now - since)
             self.idle_since[i] = now
-        self.m.trainer_seconds.inc(wall)
-        self.m.rollout_worker.inc(wall * len(self.hosts.rollout))
+        # An evaluation pauses training and rollout on purpose: its seconds are not the loop's to idle in.
+        working = max(0.0, wall - self.evaluator.seconds)
+        self.m.trainer_seconds.inc(working)
+        self.m.rollout_worker.inc(working * len(self.hosts.rollout))
         value = self.m.registry.get_sample_value
         mine = self.records[self.first_record:]  # this session's steps (a resumed log holds earlier ones)
         self.summary["loop"] = {
             "wall_s": round(wall, 3),
+            "eval_s": round(self.evaluator.seconds, 3),
             "trainer_idle_s": round(value("asyncrl_trainer_idle_seconds_total") or 0.0, 3),
             "rollout_idle_s": round(value("asyncrl_rollout_idle_seconds_total") or 0.0, 3),
             "rollout_worker_s": round(value("asyncrl_rollout_worker_seconds_total") or 0.0, 3),
@@ -275,7 +341,10 @@ class _Loop:
         }
 
     def _admit(self) -> None:
-        """Give every idle worker as many new groups as the staleness capacity allows."""
+        """Give every idle worker as many new groups as the staleness capacity allows (none while an
+        evaluation runs)."""
+        if self.paused:
+            return
         now = time.monotonic()
         for i, worker in enumerate(self.hosts.rollout):
             if i not in self.idle_since:
@@ -284,7 +353,12 @@ class _Loop:
             if n == 0:
                 break
             self.m.rollout_idle.inc(now - self.idle_since.pop(i))
-            self.pending[worker.generate.remote(n)] = (i, n)
+            ref = worker.generate.remote(n)
+            self.cursors[i] += n
+            self.pending[ref] = (i, n)
+            self.called[ref] = worker
+            self.admitted_at[ref] = self.version
+            self.stage.admitted(self, ref, self.version)
         self._gauges()
 
     def _collect(self, ref: Any) -> None:
@@ -292,21 +366,69 @@ class _Loop:
         import ray
 
         i, reserved = self.pending.pop(ref)
-        self.idle_since[i] = time.monotonic()
+        self.admitted_at.pop(ref, None)
+        worker = self.called.pop(ref)
+        if self.hosts.rollout[i] is worker:  # else: a replacement runs at i and is already counted idle/busy
+            self.idle_since[i] = time.monotonic()
         try:
             trajs: list[Trajectory] = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:  # the worker's process died: replace it, go on
+            self.m.rollout_errors.inc()
+            self.buffer.abort(reserved)
+            self.stage.returned(self, ref, [])
+            if self.hosts.rollout[i] is worker:  # not yet replaced (a weight sync may have found it first)
+                self._replace_rollout(i, exc)
+            return
         except Exception as exc:  # noqa: BLE001 -- reported with the task and trajectories it hit
             self.m.rollout_errors.inc()
             self.buffer.abort(reserved)
+            self.stage.returned(self, ref, [])
             raise RuntimeError(f"rollout worker {i} failed: {_cause(exc)}") from exc
         count_rollouts(self.m, trajs)
         self.buffer.put(trajs, reserved)
+        self.stage.returned(self, ref, trajs)
+
+    def _replace_rollout(self, i: int, exc: BaseException) -> None:
+        """Start a new rollout worker ``i`` in place of a dead one: same index, the dead one's prompt
+        cursor (its in-flight groups were counted as aborted and their slots freed), the current weights."""
+        import ray
+
+        limit = 3 * len(self.hosts.rollout)
+        if self.replacements >= limit:
+            raise RuntimeError(
+                f"rollout worker {i} died and {self.replacements} workers were already replaced in this run "
+                f"(limit {limit}): {_cause(exc)}"
+            ) from exc
+        self.replacements += 1
+        self.buffer.abort_partial(f"w{i}-")  # members suspended in the dead worker never come back
+        log.warning("rollout worker %d died (%s); replacing it at version %d", i, _cause(exc), self.version)
+        worker = self.hosts.replace_rollout(i)
+        ray.get(worker.set_prompt_cursor.remote(self.cursors[i]))
+        ray.get(worker.update_weights.remote(self.hosts.weights, self.version))
+        self.m.worker_replacements.labels("rollout").inc()
+        self.idle_since[i] = time.monotonic()
+
+    def on_every_worker(self, call: Callable[[Any], Any]) -> list[Any]:
+        """``ray.get`` of ``call(worker)`` on every rollout worker; a worker found dead is replaced (it
+        loads ``hosts.weights``) and its answer is None."""
+        import ray
+
+        refs = [call(w) for w in self.hosts.rollout]
+        out: list[Any] = []
+        for i, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref))
+            except ray.exceptions.RayActorError as exc:
+                self._replace_rollout(i, exc)
+                out.append(None)
+        return out
 
     def _next_batch(self) -> list[Group] | None:
         batch, dropped = self.buffer.take_batch(self.version)
         if dropped.groups:
             self.m.trajectories_dropped.labels("stale").inc(dropped.trajectories)
             self.m.tokens_dropped.labels("stale").inc(dropped.sampled_tokens)
+            self.stage.released(self, list(dropped.dropped))
         if batch is None and not self.pending:
             # Nothing in flight and not enough ready: admission must be able to make progress.
             self._admit()
@@ -324,20 +446,19 @@ class _Loop:
         worst = check_staleness(groups, self.version, self.W)  # the hard guard
         if self.on_batch is not None:
             self.on_batch(groups, self.version)
+        self.stage.before_train(self, groups)  # dedicated: wait until every older token is scored
         batch = assemble_batch(groups, pad_id=self.hosts.pad_id)
         gaps = token_staleness(batch.versions, batch.loss_mask, self.version)
         t0 = time.monotonic()
         stats_ref, weights_ref = self.hosts.actor.train_step.options(num_returns=2).remote(
-            batch.to_numpy(), self.version
+            batch.to_numpy(), self.version, **self.stage.step_kwargs(self)
         )
-        # Keep feeding rollout while the actor trains: that overlap is the whole point of async.
-        while True:
-            done, _ = ray.wait([stats_ref, *self.pending], num_returns=1)
-            if done[0] == stats_ref:
-                break
-            self._collect(done[0])
-            self._admit()
+        # Keep feeding rollout (and the old-logit stage) while the actor trains: that overlap is the
+        # whole point of async.
+        while self.wait_any(stats_ref) is not stats_ref:
+            pass
         stats: dict[str, Any] = ray.get(stats_ref)
+        self.stage.trained(self, groups)
         step_s = time.monotonic() - t0
         self.m.step_duration.observe(step_s)
         reference = self.spec.correction.reference.value
@@ -351,12 +472,15 @@ class _Loop:
             "partial_frac": sum(t.is_partial for g in groups for t in g) / max(1, len(rewards)),
             "step_s": round(step_s, 4),
             **stats,
+            **self.step_extra,
         }
+        self.step_extra = {}
         if not stats.get("applied", True):
             # Non-finite loss: the actor skipped the update; the record carries its batch_summary.
             # No version came of these groups: their admission slots are free again.
             self.buffer.step_skipped(len(groups))
             self.m.nonfinite_losses.inc()
+            self.m.optimizer_updates.labels("skipped").inc(float(stats.get("updates_skipped", 0)))
             self.consecutive_nonfinite += 1
             self._record(record)
             if self.consecutive_nonfinite >= 3:
@@ -368,26 +492,41 @@ class _Loop:
         # The actor's step record carries the loss's CorrectionStats.record() under the record's own names.
         count_correction(self.m, CorrectionStats.from_record(stats), reference, int(batch.loss_mask.sum()))
         count_ewma_reset(self.m, str(stats.get("ewma_reset_reason", "")))
+        count_old_logits(self.m, stats, reference)
         self.version += 1
         record["version"] = self.version
-        t0 = time.monotonic()
-        ray.get([w.update_weights.remote(weights_ref, self.version) for w in self.hosts.rollout])
-        sync_s = time.monotonic() - t0
-        self.m.weight_sync_duration.observe(sync_s)
-        record["sync_s"] = round(sync_s, 4)
+        self.hosts.weights = weights_ref
+        record.update(self.stage.sync_weights(self, weights_ref, self.version))
+        self.m.weight_sync_duration.observe(record["sync_s"])
         self.m.policy_version.set(self.version)
         self.m.optimizer_steps.inc()
         if self.version % self.spec.checkpoint.every_steps == 0 or self.version == self.total_steps:
             # The last step is saved too: rerunning a finished job resumes there and has nothing to redo.
             record["checkpoint"] = str(self._checkpoint())
         self._record(record)
+        self._evaluate_if_due()
+
+    def _evaluate_if_due(self) -> None:
+        """Evaluate the current version on the held-out prompts when ``spec.eval`` says so: one record."""
+        evaluated = {int(r["eval_version"]) for r in self.records if "eval_version" in r}
+        if not self.evaluator.due(self.version, self.total_steps, evaluated):
+            return
+        result = self.evaluator.run(self)
+        count_eval(self.m, result)
+        self._record(result.record(time.monotonic() - self.started))
 
     def _checkpoint(self) -> Path:
         import ray
 
-        ckpt = checkpoints.path_for(self.run_dir.checkpoint_dir(self.spec.checkpoint.dir), self.version)
+        root = self.run_dir.checkpoint_dir(self.spec.checkpoint.dir)
+        ckpt = checkpoints.path_for(root, self.version)
+        # The driver's state first: a complete actor checkpoint always has it.
+        recovery.save(root, recovery.DriverState(
+            self.version, list(self.cursors), vars(self.buffer.counts).copy(),
+            groups_open=self.buffer.ready + self.buffer.running))
         ray.get(self.hosts.actor.save_checkpoint.remote(str(ckpt)))
-        checkpoints.prune(ckpt.parent, self.spec.checkpoint.keep)
+        checkpoints.prune(root, self.spec.checkpoint.keep)
+        recovery.prune(root, {c.version for c in checkpoints.all_complete(root)})
         return ckpt
 
     def _record(self, record: dict[str, Any]) -> None:
@@ -404,14 +543,28 @@ class _Loop:
         for _, reserved in self.pending.values():
             self.buffer.abort(reserved)
         self.pending.clear()
+        self.admitted_at.clear()
+        self.called.clear()
+        self.summary.update(self.stage.summary())
+        self.summary["worker_replacements"] = self.replacements
         self.summary["buffer"] = vars(self.buffer.counts).copy()
         self.summary["buffer"]["groups_in_flight_at_end"] = in_flight
         self.summary["buffer"]["groups_left_unused"] = self.buffer.ready
+        # interrupt-sync: groups whose members are still suspended in their workers when the run ends
+        self.summary["buffer"]["groups_suspended_at_end"] = self.buffer.running
 
     def _gauges(self) -> None:
         self.m.buffer_ready.set(self.buffer.ready)
         self.m.rollout_running.set(self.buffer.running)
         self.m.admission_capacity.set(self.buffer.capacity(self.version))
+
+
+def _dedicated(spec: Any) -> bool:
+    from asyncrl.api.correction import ReferencePolicy
+    from asyncrl.api.old_logits import OldLogitStrategy
+
+    return bool(spec.correction.reference is ReferencePolicy.EXACT
+                and spec.old_logits.strategy is OldLogitStrategy.DEDICATED)
 
 
 def _cause(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ from asyncrl.trainer.correction.ewma import ResetReason
 
 REFERENCES = tuple(r.value for r in ReferencePolicy)
 TRAJECTORY_STATUSES = ("finished", "truncated", "aborted")
-DROP_REASONS = ("stale",)
+DROP_REASONS = ("stale", "snapshot_cap")
 CLIP_SIDES = ("low", "high", "dual")
 TOKEN_KINDS = ("prompt", "sampled", "environment")
 # The EWMA controller's own reason names (paper §6.5 keep-ratio rule, or an explicit reset).
@@ -88,7 +88,8 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Returned trajectories whose sampled tokens span more than one policy version (partial rollout).",
               ratio="partial ratio = partial / trajectories_total"),
     MetricDef("trajectories_dropped", "counter", "asyncrl_dropped_trajectories_total",
-              "Trajectories dropped before training (stale: version gap above async.maxStaleness).",
+              "Trajectories dropped before training (stale: version gap above async.maxStaleness; snapshot_cap: "
+              "their version's weights were given up at oldLogits.snapshot.maxVersions).",
               labels=(("reason", DROP_REASONS),)),
     MetricDef("tokens_dropped", "counter", "asyncrl_dropped_tokens_total",
               "Sampled tokens of dropped trajectories.", labels=(("reason", DROP_REASONS),)),
@@ -107,6 +108,10 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Sampled tokens handed to the actor (loss_mask True), before the discrepancy mask."),
     MetricDef("rollout_errors", "counter", "asyncrl_rollout_errors_total",
               "Rollout calls that raised (environment or worker error); their groups count as aborted."),
+    MetricDef("worker_replacements", "counter", "asyncrl_worker_replacements_total",
+              "Processes of the job that died and were replaced while the job continued, by role "
+              "(rollout: a rollout worker; oldlogits: a dedicated old-logit scorer).",
+              labels=(("role", ("rollout", "oldlogits")),)),
     MetricDef("step_duration", "histogram", "asyncrl_train_step_duration_seconds",
               "Wall time of one actor step (reference log-probs, loss, backward, optimizer).",
               buckets=_STEP_BUCKETS),
@@ -149,6 +154,51 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("sync_phase", "gauge", "asyncrl_sync_phase",
               "1 for the current interrupt-sync phase (idle between updates), 0 for the others.",
               labels=(("phase", SYNC_STATES),)),
+    MetricDef("snapshot_versions", "gauge", "asyncrl_snapshot_resident_versions",
+              "Weight versions the actor keeps after the last step (oldLogits.strategy snapshot, or the audit): "
+              "exactly those an untrained token still references."),
+    MetricDef("snapshot_bytes", "gauge", "asyncrl_snapshot_resident_bytes",
+              "Bytes of those weight versions (host memory, or files for snapshot.device disk)."),
+    MetricDef("audit_abs_diff", "gauge", "asyncrl_audit_logp_abs_diff",
+              "Live audit of a cheap reference (correction.audit): mean and p99 of |log pi_ref - log pi_old| "
+              "over the audited tokens of the last audited step (pi_old exact, from weight snapshots).",
+              labels=(("reference", REFERENCES), ("stat", ("mean", "p99")))),
+    MetricDef("audit_tokens", "counter", "asyncrl_audit_tokens_total",
+              "Trained tokens the live audit compared with exact old logits.",
+              labels=(("reference", REFERENCES),)),
+    MetricDef("audit_disagree_tokens", "counter", "asyncrl_audit_disagree_tokens_total",
+              "Audited tokens whose decision differs between the cheap reference and exact old logits: "
+              "mask (train-inference mask keep/drop) or clip (PPO clip stops the gradient or not).",
+              labels=(("reference", REFERENCES), ("decision", ("mask", "clip"))),
+              ratio="disagreement = audit_disagree_tokens / audit_tokens"),
+    MetricDef("optimizer_updates", "counter", "asyncrl_optimizer_updates_total",
+              "Optimizer updates of the actor (train.minibatches x train.epochs per consumed batch), by outcome "
+              "(skipped: a non-finite loss or gradient norm; the batch's other updates still apply).",
+              labels=(("outcome", ("applied", "skipped")),)),
+    MetricDef("in_bounds_ratio", "gauge", "asyncrl_in_bounds_ratio",
+              "Share of the last batch's valid tokens whose r_d lies inside correction.mask.bounds, whatever "
+              "mask.mode (the statistic of the EWMA reset rule)."),
+    MetricDef("oldlogits_lag", "gauge", "asyncrl_oldlogits_lag_versions",
+              "How many versions the dedicated old-logit scorers trail the actor at the last step "
+              "(oldLogits.strategy dedicated; bounded by maxLagVersions)."),
+    MetricDef("oldlogits_wait_seconds", "counter", "asyncrl_oldlogits_wait_seconds_total",
+              "Seconds the driver held a batch until the dedicated old-logit scorers had scored its older "
+              "tokens (or caught up within maxLagVersions)."),
+    MetricDef("eval_success", "gauge", "asyncrl_eval_success",
+              "Share of the held-out evaluation prompts solved by the last evaluated version (spec.eval; one "
+              "sample per prompt, greedy or at task.temperature)."),
+    MetricDef("eval_reward", "gauge", "asyncrl_eval_reward",
+              "Mean reward over the held-out evaluation prompts of the last evaluated version."),
+    MetricDef("eval_version", "gauge", "asyncrl_eval_version",
+              "The policy version the last evaluation ran at (-1 before the first one)."),
+    MetricDef("eval_seconds", "counter", "asyncrl_eval_seconds_total",
+              "Seconds of evaluation pauses (admission paused, in-flight training calls drained, held-out "
+              "prompts answered); left out of the trainer and rollout idle accounting."),
+    MetricDef("eval_trajectories", "counter", "asyncrl_eval_trajectories_total",
+              "Held-out evaluation samples generated (never trained on, never in the staleness buffer)."),
+    MetricDef("audit_seconds", "counter", "asyncrl_audit_seconds_total",
+              "Seconds the actor spent on the live audit's exact forwards.",
+              labels=(("reference", REFERENCES),)),
 )
 
 

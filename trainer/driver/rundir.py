@@ -4,9 +4,13 @@
 <run-dir>/
   job.yaml          the validated job, as run
   metrics.jsonl     one JSON object per optimizer step: reward/success, staleness, the
-                    correction metrics (keep_ratio, clip_*_frac, ...), timings
-  summary.json      start/final success, wall time, counts; rewritten on every exit path
-  report.png        reward/success, keep ratio, clip fractions, staleness, EWMA resets over steps
+                    correction metrics (keep_ratio, clip_*_frac, ...), timings; and one per
+                    held-out evaluation (spec.eval): eval_version, eval_success, eval_reward, eval_s
+                    ("step" = the evaluated version, no "version" key)
+  summary.json      start/final success, eval_first/eval_last/eval_curve, wall time, counts;
+                    rewritten on every exit path
+  report.png        reward/success (and the held-out evaluation's success by version), keep ratio,
+                    clip fractions, staleness, EWMA resets over steps
   warm_start/       actor weights after the supervised warm start (a rerun skips it)
   checkpoints/      step checkpoints (checkpoint.dir when relative)
 ```
@@ -112,7 +116,8 @@ def write_report(steps: Sequence[dict[str, Any]], out: Path, title: str = "") ->
 
     fig, axes = plt.subplots(5, 1, figsize=(8, 12), sharex=True)
     panels = [
-        ("reward / success", [("reward_mean", "mean reward"), ("success_rate", "success rate")]),
+        ("reward / success", [("reward_mean", "mean reward"), ("success_rate", "success rate (training batch)"),
+                              ("eval_success", "held-out eval success (current version)")]),
         ("discrepancy keep ratio", [("keep_ratio", "keep ratio")]),
         ("staleness clip fractions", [("clip_low_frac", "clip low"), ("clip_high_frac", "clip high")]),
         ("token staleness (versions)", [("staleness_mean", "mean"), ("staleness_max", "max")]),
@@ -121,7 +126,9 @@ def write_report(steps: Sequence[dict[str, Any]], out: Path, title: str = "") ->
         for key, label in keys:
             xs, ys = _series(steps, key)
             if xs:
-                ax.plot(xs, ys, label=label, marker="." if len(xs) < 50 else None)
+                evaluation = key.startswith("eval_")  # a few points, one per evaluated version
+                ax.plot(xs, ys, label=label, marker="o" if evaluation else "." if len(xs) < 50 else None,
+                        color="black" if evaluation else None, linewidth=2 if evaluation else None)
         ax.set_ylabel(name, fontsize=8)
         ax.grid(alpha=0.3)
         if ax.lines:
@@ -130,7 +137,7 @@ def write_report(steps: Sequence[dict[str, Any]], out: Path, title: str = "") ->
     cumulative = [sum(ys[: i + 1]) for i in range(len(ys))]
     axes[4].step(xs, cumulative, where="post", label="EWMA resets (cumulative)")
     axes[4].set_ylabel("EWMA resets", fontsize=8)
-    axes[4].set_xlabel("optimizer step")
+    axes[4].set_xlabel("policy version (optimizer step)")
     axes[4].grid(alpha=0.3)
     fig.suptitle(title or "asyncrl run")
     fig.tight_layout()

@@ -27,7 +27,7 @@ Pure Python, single-threaded: the driver owns the buffer and calls it from its l
 """
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
@@ -79,7 +79,8 @@ class BufferCounts:
     groups_accepted: int = 0  # came back with at least one usable trajectory
     groups_consumed: int = 0  # handed to the actor
     groups_skipped: int = 0  # of the consumed: trained by a skipped step (no version); slots freed
-    groups_dropped_stale: int = 0
+    groups_dropped_stale: int = 0  # every drop that frees a slot (stale, and the snapshot cap below)
+    groups_dropped_cap: int = 0  # of those: given up at oldLogits.snapshot.maxVersions
     groups_aborted: int = 0  # reserved but nothing usable came back (worker error, shutdown)
     trajectories_accepted: int = 0
     trajectories_dropped_stale: int = 0
@@ -94,6 +95,7 @@ class Dropped:
     groups: int = 0
     trajectories: int = 0
     sampled_tokens: int = 0
+    dropped: tuple[Trajectory, ...] = ()  # the trajectories themselves (the old-logit stage forgets them)
 
 
 @dataclass
@@ -112,9 +114,13 @@ class StalenessBuffer:
     groups_per_step: int
     base_version: int = 0
     max_running_groups: int | None = None
+    group_size: int | None = None  # set: a group may come back over several calls (interrupted members)
     counts: BufferCounts = field(default_factory=BufferCounts)
     running: int = 0
     _ready: OrderedDict[str, Group] = field(default_factory=OrderedDict)
+    # group id -> (members back so far, members aborted): groups some of whose members are still
+    # suspended in their worker (interrupt-sync); they hold their admission slot until complete.
+    _partial: dict[str, tuple[Group, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -150,7 +156,14 @@ class StalenessBuffer:
 
         Aborted trajectories are counted and left out; a group survives with its remaining
         members. Reserved groups that came back with nothing usable count as aborted.
+
+        With ``group_size`` set, a call may return only some members of a group (the others were
+        interrupted and stay suspended in their worker) and later calls the rest: a group is
+        accepted once all ``group_size`` members are back (aborted ones included), and holds its
+        admission slot until then.
         """
+        if self.group_size is not None:
+            return self._put_members(trajectories)
         if reserved > self.running:
             raise ValueError(f"put(reserved={reserved}) but only {self.running} groups are running")
         groups: OrderedDict[str, Group] = OrderedDict()
@@ -171,9 +184,61 @@ class StalenessBuffer:
         self.counts.groups_aborted += reserved - len(groups)
         return len(groups)
 
+    def _put_members(self, trajectories: Sequence[Trajectory]) -> int:
+        assert self.group_size is not None
+        accepted = 0
+        for t in trajectories:
+            members, aborted = self._partial.get(t.group_id, ([], 0))
+            if t.status is TrajectoryStatus.ABORTED:
+                self.counts.trajectories_aborted += 1
+                aborted += 1
+            else:
+                members = [*members, t]
+            if len(members) + aborted > self.group_size:
+                raise ValueError(f"group {t.group_id}: more than group_size {self.group_size} members came back")
+            if t.group_id in self._ready:
+                raise ValueError(f"group {t.group_id} is already in the buffer; group ids must be unique")
+            if len(members) + aborted < self.group_size:
+                self._partial[t.group_id] = (members, aborted)
+                continue
+            self._partial.pop(t.group_id, None)
+            if self.running < 1:
+                raise ValueError(f"group {t.group_id} completed but no group is running")
+            self.running -= 1
+            if members:
+                self._ready[t.group_id] = members
+                self.counts.trajectories_accepted += len(members)
+                self.counts.groups_accepted += 1
+                accepted += 1
+            else:
+                self.counts.groups_aborted += 1
+        return accepted
+
     def abort(self, reserved: int) -> None:
         """Reserved groups that will never come back (a failed worker call)."""
+        if self.group_size is not None:
+            if reserved > self.running - len(self._partial):
+                raise ValueError(f"abort(reserved={reserved}) but only {self.running} groups are running")
+            self.running -= reserved
+            self.counts.groups_aborted += reserved
+            return
         self.put([], reserved)
+
+    def abort_partial(self, group_prefix: str) -> int:
+        """Groups started under ``group_prefix`` (one worker's) that still wait for suspended members:
+        their worker died, so they never complete. Counted as aborted, slots freed; returns how many."""
+        gone = [gid for gid in self._partial if gid.startswith(group_prefix)]
+        for gid in gone:
+            members, _ = self._partial.pop(gid)
+            self.counts.trajectories_aborted += len(members)
+            self.counts.groups_aborted += 1
+            self.running -= 1
+        return len(gone)
+
+    @property
+    def partial(self) -> int:
+        """Groups waiting for members still suspended in their workers."""
+        return len(self._partial)
 
     def step_skipped(self, groups: int) -> None:
         """The actor skipped the step on ``groups`` consumed groups (no update, no new version):
@@ -192,18 +257,34 @@ class StalenessBuffer:
         """Groups waiting for a batch (some may turn out too stale)."""
         return len(self._ready)
 
+    def waiting(self) -> list[Group]:
+        """Every untrained trajectory the buffer holds, by group: the groups waiting for a batch
+        (oldest arrival first), then the members back so far of groups still partly suspended."""
+        return [*self._ready.values(), *(members for members, _ in self._partial.values() if members)]
+
+    def drop_where(self, doomed: "Callable[[Group], bool]") -> Dropped:
+        """Drop (and count as dropped) every waiting group for which ``doomed(group)`` is true; its
+        admission slot is freed like a stale group's. For drops that are not about staleness (the
+        snapshot cap); the caller counts the reason."""
+        gone = [gid for gid, g in self._ready.items() if doomed(g)]
+        out: list[Trajectory] = []
+        for gid in gone:
+            out.extend(self._ready.pop(gid))
+        self.counts.groups_dropped_stale += len(gone)  # the slot accounting is the same
+        self.counts.groups_dropped_cap += len(gone)
+        return Dropped(len(gone), len(out), sum(sum(t.loss_mask) for t in out), tuple(out))
+
     def drop_stale(self, actor_version: int) -> Dropped:
         """Drop (and count) every waiting group whose gap exceeds ``max_staleness``."""
         stale = [gid for gid, g in self._ready.items() if group_gap(g, actor_version) > self.max_staleness]
-        trajs = toks = 0
+        out: list[Trajectory] = []
         for gid in stale:
-            g = self._ready.pop(gid)
-            trajs += len(g)
-            toks += sum(sum(t.loss_mask) for t in g)
+            out.extend(self._ready.pop(gid))
+        toks = sum(sum(t.loss_mask) for t in out)
         self.counts.groups_dropped_stale += len(stale)
-        self.counts.trajectories_dropped_stale += trajs
+        self.counts.trajectories_dropped_stale += len(out)
         self.counts.tokens_dropped_stale += toks
-        return Dropped(len(stale), trajs, toks)
+        return Dropped(len(stale), len(out), toks, tuple(out))
 
     def take_batch(self, actor_version: int) -> tuple[list[Group] | None, Dropped]:
         """Drop over-stale groups, then take the ``groups_per_step`` oldest ready groups.

@@ -20,11 +20,21 @@ the same steps the Prometheus counters of :func:`~.accounting.count_correction` 
 Failures never stop training: an API error is logged once per report with the likely fix and
 counted (``failures``); the window is kept, so the next report covers the steps the failed one
 missed. :meth:`StatusReporter.flush` sends the final summary without the throttle.
+
+Interrupt-sync phases arrive as records ``{"sync_phase": "Score"}`` (no ``version``; the metric
+label ``"score"`` is read the same) at each phase change. A phase that hangs is exactly the one no later record will carry, so the throttle alone
+could hold it back for good: each change arms a timer of ``phase_report_after`` seconds
+(:data:`~asyncrl.api.status.SYNC_PHASE_REPORT_AFTER_SECONDS`); if the phase is still current when
+it fires and the API server has not seen it, the summary is sent then, throttle or not (also the
+return to ``Idle`` from such a phase, so the operator clears ``SyncStuck``). Phases shorter than
+that (the normal case) ride along with the next throttled report: at most one extra patch per
+``phase_report_after`` seconds, none while sync phases are short.
 """
 
 import datetime as dt
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +43,7 @@ from typing import Any
 from asyncrl.api.constants import ENV_JOB_NAME, ENV_JOB_NAMESPACE, GROUP, PLURAL, VERSION
 from asyncrl.api.status import (
     MIN_REPORT_INTERVAL_SECONDS,
+    SYNC_PHASE_REPORT_AFTER_SECONDS,
     ReportThrottle,
     SyncPhase,
     TrainingSummary,
@@ -44,6 +55,16 @@ from asyncrl.trainer.correction.stats import CorrectionStats
 log = logging.getLogger(__name__)
 
 Sender = Callable[[dict[str, Any]], None]  # takes the merge-patch body; raises on failure
+Cancel = Callable[[], None]
+Scheduler = Callable[[float, Callable[[], None]], Cancel]  # (delay s, callback) -> cancel
+
+
+def thread_timer(delay: float, callback: Callable[[], None]) -> Cancel:
+    """Run ``callback`` in a daemon thread after ``delay`` seconds; returns its cancel."""
+    timer = threading.Timer(delay, callback)
+    timer.daemon = True  # never keeps a finished driver alive
+    timer.start()
+    return timer.cancel
 
 
 @dataclass
@@ -84,13 +105,25 @@ def _ratio(num: float, den: float) -> float | None:
 class StatusReporter:
     """``on_step`` callback that sends a throttled :class:`TrainingSummary` through ``send``.
 
-    ``clock`` is monotonic seconds (injected by tests); ``wall`` gives ``reportedAt``.
+    ``clock`` is monotonic seconds and ``wall`` gives ``reportedAt`` (both injected by tests);
+    ``schedule`` arms the sync-phase timer (a daemon thread by default). Thread-safe: the timer's
+    report and the loop's calls take one lock.
     """
 
     def __init__(self, send: Sender, *, min_interval: float = MIN_REPORT_INTERVAL_SECONDS,
+                 phase_report_after: float = SYNC_PHASE_REPORT_AFTER_SECONDS,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
+                 wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+                 schedule: Scheduler = thread_timer) -> None:
+        if not phase_report_after > 0:
+            raise ValueError(f"phase_report_after must be > 0 s, got {phase_report_after}")
         self.send = send
+        self.phase_report_after = phase_report_after
+        self.schedule = schedule
+        self._lock = threading.RLock()
+        self._cancel_phase_timer: Cancel | None = None
+        self._phase_changes = 0  # which phase change the armed timer belongs to
+        self._reported_phase: tuple[SyncPhase | None, str | None] = (None, None)  # last (phase, since) sent
         self.throttle = ReportThrottle(min_interval)
         self.clock, self.wall = clock, wall
         self.window = ReportWindow()
@@ -106,18 +139,22 @@ class StatusReporter:
 
     # -- the callback ---------------------------------------------------------------------------
     def __call__(self, record: dict[str, Any]) -> None:
-        self.observe(record)
-        now = self.clock()
-        if self.throttle.ready(now):
-            self._report(now)
+        with self._lock:
+            self.observe(record)
+            now = self.clock()
+            if self.throttle.ready(now):
+                self._report(now)
 
     def observe(self, record: dict[str, Any]) -> None:
-        """Fold one step record into the window and the run totals (no I/O)."""
-        if "sync_phase" in record:  # interrupt-sync phase, when the loop reports one
-            phase = SyncPhase(record["sync_phase"])
+        """Fold one record into the window and the run totals (no I/O; a sync-phase change arms the timer)."""
+        if "sync_phase" in record:  # interrupt-sync phase change, when the loop reports one
+            phase = SyncPhase.parse(str(record["sync_phase"]))  # "Score" or the metric label "score"
             if phase != self.sync_phase:
-                self.sync_phase, self.sync_phase_since = phase, rfc3339(self.wall())
-        if "version" not in record:  # a skipped (non-finite) step: no update, not counted
+                with self._lock:
+                    self.sync_phase, self.sync_phase_since = phase, rfc3339(self.wall())
+                    self._phase_changes += 1
+                    self._arm_phase_timer(self.phase_report_after)
+        if "version" not in record:  # a phase change, or a skipped (non-finite) step: not counted
             return
         self.policy_version = int(record["version"])
         self.window.add(record)
@@ -138,7 +175,37 @@ class StatusReporter:
 
     def flush(self) -> bool:
         """Send the final summary now, throttle or not (the contract's last word); True on success."""
-        return self._report(self.clock())
+        with self._lock:
+            self._disarm_phase_timer()
+            return self._report(self.clock())
+
+    # -- the sync-phase timer -------------------------------------------------------------------
+    def _arm_phase_timer(self, delay: float) -> None:
+        self._disarm_phase_timer()
+        change = self._phase_changes
+        self._cancel_phase_timer = self.schedule(delay, lambda: self._phase_due(change))
+
+    def _disarm_phase_timer(self) -> None:
+        if self._cancel_phase_timer is not None:
+            self._cancel_phase_timer()
+            self._cancel_phase_timer = None
+
+    def _phase_unseen(self) -> bool:
+        """Whether the API server lacks the current phase in a way the operator cares about: a phase
+        other than Idle it has not seen (with its start), or Idle after a phase other than Idle."""
+        seen_phase, seen_since = self._reported_phase
+        if self.sync_phase is SyncPhase.IDLE:
+            return seen_phase not in (None, SyncPhase.IDLE)
+        return (self.sync_phase, self.sync_phase_since) != (seen_phase, seen_since)
+
+    def _phase_due(self, change: int) -> None:
+        """Timer callback: the phase of change number ``change`` has lasted its delay."""
+        with self._lock:
+            if change != self._phase_changes:  # a later change re-armed the timer (this one lost the race)
+                return
+            self._cancel_phase_timer = None
+            if self._phase_unseen() and not self._report(self.clock()):
+                self._arm_phase_timer(self.throttle.min_interval)  # API unreachable: try again later
 
     # -- sending --------------------------------------------------------------------------------
     def _report(self, now: float) -> bool:
@@ -153,6 +220,7 @@ class StatusReporter:
             return False
         self.sent += 1
         self.window = ReportWindow()
+        self._reported_phase = (self.sync_phase, self.sync_phase_since)
         return True
 
 

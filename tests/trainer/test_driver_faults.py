@@ -1,0 +1,128 @@
+"""Faults a running job survives, for real: a rollout worker's process killed mid-run, and the
+whole job killed and resumed from its checkpoint (local Ray, real processes)."""
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.api.validation import validate_job
+from asyncrl.trainer.driver.loop import RunOptions, run_job
+from asyncrl.trainer.driver.ray_env import local_ray
+
+pytestmark = pytest.mark.slow  # real processes killed mid-run: about 5 minutes on 2 cores
+
+JOB: dict[str, Any] = {
+    "apiVersion": "asyncrl.io/v1alpha1",
+    "kind": "AsyncRLJob",
+    "metadata": {"name": "faults"},
+    "spec": {
+        "async": {"maxStaleness": 1},
+        "task": {"name": "calculator", "groupSize": 2, "maxNewTokens": 16},
+        "train": {"steps": 6, "promptsPerStep": 2, "warmStartSteps": 0},
+        "rollout": {"replicas": 2},
+        "checkpoint": {"everySteps": 2},
+        "monitoring": {"enabled": False},
+    },
+}
+
+
+def _descends_from_us(pid: int) -> bool:
+    """True when this test process is an ancestor of ``pid`` (our own Ray's workers, not another run's)."""
+    me = os.getpid()
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
+        if pid == me:
+            return True
+    return False
+
+
+def _rollout_pids(title: str = "ray::RolloutHost") -> list[int]:
+    """Processes Ray titled ``title...`` started by this test's Ray (one per rollout worker by default)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")[0].decode()
+            except OSError:
+                continue
+            if cmd.startswith(title) and _descends_from_us(int(d.name)):
+                pids.append(int(d.name))
+    return pids
+
+
+def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(tmp_path: Path) -> None:
+    killed: list[int] = []
+
+    def on_step(r: dict[str, Any]) -> None:
+        if r.get("version") == 2 and not killed:
+            pids = _rollout_pids()
+            assert len(pids) == 2, pids
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
+
+    with local_ray(num_cpus=2):
+        result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
+    s = result.summary
+    assert killed and s["status"] == "succeeded", s
+    assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5, 6]
+    assert s["worker_replacements"] == 1, s
+    # Its in-flight groups were counted as aborted (or it was idle); every admitted group is accounted for
+    # (the calls still in flight at the end are aborted by the drain, so they are in groups_aborted too).
+    b = s["buffer"]
+    assert b["groups_admitted"] == b["groups_accepted"] + b["groups_aborted"], b
+    assert b["groups_aborted"] >= b["groups_in_flight_at_end"], b
+
+
+def test_kill_and_resume_continues_the_versions_without_replaying_prompts(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    first: list[str] = []
+    second: list[str] = []
+
+    def stop_after_3(r: dict[str, Any]) -> None:
+        if r.get("version") == 3:
+            raise KeyboardInterrupt  # the job dies after the checkpoint at 2, with step 3 not saved
+
+    with local_ray(num_cpus=2):
+        with pytest.raises(KeyboardInterrupt):
+            run_job(validate_job(JOB), RunOptions(run_dir=run_dir), on_step=stop_after_3,
+                    on_batch=lambda groups, v: first.extend(g[0].group_id for g in groups if v < 2))
+        result = run_job(validate_job(JOB), RunOptions(run_dir=run_dir),
+                         on_batch=lambda groups, v: second.extend(g[0].group_id for g in groups))
+    s = result.summary
+    assert s["status"] == "succeeded" and s["start_version"] == 2, s
+    assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5, 6]
+    # Steps 1-2 are in the checkpoint; steps 3-6 were trained after the resume on fresh prompts.
+    assert len(first) == 4 and len(second) == 8
+    assert not set(first) & set(second), "a prompt group trained before the checkpoint was trained again"
+    assert len(set(second)) == len(second)
+    assert s["resume"]["cursors"] and all(c > 0 for c in s["resume"]["cursors"]), s["resume"]
+
+
+def test_a_killed_dedicated_scorer_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
+    job = {**JOB, "spec": {**JOB["spec"], "correction": {"reference": "exact"},
+                           "oldLogits": {"strategy": "dedicated"}, "model": {"rolloutDtype": "float32"},
+                           "train": {**JOB["spec"]["train"], "steps": 5}}}
+    killed: list[int] = []
+
+    def on_step(r: dict[str, Any]) -> None:
+        if r.get("version") == 2 and not killed:
+            pids = _rollout_pids("ray::DedicatedScorer")
+            assert len(pids) == 1, [Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0] for p in _rollout_pids("ray::")]
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
+
+    with local_ray(num_cpus=2):
+        result = run_job(validate_job(job), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
+    s = result.summary
+    assert killed and s["status"] == "succeeded", s
+    assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5]
+    assert s["dedicated"]["replacements"] == 1, s["dedicated"]
+    for r in result.steps:  # every older token still got its exact pi_old (fp32 engine: r_d == 1)
+        assert abs(r["rd_min"] - 1.0) < 1e-3 and abs(r["rd_max"] - 1.0) < 1e-3, r
