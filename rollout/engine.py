@@ -16,11 +16,13 @@ Semantics every backend keeps:
   the unfinished episodes (status ``INTERRUPTED``); ``generate`` then returns with those episodes
   left resumable (``done`` False). Passing them to a later ``generate`` continues them. With
   ``hold=True`` no token is sampled anywhere until ``resume()`` (the interrupt-sync window:
-  interrupt+hold, compute old logits with the resident version, update weights, resume).
+  interrupt+hold, compute old logits with the resident version, update weights, resume); a
+  ``generate`` called while held returns at once with its episodes unfinished, never waits.
 """
 
+import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -83,8 +85,8 @@ class RolloutEngine(Protocol):
         """Stop a running ``generate`` at the next token boundary; snapshots of its unfinished episodes.
 
         ``hold``: also keep every ``generate`` from sampling until :meth:`resume` (an idle engine
-        returns ``[]`` and a ``generate`` that starts later waits), so no token of the current
-        version is produced after the interrupt: what interrupt-sync needs.
+        returns ``[]``; a ``generate`` that starts later returns at once, its episodes unfinished), so
+        no token of the current version is produced after the interrupt: what interrupt-sync needs.
         """
         ...
 
@@ -101,7 +103,52 @@ class RolloutEngine(Protocol):
         ...
 
 
-ENGINES: tuple[str, ...] = ("transformers", "vllm")  # spec.rollout.engine
+class BoundaryWeightSwap:
+    """The weight hand-over both backends share (``update_weights`` in the module docstring).
+
+    Idle: the update is applied now. Generating: it waits in ``_pending`` (a newer one replaces it and is
+    counted in ``counters.updates_superseded``) until the engine's loop calls :meth:`_swap_pending` at a
+    token boundary. A backend provides ``_lock``, ``_generating``, ``_pending``, ``counters``, ``_copy``
+    (a private copy of the caller's tensors, made outside the lock) and ``_apply`` (install them).
+    """
+
+    _lock: threading.Lock
+    _generating: bool
+    _pending: tuple[Any, int] | None
+    counters: Any
+
+    def _copy(self, state_dict: Mapping[str, torch.Tensor]) -> Any:
+        raise NotImplementedError
+
+    def _apply(self, weights: Any, version: int) -> None:
+        raise NotImplementedError
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        weights = self._copy(state_dict)
+        with self._lock:
+            if not self._generating:
+                self._pending = None
+                self._apply(weights, version)
+                return
+            if self._pending is not None:
+                self.counters.updates_superseded += 1
+            self._pending = (weights, version)
+
+    def _swap_pending(self) -> bool:
+        """Apply a pending update now (the caller is at a token boundary); True when there was one."""
+        with self._lock:
+            if self._pending is None:
+                return False
+            weights, version = self._pending
+            self._pending = None
+            self._apply(weights, version)
+            return True
+
+
+# spec.rollout.engine: transformers (asyncrl.rollout.hf_engine, in-process, CPU or one GPU) and vllm
+# (asyncrl.rollout.vllm_engine: vLLM in an engine process of its own interpreter, driven step by step;
+# float32 on vLLM's CPU build; engineArgs in asyncrl.rollout.vllm_engine.VLLM_ENGINE_ARGS).
+ENGINES: tuple[str, ...] = ("transformers", "vllm")
 
 
 def make_engine(
@@ -117,9 +164,9 @@ def make_engine(
     if name not in ENGINES:
         raise ValueError(f"spec.rollout.engine {name!r} is unknown; valid engines: {', '.join(ENGINES)}")
     if name == "vllm":
-        raise NotImplementedError(
-            "spec.rollout.engine 'vllm' has no backend in this build yet; use spec.rollout.engine: transformers"
-        )
+        from asyncrl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, engine_args=engine_args)
     args = dict(engine_args or {})
     fp32_head = args.pop("fp32Head", False)
     if args or not isinstance(fp32_head, bool):

@@ -6,6 +6,7 @@ episode keeps all of it, so a later ``generate`` call resumes it exactly where i
 whatever weights are loaded by then: the prefix keeps its versions and ``logp_mu``).
 """
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ class Episode:
     versions: list[int] = field(default_factory=list)
     logp_mu: list[float] = field(default_factory=list)
     turn_ids: list[int] = field(default_factory=list)
+    # Exact old log-probs scored while the episode was suspended (interrupt-sync); NaN = not scored.
+    logp_old: list[float] | None = None
     forced: deque[int] = field(default_factory=deque)  # environment tokens still to feed
     turn: int = 0  # assistant turn index (environment answers seen so far)
     turn_text: str = ""  # agent text of the current turn
@@ -60,6 +63,8 @@ class Episode:
         self.versions.append(version)
         self.logp_mu.append(logp)
         self.turn_ids.append(self.turn)
+        if self.logp_old is not None:
+            self.logp_old.append(math.nan)
 
     def add_forced(self, token: int) -> None:
         self.tokens.append(token)
@@ -67,6 +72,15 @@ class Episode:
         self.versions.append(NO_VERSION)
         self.logp_mu.append(0.0)
         self.turn_ids.append(-1)
+        if self.logp_old is not None:
+            self.logp_old.append(math.nan)
+
+    def set_logp_old(self, positions: list[int], values: list[float]) -> None:
+        """Keep exact old log-probs of sampled tokens at ``positions`` (the trajectory carries them)."""
+        if self.logp_old is None:
+            self.logp_old = [math.nan] * len(self.tokens)
+        for i, v in zip(positions, values, strict=True):
+            self.logp_old[i] = float(v)
 
     def finish(self, status: TrajectoryStatus, reward: float, success: bool, reason: str) -> None:
         self.done, self.status, self.reward, self.success, self.reason = True, status, reward, success, reason
@@ -86,6 +100,7 @@ class Episode:
             versions=list(self.versions),
             logp_mu=list(self.logp_mu),
             turn_ids=list(self.turn_ids),
+            logp_old=None if self.logp_old is None else list(self.logp_old),
             reward=self.reward,
             success=self.success,
             status=self.status if status is None else status,

@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
 from asyncrl.api.model_arch import LlamaArch
-from asyncrl.rollout.engine import EngineReleasedError, RolloutError
+from asyncrl.rollout.engine import BoundaryWeightSwap, EngineReleasedError, RolloutError
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_model import LM_HEAD, build_model, load_hf_state_dict, torch_dtype
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
@@ -51,7 +51,7 @@ class EngineCounters:
     interrupts: int = 0
 
 
-class HFEngine:
+class HFEngine(BoundaryWeightSwap):
     """Samples episodes with a transformers ``LlamaForCausalLM`` built from ``arch``.
 
     Args:
@@ -157,26 +157,6 @@ class HFEngine:
             self._pending = None
             self._apply(self._copy(state_dict), version)
 
-    def update_weights(self, state_dict: StateDict, version: int) -> None:
-        weights = self._copy(state_dict)
-        with self._lock:
-            if not self._generating:
-                self._pending = None
-                self._apply(weights, version)
-                return
-            if self._pending is not None:
-                self.counters.updates_superseded += 1
-            self._pending = (weights, version)
-
-    def _swap_pending(self) -> bool:
-        with self._lock:
-            if self._pending is None:
-                return False
-            weights, version = self._pending
-            self._pending = None
-            self._apply(weights, version)
-            return True
-
     def release(self) -> None:
         with self._lock:
             if self._generating:
@@ -239,16 +219,18 @@ class HFEngine:
         if not self._gen_lock.acquire(blocking=False):
             raise RuntimeError("HFEngine.generate: another generate() is running on this engine")
         try:
-            while True:  # wait out a hold (interrupt(hold=True) ... resume()); no token is sampled meanwhile
-                with self._lock:
-                    if self._running.is_set():
-                        model = self.model  # raises when released / never loaded
-                        self._generating = True
-                        self._snapshots = []
-                        self._interrupt_req.clear()
-                        self._stopped.clear()
-                        break
-                self._running.wait()
+            with self._lock:
+                if not self._running.is_set():
+                    # Held (interrupt(hold=True) ... resume()): a generate arriving now samples nothing and
+                    # returns at once, its episodes unfinished (resumable), exactly like an interrupted one.
+                    # Waiting instead would keep its caller -- and whoever waits for it, e.g. a driver
+                    # collecting calls in flight before an interrupt-sync window -- blocked until resume().
+                    return list(episodes)
+                model = self.model  # raises when released / never loaded
+                self._generating = True
+                self._snapshots = []
+                self._interrupt_req.clear()
+                self._stopped.clear()
             sampler = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else self._sampler
             try:
                 self._loop(model, list(episodes), max_new_tokens, temperature, partial_rollout, sampler)

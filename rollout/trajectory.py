@@ -6,6 +6,7 @@ prompt and environment (tool) tokens carry ``version = -1``, ``logp_mu = 0`` and
 process boundaries through Ray and stays free of torch.
 """
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -45,10 +46,16 @@ class Trajectory:
     success: bool = False
     status: TrajectoryStatus = TrajectoryStatus.FINISHED
     info: dict[str, Any] = field(default_factory=dict)
+    # Exact training-side old log-prob of each sampled token under its own version, filled in by the
+    # old-logit stage before training (strategies dedicated and interruptSync); NaN = not scored yet.
+    # None: nothing scored (every other reference).
+    logp_old: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        for name in ("loss_mask", "versions", "logp_mu", "turn_ids"):
+        for name in ("loss_mask", "versions", "logp_mu", "turn_ids", "logp_old"):
+            if getattr(self, name) is None:
+                continue
             got = len(getattr(self, name))
             if got != n:
                 raise ValueError(f"Trajectory {self.traj_id}: {name} has {got} entries, tokens has {n}")
@@ -69,6 +76,25 @@ class Trajectory:
         """Newest version among sampled tokens (NO_VERSION if there are none)."""
         vs = self.sampled_versions
         return max(vs) if vs else NO_VERSION
+
+    def unscored(self, version: int | None = None) -> list[int]:
+        """Positions of sampled tokens (of ``version``, or any) that have no exact ``logp_old`` yet."""
+        old = self.logp_old
+        return [
+            i for i, (m, v) in enumerate(zip(self.loss_mask, self.versions, strict=True))
+            if m and (version is None or v == version) and (old is None or old[i] != old[i])
+        ]
+
+    def set_logp_old(self, positions: list[int], values: list[float]) -> None:
+        """Record exact old log-probs of the tokens at ``positions`` (NaN elsewhere until scored)."""
+        if len(positions) != len(values):
+            raise ValueError(f"set_logp_old: {len(positions)} positions but {len(values)} values")
+        if self.logp_old is None:
+            self.logp_old = [math.nan] * len(self.tokens)
+        for i, v in zip(positions, values, strict=True):
+            if not self.loss_mask[i]:
+                raise ValueError(f"trajectory {self.traj_id}: position {i} is not a sampled token")
+            self.logp_old[i] = float(v)
 
     @property
     def is_partial(self) -> bool:

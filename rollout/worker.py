@@ -13,7 +13,7 @@ loaded by then, so a GRPO group may complete across two ``generate`` calls (grou
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,9 +22,10 @@ from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.pods import RolloutSpec
 from asyncrl.rollout.engine import RolloutEngine, RolloutError, make_engine
+from asyncrl.rollout.envs.math_tasks import Problem
 from asyncrl.rollout.envs.registry import get_task, max_sequence_length
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.tokenizer import TOKENIZER
+from asyncrl.rollout.tokenizer import Tokenizer, tokenizer_for
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 
 
@@ -45,7 +46,9 @@ class RolloutStats:
     groups_started: int
     weight_updates: int
     busy_seconds: float  # inside generate()
-    idle_seconds: float  # between generate() calls
+    idle_seconds: float  # between generate() calls (evaluate() included)
+    eval_trajectories: int = 0  # held-out evaluation samples (evaluate()), never trained on
+    eval_seconds: float = 0.0  # inside evaluate()
 
 
 def _rng(*parts: int) -> random.Random:
@@ -65,6 +68,7 @@ class RolloutWorker:
         rollout: ``spec.rollout`` (``engine``, ``engineArgs``); default: the transformers engine.
         engine: a ready engine instead (tests, custom backends). Either way, load weights before
             the first ``generate``.
+        tokenizer: the model's tokenizer; default ``tokenizer_for(model)`` (the actor uses the same).
     """
 
     def __init__(
@@ -77,14 +81,18 @@ class RolloutWorker:
         seed: int = 0,
         rollout: RolloutSpec | None = None,
         engine: RolloutEngine | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.task_spec = task
         self.task = get_task(task.name)
         self.partial_rollout = async_.partial_rollout
         self.worker_index = worker_index
         self.seed = seed
+        self.tokenizer: Tokenizer = tokenizer_for(model) if tokenizer is None else tokenizer
         self.arch: LlamaArch = resolve_arch(
-            model, TOKENIZER.vocab_size, max_sequence_length(task.name, task.max_new_tokens)
+            model,
+            self.tokenizer.vocab_size,
+            max_sequence_length(task.name, task.max_new_tokens, self.tokenizer),
         )
         if engine is None:
             rollout = rollout or RolloutSpec()
@@ -93,12 +101,13 @@ class RolloutWorker:
                 self.arch,
                 dtype=model.rollout_dtype,
                 seed=_rng(seed, worker_index, 1).randrange(2**62),
-                pad_id=TOKENIZER.pad_id,
+                pad_id=self.tokenizer.pad_id,
                 engine_args=rollout.engine_args,
             )
         self.engine = engine
         self._suspended: list[Episode] = []
-        self._groups = 0
+        self._cursor = 0  # index of the next group over the whole run: decides its prompts
+        self._groups = 0  # groups this worker started (a counter of this process)
         self._lock = threading.Lock()
         self._c = dict.fromkeys(
             (
@@ -110,9 +119,11 @@ class RolloutWorker:
                 "interrupted",
                 "aborted",
                 "updates",
+                "eval_trajectories",
             ),
             0,
         )
+        self._eval_seconds = 0.0  # inside evaluate() (not busy: no training trajectory came of it)
         self._busy = 0.0
         self._idle = 0.0
         self._last_end = time.perf_counter()
@@ -141,9 +152,29 @@ class RolloutWorker:
     def acquire(self) -> None:
         self.engine.acquire()
 
+    # ----------------------------------------------------------------------------- prompts
+    @property
+    def prompt_cursor(self) -> int:
+        """Groups started so far over the run (restored ones included): group ``k`` draws its problem
+        from ``(seed, worker_index, k)``, so the cursor decides the next prompts. Checkpoint it."""
+        return self._cursor
+
+    def set_prompt_cursor(self, n: int) -> None:
+        """Continue at group ``n`` (a resumed run: no prompt is replayed). Only between ``generate`` calls
+        with nothing suspended, since suspended episodes belong to groups before the cursor."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"RolloutWorker.set_prompt_cursor: n must be an int >= 0, got {n!r}")
+        if self._suspended:
+            raise RuntimeError(
+                f"RolloutWorker.set_prompt_cursor: {len(self._suspended)} episodes are suspended; "
+                "call abort_suspended() first (or set the cursor before the first generate)"
+            )
+        self._cursor = n
+
     # ----------------------------------------------------------------------------- generation
     def _new_group(self) -> list[Episode]:
-        k = self._groups
+        k = self._cursor
+        self._cursor += 1
         self._groups += 1
         gid = f"w{self.worker_index}-g{k}"
         state = _rng(self.seed, self.worker_index, 0, k).getstate()
@@ -151,7 +182,7 @@ class RolloutWorker:
         for j in range(self.task_spec.group_size):
             rng = random.Random()
             rng.setstate(state)  # every member of the group gets the same problem
-            env = self.task.make_env(max_tool_calls=self.task_spec.max_tool_calls)
+            env = self.task.make_env(max_tool_calls=self.task_spec.max_tool_calls, tokenizer=self.tokenizer)
             episodes.append(Episode.start(f"{gid}-s{j}", gid, env, rng))
         return episodes
 
@@ -206,11 +237,47 @@ class RolloutWorker:
                 self._c["partial"] += t.is_partial
         return done
 
+    def evaluate(self, problems: Sequence[Problem], *, version: int, temperature: float, seed: int,
+                 first: int = 0) -> list[Trajectory]:
+        """One sample of each of ``problems`` (held-out evaluation prompts) under the loaded ``version``.
+
+        Nothing of it touches training: no prompt cursor advances, no episode is suspended or
+        resumed (suspended training episodes stay as they are), the training counters and the
+        engine's own sampler are left alone (``seed`` seeds a sampler of this call: the same noise
+        at every evaluation). Call it between ``generate`` calls; a weight update during it is an
+        error (its trajectories must carry ``version`` only). Trajectory ids are
+        ``eval-v<version>-p<first + k>``.
+        """
+        if self.version != version:
+            raise RuntimeError(
+                f"RolloutWorker.evaluate: worker {self.worker_index} holds version {self.version}, "
+                f"the evaluation is of version {version}"
+            )
+        t0 = time.perf_counter()
+        episodes = []
+        for k, problem in enumerate(problems):
+            env = self.task.make_env(max_tool_calls=self.task_spec.max_tool_calls, tokenizer=self.tokenizer,
+                                     problem=problem)
+            tid = f"eval-v{version}-p{first + k}"
+            episodes.append(Episode.start(tid, tid, env, random.Random(0)))  # the fixed problem ignores rng
+        self.engine.generate(episodes, max_new_tokens=self.task_spec.max_new_tokens, temperature=temperature,
+                             partial_rollout=False, seed=seed)
+        out = [e.to_trajectory() for e in episodes]
+        undone = [t.traj_id for t, e in zip(out, episodes, strict=True) if not e.done]
+        if undone:
+            raise RuntimeError(f"RolloutWorker.evaluate: {len(undone)} evaluation episodes were interrupted "
+                               f"({', '.join(undone[:4])}); nothing may interrupt an evaluation")
+        with self._lock:
+            self._c["eval_trajectories"] += len(out)
+            self._eval_seconds += time.perf_counter() - t0
+        return out
+
     def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
         """Stop a running ``generate`` at a token boundary; snapshots (INTERRUPTED) of what was in flight.
 
         The episodes themselves stay suspended in this worker and resume on the next ``generate``.
-        ``hold``: sample nothing more (a ``generate`` arriving meanwhile waits) until :meth:`resume`.
+        ``hold``: sample nothing more until :meth:`resume` (a ``generate`` arriving meanwhile returns at once:
+        its episodes, new groups included, stay suspended here).
         """
         snaps = self.engine.interrupt(timeout_s, hold=hold)
         with self._lock:
@@ -233,6 +300,13 @@ class RolloutWorker:
     def suspended(self) -> int:
         return len(self._suspended)
 
+    def suspended_episodes(self) -> list[Episode]:
+        """The suspended episodes themselves (interrupt-sync scores their prefixes in place); only
+        between ``generate`` calls, e.g. while held after ``interrupt(hold=True)``."""
+        if self._busy_since is not None:
+            raise RuntimeError("suspended_episodes: a generate() is running; interrupt it and let it return first")
+        return list(self._suspended)
+
     def stats(self) -> RolloutStats:
         with self._lock:
             c = dict(self._c)
@@ -254,4 +328,6 @@ class RolloutWorker:
                 weight_updates=c["updates"],
                 busy_seconds=busy,
                 idle_seconds=idle,
+                eval_trajectories=c["eval_trajectories"],
+                eval_seconds=self._eval_seconds,
             )

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from asyncrl.rollout.tokenizer import ToolTokenizer
+from asyncrl.rollout.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,11 @@ class Environment(Protocol):
     """One episode of an agent task (stateful; make a fresh one per episode)."""
 
     task: str
-    tokenizer: ToolTokenizer
+    tokenizer: Tokenizer
     truncated_reward: float  # reward of an episode that hits maxNewTokens without ending
 
     def reset(self, rng: random.Random) -> list[int]:
-        """Draw a problem from ``rng``; returns the prompt tokens (starting with ``<bos>``)."""
+        """Draw a problem from ``rng``; returns the prompt tokens (``tokenizer.chat_prompt``'s)."""
         ...
 
     def step(self, turn_text: str) -> EnvStep:
@@ -82,7 +82,7 @@ def replay(env: Environment, prompt: Sequence[int], agent_turns: Sequence[str]) 
         for j, i in enumerate(ids):
             tokens.append(i)
             mask.append(True)
-            text += tok.pieces[i]
+            text += tok.decode([i])  # what the engine appends to the turn text
             out = env.step(text)
             if out.done:
                 if j != len(ids) - 1:

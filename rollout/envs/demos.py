@@ -22,7 +22,7 @@ import torch
 from asyncrl.rollout.envs.base import replay
 from asyncrl.rollout.envs.math_tasks import _CALL, OPS, Problem, eval_call
 from asyncrl.rollout.envs.registry import get_task
-from asyncrl.rollout.tokenizer import TOKENIZER
+from asyncrl.rollout.tokenizer import TOKENIZER, Tokenizer
 
 Demo = tuple[list[int], list[bool]]  # (tokens [T], loss_mask [T]); loss_mask True = agent token
 
@@ -96,25 +96,32 @@ def agent_turns(p: Problem, kind: str, rng: Random, *, uses_tool: bool = True) -
 
 
 def demonstrations(
-    task_name: str, n: int, rng: Random, *, mix: Mapping[str, float] | None = None, max_tool_calls: int = 4
+    task_name: str,
+    n: int,
+    rng: Random,
+    *,
+    mix: Mapping[str, float] | None = None,
+    max_tool_calls: int = 4,
+    tokenizer: Tokenizer = TOKENIZER,
 ) -> list[Demo]:
     """``n`` demonstrations of ``task_name`` drawn from ``rng``, kinds mixed by ``mix`` (task default).
 
-    Returns ``(tokens, loss_mask)`` pairs; ``loss_mask`` is True exactly on agent tokens.
+    Returns ``(tokens, loss_mask)`` pairs in ``tokenizer``'s ids (the model's: ``tokenizer_for``);
+    ``loss_mask`` is True exactly on agent tokens.
     """
     task = get_task(task_name)
     mix = dict(task.demo_mix if mix is None else mix)
     kinds, weights = list(mix), list(mix.values())
     out: list[Demo] = []
     for _ in range(n):
-        env = task.make_env(max_tool_calls=max_tool_calls)
+        env = task.make_env(max_tool_calls=max_tool_calls, tokenizer=tokenizer)
         prompt = env.reset(rng)
         assert env.problem is not None  # set by reset
         turns = agent_turns(env.problem, rng.choices(kinds, weights)[0], rng, uses_tool=task.uses_tool)
         ep = replay(env, prompt, turns)
         if not ep.done:
             raise RuntimeError(
-                f"demo for {task_name} did not end: {TOKENIZER.decode(ep.tokens)!r} ({ep.reason})"
+                f"demo for {task_name} did not end: {tokenizer.decode(ep.tokens)!r} ({ep.reason})"
             )
         out.append((ep.tokens, ep.loss_mask))
     return out

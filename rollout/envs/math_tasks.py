@@ -12,6 +12,11 @@ without the tool end it with reward 0.
   faithfully (results up to 6 digits), so a tiny model keeps improving for minutes.
 - ``arithmetic``: ``Q:7*8=?`` answered directly (single turn, no tool): one-digit operands, so
   the task stays learnable without a tool by a tiny model.
+
+With a pretrained model's BPE tokenizer (``rollout/tokenizer.py``) the same protocol is plain text:
+the prompt (:func:`prompt_ids`) is the model's chat template over the instructions, two worked
+examples and the question (a 135M instruct model follows the tags only when shown them), a closing tag may arrive inside a longer token (so the environment looks for the first
+closing tag in the turn, not only at its end), and the model's EOS token ends the episode.
 """
 
 import random
@@ -20,9 +25,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.rollout.envs.base import CONTINUE, EnvStep
-from asyncrl.rollout.tokenizer import EOS, ToolTokenizer
+from asyncrl.rollout.envs.split import draw_train
+from asyncrl.rollout.tokenizer import Tokenizer
 
 OPS = ("+", "-", "*")
+SYSTEM_TOOL = (
+    "Solve the arithmetic question with the calculator. It takes one operation of two integers: write "
+    "<calc>47+38</calc> and it answers <res>85</res>. Then give only the final number as <ans>85</ans>."
+)
+SYSTEM_NO_TOOL = "Solve the arithmetic question. Give only the final number as <ans>56</ans>."
+# (question, the assistant's whole answer, tool results included): 12*34 = 408; (20+5)*3 = 25*3 = 75
+EXAMPLES_TOOL = (
+    ("Q:12*34=?", "<calc>12*34</calc><res>408</res><ans>408</ans>"),
+    ("Q:(20+5)*3=?", "<calc>20+5</calc><res>25</res><calc>25*3</calc><res>75</res><ans>75</ans>"),
+)
+EXAMPLES_NO_TOOL = (("Q:3*4=?", "<ans>12</ans>"), ("Q:9-2=?", "<ans>7</ans>"))
+_QUESTION = re.compile(r"Q:([0-9+\-*()]+)=\?")
 _CALL = re.compile(r"^(-?\d{1,7})([+\-*])(-?\d{1,7})$")
 
 
@@ -112,29 +130,42 @@ def parse_question(question: str) -> Problem:
     )
 
 
+def prompt_ids(tokenizer: Tokenizer, prompt_text: str, uses_tool: bool) -> list[int]:
+    """The prompt of a question (``Q:47*38=?``): instructions and worked examples of the protocol
+    (with or without the tool) and the question, as ``tokenizer`` formats a chat."""
+    if uses_tool:
+        return tokenizer.chat_prompt(SYSTEM_TOOL, prompt_text, EXAMPLES_TOOL)
+    return tokenizer.chat_prompt(SYSTEM_NO_TOOL, prompt_text, EXAMPLES_NO_TOOL)
+
+
 class MathToolEnv:
     """One episode of a math task; the tool is available when ``max_tool_calls > 0``."""
 
-    def __init__(self, task: str, problem_fn: Any, tokenizer: ToolTokenizer, max_tool_calls: int) -> None:
+    def __init__(self, task: str, problem_fn: Any, tokenizer: Tokenizer, max_tool_calls: int,
+                 fixed: Problem | None = None) -> None:
         self.task = task
         self.tokenizer = tokenizer
         self.truncated_reward = 0.0
         self.max_tool_calls = max_tool_calls
         self._problem_fn = problem_fn
+        self._fixed = fixed
         self.problem: Problem | None = None
         self.calls = 0
 
     def reset(self, rng: random.Random) -> list[int]:
-        self.problem = self._problem_fn(rng)
+        """Draw a problem of the train split from ``rng`` (envs/split.py), or take the ``fixed`` one
+        (an evaluation prompt of the held-out split; ``rng`` is then unused)."""
+        self.problem = self._fixed if self._fixed is not None else draw_train(self._problem_fn, rng)
         self.calls = 0
-        return self.tokenizer.encode(self.problem.prompt_text, bos=True)
+        return prompt_ids(self.tokenizer, self.problem.prompt_text, self.max_tool_calls > 0)
 
     def load_prompt(self, prompt: list[int]) -> None:
-        """Set the problem from prompt tokens (``<bos>Q:...=?``), e.g. to re-score a trajectory."""
+        """Set the problem from prompt tokens (the last ``Q:<question>=?`` in them), e.g. to re-score."""
         text = self.tokenizer.decode(prompt, skip_special=True)
-        if not (text.startswith("Q:") and text.endswith("=?")):
+        found = _QUESTION.findall(text)
+        if not found:
             raise ValueError(f"{self.task}: prompt {text!r} is not of the form 'Q:<question>=?'")
-        self.problem = parse_question(text[2:-2])
+        self.problem = parse_question(found[-1])
         self.calls = 0
 
     def info(self) -> dict[str, Any]:
@@ -147,23 +178,29 @@ class MathToolEnv:
         return self.problem
 
     def step(self, turn_text: str) -> EnvStep:
+        # Called after every sampled token, so the first closing tag in the turn is the one this token
+        # completed: with one token per tag (character tokenizer) it is the turn's end; a BPE token
+        # may carry text past it (``>.``), which is ignored.
         p = self._need_problem()
-        if turn_text.endswith("</ans>"):
-            start = turn_text.rfind("<ans>")
+        end = turn_text.find("</ans>")
+        if end >= 0:
+            start = turn_text.rfind("<ans>", 0, end)
             if start < 0:
                 return EnvStep(done=True, reason="</ans> without <ans>")
-            given = turn_text[start + len("<ans>") : -len("</ans>")]
+            given = turn_text[start + len("<ans>") : end].strip()
             ok = given == str(p.answer)
             return EnvStep(done=True, reward=float(ok), success=ok, reason="answered")
-        if turn_text.endswith("</calc>"):
+        end = turn_text.find("</calc>")
+        if end >= 0:
             if self.max_tool_calls == 0:
                 return EnvStep(done=True, reason="tool call in a task without the tool")
             self.calls += 1
             if self.calls > self.max_tool_calls:
                 return EnvStep(done=True, reason=f"more than {self.max_tool_calls} tool calls")
-            start = turn_text.rfind("<calc>")
-            result = eval_call(turn_text[start + len("<calc>") : -len("</calc>")]) if start >= 0 else "?"
+            start = turn_text.rfind("<calc>", 0, end)
+            result = eval_call(turn_text[start + len("<calc>") : end].strip()) if start >= 0 else "?"
             return EnvStep(tokens=tuple(self.tokenizer.encode(f"<res>{result}</res>")))
-        if turn_text.endswith(EOS):
-            return EnvStep(done=True, reason="<eos> without an answer")
+        eos = self.tokenizer.eos_token
+        if turn_text.endswith(eos):
+            return EnvStep(done=True, reason=f"{eos} without an answer")
         return CONTINUE

@@ -12,8 +12,10 @@ from asyncrl.rollout.envs.math_tasks import (
     arithmetic_problem,
     calculator_problem,
     chain_problem,
+    prompt_ids,
 )
-from asyncrl.rollout.tokenizer import TOKENIZER, ToolTokenizer
+from asyncrl.rollout.envs.split import heldout_problems
+from asyncrl.rollout.tokenizer import TOKENIZER, Tokenizer
 
 
 @dataclass(frozen=True)
@@ -27,16 +29,29 @@ class TaskDef:
     max_new_tokens_needed: int  # tokens after the prompt of the longest correct solution
     max_prompt_tokens: int  # longest prompt, <bos> included
 
-    def make_env(self, *, max_tool_calls: int = 4, tokenizer: ToolTokenizer = TOKENIZER) -> MathToolEnv:
-        """A fresh episode environment (one per trajectory; an :class:`Environment`)."""
+    def make_env(self, *, max_tool_calls: int = 4, tokenizer: Tokenizer = TOKENIZER,
+                 problem: Problem | None = None) -> MathToolEnv:
+        """A fresh episode environment (one per trajectory; an :class:`Environment`): its ``reset``
+        draws a problem of the train split, or poses ``problem`` (an evaluation prompt)."""
         calls = max_tool_calls if self.uses_tool else 0
-        return MathToolEnv(self.name, self.problem_fn, tokenizer, calls)
+        return MathToolEnv(self.name, self.problem_fn, tokenizer, calls, fixed=problem)
+
+    def heldout_problems(self, n: int, seed: int) -> list[Problem]:
+        """The evaluation prompts: ``n`` problems of this task's held-out split drawn from ``seed``
+        (see :mod:`~asyncrl.rollout.envs.split`; never drawn for training)."""
+        return heldout_problems(self.problem_fn, n, seed)
 
     def rescore(
-        self, tokens: list[int], loss_mask: list[bool], prompt_len: int, *, max_tool_calls: int = 4
+        self,
+        tokens: list[int],
+        loss_mask: list[bool],
+        prompt_len: int,
+        *,
+        max_tool_calls: int = 4,
+        tokenizer: Tokenizer = TOKENIZER,
     ) -> ScriptedEpisode:
         """This task's own verdict on a recorded episode (see :func:`~asyncrl.rollout.envs.base.rescore`)."""
-        env = MathToolEnv(self.name, self.problem_fn, TOKENIZER, max_tool_calls if self.uses_tool else 0)
+        env = MathToolEnv(self.name, self.problem_fn, tokenizer, max_tool_calls if self.uses_tool else 0)
         env.load_prompt(tokens[:prompt_len])
         return rescore(env, tokens, loss_mask, prompt_len)
 
@@ -84,14 +99,27 @@ def get_task(name: str) -> TaskDef:
         ) from None
 
 
-def make_env(name: str, *, max_tool_calls: int = 4, tokenizer: ToolTokenizer = TOKENIZER) -> Environment:
+def make_env(name: str, *, max_tool_calls: int = 4, tokenizer: Tokenizer = TOKENIZER) -> Environment:
     """A fresh environment of the built-in task ``name``."""
     return get_task(name).make_env(max_tool_calls=max_tool_calls, tokenizer=tokenizer)
 
 
-def max_sequence_length(task_name: str, max_new_tokens: int) -> int:
+def max_prompt_tokens(task_name: str, tokenizer: Tokenizer = TOKENIZER) -> int:
+    """Most prompt tokens of ``task_name`` under ``tokenizer`` (exact for the character tokenizer).
+
+    Another tokenizer's bound: its prompt around an empty question, plus one token per character of
+    the longest question (every BPE token of this text spells at least one character).
+    """
+    task = get_task(task_name)
+    if tokenizer is TOKENIZER:
+        return task.max_prompt_tokens
+    longest_question = task.max_prompt_tokens - 1  # character tokens without <bos>
+    return len(prompt_ids(tokenizer, "", task.uses_tool)) + longest_question
+
+
+def max_sequence_length(task_name: str, max_new_tokens: int, tokenizer: Tokenizer = TOKENIZER) -> int:
     """Longest trajectory of ``task_name`` (prompt + ``spec.task.maxNewTokens``).
 
     Pass it as ``max_sequence_length`` to ``resolve_arch`` on both sides (actor and rollout).
     """
-    return get_task(task_name).max_prompt_tokens + max_new_tokens
+    return max_prompt_tokens(task_name, tokenizer) + max_new_tokens

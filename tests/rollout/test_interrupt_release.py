@@ -1,8 +1,6 @@
 """interrupt() at a token boundary, resuming interrupted episodes, release()/acquire()."""
 
 import random
-import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -104,12 +102,12 @@ def test_hold_keeps_the_old_version_from_sampling_until_resume(
     assert eng.interrupt(hold=True) == [] and eng.held  # idle: nothing in flight, but held
     eps = [Episode.start(f"t{i}", "g", script_env(), random.Random(i)) for i in range(3)]
     prompts = [list(e.tokens) for e in eps]
-    th = threading.Thread(target=eng.generate, args=(eps,), kwargs={"max_new_tokens": 12})
-    th.start()
-    time.sleep(0.2)
-    assert th.is_alive() and [e.tokens for e in eps] == prompts  # waiting, nothing sampled
+    # A generate arriving while held samples nothing and returns at once, its episodes resumable (a
+    # caller waiting for it -- the driver before an interrupt-sync window -- is never blocked).
+    assert eng.generate(eps, max_new_tokens=12) == eps
+    assert [e.tokens for e in eps] == prompts and not any(e.done for e in eps)
     eng.update_weights(weights(1), version=1)  # the engine is not generating: applied now
     eng.resume()
-    th.join(10)
-    assert not th.is_alive() and not eng.held
+    eng.generate(eps, max_new_tokens=12)
+    assert not eng.held and all(e.done for e in eps)
     assert all(set(e.to_trajectory().sampled_versions) == {1} for e in eps)

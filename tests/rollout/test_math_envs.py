@@ -4,7 +4,8 @@ import pytest
 
 from asyncrl.api.job import TaskSpec
 from asyncrl.rollout.envs import TASKS, Environment, get_task, make_env, replay
-from asyncrl.rollout.envs.math_tasks import MathToolEnv, eval_call, parse_question
+from asyncrl.rollout.envs.math_tasks import OPS, MathToolEnv, eval_call, parse_question
+from asyncrl.rollout.envs.split import BUCKETS, draw_train, is_heldout
 from asyncrl.rollout.tokenizer import TOKENIZER
 
 
@@ -112,3 +113,64 @@ def test_chain_problem_mix() -> None:
     left = sum(q.startswith("(") for q in qs)
     assert 60 < left < 140  # both nestings appear (~50/50)
     assert all(len(q) == 10 for q in qs)  # fixed-length prompts: no padding in a fresh batch
+
+
+# ---- the held-out split (rollout/envs/split.py) ---------------------------------------------------
+
+
+def _space(lo: int, hi: int) -> list[str]:
+    return [f"{a}{op}{b}" for a in range(lo, hi + 1) for op in OPS for b in range(lo, hi + 1)]
+
+
+def test_split_sizes_of_the_enumerable_tasks() -> None:
+    # arithmetic: 9 x 3 x 9 = 243 questions, calculator 90 x 3 x 90 = 24,300 (the counts quoted in split.py)
+    arithmetic, calculator = _space(1, 9), _space(10, 99)
+    assert (len(arithmetic), len(calculator)) == (243, 24_300)
+    assert sum(map(is_heldout, arithmetic)) == 36
+    held = sum(map(is_heldout, calculator))
+    assert held == 3043 and abs(held / len(calculator) - 1 / BUCKETS) < 0.01
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_training_draws_never_hit_the_heldout_split(name: str) -> None:
+    task = get_task(name)
+    heldout = {p.question for p in task.heldout_problems(256, seed=3)}
+    assert heldout and all(is_heldout(q) for q in heldout)
+    rng = random.Random(7)
+    drawn = set()
+    for _ in range(5000):  # through the environment, as rollout and the warm start's demos draw
+        env = task.make_env()
+        env.reset(rng)
+        assert env.problem is not None
+        drawn.add(env.problem.question)
+    assert not any(is_heldout(q) for q in drawn)
+    assert drawn.isdisjoint(heldout)
+    if name == "arithmetic":
+        assert len(drawn) == 243 - 36  # every train-side problem is still drawn
+
+
+def test_a_train_side_draw_is_unchanged_and_a_heldout_one_is_redrawn() -> None:
+    task = get_task("calculator")
+    seen = {"kept": 0, "redrawn": 0}
+    for seed in range(400):
+        before = task.problem_fn(random.Random(seed))  # the draw before the split existed
+        after = draw_train(task.problem_fn, random.Random(seed))
+        if is_heldout(before.question):
+            seen["redrawn"] += 1
+            assert after != before and not is_heldout(after.question)
+        else:
+            seen["kept"] += 1
+            assert after == before
+    assert seen["kept"] > 300 and seen["redrawn"] > 20  # ~1/8 of 400 redrawn
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_heldout_problems_are_fixed_by_seed_and_posed_as_is(name: str) -> None:
+    task = get_task(name)
+    a, b, c = task.heldout_problems(32, 0), task.heldout_problems(32, 0), task.heldout_problems(32, 1)
+    assert a == b and a != c and len(a) == 32
+    env = task.make_env(problem=a[5])
+    prompt = env.reset(random.Random(123))  # the rng is not used for a posed problem
+    assert env.problem == a[5] and f"Q:{a[5].question}=?" in TOKENIZER.decode(prompt)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        task.heldout_problems(-1, 0)

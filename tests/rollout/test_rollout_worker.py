@@ -114,9 +114,10 @@ def test_interrupted_episodes_resume_in_the_next_call(
 def test_engine_choice_is_validated() -> None:
     from asyncrl.api.pods import RolloutSpec
 
-    with pytest.raises(NotImplementedError, match="use spec.rollout.engine: transformers"):
-        # validation refuses vllm until its backend lands; the worker refuses it too (defence in depth)
-        RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec().model_copy(update={"engine": "vllm"}))
+    # vllm is a real engine now (tests/rollout/test_vllm*.py); a name the spec pattern would refuse is
+    # refused by the worker too (defence in depth), with the valid names
+    with pytest.raises(ValueError, match="spec.rollout.engine 'tgi' is unknown; valid engines: transformers, vllm"):
+        RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec().model_copy(update={"engine": "tgi"}))
     with pytest.raises(
         ValueError, match=r"engineArgs \{'gpu_memory_utilization': 0.5\} do not fit.*fp32Head"
     ):  # the spec refuses these too; the engine's own check names the arguments it takes
@@ -126,3 +127,58 @@ def test_engine_choice_is_validated() -> None:
         )
     w = RolloutWorker(TaskSpec(), MODEL, AsyncSpec(), rollout=RolloutSpec(engine_args={"fp32Head": True}))
     assert w.engine.fp32_head  # type: ignore[attr-defined]
+
+
+def test_prompt_cursor_continues_a_run_without_replaying_prompts(weights: Weights) -> None:
+    first = worker(weights)
+    before = first.generate(2)  # groups g0, g1
+    assert first.prompt_cursor == 2
+    after = first.generate(1)  # group g2: what a run that never stopped samples next
+    resumed = worker(weights)  # a new process after a restart
+    assert resumed.prompt_cursor == 0
+    resumed.set_prompt_cursor(2)
+    again = resumed.generate(1)
+    prompts = [tuple(t.tokens[: t.prompt_len]) for t in again]
+    assert [t.group_id for t in again] == [t.group_id for t in after] == ["w0-g2"] * 4
+    assert prompts == [tuple(t.tokens[: t.prompt_len]) for t in after]  # the very next prompts
+    assert not set(prompts) & {tuple(t.tokens[: t.prompt_len]) for t in before}
+    assert resumed.prompt_cursor == 3 and resumed.stats().groups_started == 1  # this process's count
+
+
+def test_set_prompt_cursor_refuses_bad_values_and_suspended_episodes(weights: Weights) -> None:
+    w = worker(weights)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"n must be an int >= 0, got {bad!r}"):
+            w.set_prompt_cursor(bad)  # type: ignore[arg-type]
+    w._suspended = w._new_group()  # as an interrupt leaves them
+    with pytest.raises(RuntimeError, match="4 episodes are suspended; call abort_suspended"):
+        w.set_prompt_cursor(0)
+    w.abort_suspended()
+    w.set_prompt_cursor(0)
+    assert w.prompt_cursor == 0
+
+
+def test_evaluate_poses_the_given_problems_under_one_version_and_leaves_training_alone(weights: Weights) -> None:
+    from asyncrl.rollout.envs.registry import get_task
+
+    w = worker(weights)
+    w.generate(1)
+    before = w.stats()
+    problems = get_task("calculator").heldout_problems(6, seed=0)
+    out = w.evaluate(problems, version=0, temperature=1e-3, seed=5, first=10)
+    assert [t.traj_id for t in out] == [f"eval-v0-p{k}" for k in range(10, 16)]
+    assert [t.info["question"] for t in out] == [p.question for p in problems]
+    assert all(set(t.sampled_versions) == {0} and t.status is not TrajectoryStatus.INTERRUPTED for t in out)
+    # seeded and (near) greedy: the same answers again, and the training stream is untouched
+    assert [t.tokens for t in w.evaluate(problems, version=0, temperature=1e-3, seed=5)] == [t.tokens for t in out]
+    after = w.stats()
+    assert w.prompt_cursor == 1 and after.groups_started == before.groups_started
+    assert (after.tokens_sampled, after.trajectories_finished + after.trajectories_truncated) == (
+        before.tokens_sampled, before.trajectories_finished + before.trajectories_truncated)
+    assert after.eval_trajectories == 12 and after.eval_seconds > 0
+    # the next training group is the one a worker that never evaluated draws
+    plain = worker(weights)
+    plain.generate(1)
+    assert [t.tokens[: t.prompt_len] for t in w.generate(1)] == [t.tokens[: t.prompt_len] for t in plain.generate(1)]
+    with pytest.raises(RuntimeError, match="holds version 0, the evaluation is of version 3"):
+        w.evaluate(problems, version=3, temperature=1.0, seed=0)
