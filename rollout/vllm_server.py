@@ -1,0 +1,222 @@
+"""The engine process of the vLLM backend: one vLLM ``LLMEngine`` driven token by token over a socket.
+
+Runs in the vLLM environment's own interpreter (``.ci/build-vllm-env.sh``), started by
+:class:`asyncrl.rollout.vllm_engine.VLLMEngine` as ``<vllm python> vllm_server.py``. It imports nothing
+from asyncrl (that interpreter has another torch and transformers than the project's), and it speaks
+plain data only: pickled tuples of str/int/float/list/dict and raw float32 byte buffers for weights.
+
+Protocol (``multiprocessing.connection`` over a unix socket at ``$ASYNCRL_VLLM_ADDRESS``, authkey
+``$ASYNCRL_VLLM_AUTHKEY`` in hex): the server listens, accepts one client, sends a hello dict (platform,
+versions, what the platform supports), then answers each ``(command, kwargs)`` with ``("ok", result)``
+or ``("error", message, traceback)``:
+
+- ``build(hf_config, dtype, engine)``: write the HF config, build the engine with dummy weights.
+- ``weights(names, shapes)``, then one ``send_bytes`` of float32 data per tensor: reload the weights
+  in place (``Worker.reload_weights``; the CPU build repacks linear weights, so the model's own
+  ``load_weights`` does not work there) and reset the prefix cache (its blocks hold old-weight KV).
+- ``step(aborts, adds)``: abort requests, add requests, run one ``LLMEngine.step()``; returns
+  ``[(request_id, new_token_ids, new_logprobs, finished)]``.
+- ``abort_all()``, ``teardown()`` (drop the engine and its KV cache; the process stays), ``rss()``,
+  ``exit()``.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): its worker is reachable by a
+plain function call, so a weight reload needs no serialization of its own.
+"""
+
+import gc
+import os
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection, Listener
+from typing import Any
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux ``/proc``)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _trim() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise, so RSS would not show a release)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+class Server:
+    def __init__(self, conn: Connection, workdir: str) -> None:
+        self.conn = conn
+        self.workdir = workdir
+        self.engine: Any = None
+        self.live: set[str] = set()  # request ids added and not yet finished or aborted
+        self.build_args: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ commands
+    def hello(self) -> dict[str, Any]:
+        import torch
+        import vllm
+        from vllm.platforms import current_platform
+
+        heads: list[int] = []
+        if current_platform.is_cpu():
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            heads = list(CPUAttentionBackend.get_supported_head_sizes())
+        return {
+            "pid": os.getpid(),
+            "vllm": vllm.__version__,
+            "torch": torch.__version__,
+            "platform": current_platform.device_type,
+            "sleep_mode": bool(current_platform.is_sleep_mode_available()),
+            "cpu_head_sizes": heads,
+            "rss_bytes": rss_bytes(),
+        }
+
+    def build(self, hf_config: dict[str, Any], dtype: str, engine: dict[str, Any]) -> dict[str, Any]:
+        from transformers import LlamaConfig
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        t0 = time.perf_counter()
+        model_dir = os.path.join(self.workdir, "model")
+        LlamaConfig(**hf_config).save_pretrained(model_dir)
+        args = EngineArgs(
+            model=model_dir,
+            skip_tokenizer_init=True,
+            load_format="dummy",  # the real weights arrive by reload_weights
+            dtype=dtype,
+            logprobs_mode="processed_logprobs",  # log softmax(z / T) of the distribution sampled from
+            **engine,
+        )
+        self.engine = LLMEngine.from_engine_args(args)
+        self.build_args = {"hf_config": hf_config, "dtype": dtype, "engine": engine}
+        return {"build_s": time.perf_counter() - t0, "rss_bytes": rss_bytes()}
+
+    def weights(self, names: list[str], shapes: list[list[int]]) -> dict[str, Any]:
+        import torch
+
+        t0 = time.perf_counter()
+        tensors = []
+        for name, shape in zip(names, shapes, strict=True):
+            buf = bytearray(self.conn.recv_bytes())
+            tensors.append((name, torch.frombuffer(buf, dtype=torch.float32).view(*shape)))
+        t_recv = time.perf_counter() - t0
+        if self.live:
+            raise RuntimeError(f"weights arrived while {len(self.live)} requests run; abort them first")
+        self._engine().collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors)})
+        if not self._engine().reset_prefix_cache():  # cached blocks hold KV of the old weights
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight reload")
+        return {"recv_s": t_recv, "load_s": time.perf_counter() - t0 - t_recv}
+
+    def step(self, aborts: list[str], adds: list[dict[str, Any]]) -> list[tuple[str, list[int], list[float], bool]]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self._engine()
+        gone = [r for r in aborts if r in self.live]
+        if gone:
+            engine.abort_request(gone)
+            self.live.difference_update(gone)
+        for a in adds:
+            params = SamplingParams(
+                n=1,
+                temperature=a["temperature"],
+                top_p=1.0,
+                top_k=0,
+                min_p=0.0,
+                max_tokens=a["max_tokens"],
+                logprobs=0,  # the sampled token's own log-prob
+                ignore_eos=True,  # the environment ends an episode, not an EOS id
+                detokenize=False,
+                seed=a["seed"],
+                output_kind=RequestOutputKind.DELTA,
+            )
+            engine.add_request(a["id"], {"prompt_token_ids": a["tokens"]}, params)
+            self.live.add(a["id"])
+        out = []
+        for r in engine.step():
+            c = r.outputs[0]
+            toks = list(c.token_ids)
+            lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(toks)] if toks else []
+            if r.finished:
+                self.live.discard(r.request_id)
+            out.append((r.request_id, toks, lps, bool(r.finished)))
+        return out
+
+    def abort_all(self) -> int:
+        n = len(self.live)
+        if self.live:
+            self._engine().abort_request(sorted(self.live))
+            self.live.clear()
+        return n
+
+    def teardown(self) -> dict[str, Any]:
+        before = rss_bytes()
+        t0 = time.perf_counter()
+        if self.engine is not None:
+            self.abort_all()
+        self.engine = None
+        gc.collect()
+        _trim()
+        return {"rss_before": before, "rss_after": rss_bytes(), "teardown_s": time.perf_counter() - t0}
+
+    def sleep(self) -> None:
+        """Platforms with a sleep mode (CUDA): weights offloaded to host memory, KV cache dropped."""
+        self._engine().sleep(level=1)
+
+    def wake_up(self) -> None:
+        self._engine().wake_up()
+
+    def rss(self) -> int:
+        return rss_bytes()
+
+    def _engine(self) -> Any:
+        if self.engine is None:
+            raise RuntimeError("the vLLM engine is not built (build() first, or it was torn down)")
+        return self.engine
+
+    # ------------------------------------------------------------------ loop
+    def serve(self) -> bool:
+        """Answer commands until ``exit`` (returns False) or the client is gone (returns True)."""
+        self.conn.send(("ok", self.hello()))
+        while True:
+            try:
+                cmd, kwargs = self.conn.recv()
+            except (EOFError, OSError):
+                return True
+            if cmd == "exit":
+                self.conn.send(("ok", None))
+                return False
+            try:
+                result = getattr(self, cmd)(**kwargs)
+            except Exception as exc:  # every failure goes back to the client, which raises it
+                self.conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            else:
+                self.conn.send(("ok", result))
+
+
+def main() -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    address = os.environ["ASYNCRL_VLLM_ADDRESS"]
+    authkey = bytes.fromhex(os.environ["ASYNCRL_VLLM_AUTHKEY"])
+    workdir = os.path.dirname(address)
+    with Listener(address, family="AF_UNIX", authkey=authkey) as listener:
+        print(f"asyncrl vllm server {os.getpid()} listening on {address}", file=sys.stderr, flush=True)
+        conn = listener.accept()
+    try:
+        orphaned = Server(conn, workdir).serve()
+    finally:
+        conn.close()
+    if orphaned:  # the client died without closing (its own cleanup never ran): remove our folder
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
