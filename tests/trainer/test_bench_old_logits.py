@@ -1,0 +1,148 @@
+"""bench/old_logits.py: its arithmetic on hand-made step records (fast), and the whole bench in its
+``--quick`` form (slow): one row per strategy at W=1 with every column, the targets block, and the exact
+strategies' r_d at 1. No timing is asserted: the machine is shared."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.support.helpers import ROOT
+
+BENCH = ROOT / "bench" / "old_logits.py"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_old_logits", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _bench()
+WEIGHTS = 1000  # bytes of one weight copy in these hand-made runs
+
+
+def _records(walls: list[float], steps: list[float], refs: list[float], **extra: list[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, (w, s, r) in enumerate(zip(walls, steps, refs, strict=True)):
+        rec = {"step": i + 1, "version": i + 1, "wall_s": w, "step_s": s, "actor_reference_s": r,
+               "actor_forward_s": 0.1, "sync_s": 0.01, "rd_min": 1.0, "rd_max": 1.0, "staleness_max": 1, "partial_frac": 0.0}
+        rec.update({k: v[i] for k, v in extra.items()})
+        out.append(rec)
+    return out
+
+
+def _rows(snapshot_steps: list[float], ewma_steps: list[float], snapshot_ref: float = 0.2,
+          ewma_ref: float = 0.1, ewma_bytes: int = WEIGHTS) -> list[Any]:
+    base = bench.measure("behavior", 3, _records([10, 11, 12, 13], [1.0, 1.0, 1.0, 1.0], [0, 0, 0, 0]),
+                         {}, WEIGHTS, WEIGHTS, 2)
+    ewma = bench.measure("ewma", 3, _records([10, 11.5, 13, 14.5], ewma_steps, [ewma_ref] * 4), {}, WEIGHTS,
+                         ewma_bytes, 2)
+    snap = bench.measure("snapshot", 3, _records([10, 12, 13, 15], snapshot_steps, [snapshot_ref] * 4,
+                                                 snapshot_versions=[2, 4, 3, 3],
+                                                 snapshot_bytes=[2 * WEIGHTS, 4 * WEIGHTS, 3 * WEIGHTS, 3 * WEIGHTS]),
+                         {}, WEIGHTS, WEIGHTS, 2)
+    rows = [base, ewma, snap]
+    bench.against_baseline(rows)
+    return rows
+
+
+def test_extras_are_medians_over_the_baseline_at_the_same_w() -> None:
+    base, ewma, snap = _rows(snapshot_steps=[1.3, 1.3, 1.5, 1.3], ewma_steps=[1.2, 1.2, 1.2, 1.4])
+    # per-step walls: baseline [1, 1, 1] -> 1; ewma [1.5, 1.5, 1.5] -> 1.5; snapshot [2, 1, 2] -> 2
+    assert (base.extra_wall_s, ewma.extra_wall_s, snap.extra_wall_s) == (0.0, 0.5, 1.0)
+    # step_s medians: ewma 1.2, snapshot 1.3 (baseline 1.0)
+    assert ewma.extra_step_s == pytest.approx(0.2, abs=1e-12)
+    assert snap.extra_step_s == pytest.approx(0.3, abs=1e-12)
+    # resident versions (2 + 4 + 3 + 3) / 4 = 3, max 4; memory is the most bytes held at once
+    assert (snap.resident_mean, snap.resident_max, snap.extra_memory_bytes) == (3.0, 4, 4 * WEIGHTS)
+    assert (ewma.extra_memory_bytes, base.extra_memory_bytes) == (WEIGHTS, 0)
+
+
+def test_targets_say_met_not_met_and_not_measured() -> None:
+    # old-logit time in gradient forwards (0.1 s each): ewma 0.1 / 0.1 = 1, snapshot 0.2 / 0.1 = 2 -> 2.0x
+    rows = _rows(snapshot_steps=[1.3] * 4, ewma_steps=[1.2] * 4)
+    assert (rows[1].reference_forwards, rows[2].reference_forwards) == (pytest.approx(1.0), pytest.approx(2.0))
+    by_name = {t.name.split(" (")[0]: t for t in bench.targets(rows, WEIGHTS, WEIGHTS)}
+    assert by_name["snapshot old-logit time/step <= 2x ewma's"].met is True
+    assert by_name["snapshot average resident versions < 5 at W=3"].met is True  # mean 3
+    assert by_name["ewma holds exactly one extra weight copy"].met is True
+    assert by_name["ewma one extra forward per step"].met is True
+
+    # snapshot 0.25 / 0.1 = 2.5 forwards vs ewma's 1 -> 2.5x; ewma 0.16 / 0.1 = 1.6 forwards: more than one
+    rows = _rows(snapshot_steps=[1.5] * 4, ewma_steps=[1.2] * 4, snapshot_ref=0.25)
+    found = {t.name.split(" (")[0]: t for t in bench.targets(rows, WEIGHTS, 2 * WEIGHTS)}
+    ratio = found["snapshot old-logit time/step <= 2x ewma's"]
+    assert ratio.met is False and "2.50x" in ratio.detail
+    assert found["ewma holds exactly one extra weight copy"].met is False  # two copies held
+    rows = _rows(snapshot_steps=[1.5] * 4, ewma_steps=[1.2] * 4, ewma_ref=0.16)
+    found = {t.name.split(" (")[0]: t for t in bench.targets(rows, WEIGHTS, WEIGHTS)}
+    assert found["ewma one extra forward per step"].met is False
+
+    rows = _rows(snapshot_steps=[1.3] * 4, ewma_steps=[1.0] * 4, ewma_ref=0.0)  # no ewma forward measured
+    found = {t.name.split(" (")[0]: t for t in bench.targets(rows, WEIGHTS, WEIGHTS)}
+    assert found["snapshot old-logit time/step <= 2x ewma's"].met is None
+
+
+def test_arguments_name_the_bad_value_and_the_valid_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--strategies", "ewma,snapshots"])
+    err = capsys.readouterr().err
+    assert "snapshots" in err and "interruptSync" in err
+    args = bench.parse_args(["--strategies", "snapshot", "--ws", "3"])
+    assert args.strategies == ["behavior", "snapshot"] and args.ws == [3]  # the baseline always runs
+
+
+@pytest.mark.slow
+def test_quick_bench_prints_every_strategy_and_the_targets(tmp_path: Path) -> None:
+    out_json = tmp_path / "out.json"
+    out = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out_json)],
+                         capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    print(f"\nbench/old_logits.py stderr:\n{out.stderr[-3000:]}\nstdout:\n{out.stdout}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("strategy"))
+    table = lines[header + 2: header + 2 + len(bench.STRATEGIES)]
+    assert [line.split()[0] for line in table] == list(bench.STRATEGIES)
+    assert all(line.split()[1] == "1" for line in table)
+    assert "targets:" in lines
+    result = json.loads(out_json.read_text())
+    rows = {r["strategy"]: r for r in result["rows"]}
+    assert set(rows) == set(bench.STRATEGIES)
+    assert rows["behavior"]["extra_step_s"] == 0.0 and rows["behavior"]["extra_memory_bytes"] == 0
+    assert rows["ewma"]["extra_memory_bytes"] == result["weight_bytes"] == result["ewma_bytes"]
+    assert rows["snapshot"]["resident_max"] >= 1 and rows["snapshot"]["extra_memory_bytes"] > 0
+    assert rows["interruptSync"]["stall_s"] > 0 and set(rows["interruptSync"]["stall_phases_s"]) == {
+        "interrupt", "score", "update", "resume"}
+    for name in bench.EXACT:
+        assert abs(rows[name]["rd_min"] - 1.0) < bench.RD_TOLERANCE, rows[name]
+        assert abs(rows[name]["rd_max"] - 1.0) < bench.RD_TOLERANCE, rows[name]
+    names = [t["name"] for t in result["targets"]]
+    assert any(n.startswith("snapshot old-logit time/step") for n in names)
+    assert any(n.startswith("exact strategies agree") for n in names)
+    assert all(t["met"] in (True, False, None) and t["detail"] for t in result["targets"])
+
+
+def test_dedicated_and_interrupt_sync_columns_come_from_their_summaries() -> None:
+    # DedicatedStage.summary()["dedicated"]: two scorers (one dead at the end: it reports None).
+    state = {"queued_host_bytes": 0, "advances": 4, "load_seconds": 3.2, "build_seconds": 3.0}
+    summary = {"dedicated": {"wait_s": 0.9, "scorers": [state, None]}}
+    recs = _records([10, 11, 12], [1.0] * 3, [0.0] * 3, dedicated_wait_s=[0.0, 0.3, 0.6])
+    ded = bench.measure("dedicated", 2, recs, summary, WEIGHTS, WEIGHTS, 2)
+    assert ded.extra_memory_bytes == 2 * WEIGHTS  # one model per scorer
+    assert ded.switch_s == pytest.approx(0.05, abs=1e-12)  # (3.2 - 3.0 build) s over 4 advances
+    assert (ded.stall_s, ded.stall_mean_s) == (0.3, pytest.approx(0.3, abs=1e-12))  # median; 0.9 s / 3 steps
+    # interruptSync: the four phases of each step record; the median of their per-step sums
+    phases = {f"sync_{p}_s": [0.1, 0.2, 0.3] for p in ("interrupt", "score", "update", "resume")}
+    sync = bench.measure("interruptSync", 2, _records([10, 11, 12], [1.0] * 3, [0.0] * 3, **phases),
+                         {"interrupt_sync": {"syncs": 3, "phase_s": {"score": 0.6}}}, WEIGHTS, WEIGHTS, 2)
+    assert sync.stall_s == pytest.approx(0.8, abs=1e-12) and sync.stall_phases_s["score"] == pytest.approx(0.2)
+    assert sync.extra_memory_bytes == 2 * WEIGHTS and sync.switch_s is None  # no scorer_load_s in the summary
