@@ -3,6 +3,7 @@
 Usage::
 
     .venv/bin/python bench/async_speedup.py [--steps 60] [--prompts 8] [--group 8] [--replicas 1] [--partial-rollout]
+        [--eval-every 10] [--eval-prompts 128]
 
 Both runs train the same number of trajectories (``steps x prompts x group``) from the same
 cached warm start, with the same driver code, in one local Ray session; only
@@ -19,6 +20,11 @@ with ``T_rollout`` the trainer's mean wait per step and ``T_train`` the mean ste
 time, both measured in the synchronous run. Idle ratios are verl's (reference/anchors-algorithms.md
 §4.2): trainer idle = waiting for a batch / loop time; rollout idle = worker time without a
 generate call / worker time.
+
+Learning is compared on the held-out evaluation (``spec.eval``, the same prompts and sampling seed
+in both runs, every ``--eval-every`` versions): success **at equal versions** (what a version of
+stale data is worth) and **at equal wall-clock** (what the overlap buys), the latter at quarters of
+the asynchronous run's loop time, each run's newest evaluation by then (evaluation time excluded).
 """
 
 import argparse
@@ -31,6 +37,7 @@ import time
 from pathlib import Path
 
 from asyncrl.api.validation import validate_job
+from asyncrl.trainer.driver.accounting import success_at_loop_seconds
 from asyncrl.trainer.driver.loop import RunOptions, run_job
 from asyncrl.trainer.driver.ray_env import local_ray
 
@@ -74,6 +81,7 @@ def job(max_staleness: int, args: argparse.Namespace) -> dict:
             "task": {"name": args.task, "groupSize": args.group},
             "train": {"steps": args.steps, "promptsPerStep": args.prompts, "learningRate": 3e-4,
                       "warmStartSteps": args.warm_start_steps, "seed": 0},
+            "eval": {"everySteps": args.eval_every, "prompts": args.eval_prompts, "mode": "temperature"},
             "rollout": {"replicas": args.replicas},
             "checkpoint": {"everySteps": 10_000},
             "monitoring": {"enabled": False},
@@ -98,7 +106,28 @@ def run(max_staleness: int, args: argparse.Namespace, root: Path, warm: Path) ->
         "dropped_groups": result.summary["buffer"]["groups_dropped_stale"],
         "partial_frac": sum(r.get("partial_frac", 0.0) for r in result.steps) / n,
         "final_success": result.summary["final_success"],
+        "eval_curve": result.summary["eval_curve"],
     }
+
+
+def equal_versions(sync: dict, asyn: dict) -> list[tuple[int, float, float]]:
+    """(version, sync eval success, async eval success) at every version both evaluated."""
+    a = {c["version"]: c["success"] for c in asyn["eval_curve"]}
+    return [(c["version"], c["success"], a[c["version"]]) for c in sync["eval_curve"] if c["version"] in a]
+
+
+def equal_wall_clock(sync: dict, asyn: dict, points: int = 4) -> list[dict]:
+    """At ``points`` equal fractions of the async run's training time (its last evaluation's
+    ``loop_s``, the curves' own clock): each run's newest evaluation by then."""
+    span = asyn["eval_curve"][-1]["loop_s"]
+    rows = []
+    for k in range(1, points + 1):
+        t = span * k / points
+        s, a = success_at_loop_seconds(sync["eval_curve"], t), success_at_loop_seconds(asyn["eval_curve"], t)
+        rows.append({"loop_s": round(t, 2),
+                     "sync_version": s and s["version"], "sync_success": s and s["success"],
+                     "async_version": a and a["version"], "async_success": a and a["success"]})
+    return rows
 
 
 def main() -> int:
@@ -112,6 +141,8 @@ def main() -> int:
     p.add_argument("--warm-start-steps", type=int, default=100)
     p.add_argument("--partial-rollout", action=argparse.BooleanOptionalAction, default=False,
                    help="async.partialRollout (an update mid-generation re-prefills every in-flight episode)")
+    p.add_argument("--eval-every", type=int, default=10, help="evaluate every this many versions")
+    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts per evaluation")
     p.add_argument("--json", action="store_true", help="print one JSON object only")
     args = p.parse_args()
 
@@ -134,6 +165,8 @@ def main() -> int:
         "async": asyn,
         "speedup": sync["loop_s"] / asyn["loop_s"],
         "ideal": (t_r + t_t) / max(t_r, t_t),
+        "eval_equal_versions": equal_versions(sync, asyn),
+        "eval_equal_wall_clock": equal_wall_clock(sync, asyn),
         "bench_wall_s": round(total, 1),
         "parallel_capacity": [round(capacity_before, 2), round(capacity_after, 2)],
     }
@@ -147,9 +180,19 @@ def main() -> int:
     for name, r in (("sync  (maxStaleness 0)", sync), ("async (maxStaleness 2)", asyn)):
         print(f"{name}: loop {r['loop_s']:.2f} s, trainer idle {r['trainer_idle_ratio']:.2f}, "
               f"rollout idle {r['rollout_idle_ratio']:.2f}, partial {r['partial_frac']:.2f}, "
-              f"dropped groups {r['dropped_groups']}, final success {r['final_success']}")
+              f"dropped groups {r['dropped_groups']}, training success (last 10 steps) {r['final_success']}")
     print(f"T_rollout {t_r:.3f} s/step, T_train {t_t:.3f} s/step (measured in the sync run)")
     print(f"speedup sync/async wall: {out['speedup']:.2f}x   ideal (T_rollout + T_train) / max: {out['ideal']:.2f}x")
+    print("held-out eval success at equal versions (same prompts and seed):")
+    print("  version " + " ".join(f"{v:>6d}" for v, _, _ in out["eval_equal_versions"]))
+    print("  sync    " + " ".join(f"{s:6.3f}" for _, s, _ in out["eval_equal_versions"]))
+    print("  async   " + " ".join(f"{a:6.3f}" for _, _, a in out["eval_equal_versions"]))
+    print("held-out eval success at equal wall-clock (training loop seconds, evaluations excluded):")
+    for row in out["eval_equal_wall_clock"]:
+        def show(version: int | None, success: float | None) -> str:
+            return "  --  " if version is None else f"{success:.3f} (version {version})"
+        print(f"  at {row['loop_s']:7.2f} s: sync {show(row['sync_version'], row['sync_success'])}, "
+              f"async {show(row['async_version'], row['async_success'])}")
     print(f"parallel capacity of the machine (2 CPU-bound processes at once vs one after the other), "
           f"before / after: {capacity_before:.2f}x / {capacity_after:.2f}x -- the overlap cannot beat it")
     return 0

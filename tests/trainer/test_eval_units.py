@@ -10,7 +10,13 @@ from asyncrl.api.evaluation import EVAL_UNUSED_MESSAGE, EvalMode, EvalSpec
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.envs.split import is_heldout
 from asyncrl.rollout.trajectory import Trajectory
-from asyncrl.trainer.driver.accounting import count_eval, set_job_gauges, summarise
+from asyncrl.trainer.driver.accounting import (
+    count_eval,
+    eval_loop_seconds,
+    set_job_gauges,
+    success_at_loop_seconds,
+    summarise,
+)
 from asyncrl.trainer.driver.console import format_summary
 from asyncrl.trainer.driver.evaluation import (
     GREEDY_TEMPERATURE,
@@ -138,3 +144,19 @@ def test_the_pending_cel_rule_refuses_what_the_model_refuses(monkeypatch: pytest
     for good in ({}, {"everySteps": 0}, {"everySteps": 3, "prompts": 8, "mode": "temperature", "seed": 2}):
         assert validator.validate(manifest(good)) == [], good
         validate_job(manifest(good))
+
+
+def test_eval_curve_carries_training_seconds_without_the_evaluations_own_time() -> None:
+    """Eval k's loop time = wall since eval 0 minus evals 1..k's seconds; the equal-wall-clock lookup
+    takes the newest evaluation done by then (bench/async_speedup.py, bench/minibatches.py)."""
+    evals = [EvalResult(0, 4, 1, 1.0, 9, 0.5, 0.0).record(10.0),   # loop starts after eval 0
+             EvalResult(4, 4, 2, 2.0, 9, 1.0, 0.2).record(16.0),   # 6 s later, 1 s of it evaluating
+             EvalResult(8, 4, 4, 4.0, 9, 2.0, 0.0).record(30.0)]   # 14 s later, 2 s evaluating
+    assert eval_loop_seconds(evals) == [0.0, 5.0, 17.0]
+    assert eval_loop_seconds([]) == []
+    curve = summarise(evals, wall_s=31.0)["eval_curve"]
+    assert [c["loop_s"] for c in curve] == [0.0, 5.0, 17.0]
+    assert success_at_loop_seconds(curve, 4.9)["version"] == 0  # type: ignore[index]
+    assert success_at_loop_seconds(curve, 5.0)["version"] == 4  # type: ignore[index]
+    assert success_at_loop_seconds(curve, 100.0)["success"] == 1.0  # type: ignore[index]
+    assert success_at_loop_seconds([{**curve[0], "loop_s": 1.0}], 0.5) is None

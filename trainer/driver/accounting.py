@@ -113,7 +113,8 @@ def summarise(records: Sequence[dict[str, Any]], wall_s: float, window: int = 10
     ok = [r for r in records if "version" in r]  # steps whose update was applied
     evals = [r for r in records if "eval_version" in r]  # evaluations of the current policy, in order
     curve = [{"version": r["eval_version"], "success": round(r["eval_success"], 4),
-              "reward": round(r["eval_reward"], 4), "seconds": r.get("eval_s")} for r in evals]
+              "reward": round(r["eval_reward"], 4), "seconds": r.get("eval_s"), "loop_s": round(t, 3)}
+             for r, t in zip(evals, eval_loop_seconds(evals), strict=True)]
     return {
         "steps_done": len(ok), "wall_s": round(wall_s, 2),
         "start_success": mean([r["success_rate"] for r in ok[:window]]),
@@ -129,3 +130,24 @@ def summarise(records: Sequence[dict[str, Any]], wall_s: float, window: int = 10
         "eval_curve": curve,
         "eval_s": round(sum(r.get("eval_s", 0.0) for r in evals), 3),
     }
+
+
+def eval_loop_seconds(evals: Sequence[dict[str, Any]]) -> list[float]:
+    """Training-loop seconds at which each evaluation saw its version: wall time since the first
+    evaluation (version 0, at the loop's start) without the evaluations' own time (``eval_s``, the
+    drain included), so runs that evaluate equally often compare at equal training wall-clock."""
+    if not evals:
+        return []
+    spent = 0.0
+    out = []
+    for r in evals[1:]:
+        spent += float(r.get("eval_s", 0.0))
+        out.append(max(0.0, float(r["wall_s"]) - float(evals[0]["wall_s"]) - spent))
+    return [0.0, *out]
+
+
+def success_at_loop_seconds(curve: Sequence[dict[str, Any]], seconds: float) -> dict[str, Any] | None:
+    """The newest entry of an ``eval_curve`` (with ``loop_s``) evaluated by ``seconds`` of training
+    (None when even the first came later)."""
+    done = [c for c in curve if c["loop_s"] <= seconds + 1e-9]
+    return done[-1] if done else None
