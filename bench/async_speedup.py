@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python bench/async_speedup.py [--steps 60] [--prompts 8] [--group 8] [--replicas 1] [--partial-rollout]
-        [--eval-every 10] [--eval-prompts 128]
+        [--eval-every 10] [--eval-prompts 128] [--reference current] [--async-references ewma,current]
 
 Both runs train the same number of trajectories (``steps x prompts x group``) from the same
 cached warm start, with the same driver code, in one local Ray session; only
@@ -20,6 +20,11 @@ with ``T_rollout`` the trainer's mean wait per step and ``T_train`` the mean ste
 time, both measured in the synchronous run. Idle ratios are verl's (reference/anchors-algorithms.md
 §4.2): trainer idle = waiting for a batch / loop time; rollout idle = worker time without a
 generate call / worker time.
+
+The asynchronous job runs once per ``--async-references`` entry: ``ewma`` (the quickstart's
+correction) and ``current`` (no staleness correction: ``r_s = 1``, the clip is inert and two-version-old
+tokens are trained as if fresh -- the configuration that made async look worse than sync before the
+evaluation existed: training success 0.56 against 0.79).
 
 Learning is compared on the held-out evaluation (``spec.eval``, the same prompts and sampling seed
 in both runs, every ``--eval-every`` versions): success **at equal versions** (what a version of
@@ -70,13 +75,13 @@ def parallel_capacity() -> float:
     return sequential / (time.perf_counter() - t0)
 
 
-def job(max_staleness: int, args: argparse.Namespace) -> dict:
+def job(max_staleness: int, args: argparse.Namespace, reference: str) -> dict:
     return {
         "apiVersion": "asyncrl.io/v1alpha1",
         "kind": "AsyncRLJob",
-        "metadata": {"name": f"bench-w{max_staleness}"},
+        "metadata": {"name": f"bench-w{max_staleness}-{reference.lower()}"},
         "spec": {
-            "correction": {"reference": args.reference},
+            "correction": {"reference": reference},
             "async": {"maxStaleness": max_staleness, "partialRollout": args.partial_rollout},
             "task": {"name": args.task, "groupSize": args.group},
             "train": {"steps": args.steps, "promptsPerStep": args.prompts, "learningRate": 3e-4,
@@ -89,14 +94,14 @@ def job(max_staleness: int, args: argparse.Namespace) -> dict:
     }
 
 
-def run(max_staleness: int, args: argparse.Namespace, root: Path, warm: Path) -> dict:
-    options = RunOptions(run_dir=root / f"w{max_staleness}", warm_start_dir=warm,
+def run(max_staleness: int, args: argparse.Namespace, root: Path, warm: Path, reference: str) -> dict:
+    options = RunOptions(run_dir=root / f"w{max_staleness}-{reference}", warm_start_dir=warm,
                          actor_threads=1, rollout_threads=1, num_cpus=2.0)
-    result = run_job(validate_job(job(max_staleness, args)), options)
+    result = run_job(validate_job(job(max_staleness, args, reference)), options)
     loop = result.summary["loop"]
     n = len(result.steps)
     return {
-        "max_staleness": max_staleness,
+        "max_staleness": max_staleness, "reference": reference,
         "loop_s": loop["wall_s"],
         "trajectories": loop["trajectories_trained"],
         "trainer_idle_ratio": loop["trainer_idle_s"] / loop["wall_s"],
@@ -137,7 +142,11 @@ def main() -> int:
     p.add_argument("--group", type=int, default=8, help="samples per prompt")
     p.add_argument("--replicas", type=int, default=1, help="rollout workers")
     p.add_argument("--task", default="calculator")
-    p.add_argument("--reference", default="current")
+    p.add_argument("--reference", default="current",
+                   help="correction.reference of the synchronous run (at W=0 current is plain on-policy PPO)")
+    p.add_argument("--async-references", default="ewma,current",
+                   help="one asynchronous run per correction.reference, comma-separated (ewma: the quickstart's; "
+                        "current: no staleness correction, r_s = 1)")
     p.add_argument("--warm-start-steps", type=int, default=100)
     p.add_argument("--partial-rollout", action=argparse.BooleanOptionalAction, default=False,
                    help="async.partialRollout (an update mid-generation re-prefills every in-flight episode)")
@@ -146,14 +155,15 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object only")
     args = p.parse_args()
 
+    references = [r.strip() for r in args.async_references.split(",") if r.strip()]
     root = Path(tempfile.mkdtemp(prefix="asyncrl-bench-"))
     capacity_before = parallel_capacity()
     try:
         with local_ray(num_cpus=2):
             warm = root / "warm_start"
             t0 = time.monotonic()
-            sync = run(0, args, root, warm)  # also fills the warm-start cache used by both runs
-            asyn = run(2, args, root, warm)
+            sync = run(0, args, root, warm, args.reference)  # also fills the warm-start cache all runs use
+            asyncs = [run(2, args, root, warm, reference) for reference in references]
             total = time.monotonic() - t0
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -162,11 +172,9 @@ def main() -> int:
     out = {
         "config": {**vars(args), "cores": os.cpu_count(), "actor_threads": 1, "rollout_threads": 1},
         "sync": sync,
-        "async": asyn,
-        "speedup": sync["loop_s"] / asyn["loop_s"],
+        "async": [{**a, "speedup": sync["loop_s"] / a["loop_s"], "eval_equal_versions": equal_versions(sync, a),
+                   "eval_equal_wall_clock": equal_wall_clock(sync, a)} for a in asyncs],
         "ideal": (t_r + t_t) / max(t_r, t_t),
-        "eval_equal_versions": equal_versions(sync, asyn),
-        "eval_equal_wall_clock": equal_wall_clock(sync, asyn),
         "bench_wall_s": round(total, 1),
         "parallel_capacity": [round(capacity_before, 2), round(capacity_after, 2)],
     }
@@ -176,23 +184,30 @@ def main() -> int:
     c = out["config"]
     print(f"config: task {c['task']}, {c['steps']} steps x {c['prompts']} prompts x {c['group']} samples "
           f"= {sync['trajectories']} trajectories per run, {c['replicas']} rollout worker(s) x 1 thread, "
-          f"actor 1 thread, {c['cores']} cores, reference {c['reference']}")
-    for name, r in (("sync  (maxStaleness 0)", sync), ("async (maxStaleness 2)", asyn)):
-        print(f"{name}: loop {r['loop_s']:.2f} s, trainer idle {r['trainer_idle_ratio']:.2f}, "
+          f"actor 1 thread, {c['cores']} cores")
+    runs = [(f"sync  (W 0, {sync['reference']})", sync)] + [(f"async (W 2, {a['reference']})", a) for a in out["async"]]
+    for name, r in runs:
+        print(f"{name:<24}: loop {r['loop_s']:.2f} s, trainer idle {r['trainer_idle_ratio']:.2f}, "
               f"rollout idle {r['rollout_idle_ratio']:.2f}, partial {r['partial_frac']:.2f}, "
               f"dropped groups {r['dropped_groups']}, training success (last 10 steps) {r['final_success']}")
-    print(f"T_rollout {t_r:.3f} s/step, T_train {t_t:.3f} s/step (measured in the sync run)")
-    print(f"speedup sync/async wall: {out['speedup']:.2f}x   ideal (T_rollout + T_train) / max: {out['ideal']:.2f}x")
+    print(f"T_rollout {t_r:.3f} s/step, T_train {t_t:.3f} s/step (measured in the sync run); "
+          f"ideal speedup (T_rollout + T_train) / max: {out['ideal']:.2f}x")
+    for a in out["async"]:
+        print(f"speedup sync/async ({a['reference']}) wall: {a['speedup']:.2f}x")
     print("held-out eval success at equal versions (same prompts and seed):")
-    print("  version " + " ".join(f"{v:>6d}" for v, _, _ in out["eval_equal_versions"]))
-    print("  sync    " + " ".join(f"{s:6.3f}" for _, s, _ in out["eval_equal_versions"]))
-    print("  async   " + " ".join(f"{a:6.3f}" for _, _, a in out["eval_equal_versions"]))
-    print("held-out eval success at equal wall-clock (training loop seconds, evaluations excluded):")
-    for row in out["eval_equal_wall_clock"]:
-        def show(version: int | None, success: float | None) -> str:
-            return "  --  " if version is None else f"{success:.3f} (version {version})"
-        print(f"  at {row['loop_s']:7.2f} s: sync {show(row['sync_version'], row['sync_success'])}, "
-              f"async {show(row['async_version'], row['async_success'])}")
+    versions = [v for v, _, _ in out["async"][0]["eval_equal_versions"]] if out["async"] else []
+    print(f"  {'version':<24}" + " ".join(f"{v:>6d}" for v in versions))
+    print(f"  {runs[0][0]:<24}" + " ".join(f"{x:6.3f}" for _, x, _ in out["async"][0]["eval_equal_versions"]))
+    for name, a in runs[1:]:
+        print(f"  {name:<24}" + " ".join(f"{x:6.3f}" for _, _, x in a["eval_equal_versions"]))
+    for a in out["async"]:
+        print(f"held-out eval success at equal wall-clock, sync vs async ({a['reference']}) "
+              f"(training loop seconds, evaluations excluded):")
+        for row in a["eval_equal_wall_clock"]:
+            def show(version: int | None, success: float | None) -> str:
+                return "  --  " if version is None else f"{success:.3f} (version {version})"
+            print(f"  at {row['loop_s']:7.2f} s: sync {show(row['sync_version'], row['sync_success'])}, "
+                  f"async {show(row['async_version'], row['async_success'])}")
     print(f"parallel capacity of the machine (2 CPU-bound processes at once vs one after the other), "
           f"before / after: {capacity_before:.2f}x / {capacity_after:.2f}x -- the overlap cannot beat it")
     return 0

@@ -63,5 +63,6 @@ def test_async_bench_compares_at_equal_versions_and_equal_wall_clock() -> None:
     for w in (0, 2):
         spec = validate_job(async_speedup.job(w, argparse.Namespace(
             reference="current", partial_rollout=False, task="calculator", group=8, steps=6, prompts=4,
-            warm_start_steps=10, replicas=1, eval_every=3, eval_prompts=16))).spec
+            warm_start_steps=10, replicas=1, eval_every=3, eval_prompts=16), "ewma")).spec
         assert spec.async_.max_staleness == w and spec.eval.every_steps == 3 and spec.eval.prompts == 16
+        assert spec.correction.reference.value == "ewma"
