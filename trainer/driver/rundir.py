@@ -137,7 +137,7 @@ def write_report(steps: Sequence[dict[str, Any]], out: Path, title: str = "") ->
     cumulative = [sum(ys[: i + 1]) for i in range(len(ys))]
     axes[4].step(xs, cumulative, where="post", label="EWMA resets (cumulative)")
     axes[4].set_ylabel("EWMA resets", fontsize=8)
-    axes[4].set_xlabel("policy version (optimizer step)")
+    axes[4].set_xlabel("policy version (one per rollout batch: train.minibatches x train.epochs updates)")
     axes[4].grid(alpha=0.3)
     fig.suptitle(title or "asyncrl run")
     fig.tight_layout()
