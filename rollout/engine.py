@@ -145,6 +145,111 @@ class BoundaryWeightSwap:
             return True
 
 
+class BoundaryEngine(BoundaryWeightSwap):
+    """What both backends share around their token loop: the weight hand-over (above), ``interrupt``
+    with ``hold``, ``resume`` and the frame of ``generate`` (one call at a time, the held check, the
+    generating state, the interrupt count, the deferred swap).
+
+    A backend calls :meth:`_init_boundary` in its constructor and provides ``_begin`` (under the lock:
+    raise when it cannot generate, else return what its loop needs), ``_loop_rows`` (the token loop; at
+    each boundary it checks ``_interrupt_req`` and stores ``_snapshots``) and optionally ``_end`` (cleanup
+    after the loop, before the state is cleared).
+    """
+
+    _interrupt_req: threading.Event
+    _running: threading.Event
+    _stopped: threading.Event
+    _gen_lock: threading.Lock
+    _snapshots: list[Trajectory]
+
+    def _init_boundary(self) -> None:
+        self._lock = threading.Lock()  # guards _pending, _generating, _snapshots (and the backend's state)
+        self._gen_lock = threading.Lock()  # one generate at a time
+        self._pending = None
+        self._generating = False
+        self._interrupt_req = threading.Event()
+        self._running = threading.Event()  # cleared by interrupt(hold=True) until resume()
+        self._running.set()
+        self._stopped = threading.Event()
+        self._snapshots = []
+
+    def _begin(self, seed: int | None) -> Any:
+        raise NotImplementedError
+
+    def _loop_rows(self, episodes: list[Episode], max_new_tokens: int, temperature: float,
+                   partial_rollout: bool, state: Any) -> None:
+        raise NotImplementedError
+
+    def _end(self) -> None:
+        """After the token loop (also when it raised), before the generating state is cleared."""
+
+    def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
+        with self._lock:
+            if hold:
+                self._running.clear()
+            if not self._generating:
+                return []
+            self._interrupt_req.set()
+        if not self._stopped.wait(timeout_s):
+            raise TimeoutError(
+                f"{type(self).__name__}.interrupt: generate() did not reach a token boundary within {timeout_s} s"
+            )
+        with self._lock:
+            return list(self._snapshots)
+
+    def resume(self) -> None:
+        with self._lock:
+            self._running.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._running.is_set()
+
+    def generate(
+        self,
+        episodes: Sequence[Episode],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        partial_rollout: bool = True,
+        seed: int | None = None,
+    ) -> list[Episode]:
+        name = type(self).__name__
+        if temperature <= 0:
+            raise ValueError(f"{name}.generate: temperature must be > 0, got {temperature}")
+        if not self._gen_lock.acquire(blocking=False):
+            raise RuntimeError(f"{name}.generate: another generate() is running on this engine")
+        try:
+            with self._lock:
+                if not self._running.is_set():
+                    # Held (interrupt(hold=True) ... resume()): a generate arriving now samples nothing and
+                    # returns at once, its episodes unfinished (resumable), exactly like an interrupted one.
+                    # Waiting instead would keep its caller -- and whoever waits for it, e.g. a driver
+                    # collecting calls in flight before an interrupt-sync window -- blocked until resume().
+                    return list(episodes)
+                state = self._begin(seed)  # raises when released / never loaded
+                self._generating = True
+                self._snapshots = []
+                self._interrupt_req.clear()
+                self._stopped.clear()
+            try:
+                self._loop_rows(list(episodes), max_new_tokens, temperature, partial_rollout, state)
+            finally:
+                try:
+                    self._end()
+                finally:
+                    with self._lock:
+                        self._generating = False
+                        if self._interrupt_req.is_set():
+                            self.counters.interrupts += 1
+                        self._interrupt_req.clear()
+                    self._stopped.set()
+                    self._swap_pending()  # partial_rollout False: the batch finished under the old weights
+        finally:
+            self._gen_lock.release()
+        return list(episodes)
+
+
 # spec.rollout.engine: transformers (asyncrl.rollout.hf_engine, in-process, CPU or one GPU) and vllm
 # (asyncrl.rollout.vllm_engine: vLLM in an engine process of its own interpreter, driven step by step;
 # float32 on vLLM's CPU build; engineArgs in asyncrl.rollout.vllm_engine.VLLM_ENGINE_ARGS).

@@ -20,18 +20,17 @@ same temperature-scaled distribution, so the actor must divide its logits by ``T
 """
 
 import gc
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
 from asyncrl.api.model_arch import LlamaArch
-from asyncrl.rollout.engine import BoundaryWeightSwap, EngineReleasedError, RolloutError
+from asyncrl.rollout.engine import BoundaryEngine, EngineReleasedError, RolloutError
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_model import LM_HEAD, build_model, load_hf_state_dict, torch_dtype
-from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
+from asyncrl.rollout.trajectory import NO_VERSION, TrajectoryStatus
 
 StateDict = Mapping[str, torch.Tensor]
 NORM = "model.norm.weight"
@@ -51,7 +50,7 @@ class EngineCounters:
     interrupts: int = 0
 
 
-class HFEngine(BoundaryWeightSwap):
+class HFEngine(BoundaryEngine):
     """Samples episodes with a transformers ``LlamaForCausalLM`` built from ``arch``.
 
     Args:
@@ -89,15 +88,7 @@ class HFEngine(BoundaryWeightSwap):
         self._released = False
         self._version = NO_VERSION
         self._sampler = torch.Generator(device=self.device).manual_seed(seed)
-        self._lock = threading.Lock()  # guards _pending, _generating, _snapshots
-        self._gen_lock = threading.Lock()  # one generate at a time
-        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
-        self._generating = False
-        self._interrupt_req = threading.Event()
-        self._running = threading.Event()  # cleared by interrupt(hold=True) until resume()
-        self._running.set()
-        self._stopped = threading.Event()
-        self._snapshots: list[Trajectory] = []
+        self._init_boundary()  # locks, interrupt/hold state, pending update (rollout/engine.py)
 
     # ----------------------------------------------------------------------------- state
     @property
@@ -181,71 +172,17 @@ class HFEngine(BoundaryWeightSwap):
                 load_hf_state_dict(self._model, self._host)
             self._host = None
 
-    # ----------------------------------------------------------------------------- interrupt
-    def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
-        with self._lock:
-            if hold:
-                self._running.clear()
-            if not self._generating:
-                return []
-            self._interrupt_req.set()
-        if not self._stopped.wait(timeout_s):
-            raise TimeoutError(
-                f"HFEngine.interrupt: generate() did not reach a token boundary within {timeout_s} s"
-            )
-        with self._lock:
-            return list(self._snapshots)
-
-    def resume(self) -> None:
-        with self._lock:
-            self._running.set()
-
-    @property
-    def held(self) -> bool:
-        return not self._running.is_set()
-
     # ----------------------------------------------------------------------------- generate
-    def generate(
-        self,
-        episodes: Sequence[Episode],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        partial_rollout: bool = True,
-        seed: int | None = None,
-    ) -> list[Episode]:
-        if temperature <= 0:
-            raise ValueError(f"HFEngine.generate: temperature must be > 0, got {temperature}")
-        if not self._gen_lock.acquire(blocking=False):
-            raise RuntimeError("HFEngine.generate: another generate() is running on this engine")
-        try:
-            with self._lock:
-                if not self._running.is_set():
-                    # Held (interrupt(hold=True) ... resume()): a generate arriving now samples nothing and
-                    # returns at once, its episodes unfinished (resumable), exactly like an interrupted one.
-                    # Waiting instead would keep its caller -- and whoever waits for it, e.g. a driver
-                    # collecting calls in flight before an interrupt-sync window -- blocked until resume().
-                    return list(episodes)
-                model = self.model  # raises when released / never loaded
-                self._generating = True
-                self._snapshots = []
-                self._interrupt_req.clear()
-                self._stopped.clear()
-            sampler = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else self._sampler
-            try:
-                self._loop(model, list(episodes), max_new_tokens, temperature, partial_rollout, sampler)
-            finally:
-                with self._lock:
-                    self._generating = False
-                    if self._interrupt_req.is_set():
-                        self.counters.interrupts += 1
-                    self._interrupt_req.clear()
-                self._stopped.set()
-                # partial_rollout False: the batch finished under the old weights; swap now.
-                self._swap_pending()
-        finally:
-            self._gen_lock.release()
-        return list(episodes)
+    # interrupt, resume, held and generate() are BoundaryEngine's; these are the hooks of its generate().
+    def _begin(self, seed: int | None) -> tuple[LlamaForCausalLM, torch.Generator]:
+        model = self.model  # raises when released / never loaded
+        sampler = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else self._sampler
+        return model, sampler
+
+    def _loop_rows(self, episodes: list[Episode], max_new_tokens: int, temperature: float, partial_rollout: bool,
+                   state: tuple[LlamaForCausalLM, torch.Generator]) -> None:
+        model, sampler = state
+        self._loop(model, episodes, max_new_tokens, temperature, partial_rollout, sampler)
 
     def _loop(
         self,

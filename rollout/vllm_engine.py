@@ -31,17 +31,16 @@ and environment answers take effect.
 
 import math
 import random
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncrl.rollout.engine import BoundaryWeightSwap, EngineReleasedError, RolloutError
+from asyncrl.rollout.engine import BoundaryEngine, EngineReleasedError, RolloutError
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
+from asyncrl.rollout.trajectory import NO_VERSION, TrajectoryStatus
 from asyncrl.rollout.vllm_process import EngineProcess, VLLMProcessError
 
 if TYPE_CHECKING:
@@ -184,7 +183,7 @@ class VLLMCounters:
 Weights = tuple[list[str], list[np.ndarray]]
 
 
-class VLLMEngine(BoundaryWeightSwap):
+class VLLMEngine(BoundaryEngine):
     """Samples episodes with vLLM in an engine process (see the module docstring).
 
     Args:
@@ -213,16 +212,8 @@ class VLLMEngine(BoundaryWeightSwap):
         self._rng = random.Random(seed)
         self._version = NO_VERSION
         self._released = False
-        self._host: Weights | None = None  # the last loaded weights (rebuild after release)
-        self._lock = threading.Lock()  # guards _pending, _generating, _snapshots, _host
-        self._gen_lock = threading.Lock()
-        self._pending: tuple[Weights, int] | None = None
-        self._generating = False
-        self._interrupt_req = threading.Event()
-        self._running = threading.Event()
-        self._running.set()
-        self._stopped = threading.Event()
-        self._snapshots: list[Trajectory] = []
+        self._host: Weights | None = None  # the last loaded weights (rebuild after release); under _lock
+        self._init_boundary()  # locks, interrupt/hold state, pending update (rollout/engine.py)
         self._next_id = 0
         threads = self.options["cpuThreads"]
         env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)} if threads else {}
@@ -276,10 +267,6 @@ class VLLMEngine(BoundaryWeightSwap):
     @property
     def released(self) -> bool:
         return self._released
-
-    @property
-    def held(self) -> bool:
-        return not self._running.is_set()
 
     def _copy(self, state_dict: Mapping[str, "torch.Tensor"]) -> Weights:
         """Float32 host copies of the weights vLLM takes, checked against ``arch`` (all problems at once)."""
@@ -360,69 +347,21 @@ class VLLMEngine(BoundaryWeightSwap):
             if self._host is not None:
                 self._send(self._host)  # the last loaded weights, or an update that arrived while released
 
-    # ----------------------------------------------------------------------------- interrupt
-    def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
-        with self._lock:
-            if hold:
-                self._running.clear()
-            if not self._generating:
-                return []
-            self._interrupt_req.set()
-        if not self._stopped.wait(timeout_s):
-            raise TimeoutError(f"VLLMEngine.interrupt: generate() did not reach a token boundary within {timeout_s} s")
-        with self._lock:
-            return list(self._snapshots)
-
-    def resume(self) -> None:
-        with self._lock:
-            self._running.set()
-
     # ----------------------------------------------------------------------------- generate
-    def generate(
-        self,
-        episodes: Sequence[Episode],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        partial_rollout: bool = True,
-        seed: int | None = None,
-    ) -> list[Episode]:
-        if temperature <= 0:
-            raise ValueError(f"VLLMEngine.generate: temperature must be > 0, got {temperature}")
-        if not self._gen_lock.acquire(blocking=False):
-            raise RuntimeError("VLLMEngine.generate: another generate() is running on this engine")
-        try:
-            with self._lock:
-                if not self._running.is_set():
-                    # Held: sample nothing, return at once with the episodes unfinished (see HFEngine.generate).
-                    return list(episodes)
-                if self._released:
-                    raise EngineReleasedError("VLLMEngine: the engine is released; call acquire() first")
-                if self._version == NO_VERSION:
-                    raise RuntimeError(
-                        "VLLMEngine: no weights loaded yet; call load_weights(state_dict, version) first"
-                    )
-                self._generating = True
-                self._snapshots = []
-                self._interrupt_req.clear()
-                self._stopped.clear()
-            rng = random.Random(seed) if seed is not None else self._rng
-            try:
-                self._run(list(episodes), max_new_tokens, temperature, partial_rollout, rng)
-            finally:
-                try:
-                    self.proc.call("abort_all")  # nothing of this batch stays queued in vLLM
-                finally:
-                    with self._lock:
-                        self._generating = False
-                        if self._interrupt_req.is_set():
-                            self.counters.interrupts += 1
-                        self._interrupt_req.clear()
-                    self._stopped.set()
-                    self._swap_pending()  # partial_rollout False: the batch finished under the old weights
-        finally:
-            self._gen_lock.release()
-        return list(episodes)
+    # interrupt, resume, held and generate() are BoundaryEngine's; these are the hooks of its generate().
+    def _begin(self, seed: int | None) -> random.Random:
+        if self._released:
+            raise EngineReleasedError("VLLMEngine: the engine is released; call acquire() first")
+        if self._version == NO_VERSION:
+            raise RuntimeError("VLLMEngine: no weights loaded yet; call load_weights(state_dict, version) first")
+        return random.Random(seed) if seed is not None else self._rng
+
+    def _loop_rows(self, episodes: list[Episode], max_new_tokens: int, temperature: float, partial_rollout: bool,
+                   state: random.Random) -> None:
+        self._run(episodes, max_new_tokens, temperature, partial_rollout, state)
+
+    def _end(self) -> None:
+        self.proc.call("abort_all")  # nothing of this batch stays queued in vLLM
 
     def _run(
         self,
