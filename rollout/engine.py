@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 
 if TYPE_CHECKING:
     from asyncrl.api.model_arch import LlamaArch
@@ -101,6 +101,31 @@ class RolloutEngine(Protocol):
     def acquire(self) -> None:
         """Rebuild the model with the last loaded weights (and apply a weight update that arrived meanwhile)."""
         ...
+
+
+def end_at_budget(e: Episode, max_new_tokens: int) -> None:
+    """Truncate ``e`` once it holds ``max_new_tokens`` new tokens (sampled and forced alike)."""
+    if not e.done and e.new_tokens >= max_new_tokens:
+        e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
+
+
+def add_sampled_token(e: Episode, token: int, version: int, logp: float, max_new_tokens: int) -> None:
+    """Append a sampled token to ``e`` and let its environment answer: the episode ends (reward), or
+    the environment's tokens queue in ``e.forced`` for the next turn, or the turn goes on; then the
+    token budget. Both backends sample through this, so an episode evolves the same in either."""
+    e.add_sampled(token, version, logp)
+    e.turn_text += e.env.tokenizer.decode([token])
+    try:
+        step = e.env.step(e.turn_text)
+    except Exception as exc:
+        raise RolloutError(f"environment step failed: {exc!r}", task=e.task, traj_ids=[e.traj_id]) from exc
+    if step.done:
+        e.finish(TrajectoryStatus.FINISHED, step.reward, step.success, step.reason)
+    elif step.tokens:
+        e.forced.extend(step.tokens)
+        e.turn += 1
+        e.turn_text = ""
+    end_at_budget(e, max_new_tokens)
 
 
 class BoundaryWeightSwap:

@@ -27,7 +27,13 @@ import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
 from asyncrl.api.model_arch import LlamaArch
-from asyncrl.rollout.engine import BoundaryEngine, EngineReleasedError, RolloutError
+from asyncrl.rollout.engine import (
+    BoundaryEngine,
+    EngineReleasedError,
+    RolloutError,
+    add_sampled_token,
+    end_at_budget,
+)
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_model import LM_HEAD, build_model, load_hf_state_dict, torch_dtype
 from asyncrl.rollout.trajectory import NO_VERSION, TrajectoryStatus
@@ -306,24 +312,9 @@ class HFEngine(BoundaryEngine):
                 e.add_forced(e.forced.popleft())
                 self.counters.forced_tokens += 1
             else:
-                tok = tokens[i]
-                e.add_sampled(tok, version, logps[i])
+                add_sampled_token(e, tokens[i], version, logps[i], max_new_tokens)
                 self.counters.sampled_tokens += 1
-                e.turn_text += e.env.tokenizer.decode([tok])
-                try:
-                    step = e.env.step(e.turn_text)
-                except Exception as exc:
-                    raise RolloutError(
-                        f"environment step failed: {exc!r}", task=e.task, traj_ids=[e.traj_id]
-                    ) from exc
-                if step.done:
-                    e.finish(TrajectoryStatus.FINISHED, step.reward, step.success, step.reason)
-                elif step.tokens:
-                    e.forced.extend(step.tokens)
-                    e.turn += 1
-                    e.turn_text = ""
-            if not e.done and e.new_tokens >= max_new_tokens:
-                e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
+            end_at_budget(e, max_new_tokens)
             if not e.done:
                 keep.append(i)
         return keep

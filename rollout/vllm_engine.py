@@ -38,7 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncrl.rollout.engine import BoundaryEngine, EngineReleasedError, RolloutError
+from asyncrl.rollout.engine import (
+    BoundaryEngine,
+    EngineReleasedError,
+    RolloutError,
+    add_sampled_token,
+    end_at_budget,
+)
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.trajectory import NO_VERSION, TrajectoryStatus
 from asyncrl.rollout.vllm_process import EngineProcess, VLLMProcessError
@@ -445,26 +451,12 @@ class VLLMEngine(BoundaryEngine):
         while e.forced:
             e.add_forced(e.forced.popleft())
             self.counters.forced_tokens += 1
-            if e.new_tokens >= max_new_tokens:
-                e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
+            end_at_budget(e, max_new_tokens)
         return e.done
 
     def _sampled(self, e: Episode, tok: int, logp: float, version: int, max_new_tokens: int) -> None:
         """Append one sampled token and step the environment (as the transformers engine does)."""
         if not math.isfinite(logp):
             raise RolloutError(f"vLLM returned log-prob {logp} for token {tok}", task=e.task, traj_ids=[e.traj_id])
-        e.add_sampled(tok, version, logp)
+        add_sampled_token(e, tok, version, logp, max_new_tokens)
         self.counters.sampled_tokens += 1
-        e.turn_text += e.env.tokenizer.decode([tok])
-        try:
-            step = e.env.step(e.turn_text)
-        except Exception as exc:
-            raise RolloutError(f"environment step failed: {exc!r}", task=e.task, traj_ids=[e.traj_id]) from exc
-        if step.done:
-            e.finish(TrajectoryStatus.FINISHED, step.reward, step.success, step.reason)
-        elif step.tokens:
-            e.forced.extend(step.tokens)
-            e.turn += 1
-            e.turn_text = ""
-        if not e.done and e.new_tokens >= max_new_tokens:
-            e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
