@@ -20,17 +20,15 @@ discrepancy_weights`, :func:`~asyncrl.trainer.correction.clip.ppo_clip`), never 
 """
 
 import math
-from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from asyncrl.api.correction import CorrectionSpec, DiscrepancyMode
 from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.protocol import ResidentVersions, Scorer
-from asyncrl.trainer.oldlogits.snapshot import WeightSnapshots, score_exact
+from asyncrl.trainer.oldlogits.protocol import Scorer
+from asyncrl.trainer.oldlogits.snapshot import StoreBacked, WeightSnapshots, score_exact
 
 PREFIX = "audit_"  # every metric name of an audited step starts with it
 
@@ -155,7 +153,7 @@ def audit_rows(loss_mask: Tensor, fraction: float, *, seed: int, version: int) -
     return picked.sort().values
 
 
-class Auditor:
+class Auditor(StoreBacked):
     """The audit of one actor: its snapshot store (retention as the snapshot strategy) and its steps.
 
     Args:
@@ -214,17 +212,3 @@ class Auditor:
             turn_ids=sub.turn_ids, rows=int(rows.numel()), rows_unscorable=int((~ok).sum()),
         )
 
-    def retain(self, versions: Collection[int]) -> None:
-        self.store.retain(versions)
-
-    def resident(self) -> ResidentVersions:
-        return self.store.resident()
-
-    def close(self) -> None:
-        self.store.close()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"snapshots": self.store.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.store.load_state_dict(state["snapshots"])

@@ -220,7 +220,29 @@ def score_exact(store: WeightSnapshots, scorer: Scorer, tokens: Tensor, versions
     return out
 
 
-class SnapshotProvider:
+class StoreBacked:
+    """Retention, residency, cleanup and checkpoint state of an owner of a :class:`WeightSnapshots`
+    ``store`` (the snapshot provider, the live audit): all the store's."""
+
+    store: WeightSnapshots
+
+    def retain(self, versions: Collection[int]) -> None:
+        self.store.retain(versions)
+
+    def resident(self) -> ResidentVersions:
+        return self.store.resident()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"snapshots": self.store.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.store.load_state_dict(state["snapshots"])
+
+
+class SnapshotProvider(StoreBacked):
     """``correction.reference: exact`` with ``oldLogits.strategy: snapshot``."""
 
     reference = ReferencePolicy.EXACT
@@ -247,17 +269,3 @@ class SnapshotProvider:
         self.store.record(scorer.version, scorer.named_weights())
         return ""
 
-    def retain(self, versions: Collection[int]) -> None:
-        self.store.retain(versions)
-
-    def resident(self) -> ResidentVersions:
-        return self.store.resident()
-
-    def close(self) -> None:
-        self.store.close()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"snapshots": self.store.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.store.load_state_dict(state["snapshots"])
