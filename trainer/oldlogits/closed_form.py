@@ -19,16 +19,15 @@ Note the coefficient convention: ``alpha`` weighs *mu* here (paper), while AReaL
 ``pi_theta``.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
 from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.protocol import Scorer
+from asyncrl.trainer.oldlogits.protocol import NoScoringNoState
 
 
 def version_gaps(
@@ -129,16 +128,13 @@ ClosedForm = Callable[..., Tensor]  # keyword-only (logp_mu, logp_theta, version
 
 
 @dataclass
-class ClosedFormProvider:
+class ClosedFormProvider(NoScoringNoState):
     """A stateless provider whose ``logp_ref`` is ``formula`` of the batch and ``logp_theta``."""
 
     reference: ReferencePolicy
     formula: ClosedForm
     max_staleness: int | None = None  # W: a counted token with a larger gap raises (linear, loglinear)
     extra_forward: bool = False
-
-    def score(self, batch: TrainBatch, scorer: Scorer) -> Tensor | None:
-        return None
 
     def logp_ref(
         self, batch: TrainBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
@@ -147,12 +143,3 @@ class ClosedFormProvider:
             logp_mu=batch.logp_mu, logp_theta=logp_theta, versions=batch.versions,
             actor_version=actor_version, loss_mask=batch.loss_mask, max_staleness=self.max_staleness,
         )
-
-    def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
-        return ""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass

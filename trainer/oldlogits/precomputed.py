@@ -13,16 +13,14 @@ A trained token older than ``v`` that reaches the actor unscored is a bug of the
 naming the versions and how many tokens, and is never scored by another version silently.
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
 from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.protocol import Scorer
+from asyncrl.trainer.oldlogits.protocol import NoScoringNoState
 
 
 class UnscoredTokensError(RuntimeError):
@@ -30,15 +28,12 @@ class UnscoredTokensError(RuntimeError):
 
 
 @dataclass
-class PrecomputedProvider:
+class PrecomputedProvider(NoScoringNoState):
     """``logp_ref`` = ``batch.logp_old`` (pre-scored), completed by the actor for its own version."""
 
     strategy: str  # "dedicated" or "interruptSync": who scored the tokens (said in errors)
     reference: ReferencePolicy = ReferencePolicy.EXACT
     extra_forward: bool = False
-
-    def score(self, batch: TrainBatch, scorer: Scorer) -> Tensor | None:
-        return None
 
     def logp_ref(
         self, batch: TrainBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
@@ -59,12 +54,3 @@ class PrecomputedProvider:
             )
         ref = torch.where(own, logp_theta.detach().float(), old)
         return torch.where(batch.loss_mask, ref, torch.zeros_like(ref)).detach()
-
-    def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
-        return ""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass

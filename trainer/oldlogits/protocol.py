@@ -92,6 +92,24 @@ class OldLogitProvider(Protocol):
         ...
 
 
+class NoScoringNoState:
+    """The provider methods of a reference computed from what the step already has: no forward of its
+    own before the gradient forward, nothing folded in per version, nothing to checkpoint (closed-form,
+    current, pre-scored exact)."""
+
+    def score(self, batch: TrainBatch, scorer: Scorer) -> Tensor | None:
+        return None
+
+    def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
+        return ""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class ResidentVersions:
     """What a version store holds now: how many weight versions and their bytes (memory or disk)."""
