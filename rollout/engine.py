@@ -181,6 +181,8 @@ class BoundaryEngine(BoundaryWeightSwap):
     after the loop, before the state is cleared).
     """
 
+    _version: int  # the loaded weights' version (the backend sets it)
+    _released: bool  # the engine's memory is released (the backend sets it)
     _interrupt_req: threading.Event
     _running: threading.Event
     _stopped: threading.Event
@@ -197,6 +199,14 @@ class BoundaryEngine(BoundaryWeightSwap):
         self._running.set()
         self._stopped = threading.Event()
         self._snapshots = []
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def released(self) -> bool:
+        return self._released
 
     def _begin(self, seed: int | None) -> Any:
         raise NotImplementedError

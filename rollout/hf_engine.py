@@ -98,14 +98,6 @@ class HFEngine(BoundaryEngine):
 
     # ----------------------------------------------------------------------------- state
     @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    @property
     def model(self) -> LlamaForCausalLM:
         """The live model (for tests and tools); raises when released or never loaded."""
         if self._released:

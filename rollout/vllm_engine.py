@@ -266,14 +266,6 @@ class VLLMEngine(BoundaryEngine):
         self.proc.close()
 
     # ----------------------------------------------------------------------------- state
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
     def _copy(self, state_dict: Mapping[str, "torch.Tensor"]) -> Weights:
         """Float32 host copies of the weights vLLM takes, checked against ``arch`` (all problems at once)."""
         got = {k: tuple(v.shape) for k, v in state_dict.items()}
