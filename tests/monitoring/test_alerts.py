@@ -99,6 +99,7 @@ def healthy(job: str) -> list[dict[str, str]]:
         s("asyncrl_rollout_tokens_total", job, "0+1000x120", kind="sampled"),
         s("asyncrl_ewma_resets_total", job, "0x120", reason="keep_ratio_collapse"),
         s("asyncrl_nonfinite_losses_total", job, "0x120"),
+        s("asyncrl_eval_success", job, "0.4+0.004x120"),  # held-out success rising
         op("asyncrl_operator_job_phase", job, "1x120", phase="Running"),
         op("asyncrl_operator_job_restarts_total", job, "0x120", cause="failure"),
     ]
@@ -133,6 +134,13 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
          fires("AsyncRLEwmaReset", "16m", "c", severity="info", reason="keep_ratio_collapse"),  # a resolved
          silent("AsyncRLEwmaResetStorm", "2m"),
          fires("AsyncRLEwmaResetStorm", "30m", "c", severity="warning")],  # a, d: one reset each
+    ),
+    "eval": (
+        [s("asyncrl_eval_success", "a", "0.4x10 0.9x20 0.5x40"),  # best 0.9, then 0.5 from 32m on
+         s("asyncrl_eval_success", "b", "0.4x10 0.9x20 0.85x40"),  # 5 points below its best: noise
+         s("asyncrl_eval_success", "c", "0.4x10 0.9x20 0.6x3 0.9x37")],  # 4 minutes low, then back
+        [silent("AsyncRLEvalSuccessDrop", "34m"),  # a is low, but not yet for 5m
+         fires("AsyncRLEvalSuccessDrop", "45m", "a", severity="warning")],
     ),
     "stalled": (
         [s("up", "a", "1x70"), s("asyncrl_policy_version", "a", "0+1x20 20x50"),  # up, no new version after 20m
