@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:  # tests.support lives at the repository root
     sys.path.insert(0, str(ROOT))
 
 from tests.support.apiserver import ApiServer, ToolMissing, find_tools  # noqa: E402
+from tests.support.helpers import wait_for  # noqa: E402
 from tests.support.kubelet import Kubelet  # noqa: E402
 from tests.support.operator_proc import OperatorProcess  # noqa: E402
 
@@ -47,9 +48,40 @@ def apiserver() -> Iterator[ApiServer]:
 
 
 @pytest.fixture
-def namespace(apiserver: ApiServer) -> str:
-    """A fresh namespace that enforces the ``restricted`` Pod Security level."""
-    return apiserver.namespace(f"e2e-{next(_ns_counter)}")
+def namespace(apiserver: ApiServer) -> Iterator[str]:
+    """A fresh namespace that enforces the ``restricted`` Pod Security level; the AsyncRLJobs a test
+    leaves in it are removed afterwards (finalizers dropped: no kubelet finishes their pods), so the
+    session's one operator does not keep a resync timer per finished test's job and fall behind on the
+    pod events of later tests."""
+    ns = apiserver.namespace(f"e2e-{next(_ns_counter)}")
+    yield ns
+    _remove_jobs(apiserver, ns)
+
+
+def _remove_jobs(apiserver: ApiServer, namespace: str) -> None:
+    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+
+    from asyncrl.api.constants import GROUP, PLURAL, VERSION
+
+    client = apiserver.api_client()
+    try:
+        api = CustomObjectsApi(client)
+        for job in api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+            name = job["metadata"]["name"]
+            try:
+                # delete first: an object being deleted gets no new finalizer (the operator adds its own to
+                # any job without one), then drop the finalizers so nothing waits for a kubelet
+                api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+                api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                   {"metadata": {"finalizers": None}})
+            except ApiException as exc:
+                if exc.status != 404:  # already gone (the test or the operator removed it)
+                    raise
+        wait_for(lambda: not api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"],
+                 timeout=10.0, message=f"the AsyncRLJobs of {namespace} to be gone")
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
