@@ -131,9 +131,10 @@ def add_sampled_token(e: Episode, token: int, version: int, logp: float, max_new
 class BoundaryWeightSwap:
     """The weight hand-over both backends share (``update_weights`` in the module docstring).
 
-    Idle: the update is applied now. Generating: it waits in ``_pending`` (a newer one replaces it and is
-    counted in ``counters.updates_superseded``) until the engine's loop calls :meth:`_swap_pending` at a
-    token boundary. A backend provides ``_lock``, ``_generating``, ``_pending``, ``counters``, ``_copy``
+    ``load_weights`` applies at once and is refused while a generate runs. ``update_weights`` when idle:
+    applied now; while generating: it waits in ``_pending`` (a newer one replaces it and is counted in
+    ``counters.updates_superseded``) until the engine's loop calls :meth:`_swap_pending` at a token
+    boundary. A backend provides ``_lock``, ``_generating``, ``_pending``, ``counters``, ``_copy``
     (a private copy of the caller's tensors, made outside the lock) and ``_apply`` (install them).
     """
 
@@ -147,6 +148,17 @@ class BoundaryWeightSwap:
 
     def _apply(self, weights: Any, version: int) -> None:
         raise NotImplementedError
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        weights = self._copy(state_dict)
+        with self._lock:
+            if self._generating:
+                raise RuntimeError(
+                    f"{type(self).__name__}.load_weights: a generate() is running; use update_weights() to swap "
+                    "at a token boundary"
+                )
+            self._pending = None
+            self._apply(weights, version)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         weights = self._copy(state_dict)

@@ -137,15 +137,6 @@ class HFEngine(BoundaryEngine):
             load_hf_state_dict(self._model, weights)
         self._version = version
 
-    def load_weights(self, state_dict: StateDict, version: int) -> None:
-        with self._lock:
-            if self._generating:
-                raise RuntimeError(
-                    "HFEngine.load_weights: a generate() is running; use update_weights() to swap at a token boundary"
-                )
-            self._pending = None
-            self._apply(self._copy(state_dict), version)
-
     def release(self) -> None:
         with self._lock:
             if self._generating:

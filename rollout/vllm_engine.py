@@ -306,17 +306,6 @@ class VLLMEngine(BoundaryEngine):
         self._host = weights
         self._version = version
 
-    def load_weights(self, state_dict: Mapping[str, "torch.Tensor"], version: int) -> None:
-        weights = self._copy(state_dict)
-        with self._lock:
-            if self._generating:
-                raise RuntimeError(
-                    "VLLMEngine.load_weights: a generate() is running; use update_weights() to swap at a token "
-                    "boundary"
-                )
-            self._pending = None
-            self._apply(weights, version)
-
     def release(self) -> None:
         with self._lock:
             if self._generating:
