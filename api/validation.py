@@ -132,6 +132,14 @@ def problems_from(exc: ValidationError) -> list[SpecProblem]:
     return out
 
 
+def quickstart_doc() -> dict[str, Any]:
+    """The embedded default job (``asyncrl run`` with no file; ``examples/quickstart.yaml``) as a plain
+    document, not yet validated."""
+    import importlib.resources
+
+    return dict(yaml.safe_load(importlib.resources.files("asyncrl.api").joinpath("examples/quickstart.yaml").read_text()))
+
+
 def validate_job(doc: Any, source: str = "") -> AsyncRLJob:
     """Validate one parsed YAML document; raise :class:`SpecError` listing every problem."""
     if not isinstance(doc, dict):

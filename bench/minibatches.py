@@ -19,7 +19,6 @@ them (2.0 = two idle cores).
 """
 
 import argparse
-import importlib.resources
 import json
 import os
 import shutil
@@ -29,23 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from async_speedup import parallel_capacity  # same folder (bench/ is sys.path[0] when run as a script)
 
-from asyncrl.api.validation import validate_job
+from asyncrl.api.validation import quickstart_doc, validate_job
 from asyncrl.trainer.driver.accounting import success_at_loop_seconds
 from asyncrl.trainer.driver.loop import RunOptions, run_job
 from asyncrl.trainer.driver.ray_env import local_ray
 
 
-def quickstart() -> dict[str, Any]:
-    """The embedded default job as a plain dict (what ``asyncrl run`` with no file runs)."""
-    text = importlib.resources.files("asyncrl.api").joinpath("examples/quickstart.yaml").read_text()
-    return yaml.safe_load(text)
-
-
 def job(minibatches: int, args: argparse.Namespace) -> dict[str, Any]:
-    doc = quickstart()
+    doc = quickstart_doc()
     doc["metadata"] = {"name": f"quickstart-mb{minibatches}"}
     spec = doc["spec"]
     spec["train"] = {**spec["train"], "minibatches": minibatches, "epochs": args.epochs, "seed": args.seed}

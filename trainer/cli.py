@@ -58,15 +58,10 @@ def _cmd_thresholds(args: argparse.Namespace) -> int:
 
 def _load_run_job(path: str | None):  # -> AsyncRLJob (imported lazily)
     """The job to run: ``path``, or the embedded default ``asyncrl.api/examples/quickstart.yaml``."""
-    import importlib.resources
-
-    import yaml
-
-    from asyncrl.api.validation import load_jobs, validate_job
+    from asyncrl.api.validation import load_jobs, quickstart_doc, validate_job
 
     if path is None:
-        text = importlib.resources.files("asyncrl.api").joinpath("examples/quickstart.yaml").read_text()
-        return validate_job(yaml.safe_load(text), "quickstart.yaml")
+        return validate_job(quickstart_doc(), "quickstart.yaml")
     jobs = load_jobs(path)
     if len(jobs) != 1:
         raise ValueError(f"{path}: asyncrl run takes one AsyncRLJob per file, found {len(jobs)}")

@@ -8,7 +8,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from asyncrl.api.validation import validate_job
+from asyncrl.api.validation import quickstart_doc, validate_job
 from tests.support.helpers import ROOT
 
 
@@ -35,7 +35,7 @@ def _curve(points: list[tuple[int, float, float]]) -> list[dict[str, Any]]:
 def test_minibatch_bench_runs_the_quickstart_with_only_the_minibatches_changed() -> None:
     args = argparse.Namespace(epochs=1, seed=0, steps=0)
     one, four = (validate_job(minibatches.job(k, args)).spec.to_spec_dict() for k in (1, 4))
-    quick = validate_job(minibatches.quickstart()).spec.to_spec_dict()
+    quick = validate_job(quickstart_doc()).spec.to_spec_dict()
     assert four["train"]["minibatches"] == 4 and one["train"].get("minibatches", 1) == 1
     for spec in (one, four):
         assert spec["task"] == quick["task"] and spec["correction"] == quick["correction"]
