@@ -135,6 +135,11 @@ def equal_wall_clock(sync: dict, asyn: dict, points: int = 4) -> list[dict]:
     return rows
 
 
+def show(version: int | None, success: float | None) -> str:
+    """One run's newest evaluation at a wall-clock point ("--": none yet)."""
+    return "  --  " if version is None else f"{success:.3f} (version {version})"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=60)
@@ -156,6 +161,8 @@ def main() -> int:
     args = p.parse_args()
 
     references = [r.strip() for r in args.async_references.split(",") if r.strip()]
+    if not references:
+        p.error("--async-references: name at least one correction.reference, e.g. ewma")
     root = Path(tempfile.mkdtemp(prefix="asyncrl-bench-"))
     capacity_before = parallel_capacity()
     try:
@@ -195,7 +202,7 @@ def main() -> int:
     for a in out["async"]:
         print(f"speedup sync/async ({a['reference']}) wall: {a['speedup']:.2f}x")
     print("held-out eval success at equal versions (same prompts and seed):")
-    versions = [v for v, _, _ in out["async"][0]["eval_equal_versions"]] if out["async"] else []
+    versions = [v for v, _, _ in out["async"][0]["eval_equal_versions"]]
     print(f"  {'version':<24}" + " ".join(f"{v:>6d}" for v in versions))
     print(f"  {runs[0][0]:<24}" + " ".join(f"{x:6.3f}" for _, x, _ in out["async"][0]["eval_equal_versions"]))
     for name, a in runs[1:]:
@@ -204,8 +211,6 @@ def main() -> int:
         print(f"held-out eval success at equal wall-clock, sync vs async ({a['reference']}) "
               f"(training loop seconds, evaluations excluded):")
         for row in a["eval_equal_wall_clock"]:
-            def show(version: int | None, success: float | None) -> str:
-                return "  --  " if version is None else f"{success:.3f} (version {version})"
             print(f"  at {row['loop_s']:7.2f} s: sync {show(row['sync_version'], row['sync_success'])}, "
                   f"async {show(row['async_version'], row['async_success'])}")
     print(f"parallel capacity of the machine (2 CPU-bound processes at once vs one after the other), "
