@@ -11,7 +11,8 @@ Failure policy:
   checkpoint (from scratch without a checkpoint volume) after a backoff, counted against
   ``runPolicy.backoffLimit``, unless the pod was preempted or evicted (``DisruptionTarget``, also
   when the pod is already terminating or gone): then it is counted in ``preemptions`` against
-  ``runPolicy.preemptionLimit``;
+  ``runPolicy.preemptionLimit``. A pod that vanished from the list with no disruption known is judged
+  ``VANISHED_SETTLE_SECONDS`` later, once its DELETED event (its last state) has had time to arrive;
 - a driver that exits with code 2 refused its spec: the job fails at once (``InvalidSpec``);
 - a pod-shaping spec edit (the pods' spec-hash annotation differs) restarts the gang on purpose
   (``SpecChanged``, not counted); ``runPolicy`` and ``monitoring.maskGuard`` edits restart nothing;
@@ -59,6 +60,9 @@ ACTIVE = (Phase.PENDING, Phase.INITIALIZING, Phase.RUNNING, Phase.RESTARTING)
 CONDITION_TYPES = ("SpecValid", "PodsReady", "Running", "Suspended", "Restarting", "Degraded", "FailedCreate",
                    "ChildConflict", "SyncStuck", "Succeeded", "Failed")
 SYNC_STUCK_REASON = "SyncPhaseTimeout"
+# A gang pod gone from the list, with no disruption known, is judged after this long: its DELETED event
+# (the pod's last state) may trail the list, and it tells a preemption from a deletion.
+VANISHED_SETTLE_SECONDS = 5.0
 INVALID_SPEC_EXIT_CODE = 2  # ``asyncrl driver`` (trainer/cli.py): the spec is refused, retrying cannot help
 
 
@@ -403,6 +407,14 @@ class _Planner:
         # A gang pod that failed or is terminating is lost now, not once it is gone (a disrupted one is a
         # preemption at once). While creates fail, a missing pod is one not created yet (before Running).
         not_created = self.create_failing and self.phase is Phase.INITIALIZING
+        # A pod that vanished moments ago without a known disruption: a list can be ahead of the pod's
+        # DELETED event, which carries its last state (preempted or not). Wait for it, briefly.
+        settling = {n: VANISHED_SETTLE_SECONDS - age for n, s in self.desired.pods.items()
+                    if s.role.gang and n not in pods and (n, epoch) not in self.obs.disrupted
+                    and (age := self.obs.vanished.get((n, epoch), VANISHED_SETTLE_SECONDS)) < VANISHED_SETTLE_SECONDS}
+        if settling:
+            self.out.requeue(max(0.1, min(settling.values())))
+            return
         lost = [n for n, s in self.desired.pods.items() if s.role.gang and (
             (n not in pods and not not_created)
             or (n in pods and (pods[n].phase == "Failed" or pods[n].epoch != epoch or pods[n].terminating)))]

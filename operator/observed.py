@@ -130,6 +130,9 @@ class Observed:
     foreign_pods: dict[str, str] = field(default_factory=dict)  # listed by label, owned by others: name -> owner
     # (pod name, epoch) seen with DisruptionTarget=True before: the pod may be gone by now
     disrupted: frozenset[tuple[str, int]] = frozenset()
+    # (pod name, epoch) listed by an earlier reconcile and missing now -> seconds since first found missing:
+    # its DELETED event (the last state, a disruption included) may still be on its way
+    vanished: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,10 @@ class Reconciler:
         # state of a pod that is gone by the time its reconcile lists the pods. The planner persists what
         # it was told in status.disruptedPods, read back here, so an operator restart forgets nothing.
         self._disrupted: defaultdict[str, set[tuple[str, int]]] = defaultdict(set)
+        # job uid -> (pod name, epoch) of the last list, and -> (pod name, epoch) -> when first found missing
+        # from a later list (Observed.vanished: the planner waits a moment for its DELETED event)
+        self._listed: defaultdict[str, set[tuple[str, int]]] = defaultdict(set)
+        self._missing_since: defaultdict[str, dict[tuple[str, int], dt.datetime]] = defaultdict(dict)
 
     def note_pod(self, body: dict[str, Any]) -> None:
         """Remember a disrupted pod from its event body (DELETED events carry the last state)."""
@@ -156,18 +160,27 @@ class Reconciler:
         for m in manifests:
             self.note_pod(m)
         pods, foreign = observe_pods(manifests, ref.uid)
+        now = self.clock()
         with self._guard:
             disrupted = frozenset(self._disrupted.get(ref.uid, ())) | frozenset(
                 (pod, int(epoch)) for pod, _, epoch in (e.rpartition("@") for e in remembered or ())
                 if epoch.isdigit())
+            listed = {(p.name, p.epoch) for p in pods.values()}
+            missing = self._missing_since[ref.uid]
+            for key in self._listed[ref.uid] - listed:
+                missing.setdefault(key, now)
+            for key in listed:
+                missing.pop(key, None)  # back (a rollout pod replaced under its name)
+            self._listed[ref.uid] = listed
+            vanished = {key: (now - since).total_seconds() for key, since in missing.items()}
         if not children or desired is None:
-            return Observed(pods, None, foreign, disrupted)
+            return Observed(pods, None, foreign, disrupted, vanished)
         found: dict[tuple[str, str], dict[str, Any]] = {}
         for child in desired.children:
             obj = self.kube.get(child.kind, ref.namespace, child.name, child.manifest.get("apiVersion", "v1"))
             if obj is not None:
                 found[(child.kind, child.name)] = obj
-        return Observed(pods, found, foreign, disrupted)
+        return Observed(pods, found, foreign, disrupted, vanished)
 
     def reconcile(self, namespace: str, name: str, children: bool = True) -> Plan | None:
         """Bring one job one step closer to its desired state. None if the job is gone or deleting,
@@ -250,6 +263,9 @@ class Reconciler:
                 self._disrupted[uid] = kept
             else:
                 self._disrupted.pop(uid, None)
+            missing = {k: t for k, t in self._missing_since.pop(uid, {}).items() if k[1] >= epoch}
+            if missing:
+                self._missing_since[uid] = missing
 
     def _fire(self, namespace: str, name: str) -> None:
         """Reconcile again after a short wait (a restart backoff, a deadline, a create retry) whatever
@@ -321,6 +337,8 @@ class Reconciler:
                 self._later.cancel((ref.namespace, ref.name))
                 with self._guard:
                     self._disrupted.pop(ref.uid, None)
+                    self._listed.pop(ref.uid, None)
+                    self._missing_since.pop(ref.uid, None)
                 self.metrics.forget(ref.namespace, ref.name)
                 self._locks.pop((ref.namespace, ref.name), None)
             elif failures:

@@ -10,7 +10,13 @@ from typing import Any
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.operator.builders import Desired, JobRef, desired
 from asyncrl.operator.config import OperatorSettings
-from asyncrl.operator.lifecycle import CreateFailure, Plan, fold_create_failures, plan
+from asyncrl.operator.lifecycle import (
+    VANISHED_SETTLE_SECONDS,
+    CreateFailure,
+    Plan,
+    fold_create_failures,
+    plan,
+)
 from asyncrl.operator.names import Role
 from asyncrl.operator.observed import JobView, Observed, PodView, observe_pods
 
@@ -127,6 +133,24 @@ def test_vanished_pod_seen_disrupted_before_is_a_preemption() -> None:
     p = run({"phase": "Running", "epoch": 1}, [pod(n, epoch=1) for n in ALL if n != "j-driver-0"],
             disrupted=frozenset({("j-driver-0", 0)}))
     assert p.status["preemptions"] == 0 and p.status["restarts"] == 1
+
+
+def test_a_pod_that_just_vanished_waits_for_its_deleted_event_then_counts() -> None:
+    """A list ahead of the pod's DELETED event: no verdict for VANISHED_SETTLE_SECONDS (requeued for
+    the moment it ends); the event's disruption then makes it a preemption, its absence a failure."""
+    pods = [pod(n) for n in ALL if n != "j-driver-0"]
+    p = run({"phase": "Running"}, pods, vanished={("j-driver-0", 0): 1.0})
+    assert p.status["phase"] == "Running" and p.status.get("restarts", 0) == 0 and not p.actions
+    assert p.requeue_after == VANISHED_SETTLE_SECONDS - 1.0
+    p = run({"phase": "Running"}, pods, vanished={("j-driver-0", 0): 1.0}, disrupted=frozenset({("j-driver-0", 0)}))
+    assert p.status["preemptions"] == 1 and p.status["restarts"] == 0
+    p = run({"phase": "Running"}, pods, vanished={("j-driver-0", 0): VANISHED_SETTLE_SECONDS})
+    assert p.status["restarts"] == 1 and p.status["preemptions"] == 0
+    # never listed by this operator (e.g. it restarted meanwhile): judged at once, as before
+    assert run({"phase": "Running"}, pods).status["restarts"] == 1
+    # a vanished rollout pod is replaced alone at once: nothing to tell apart
+    p = run({"phase": "Running"}, [pod(n) for n in ALL if n != "j-rollout-1"], vanished={("j-rollout-1", 0): 0.5})
+    assert ("create", "Pod", "j-rollout-1") in verbs(p)
 
 
 def test_a_disruption_is_written_to_status_until_the_gang_moves_on() -> None:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.handlers import post_event
 from asyncrl.operator.kube import Kube
+from asyncrl.operator.lifecycle import VANISHED_SETTLE_SECONDS
 from asyncrl.operator.metrics import create_metrics
 from asyncrl.operator.reconcile import Later, ReconcileError, Reconciler
 
@@ -204,8 +205,29 @@ def test_a_pod_that_vanished_without_a_disruption_is_counted(h: Harness) -> None
     last = h.kube.objects.pop(("Pod", "j-driver-0"))
     h.now = T0 + dt.timedelta(seconds=2)
     h.reconciler.pod_event("ns", "j", last)
-    st = h.kube.job["status"]
+    assert h.kube.job["status"]["phase"] == "Running"  # its DELETED event may still be coming: not yet
+    st = h.reconcile(after=2 + VANISHED_SETTLE_SECONDS)
     assert (st["phase"], st["preemptions"], st["restarts"]) == ("Restarting", 0, 1)
+
+
+def test_a_list_ahead_of_the_deleted_event_still_sees_the_preemption(h: Harness) -> None:
+    """Another pod's event lists the pods after the driver is gone but before the driver's DELETED
+    event (with its disruption) arrives: judged then, it would be a failure; it is a preemption."""
+    h.reconcile()
+    h.kube.run_pods()
+    assert h.reconcile(after=1)["phase"] == "Running"
+    rollout = h.kube.objects[("Pod", "j-rollout-0")]
+    rollout["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "Preempted"})
+    last = h.kube.objects.pop(("Pod", "j-driver-0"))
+    last["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "Preempted"})
+    h.now = T0 + dt.timedelta(seconds=2)
+    h.reconciler.pod_event("ns", "j", rollout)  # lists: the driver is missing, its cause unknown
+    st = h.kube.job["status"]
+    assert (st["phase"], st.get("restarts", 0), st.get("preemptions", 0)) == ("Running", 0, 0)
+    h.now = T0 + dt.timedelta(seconds=3)
+    h.reconciler.pod_event("ns", "j", last)  # the driver's DELETED event arrives
+    st = h.kube.job["status"]
+    assert (st["phase"], st["reason"], st["preemptions"], st["restarts"]) == ("Restarting", "Preempted", 1, 0)
 
 
 def test_other_failures_still_raise_for_a_retry(h: Harness) -> None:
