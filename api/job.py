@@ -9,9 +9,17 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from asyncrl.api.base import SpecModel
-from asyncrl.api.cel import CelRule, RuleError, on_field
+from asyncrl.api.cel import CelRule, RuleError, on_field, raise_all
 from asyncrl.api.constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
+from asyncrl.api.dataset import (
+    IMPORT_PATH_PATTERN,
+    TASK_SOURCE_RULES,
+    DatasetSpec,
+    RewardServiceSpec,
+    check_import_path,
+    task_source_problems,
+)
 from asyncrl.api.evaluation import EvalSpec
 from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
 from asyncrl.api.pods import (
@@ -120,6 +128,38 @@ class TaskSpec(SpecModel):
     group_size: int = Field(
         default=8, ge=1, description="Samples per prompt (the GRPO group used for the advantage baseline)."
     )
+    dataset: DatasetSpec | None = Field(
+        default=None,
+        description="Prompts from a JSONL or Parquet file, one row per sample, scored by reward or "
+        "rewardService (docs/tasks.md); null = the task's own generated problems.",
+    )
+    reward: str | None = Field(
+        default=None,
+        description="Reward function of a dataset job by import path, 'pkg.mod:fn', called as "
+        "fn(completion: str, answer, sample: dict) -> float (the final assistant text, the row's answerField, "
+        "the whole row); a reward >= 1 counts as a success.",
+        pattern=IMPORT_PATH_PATTERN,
+    )
+    reward_service: RewardServiceSpec | None = Field(
+        default=None, description="An HTTP service scoring the completions of a dataset job (instead of reward)."
+    )
+    python_path: list[str] = Field(
+        default_factory=list,
+        description="Folders put first on the Python path of the job's processes before reward (or an "
+        "environment) is imported; relative ones are taken from the working directory, e.g. [examples/tasks].",
+    )
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = TASK_SOURCE_RULES
+
+    # before the pattern check, so the error says the rule in words rather than the regular expression
+    _reward_is_an_import_path = field_validator("reward", mode="before")(
+        lambda v: check_import_path(v, "task.reward")
+    )
+
+    @model_validator(mode="after")
+    def _dataset_and_reward_go_together(self) -> "TaskSpec":
+        raise_all(task_source_problems(self.dataset, self.reward, self.reward_service))
+        return self
 
 
 class TrainSpec(SpecModel):

@@ -30,6 +30,11 @@ from asyncrl.api.correction import (
     DECAY_MESSAGE,
     EWMA_UNUSED_MESSAGE,
 )
+from asyncrl.api.dataset import (
+    DATASET_NEEDS_SCORER_MESSAGE,
+    REWARD_EXCLUSIVE_MESSAGE,
+    REWARD_NEEDS_DATASET_MESSAGE,
+)
 from asyncrl.api.evaluation import EVAL_UNUSED_MESSAGE
 from asyncrl.api.job import (
     EXACT_NEEDS_STRATEGY_MESSAGE,
@@ -178,6 +183,20 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("gqa-heads", {"model": {"numAttentionHeads": 6, "numKeyValueHeads": 4}}, "spec.model", GQA_MESSAGE),
     BadInput("mask-guard-order", {"monitoring": {"maskGuard": {"warnKeepRatio": 0.5, "criticalKeepRatio": 0.8}}},
              "spec.monitoring.maskGuard", MASK_GUARD_ORDER_MESSAGE),
+    # ---- task.dataset / task.reward / task.rewardService (api/dataset.py)
+    BadInput("reward-and-reward-service",
+             {"task": {"dataset": {"path": "d.jsonl"}, "reward": "m:f", "rewardService": {"url": "http://r:8/s"}}},
+             "spec.task.rewardService", REWARD_EXCLUSIVE_MESSAGE),
+    BadInput("reward-without-dataset", {"task": {"reward": "m:f"}}, "spec.task", REWARD_NEEDS_DATASET_MESSAGE),
+    BadInput("dataset-without-reward", {"task": {"dataset": {"path": "d.jsonl"}}}, "spec.task.dataset",
+             DATASET_NEEDS_SCORER_MESSAGE),
+    BadInput("reward-not-an-import-path", {"task": {"dataset": {"path": "d.jsonl"}, "reward": "my_reward.score"}},
+             "spec.task.reward", "", cli_message="is not an import path"),
+    BadInput("reward-service-not-http", {"task": {"dataset": {"path": "d.jsonl"}, "rewardService": {"url": "r:8"}}},
+             "spec.task.rewardService.url", "", cli_message="is not an http(s) URL"),
+    BadInput("heldout-fraction-one", {"task": {"dataset": {"path": "d.jsonl", "heldoutFraction": 1.0},
+                                               "reward": "m:f"}},
+             "spec.task.dataset.heldoutFraction", "less than 1"),
     # ---- pod overrides
     BadInput("env-asyncrl-prefix", {"rollout": {"template": {"env": [{"name": "ASYNCRL_ROLE", "value": "x"}]}}},
              "spec.rollout.template.env[0].name", RESERVED_ENV_MESSAGE),
@@ -240,6 +259,12 @@ GOOD_INPUTS: list[tuple[str, dict[str, Any]]] = [
                                                                  "releaseRolloutResources": False}}}),
     ("audit-ewma", {"correction": {"reference": "ewma", "audit": {"everyNSteps": 10, "fraction": 0.5}}}),
     ("audit-behavior", {"correction": {"reference": "behavior", "audit": {"everyNSteps": 1}}}),
+    ("dataset-with-reward", {"task": {"dataset": {"path": "d.parquet", "promptField": "question",
+                                                  "answerField": None, "systemPrompt": "Be brief."},
+                                      "reward": "pkg.mod:Scorer.score", "pythonPath": ["examples/tasks"]}}),
+    ("dataset-with-reward-service", {"task": {"dataset": {"path": "/data/d.jsonl", "shuffle": False, "seed": 3},
+                                              "rewardService": {"url": "https://r.ns.svc:8000/score",
+                                                                "retries": 0, "maxConcurrency": 64}}}),
     ("audit-off-with-exact", {"correction": {"reference": "exact", "audit": {"everyNSteps": 0}},
                               "oldLogits": {"strategy": "interruptSync"}}),
 ]
