@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command line: validate, crd, thresholds, run, driver, probe, models.
+"""The ``asyncrl`` command line: validate, crd, thresholds, run, driver, probe, export, models.
 
 Imports stay inside the commands so that ``asyncrl validate`` never loads torch.
 """
@@ -194,6 +194,35 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    """``asyncrl export RUN_DIR_OR_CHECKPOINT --out DIR``: the trained policy as an HF model folder."""
+    from pathlib import Path
+
+    from asyncrl.api.validation import SpecError
+    from asyncrl.trainer import export
+
+    try:
+        job = export.load_job(Path(args.job)) if args.job else None
+        result = export.export_checkpoint(
+            Path(args.path), Path(args.out), job=job, dtype=args.dtype,
+            max_shard_bytes=export.parse_size(args.max_shard_size), overwrite=args.force,
+            progress=not args.quiet,
+        )
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(f"{args.job or args.path}: {problem}", file=sys.stderr)
+        return 2
+    except (export.ExportError, FileNotFoundError) as exc:
+        print(f"asyncrl export: {exc}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"exported version {result.version} to {result.path} in {result.seconds:.1f} s: {result.shards} "
+              f"shard(s), {result.weight_bytes / 2**20:.1f} MiB of {args.dtype} weights; config.json from the "
+              f"{result.config_source}; tokenizer: {result.tokenizer}", file=sys.stderr)
+    print(json.dumps(result.record()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous RL for LLM agents with decoupled off-policy correction."
@@ -254,6 +283,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resource", metavar="NAME", help="joined: the role resource this pod's ray start advertises")
     p.add_argument("--node-ip", metavar="IP", help="joined: this pod's IP (default: as ray start finds it)")
     p.set_defaults(func=_cmd_probe)
+
+    p = sub.add_parser(
+        "export", help="write a run's newest checkpoint (or a given one) as a Hugging Face model folder"
+    )
+    p.add_argument("path", metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="a run directory (its newest complete checkpoint) or a checkpoint folder (step-NNNNNN)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write (written atomically)")
+    p.add_argument("--job", metavar="JOB.yaml", help="the job the checkpoint was trained with "
+                   "(default: the job.yaml of the run directory)")
+    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                   help="largest safetensors shard, e.g. 5GB, 500MB, 2GiB (default 5GB, as transformers)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="weight dtype of the folder (default float32, the actor's)")
+    p.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    p.add_argument("--quiet", action="store_true", help="no progress bar; print only the JSON result")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("models", help="pretrained models in the local cache (pull converts one once)")
     msub = p.add_subparsers(dest="action", required=True, metavar="ACTION")

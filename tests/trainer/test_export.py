@@ -1,0 +1,184 @@
+"""``asyncrl export``: a checkpoint -> an HF folder that transformers loads with the actor's logits."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from asyncrl.api.job import AsyncRLJob
+from asyncrl.api.validation import validate_job
+from asyncrl.rollout.envs.registry import max_sequence_length
+from asyncrl.rollout.tokenizer import TOKENIZER
+from asyncrl.trainer import export
+from asyncrl.trainer.cli import main
+from asyncrl.trainer.megatron import compat
+from asyncrl.trainer.megatron.actor import MegatronActor
+from asyncrl.trainer.megatron.logprobs import full_logits
+
+VERSION = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def megatron_on_cpu() -> None:
+    compat.init_megatron(seed=0, device="cpu")
+
+
+def _job(tmp: Path, *, tied: bool = True, weights: str | None = None) -> AsyncRLJob:
+    model: dict = {"preset": "tiny-llama", "hiddenSize": 32, "numLayers": 2, "ffnHiddenSize": 64,
+                   "tieEmbeddings": tied}
+    if weights is not None:
+        model["weights"] = weights
+    return validate_job({"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "exp"},
+                         "spec": {"model": model, "task": {"name": "calculator", "temperature": 0.8},
+                                  "train": {"seed": 5}}}, "job.yaml")
+
+
+def _run_dir(tmp: Path, job: AsyncRLJob, *, versions: tuple[int, ...] = (VERSION,)) -> tuple[Path, MegatronActor]:
+    """A run directory as ``asyncrl run`` leaves it: job.yaml and checkpoints/step-NNNNNN (actor checkpoints)."""
+    run = tmp / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "job.yaml").write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True)))
+    ctx = max_sequence_length(job.spec.task.name, job.spec.task.max_new_tokens, TOKENIZER)
+    actor = MegatronActor.from_spec(job.spec, TOKENIZER.vocab_size, max_sequence_length=ctx)
+    with torch.no_grad():  # non-trivial norms, so a dropped or swapped norm shows in the logits
+        for name, p in actor._gpt.named_parameters():
+            if "layernorm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    for v in versions:
+        actor.version = v
+        actor.save_checkpoint(str(run / "checkpoints" / f"step-{v:06d}"))
+    return run, actor
+
+
+def _tokens(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (3, 20), generator=torch.Generator().manual_seed(1))
+
+
+def _hf_logits(folder: Path, tokens: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        return model.eval()(tokens).logits
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_export_of_a_run_dir_loads_in_transformers_with_the_actors_logits(tmp_path: Path, tied: bool) -> None:
+    job = _job(tmp_path, tied=tied)
+    run, actor = _run_dir(tmp_path, job, versions=(1, VERSION))
+    with torch.no_grad():
+        for p in actor._gpt.parameters():  # the live actor moves on: the export is of the checkpoint
+            p.add_(1.0)
+    result = export.export_checkpoint(run, tmp_path / "out")
+    assert result.version == VERSION  # the newest of the two checkpoints
+    fresh = MegatronActor.from_spec(job.spec, TOKENIZER.vocab_size,
+                                    max_sequence_length=actor.settings.arch.max_sequence_length)
+    fresh.load_checkpoint(str(run / "checkpoints" / f"step-{VERSION:06d}"))
+    tokens = _tokens(TOKENIZER.vocab_size)
+    with torch.no_grad():
+        want = full_logits(fresh._gpt, tokens)
+    got = _hf_logits(tmp_path / "out", tokens)
+    assert got.shape == want.shape == (3, 20, TOKENIZER.vocab_size)
+    torch.testing.assert_close(got, want, rtol=0.0, atol=1e-6)
+    files = set(os.listdir(tmp_path / "out"))
+    assert {"config.json", "generation_config.json", export.INDEX_FILE, "model-00001-of-00001.safetensors",
+            "tokenizer.json", "tokenizer_config.json", export.MARKER_FILE} <= files
+    index = json.loads((tmp_path / "out" / export.INDEX_FILE).read_text())
+    assert ("lm_head.weight" in index["weight_map"]) is (not tied)  # a tied head is the embedding
+    gen = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert gen["temperature"] == 0.8 and gen["eos_token_id"] == TOKENIZER.eos_id
+
+
+def test_sharded_export_splits_at_the_shard_size_and_loads(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    run, actor = _run_dir(tmp_path, job)
+    # tiny-llama at hidden 32: the largest tensor is fc1/gate [64, 32] fp32 = 8 KiB; 10 kB shards hold one or two
+    result = export.export_checkpoint(run / "checkpoints" / f"step-{VERSION:06d}", tmp_path / "out",
+                                      max_shard_bytes=export.parse_size("10kB"))
+    shards = list(export.iter_shards(tmp_path / "out"))
+    assert result.shards == len(shards) > 3
+    from safetensors import safe_open
+
+    for path in shards:
+        with safe_open(str(path), "pt") as f:
+            sizes = [f.get_tensor(k).numel() * 4 for k in f.keys()]  # noqa: SIM118 -- safe_open has no iterator
+        assert sum(sizes) <= 10_000 or len(sizes) == 1
+    tokens = _tokens(TOKENIZER.vocab_size)
+    with torch.no_grad():
+        want = full_logits(actor._gpt, tokens)
+    torch.testing.assert_close(_hf_logits(tmp_path / "out", tokens), want, rtol=0.0, atol=1e-6)
+
+
+def test_character_tokenizer_is_written_as_an_hf_tokenizer_with_the_same_ids(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    run, _ = _run_dir(tmp_path, _job(tmp_path))
+    result = export.export_checkpoint(run, tmp_path / "out")
+    assert "character tokenizer" in result.tokenizer
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    text = "Q:12*(3-4)=?<calc>12*(3-4)</calc><res>-12</res><ans>-12</ans><eos>"
+    assert hf.encode(text, add_special_tokens=False) == TOKENIZER.encode(text)
+    assert hf.decode(TOKENIZER.encode(text)) == text
+    assert (hf.pad_token_id, hf.eos_token_id, hf.bos_token_id) == (TOKENIZER.pad_id, TOKENIZER.eos_id, TOKENIZER.bos_id)
+    assert list(hf.apply_chat_template([{"role": "user", "content": "Q:1+2=?"}], tokenize=True)["input_ids"]) == \
+        TOKENIZER.chat_prompt("", "Q:1+2=?")
+
+
+def test_a_failed_export_leaves_no_folder_and_keeps_the_previous_one(tmp_path: Path) -> None:
+    from asyncrl.trainer.megatron.convert import save_hf
+
+    # A model folder whose generation_config.json is corrupt: the export fails after the shards are written.
+    _, actor = _run_dir(tmp_path / "seed", _job(tmp_path))
+    source = tmp_path / "model"
+    save_hf(actor.hf_state_dict(), actor.settings.arch, str(source))
+    (source / "generation_config.json").write_text("{not json")
+    job = validate_job({"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "exp"},
+                        "spec": {"model": {"weights": str(source)}, "task": {"name": "calculator"}}}, "job.yaml")
+    run, _ = _run_dir(tmp_path, job)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "previous").write_text("kept")
+    with pytest.raises(json.JSONDecodeError):
+        export.export_checkpoint(run, out, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["model", "out", "run", "seed"]  # no temporary folder left behind
+    assert os.listdir(out) == ["previous"]
+    with pytest.raises(export.ExportError, match="exists; choose another --out or pass --force"):
+        export.export_checkpoint(run, out)
+    (source / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "temperature": 0.7}))
+    result = export.export_checkpoint(run, out, overwrite=True)  # the folder's own files are what it writes
+    assert result.config_source == "source folder"
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads((out / "generation_config.json").read_text()) == {"eos_token_id": 2, "temperature": 0.7}
+    assert "previous" not in os.listdir(out)
+
+
+def test_training_exports_keep_the_newest_n(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    _, actor = _run_dir(tmp_path, job)
+    files = export.model_files(job)
+    root = tmp_path / "ckpt"
+    (root / export.EXPORTS_DIR / ".step-000009.tmp-1").mkdir(parents=True)  # a crashed export's leftovers
+    weights = {k: v.numpy() for k, v in actor.hf_state_dict().items()}
+    for v in (2, 4, 6, 8):
+        result = export.export_weights(weights, files, root, v, job_name="exp", keep=2)
+        assert result.path == export.export_path(root, v)
+    assert [v for v, _ in export.complete_exports(root)] == [6, 8]
+    assert json.loads((export.export_path(root, 8) / export.MARKER_FILE).read_text())["version"] == 8
+
+
+def test_cli_exports_and_prints_where(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run, _ = _run_dir(tmp_path, _job(tmp_path))
+    assert main(["export", str(run), "--out", str(tmp_path / "out"), "--max-shard-size", "20kB"]) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["path"] == str(tmp_path / "out") and last["version"] == VERSION and last["shards"] > 1
+    assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 2  # exists, no --force
+    assert "pass --force" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o2")]) == 2
+    assert "no such run directory or checkpoint" in capsys.readouterr().err
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert main(["export", str(bare), "--out", str(tmp_path / "o3")]) == 2
+    assert "pass the job the checkpoint was trained with" in capsys.readouterr().err
