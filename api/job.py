@@ -70,13 +70,14 @@ GQA_MESSAGE = "numAttentionHeads must be a multiple of numKeyValueHeads (grouped
 
 
 class ModelSpec(SpecModel):
-    """``spec.model``: the Llama-family policy (built-in preset, optionally overridden)."""
+    """``spec.model``: the policy: a Hugging Face model folder (``weights``) or a built-in preset."""
 
-    preset: str = Field(
-        default="tiny-llama",
+    preset: str | None = Field(
+        default=None,
         pattern=r"^(tiny-llama|small-llama|smollm2-135m)$",
         description="Built-in architecture: tiny-llama (~0.3M params, CPU), small-llama (~4M), "
-        "smollm2-135m (SmolLM2-135M's shape; its weights are loaded only through weights).",
+        "smollm2-135m (SmolLM2-135M's shape). Unset: tiny-llama, or the architecture of the weights "
+        "folder's config.json (then leave preset and the size overrides out).",
     )
     hidden_size: int | None = Field(default=None, ge=8, description="Override the preset's hidden size.")
     num_layers: int | None = Field(default=None, ge=1, description="Override the preset's layer count.")
@@ -88,8 +89,10 @@ class ModelSpec(SpecModel):
     tie_embeddings: bool | None = Field(default=None, description="Override tying of input/output embeddings.")
     weights: str | None = Field(
         default=None,
-        description="Initial weights of the actor (rollout receives them from it): a folder of HF-named "
-        "safetensors readable in the actor's pod; null = random initialisation.",
+        description="A Hugging Face model folder readable in the actor's and rollout pods (a PVC path) or "
+        "locally: config.json (its architectures entry picks the family: Llama, Mistral, Qwen2, Qwen3, "
+        "Qwen3-MoE), safetensors (one file, or shards with model.safetensors.index.json), tokenizer files and "
+        "generation_config.json; null = random initialisation of the preset.",
     )
     rollout_dtype: Literal["bfloat16", "float32"] = Field(
         default="bfloat16",

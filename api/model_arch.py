@@ -1,64 +1,374 @@
-"""Resolve ``spec.model`` into the concrete Llama-family architecture both sides build.
+"""One family table: the decoder architecture both sides build, from a preset or a folder's ``config.json``.
 
-The actor (megatron-core ``GPTModel``) and the rollout engine (transformers
-``LlamaForCausalLM``) must build the *same* network, so both take a :class:`LlamaArch` from
-:func:`resolve_arch`. Pure data: no torch.
+The actor (megatron-core ``GPTModel``), both rollout engines (transformers, vLLM), the converter and
+``asyncrl export`` must build the *same* network, so all of them take a :class:`ModelArch` from
+:func:`resolve_arch`. A :class:`ModelArch` goes to and from a Hugging Face ``config.json``
+(:func:`arch_from_hf_config`, :meth:`ModelArch.to_hf_config`); a preset is just such a record.
+Pure data: no torch, no transformers (``api/`` imports nothing heavy).
+
+Supported families (:data:`FAMILIES`), all RMSNorm + SwiGLU + RoPE + grouped-query attention:
+
+| family | HF class | differs from Llama by |
+|---|---|---|
+| llama | ``LlamaForCausalLM`` | - |
+| mistral | ``MistralForCausalLM`` | sliding-window attention (``sliding_window``) |
+| qwen2 | ``Qwen2ForCausalLM`` | bias on q/k/v projections (``qkv_bias``) |
+| qwen3 | ``Qwen3ForCausalLM`` | RMSNorm on every query/key head before RoPE (``qk_norm``), explicit head dim |
+| qwen3_moe | ``Qwen3MoeForCausalLM`` | qwen3 attention + top-k routed SwiGLU experts, no shared expert |
 """
 
-from dataclasses import dataclass, replace
-from typing import Any
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
 
 from asyncrl.api.job import ModelSpec
 
+Family = Literal["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
+CONFIG_FILE = "config.json"
+
 
 @dataclass(frozen=True)
-class LlamaArch:
-    """A Llama-family decoder: RMSNorm, SwiGLU, RoPE, grouped-query attention."""
+class FamilyInfo:
+    """What a family fixes: its HF class and ``model_type``, and the features it always has."""
+
+    architecture: str  # the ``architectures`` entry of config.json
+    model_type: str
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    moe: bool = False
+
+
+FAMILIES: Mapping[Family, FamilyInfo] = {
+    "llama": FamilyInfo("LlamaForCausalLM", "llama"),
+    "mistral": FamilyInfo("MistralForCausalLM", "mistral"),
+    "qwen2": FamilyInfo("Qwen2ForCausalLM", "qwen2", qkv_bias=True),
+    "qwen3": FamilyInfo("Qwen3ForCausalLM", "qwen3", qk_norm=True),
+    "qwen3_moe": FamilyInfo("Qwen3MoeForCausalLM", "qwen3_moe", qk_norm=True, moe=True),
+}
+ARCHITECTURES: Mapping[str, Family] = {info.architecture: fam for fam, info in FAMILIES.items()}
+SUPPORTED = ", ".join(ARCHITECTURES)
+
+
+class ArchitectureError(ValueError):
+    """A config (or spec) that no supported family builds; ``problems`` lists every reason."""
+
+    def __init__(self, problems: list[str], source: str = "config.json") -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """A decoder of one family: RMSNorm, SwiGLU, RoPE, grouped-query attention, plus the family's extras.
+
+    The first eight fields are positional (as the Llama-only record had them); the rest default to Llama.
+    """
 
     hidden_size: int
     num_layers: int
     num_attention_heads: int
     num_key_value_heads: int
-    ffn_hidden_size: int
+    ffn_hidden_size: int  # dense SwiGLU inner size (unused by a MoE layer: see moe_ffn_hidden_size)
     vocab_size: int
     max_sequence_length: int
     tie_embeddings: bool
     rope_theta: float = 10000.0
     norm_epsilon: float = 1e-5
+    family: Family = "llama"
+    kv_channels: int | None = None  # explicit head dim (Qwen3: 128 whatever the hidden size); None = H / nh
+    sliding_window: int | None = None  # Mistral: a query sees its last `sliding_window` keys; None = all
+    num_experts: int = 0  # routed experts per MoE layer (0 = dense model)
+    moe_top_k: int = 0  # experts each token is sent to
+    moe_ffn_hidden_size: int = 0  # SwiGLU inner size of one expert
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels if self.kv_channels is not None else self.hidden_size // self.num_attention_heads
 
+    @property
+    def info(self) -> FamilyInfo:
+        return FAMILIES[self.family]
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.info.qkv_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.info.qk_norm
+
+    @property
+    def is_moe(self) -> bool:
+        return self.info.moe
+
+    @property
+    def architecture(self) -> str:
+        return self.info.architecture
+
+    def problems(self) -> list[str]:
+        """Every inconsistency of the record (empty = buildable), named by HF config keys."""
+        out = []
+        if self.family not in FAMILIES:
+            out.append(f"family {self.family!r} is unknown; valid families: {', '.join(FAMILIES)}")
+            return out
+        if self.num_key_value_heads < 1 or self.num_attention_heads % self.num_key_value_heads:
+            out.append(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads "
+                f"{self.num_key_value_heads} (grouped-query attention)"
+            )
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            out.append(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads} "
+                "(set head_dim explicitly, as Qwen3 does)"
+            )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            out.append(f"sliding_window {self.sliding_window} must be >= 1 (or null for full attention)")
+        if self.is_moe:
+            if self.num_experts < 1 or not 1 <= self.moe_top_k <= self.num_experts:
+                out.append(
+                    f"num_experts {self.num_experts} and num_experts_per_tok {self.moe_top_k}: need "
+                    "1 <= num_experts_per_tok <= num_experts"
+                )
+            if self.moe_ffn_hidden_size < 1:
+                out.append(f"moe_intermediate_size {self.moe_ffn_hidden_size} must be >= 1")
+        elif self.num_experts:
+            out.append(f"num_experts {self.num_experts} set on the dense family {self.family!r}")
+        return out
+
+    def to_hf_config(self, dtype: str = "float32") -> dict[str, Any]:
+        """The ``config.json`` of this architecture (``AutoConfig.for_model(**d)`` builds its HF class).
+
+        Ids of special tokens are left ``None``: they belong to the tokenizer and generation_config.json.
+        """
+        cfg: dict[str, Any] = {
+            "architectures": [self.architecture],
+            "model_type": self.info.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.ffn_hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_sequence_length,
+            "rms_norm_eps": self.norm_epsilon,
+            "tie_word_embeddings": self.tie_embeddings,
+            "rope_parameters": {"rope_type": "default", "rope_theta": float(self.rope_theta)},
+            "attention_dropout": 0.0,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "pad_token_id": None,
+            "dtype": dtype,
+        }
+        if self.family == "llama":
+            cfg |= {"attention_bias": False, "mlp_bias": False}
+        elif self.family == "mistral":
+            cfg["sliding_window"] = self.sliding_window
+        else:  # the Qwen families
+            cfg |= {"use_sliding_window": False, "sliding_window": None}
+            if self.family != "qwen2":
+                cfg["attention_bias"] = False
+        if self.is_moe:
+            cfg |= {
+                "num_experts": self.num_experts,
+                "num_experts_per_tok": self.moe_top_k,
+                "moe_intermediate_size": self.moe_ffn_hidden_size,
+                "norm_topk_prob": self.norm_topk_prob,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+                "output_router_logits": False,
+            }
+        return cfg
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+LlamaArch = ModelArch  # the Llama-only record's name, kept for the callers that build one positionally
 
 # vocab_size 0 = taken from the task's tokenizer at resolve time.
-PRESETS: dict[str, LlamaArch] = {
-    "tiny-llama": LlamaArch(128, 2, 4, 2, 256, 0, 128, True),
-    "small-llama": LlamaArch(256, 4, 8, 4, 1024, 0, 256, True),
-    "smollm2-135m": LlamaArch(576, 30, 9, 3, 1536, 49152, 2048, True, rope_theta=100000.0),
+PRESETS: dict[str, ModelArch] = {
+    "tiny-llama": ModelArch(128, 2, 4, 2, 256, 0, 128, True),
+    "small-llama": ModelArch(256, 4, 8, 4, 1024, 0, 256, True),
+    "smollm2-135m": ModelArch(576, 30, 9, 3, 1536, 49152, 2048, True, rope_theta=100000.0),
+}
+DEFAULT_PRESET = "tiny-llama"
+SIZE_OVERRIDES = {  # spec.model field (python name) -> its YAML name
+    "hidden_size": "hiddenSize",
+    "num_layers": "numLayers",
+    "num_attention_heads": "numAttentionHeads",
+    "num_key_value_heads": "numKeyValueHeads",
+    "ffn_hidden_size": "ffnHiddenSize",
+    "tie_embeddings": "tieEmbeddings",
 }
 
 
-def resolve_arch(spec: ModelSpec, vocab_size: int, max_sequence_length: int | None = None) -> LlamaArch:
-    """The preset of ``spec`` with its overrides applied.
+def _rope_theta(cfg: Mapping[str, Any], problems: list[str]) -> float:
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, Mapping) else "default"
+    if kind != "default":
+        problems.append(f"rope type {kind!r} is not supported (only default RoPE); remove the RoPE scaling entry")
+    theta = rope.get("rope_theta") if isinstance(rope, Mapping) else None
+    return float(theta if theta is not None else cfg.get("rope_theta", 10000.0))
+
+
+def family_of(cfg: Mapping[str, Any]) -> Family:
+    """The family of a ``config.json``: from its ``architectures`` entry (else its ``model_type``).
+
+    Raises :class:`ArchitectureError` naming the architecture and the supported list.
+    """
+    archs = cfg.get("architectures") or []
+    if archs:
+        unknown = [a for a in archs if a not in ARCHITECTURES]
+        if unknown or len(archs) != 1:
+            raise ArchitectureError([
+                f"architectures {list(archs)}: {', '.join(unknown) or 'more than one entry'} is not supported; "
+                f"supported architectures: {SUPPORTED} (one entry)"
+            ])
+        return ARCHITECTURES[archs[0]]
+    by_type = {info.model_type: fam for fam, info in FAMILIES.items()}
+    model_type = cfg.get("model_type")
+    if model_type not in by_type:
+        raise ArchitectureError([
+            f"neither architectures nor a supported model_type ({model_type!r}); set architectures to one of {SUPPORTED}"
+        ])
+    return by_type[model_type]
+
+
+def arch_from_hf_config(cfg: Mapping[str, Any], source: str = CONFIG_FILE) -> ModelArch:
+    """The :class:`ModelArch` of a Hugging Face ``config.json`` dict (every problem reported at once)."""
+    try:
+        family = family_of(cfg)
+    except ArchitectureError as exc:
+        raise ArchitectureError(exc.problems, source) from None
+    problems: list[str] = []
+    required = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"]
+    if missing := [k for k in required if not isinstance(cfg.get(k), int)]:
+        raise ArchitectureError([f"missing integer field(s) {missing}"], source)
+    if (act := cfg.get("hidden_act", "silu")) != "silu":
+        problems.append(f"hidden_act {act!r} is not supported (SwiGLU needs 'silu')")
+    if cfg.get("mlp_bias"):
+        problems.append("mlp_bias true is not supported (no family here has MLP biases)")
+    if family != "qwen2" and cfg.get("attention_bias"):
+        problems.append(f"attention_bias true is not supported for {family} (it biases o_proj too)")
+    if family in ("qwen2", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
+        problems.append("use_sliding_window true (per-layer windows) is not supported; set it to false")
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim")
+    if head_dim is None and family == "qwen3":
+        head_dim = 128  # Qwen3Config's default: not derived from hidden_size
+    kv_channels = None if head_dim is None or head_dim * heads == cfg["hidden_size"] else int(head_dim)
+    moe: dict[str, Any] = {}
+    if FAMILIES[family].moe:
+        if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
+            problems.append("decoder_sparse_step != 1 or mlp_only_layers (dense layers among MoE ones) is not supported")
+        if cfg.get("shared_expert_intermediate_size"):
+            problems.append("shared experts (shared_expert_intermediate_size) are not supported for qwen3_moe")
+        moe = {
+            "num_experts": int(cfg.get("num_experts", cfg.get("num_local_experts", 0)) or 0),
+            "moe_top_k": int(cfg.get("num_experts_per_tok", 0) or 0),
+            "moe_ffn_hidden_size": int(cfg.get("moe_intermediate_size", 0) or 0),
+            "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
+        }
+    window = cfg.get("sliding_window") if family == "mistral" else None
+    arch = ModelArch(
+        hidden_size=cfg["hidden_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        ffn_hidden_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        max_sequence_length=int(cfg.get("max_position_embeddings", 2048)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        rope_theta=_rope_theta(cfg, problems),
+        norm_epsilon=float(cfg.get("rms_norm_eps", 1e-6)),
+        family=family,
+        kv_channels=kv_channels,
+        sliding_window=None if window is None else int(window),
+        **moe,
+    )
+    problems += arch.problems()
+    if problems:
+        raise ArchitectureError(problems, source)
+    return arch
+
+
+def folder_config(weights: str) -> dict[str, Any] | None:
+    """The parsed ``config.json`` of the ``spec.model.weights`` folder, or None when it has none."""
+    path = Path(os.path.expanduser(weights)) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ArchitectureError([f"not readable JSON ({exc}); re-save the folder with save_pretrained"], str(path)) from None
+
+
+def _from_preset(spec: ModelSpec) -> ModelArch:
+    name = spec.preset or DEFAULT_PRESET
+    if name not in PRESETS:
+        raise ValueError(f"spec.model.preset {name!r} is unknown; valid presets: {', '.join(PRESETS)}")
+    overrides = {k: getattr(spec, k) for k in SIZE_OVERRIDES if getattr(spec, k) is not None}
+    return replace(PRESETS[name], **overrides)
+
+
+def folder_problems(spec: ModelSpec) -> list[str]:
+    """What is wrong with ``spec.model`` given its weights folder's ``config.json`` (where visible here).
+
+    Pure file reading (config.json only), so ``asyncrl validate`` runs it without torch. Each problem
+    starts with the field path it is about.
+    """
+    if spec.weights is None or not Path(os.path.expanduser(spec.weights)).is_dir():
+        return []
+    try:
+        cfg = folder_config(spec.weights)
+    except ArchitectureError as exc:
+        return [f"spec.model.weights: {exc}"]
+    if cfg is None:
+        return []  # a bare safetensors folder: the preset gives the architecture (as before)
+    where = str(Path(os.path.expanduser(spec.weights)) / CONFIG_FILE)
+    try:
+        arch = arch_from_hf_config(cfg, where)
+    except ArchitectureError as exc:
+        return [f"spec.model.weights: {exc}"]
+    out = [
+        f"spec.model.{yaml}: the architecture comes from {where}; size overrides are refused: remove {yaml}"
+        for field, yaml in SIZE_OVERRIDES.items()
+        if getattr(spec, field) is not None
+    ]
+    if spec.preset is not None:
+        preset = replace(PRESETS[spec.preset], vocab_size=PRESETS[spec.preset].vocab_size or arch.vocab_size)
+        if replace(preset, max_sequence_length=arch.max_sequence_length) != arch:
+            out.append(
+                f"spec.model.preset: {spec.preset!r} differs from the architecture in {where} "
+                f"({arch.architecture}); leave spec.model.preset out (the folder's config.json decides)"
+            )
+    return out
+
+
+def resolve_arch(spec: ModelSpec, vocab_size: int, max_sequence_length: int | None = None) -> ModelArch:
+    """The architecture of ``spec.model``: its weights folder's ``config.json`` when it has one, else
+    the preset with its size overrides.
 
     Args:
         spec: the job's ``model`` section.
         vocab_size: the task tokenizer's vocabulary (used when the preset does not fix one).
-        max_sequence_length: raise the preset's context length to at least this many tokens.
+        max_sequence_length: raise the context length to at least this many tokens (RoPE has no
+            learned positions, so this only sizes megatron's rotary table).
     """
-    if spec.preset not in PRESETS:
-        raise ValueError(f"model.preset {spec.preset!r} is unknown; valid presets: {', '.join(PRESETS)}")
-    arch = PRESETS[spec.preset]
-    overrides: dict[str, Any] = {
-        "hidden_size": spec.hidden_size,
-        "num_layers": spec.num_layers,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_key_value_heads": spec.num_key_value_heads,
-        "ffn_hidden_size": spec.ffn_hidden_size,
-        "tie_embeddings": spec.tie_embeddings,
-    }
-    arch = replace(arch, **{k: v for k, v in overrides.items() if v is not None})
+    cfg = folder_config(spec.weights) if spec.weights is not None else None
+    if cfg is not None:
+        if problems := folder_problems(spec):
+            raise ArchitectureError(problems, "spec.model")
+        arch = arch_from_hf_config(cfg)
+    else:
+        arch = _from_preset(spec)
     if arch.vocab_size == 0:
         arch = replace(arch, vocab_size=vocab_size)
     if max_sequence_length is not None and max_sequence_length > arch.max_sequence_length:
@@ -70,6 +380,12 @@ def resolve_arch(spec: ModelSpec, vocab_size: int, max_sequence_length: int | No
         problems.append(
             f"numAttentionHeads {arch.num_attention_heads} is not a multiple of numKeyValueHeads {arch.num_key_value_heads}"
         )
-    if problems:
+    if problems and cfg is None:
         raise ValueError("spec.model: " + "; ".join(problems))
     return arch
+
+
+__all__ = [
+    "ARCHITECTURES", "FAMILIES", "PRESETS", "ArchitectureError", "Family", "FamilyInfo", "LlamaArch", "ModelArch",
+    "arch_from_hf_config", "family_of", "folder_config", "folder_problems", "resolve_arch",
+]

@@ -12,7 +12,8 @@ smallest shim that was measured to work (``shared/reference/feasibility.md`` §2
    context, so dropout (0 here anyway) uses the ordinary CPU generator;
 3. a gloo process group of world size 1, then ``initialize_model_parallel(1, 1)``;
 4. a ``torch.optim.AdamW`` over the DDP wrapper's ``main_grad`` buffers instead of megatron's
-   optimizer (see :class:`MainGradAdamW` for why).
+   optimizer (see :class:`MainGradAdamW` for why);
+5. (CPU or GPU without TransformerEngine) the MoE router's missing ``te_general_gemm`` global.
 
 Nothing outside this module branches on the device kind; callers ask :func:`init_megatron` for a
 :class:`MegatronRuntime` and use its ``device`` and the optimizer from :func:`make_optimizer`.
@@ -88,6 +89,7 @@ def init_megatron(seed: int = 0, *, device: Literal["auto", "cpu", "cuda"] = "au
             )
         _RUNTIME = MegatronRuntime(device=dev, on_cpu=on_cpu, backend=backend)
 
+    _moe_without_transformer_engine()
     torch.manual_seed(seed)
     # (2) The training tracker snapshots CUDA RNG states; the inference tracker does not.
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=on_cpu)
@@ -96,6 +98,17 @@ def init_megatron(seed: int = 0, *, device: Literal["auto", "cpu", "cuda"] = "au
 
 def _cpu_current_device() -> str:
     return "cpu"
+
+
+def _moe_without_transformer_engine() -> None:
+    """(5) megatron-core 0.16.1's MoE router reads the module global ``te_general_gemm``, which its
+    ``moe_utils`` defines only when TransformerEngine imports (``NameError`` otherwise, CPU or GPU:
+    ``shared/reference/distributed-actor.md`` §5.4). ``None`` is the value it tests for: the router's
+    plain ``torch`` matmul."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
 
 
 def _init_process_group(backend: str) -> None:

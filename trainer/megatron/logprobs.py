@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from asyncrl.trainer.megatron.model import causal_mask, position_ids, unwrap
+from asyncrl.trainer.megatron.model import attention_mask, position_ids, unwrap
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20  # fp32 logits of one chunk
 
@@ -70,13 +70,13 @@ def final_hidden_states(model: torch.nn.Module, tokens: torch.Tensor) -> torch.T
     """The decoder output after the final RMSNorm, ``[T, B, H]`` (megatron's sequence-first layout)."""
     B, T = tokens.shape
     with _hidden_states_only(unwrap(model)):
-        return model(tokens, position_ids(B, T, tokens.device), causal_mask(T, tokens.device))
+        return model(tokens, position_ids(B, T, tokens.device), attention_mask(model, T, tokens.device))
 
 
 def full_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """All logits ``[B, T, V]`` (for parity tests and debugging; training uses :func:`token_logprobs`)."""
     B, T = tokens.shape
-    return model(tokens, position_ids(B, T, tokens.device), causal_mask(T, tokens.device))
+    return model(tokens, position_ids(B, T, tokens.device), attention_mask(model, T, tokens.device))
 
 
 @contextlib.contextmanager

@@ -1,20 +1,52 @@
-"""Build the megatron-core ``GPTModel`` for a :class:`~asyncrl.api.model_arch.LlamaArch`.
+"""Build the megatron-core ``GPTModel`` for a :class:`~asyncrl.api.model_arch.ModelArch` of any family.
 
 The kwargs are the measured Llama mapping of ``shared/reference/megatron-llama.md`` §1: RMSNorm
 with the architecture's epsilon (megatron's default 1e-5 silently differs from HF's 1e-6),
 SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]), RoPE with ``rotary_interleaved=False``
-(HF's rotate-half), grouped-query attention via ``num_query_groups``, no biases, tied or untied
-embeddings. Call :func:`asyncrl.trainer.megatron.compat.init_megatron` first.
+(HF's rotate-half), grouped-query attention via ``num_query_groups``, the head dim as
+``kv_channels`` (Qwen3's is explicit), no biases, tied or untied embeddings. Per family:
+
+- qwen2: ``add_qkv_bias`` (bias on the fused q/k/v projection only, as Qwen2 has);
+- qwen3, qwen3_moe: ``qk_layernorm`` (an RMSNorm over each head's ``head_dim`` features of q and k,
+  before RoPE, as HF's ``q_norm``/``k_norm``), passed to both the config and the layer spec;
+- mistral: the sliding window is *not* megatron's ``window_size`` (its local attention then builds
+  the window mask with ``device="cuda"`` and ignores the mask passed in); the explicit mask of
+  :func:`causal_mask` carries it instead, exact on CPU and GPU alike;
+- qwen3_moe: megatron's MoE layer: ``TopKRouter`` (softmax, top-k; ``norm_topk_prob`` -> softmax over
+  the k chosen logits, else softmax over all then top-k, which is ``moe_router_pre_softmax``),
+  ``SequentialMLP`` experts (one SwiGLU per expert; grouped GEMM only with TransformerEngine on a GPU),
+  the ``allgather`` dispatcher (``alltoall`` makes a CUDA stream), EP = 1, no auxiliary loss.
+
+Call :func:`asyncrl.trainer.megatron.compat.init_megatron` first.
 """
 
 from typing import Any
 
 import torch
 
-from asyncrl.api.model_arch import LlamaArch
+from asyncrl.api.model_arch import ModelArch
 
 
-def transformer_config(arch: LlamaArch, *, use_cpu_initialization: bool = True, init_std: float = 0.02):
+def _moe_kwargs(arch: ModelArch) -> dict[str, Any]:
+    if not arch.is_moe:
+        return {}
+    return {
+        "num_moe_experts": arch.num_experts,
+        "moe_router_topk": arch.moe_top_k,
+        "moe_ffn_hidden_size": arch.moe_ffn_hidden_size,
+        # HF: p = softmax(all logits) -> top-k (-> renormalised if norm_topk_prob). Renormalised top-k
+        # probabilities are exactly softmax over the k chosen logits, megatron's default order.
+        "moe_router_pre_softmax": not arch.norm_topk_prob,
+        "moe_router_score_function": "softmax",
+        "moe_router_load_balancing_type": "none",  # RL fine-tuning: no auxiliary loss term in the gradient
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,  # SequentialMLP: plain matmuls, any device
+        "moe_token_dispatcher_type": "allgather",
+        "moe_router_dtype": "fp32",  # HF computes the router softmax in fp32 too
+    }
+
+
+def transformer_config(arch: ModelArch, *, use_cpu_initialization: bool = True, init_std: float = 0.02):
     """The megatron ``TransformerConfig`` of ``arch`` in fp32 (no dropout)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -30,7 +62,8 @@ def transformer_config(arch: LlamaArch, *, use_cpu_initialization: bool = True, 
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
-        add_qkv_bias=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=init_std,
@@ -40,24 +73,31 @@ def transformer_config(arch: LlamaArch, *, use_cpu_initialization: bool = True, 
         rotary_interleaved=False,
         apply_rope_fusion=False,
         attention_softmax_in_fp32=True,
+        **_moe_kwargs(arch),
     )
 
 
-def build_gpt_model(arch: LlamaArch, *, use_cpu_initialization: bool = True, init_std: float = 0.02):
+def build_gpt_model(arch: ModelArch, *, use_cpu_initialization: bool = True, init_std: float = 0.02):
     """A fresh, randomly initialised megatron ``GPTModel`` (fp32) for ``arch``.
 
     With ``use_cpu_initialization`` the weights come from torch's default CPU generator, so
-    ``torch.manual_seed`` before this call makes the init reproducible.
+    ``torch.manual_seed`` before this call makes the init reproducible. The model carries
+    ``sliding_window`` (read by :func:`attention_mask`).
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     config = transformer_config(arch, use_cpu_initialization=use_cpu_initialization, init_std=init_std)
-    return GPTModel(
+    gpt = GPTModel(
         config=config,
         # The spec argument only matters when Apex is installed (its fused norm is LayerNorm-only);
         # config.normalization is what selects RMSNorm here. Set both.
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=arch.num_experts or None,
+            moe_grouped_gemm=False,
+            qk_layernorm=arch.qk_norm,
+            normalization="RMSNorm",
+        ),
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_sequence_length,
         position_embedding_type="rope",
@@ -66,16 +106,28 @@ def build_gpt_model(arch: LlamaArch, *, use_cpu_initialization: bool = True, ini
         share_embeddings_and_output_weights=arch.tie_embeddings,
         parallel_output=True,
     )
+    gpt.sliding_window = arch.sliding_window
+    return gpt
 
 
-def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
-    """Megatron's attention mask ``[1, 1, T, T]`` bool, **True = masked** (the future).
+def causal_mask(seq_len: int, device: torch.device, sliding_window: int | None = None) -> torch.Tensor:
+    """Megatron's attention mask ``[1, 1, T, T]`` bool, **True = masked** (the future, and with a
+    ``sliding_window`` W every key ``j <= i - W``: query i sees keys ``i-W+1..i``, as HF Mistral).
 
     Always passed explicitly: ``attention_mask=None`` makes megatron build its causal mask with
     ``device="cuda"``. Right padding needs no key-padding term: a padded key only ever sits after
-    every real query, where the causal mask already hides it.
+    every real query, where the causal mask already hides it. A window >= T is full attention.
     """
-    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
+    ones = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
+    mask = torch.triu(ones, diagonal=1)
+    if sliding_window is not None and sliding_window < seq_len:
+        mask |= torch.tril(ones, diagonal=-sliding_window)
+    return mask[None, None]
+
+
+def attention_mask(model: Any, seq_len: int, device: torch.device) -> torch.Tensor:
+    """:func:`causal_mask` with the sliding window of ``model`` (a GPTModel or a wrapper of one)."""
+    return causal_mask(seq_len, device, getattr(unwrap(model), "sliding_window", None))
 
 
 def position_ids(batch: int, seq_len: int, device: torch.device) -> torch.Tensor:

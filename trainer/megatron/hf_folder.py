@@ -1,0 +1,133 @@
+"""A Hugging Face model folder's safetensors as a lazy, memory-mapped ``Mapping[str, Tensor]``.
+
+``model.safetensors`` (one file), shards listed by ``model.safetensors.index.json``, or (older
+folders) every ``*.safetensors`` file. Shapes and dtypes come from the file headers without reading
+any tensor data; ``folder[name]`` reads that one tensor (``safetensors.safe_open`` memory-maps the
+file, so only the pages of that tensor are touched). A converter that takes one name at a time
+therefore never holds the whole checkpoint in host memory, let alone twice.
+
+Problems with the folder are :class:`FolderError` (a ``ValueError``/``FileNotFoundError`` naming the
+file and the fix), raised when the folder is opened, before any tensor is read.
+"""
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class FolderError(FileNotFoundError, ValueError):
+    """A weights folder that cannot be read as a Hugging Face checkpoint; the message names the file and the fix."""
+
+
+class HFFolder(Mapping[str, torch.Tensor]):
+    """Lazy view of the tensors of a model folder (see the module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.path = Path(os.path.expanduser(str(directory)))
+        self.source = str(self.path)
+        if not self.path.is_dir():
+            raise FolderError(
+                f"no weights folder {self.source!r} (spec.model.weights); a pulled model's folder is what "
+                "'asyncrl models pull smollm2' prints"
+            )
+        self._handles: dict[Path, Any] = {}
+        self._files: dict[str, Path] = self._weight_map()
+        self._shapes: dict[str, tuple[int, ...]] | None = None
+
+    def _weight_map(self) -> dict[str, Path]:
+        index = self.path / INDEX_FILE
+        if index.is_file():
+            try:
+                weight_map = dict(json.loads(index.read_text())["weight_map"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise FolderError(
+                    f"{index}: not a safetensors index ({exc!r}); it needs a 'weight_map' of tensor name -> "
+                    "shard file: re-save the folder with save_pretrained"
+                ) from None
+            missing = sorted({f for f in weight_map.values() if not (self.path / f).is_file()})
+            if missing:
+                raise FolderError(
+                    f"{index} names shard(s) {missing} that are not in {self.source}: copy the missing shard "
+                    "file(s) into the folder (or re-save it with save_pretrained)"
+                )
+            return {name: self.path / f for name, f in weight_map.items()}
+        files = sorted(p for p in self.path.iterdir() if p.suffix == ".safetensors")
+        if not files:
+            raise FolderError(
+                f"no {SINGLE_FILE} and no {INDEX_FILE} in {self.source}: save the model with "
+                "save_pretrained(folder) (safetensors is its default format)"
+            )
+        out: dict[str, Path] = {}
+        for file in files:
+            for name in self._handle(file).keys():
+                out[name] = file
+        return out
+
+    def _handle(self, file: Path) -> Any:
+        if file not in self._handles:
+            from safetensors import safe_open
+
+            try:
+                self._handles[file] = safe_open(str(file), framework="pt")
+            except Exception as exc:  # safetensors raises its own error types for a bad header
+                raise FolderError(f"{file}: not a readable safetensors file ({exc}); re-copy or re-save it") from None
+        return self._handles[file]
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape, from the headers (no tensor data read). An index entry whose shard
+        lacks the tensor raises :class:`FolderError`."""
+        if self._shapes is None:
+            shapes, absent = {}, []
+            for name, file in self._files.items():
+                handle = self._handle(file)
+                if name not in handle.keys():
+                    absent.append(f"{name} (in {file.name})")
+                    continue
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+            if absent:
+                raise FolderError(
+                    f"{self.path / INDEX_FILE} lists tensors its shards do not hold: {absent[:5]}; re-save the "
+                    "folder with save_pretrained"
+                )
+            self._shapes = shapes
+        return dict(self._shapes)
+
+    def dtypes(self) -> dict[str, str]:
+        """Every tensor's dtype as safetensors names it (``F32``, ``BF16``, ...)."""
+        return {n: str(self._handle(f).get_slice(n).get_dtype()) for n, f in self._files.items()}
+
+    def nbytes(self) -> int:
+        """Bytes of all weight files of the folder."""
+        return sum(p.stat().st_size for p in set(self._files.values()))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            file = self._files[name]
+        except KeyError:
+            raise KeyError(f"{self.source}: no tensor {name!r}") from None
+        return self._handle(file).get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def load_hf(directory: str) -> dict[str, torch.Tensor]:
+    """All HF-named tensors of a folder, in memory (sharded or not; ``~`` expanded). For large models
+    use :class:`HFFolder` with :func:`~asyncrl.trainer.megatron.convert.load_folder_into` instead."""
+    folder = HFFolder(directory)
+    out = dict(folder.items())
+    folder.close()
+    return out
