@@ -85,14 +85,15 @@ class AssistantMessage:
 
     ``text`` is all the sampled text of the turn (end-of-turn token excluded); ``content`` the text
     without tool-call blocks; ``malformed`` one description per tool call that could not be parsed;
-    ``ended_by`` is ``"eos"``, ``"budget"`` (never passed to ``step``) or the stop string that ended it.
+    ``ended_by`` the end-of-turn token's text (``eos`` True) or the stop string that ended the turn.
     """
 
     text: str
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     malformed: tuple[str, ...] = ()
-    ended_by: str = "eos"
+    ended_by: str = "<eos>"
+    eos: bool = True
 
     def to_message(self) -> Message:
         """The OpenAI-style message (what the chat template renders for this turn)."""
