@@ -5,26 +5,35 @@ be right; all problems of a document are reported together.
 """
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from asyncrl.api.cel import RuleError
+from asyncrl.api.constants import GROUP
 from asyncrl.api.job import API_VERSION, KIND, AsyncRLJob
+from asyncrl.api.jobfile import Documents, parse_documents, read_documents
 
 
 @dataclass(frozen=True)
 class SpecProblem:
-    """One problem in a job document: ``path`` like ``spec.correction.mask.bounds``."""
+    """One problem in a job document: ``path`` like ``spec.correction.mask.bounds``.
+
+    ``document`` (1-based) and ``name`` (its metadata.name) say which document of a file with several.
+    """
 
     path: str
     message: str
+    document: int | None = None
+    name: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
+        parts = [f"document {self.document}" + (f" ({self.name})" if self.name else "")] if self.document else []
+        if self.path != "(file)":  # a problem of the whole file: the caller's prefix names it
+            parts.append(self.path)
+        return ": ".join([*parts, self.message])
 
 
 class SpecError(ValueError):
@@ -137,38 +146,109 @@ def quickstart_doc() -> dict[str, Any]:
     document, not yet validated."""
     import importlib.resources
 
-    return dict(yaml.safe_load(importlib.resources.files("asyncrl.api").joinpath("examples/quickstart.yaml").read_text()))
+    text = importlib.resources.files("asyncrl.api").joinpath("examples/quickstart.yaml").read_text()
+    read = parse_documents(text, "quickstart.yaml")
+    if read.problems or len(read.documents) != 1:  # a packaging fault, not a user's
+        raise RuntimeError(f"the embedded quickstart.yaml is broken: {read.problems}")
+    return dict(read.documents[0][1])
+
+
+def _close(got: Any, valid: str, cutoff: float = 0.75) -> bool:
+    """Whether ``got`` looks like a misspelling of ``valid`` (any case, a letter or two off)."""
+    if not isinstance(got, str):
+        return False
+    return got.lower() == valid.lower() or bool(difflib.get_close_matches(got, [valid], n=1, cutoff=cutoff))
+
+
+def _header_problems(doc: dict[str, Any]) -> list[SpecProblem]:
+    """apiVersion and kind, each with a "did you mean" when it is a near miss."""
+    problems = []
+    kind, api_version = doc.get("kind"), doc.get("apiVersion")
+    expected = f"expected apiVersion: {API_VERSION} and kind: {KIND}"
+    if kind is not None and kind != KIND:
+        hint = f"did you mean {KIND}? (kinds are case-sensitive); " if _close(kind, KIND) else ""
+        problems.append(SpecProblem("kind", f"got {kind!r}; {hint}{expected}"))
+    if api_version is not None and api_version != API_VERSION:
+        hint = f"did you mean {API_VERSION}?; " if _close(api_version, API_VERSION, 0.6) else ""
+        problems.append(SpecProblem("apiVersion", f"got {api_version!r}; {hint}{expected}"))
+    return problems
+
+
+def _meant_as_job(doc: Any) -> bool:
+    """Whether a document of a file is (meant to be) an AsyncRLJob: other kinds (a Namespace, a Secret next
+    to the job) are skipped; a near-miss kind or our API group is a job with a typo."""
+    if not isinstance(doc, dict):
+        return True
+    kind, api_version = doc.get("kind"), doc.get("apiVersion")
+    if kind is None or kind == KIND or _close(kind, KIND):
+        return True
+    return isinstance(api_version, str) and (api_version.split("/")[0] == GROUP or _close(api_version, API_VERSION))
 
 
 def validate_job(doc: Any, source: str = "") -> AsyncRLJob:
     """Validate one parsed YAML document; raise :class:`SpecError` listing every problem."""
     if not isinstance(doc, dict):
-        raise SpecError([SpecProblem("(document)", "expected a mapping with apiVersion, kind, metadata, spec")], source)
-    if doc.get("kind") not in (None, KIND) or doc.get("apiVersion") not in (None, API_VERSION):
-        raise SpecError(
-            [
-                SpecProblem(
-                    "kind",
-                    f"got apiVersion={doc.get('apiVersion')!r} kind={doc.get('kind')!r}; "
-                    f"expected apiVersion: {API_VERSION} and kind: {KIND}",
-                )
-            ],
-            source,
-        )
+        got = type(doc).__name__
+        raise SpecError([SpecProblem("(document)", f"got a {got}; expected a mapping with apiVersion, kind, "
+                                     "metadata and spec")], source)
+    header = _header_problems(doc)
+    if header:  # and the rest of the document's problems, as if the header were right
+        doc = {**doc, "apiVersion": API_VERSION, "kind": KIND}
     try:
-        return AsyncRLJob.model_validate(doc)
+        job = AsyncRLJob.model_validate(doc)
     except ValidationError as exc:
-        raise SpecError(problems_from(exc), source) from None
+        raise SpecError(header + problems_from(exc), source) from None
+    if header:
+        raise SpecError(header, source)
+    return job
+
+
+@dataclass
+class JobFile:
+    """Every AsyncRLJob of a file, and every problem of every document (all at once)."""
+
+    source: str
+    jobs: list[AsyncRLJob] = field(default_factory=list)
+    problems: list[SpecProblem] = field(default_factory=list)
+
+
+def _name_of(doc: Any) -> str | None:
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _jobs_of(read: Documents) -> JobFile:
+    several = read.count > 1
+    out = JobFile(read.source)
+    out.problems = [SpecProblem(p.path, p.message, p.document if several else None) for p in read.problems]
+    kinds: list[str] = []
+    for index, doc in read.documents:
+        if not _meant_as_job(doc):
+            kinds.append(f"{doc.get('kind')!r} (document {index})")
+            continue
+        try:
+            out.jobs.append(validate_job(doc, read.source))
+        except SpecError as exc:
+            name = _name_of(doc)
+            out.problems.extend(replace(p, document=index if several else None, name=name if several else None)
+                                for p in exc.problems)
+    if not out.jobs and not out.problems:
+        found = f"found only {', '.join(kinds)}" if kinds else "the file is empty"
+        out.problems.append(SpecProblem("(file)", f"no {KIND} document found ({found}); a job file holds "
+                                        f"documents with apiVersion: {API_VERSION} and kind: {KIND}"))
+    return out
+
+
+def read_job_file(path: str | Path) -> JobFile:
+    """Read and validate every AsyncRLJob document of a YAML file (other kinds are skipped), safely
+    (:mod:`asyncrl.api.jobfile`); never raises for what the file holds."""
+    return _jobs_of(read_documents(path))
 
 
 def load_jobs(path: str | Path) -> list[AsyncRLJob]:
-    """Parse and validate every AsyncRLJob document of a YAML file (other kinds are skipped)."""
-    text = Path(path).read_text()
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise SpecError([SpecProblem("(file)", f"not valid YAML: {exc}")], str(path)) from None
-    jobs = [validate_job(d, str(path)) for d in docs if not isinstance(d, dict) or d.get("kind", KIND) == KIND]
-    if not jobs:
-        raise SpecError([SpecProblem("(file)", f"no {KIND} document found")], str(path))
-    return jobs
+    """The AsyncRLJobs of a file; :class:`SpecError` with every problem of every document if any."""
+    read = read_job_file(path)
+    if read.problems:
+        raise SpecError(read.problems, str(path))
+    return read.jobs

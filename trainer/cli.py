@@ -10,22 +10,16 @@ from collections.abc import Sequence
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from asyncrl.api.validation import SpecError, load_jobs
+    """Every problem of every document of every file, one line each; exit 1 if there is any."""
+    from asyncrl.api.validation import read_job_file
 
     failed = 0
     for path in args.files:
-        try:
-            jobs = load_jobs(path)
-        except FileNotFoundError:
-            print(f"{path}: no such file", file=sys.stderr)
-            failed += 1
-            continue
-        except SpecError as exc:
-            for problem in exc.problems:
-                print(f"{path}: {problem}", file=sys.stderr)
-            failed += 1
-            continue
-        for job in jobs:
+        read = read_job_file(path)
+        for problem in read.problems:
+            print(f"{path}: {problem}", file=sys.stderr)
+        failed += bool(read.problems)
+        for job in read.jobs:
             print(f"{path}: AsyncRLJob {job.metadata.name} is valid")
     return 1 if failed else 0
 
