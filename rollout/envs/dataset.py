@@ -1,0 +1,284 @@
+"""Datasets (``spec.task.dataset``): rows of a JSONL or Parquet file as the samples of a job.
+
+Reading order: the file is read and every row checked at once (:func:`load_dataset`, all problems
+reported together with the file, the row and the fix); the rows are split into train and held-out
+sides by a keyed hash of each row's id (:func:`is_heldout`); :class:`DatasetSamples` hands a rollout
+worker the sample of its group ``k`` (the :class:`~asyncrl.rollout.envs.interface.SampleSource` of a
+dataset job).
+
+The held-out split is a property of the row, not of its position: the id is ``idField``'s value, or
+the prompt's content (canonical JSON), hashed with a fixed key into ``BUCKETS`` buckets; a row is
+held out when its bucket is below ``heldoutFraction * BUCKETS``. It is the same in every process,
+run and resume, whatever the seed, and survives reordering or appending rows to the file; rows
+with the same prompt are always on the same side, so no held-out prompt is ever trained on.
+
+The training order: rollout worker ``w`` of ``W`` takes, for its group ``k`` (its prompt cursor),
+position ``p = k * W + w`` of an endless stream made of epochs over the training rows, each epoch a
+fresh seeded permutation (or file order when ``shuffle`` is false). Positions of different
+``(w, k)`` differ, so within an epoch no row is drawn twice; the driver checkpoints every worker's
+cursor, so a resumed run continues each worker's stream and replays no prompt.
+"""
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.api.dataset import DatasetFormat, DatasetSpec
+from asyncrl.rollout.envs.interface import ROLES, Message, Sample
+
+BUCKETS = 10_000
+_KEY = b"asyncrl-dataset-heldout-v1"  # changing it moves every row: a new split
+MAX_LISTED = 8  # problems listed per kind; the rest are counted
+_SUFFIXES = {".jsonl": DatasetFormat.JSONL, ".ndjson": DatasetFormat.JSONL,
+             ".parquet": DatasetFormat.PARQUET, ".pq": DatasetFormat.PARQUET}
+FIELD = "spec.task.dataset"
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used: every problem found, each naming the file, the row and the fix."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def _capped(problems: list[str], what: str) -> list[str]:
+    if len(problems) <= MAX_LISTED:
+        return problems
+    return problems[:MAX_LISTED] + [f"... and {len(problems) - MAX_LISTED} more {what}"]
+
+
+# ----------------------------------------------------------------------------- reading
+def dataset_format(spec: DatasetSpec) -> DatasetFormat:
+    """The format of ``spec.path``: ``spec.format``, or from the file name when it is ``auto``."""
+    if spec.format is not DatasetFormat.AUTO:
+        return spec.format
+    fmt = _SUFFIXES.get(Path(spec.path).suffix.lower())
+    if fmt is None:
+        raise DatasetError([
+            f"{FIELD}.path: {spec.path}: cannot tell the format from the name (known endings: "
+            f"{', '.join(_SUFFIXES)}); rename the file or set {FIELD}.format to jsonl or parquet"
+        ])
+    return fmt
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    rows, where, bad = [], [], []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue  # blank lines (a trailing newline) are no rows
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                bad.append(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno}); fix or remove the line")
+                continue
+            if not isinstance(row, dict):
+                bad.append(f"{path}:{n}: a row must be a JSON object ({{\"prompt\": ..., ...}}), got "
+                           f"{type(row).__name__}; wrap it in an object")
+                continue
+            rows.append(row)
+            where.append(f"{path}:{n}")
+    if bad:
+        raise DatasetError(_capped(bad, "unreadable lines"))
+    return rows, where
+
+
+def _read_parquet(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError([f"{path}: not a readable Parquet file ({exc}); write it with "
+                            "pyarrow.parquet.write_table or set spec.task.dataset.format"]) from None
+    rows = [dict(r) for r in table.to_pylist()]
+    return rows, [f"{path} row {i}" for i in range(len(rows))]
+
+
+def read_rows(path: str | Path, fmt: DatasetFormat) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of ``path`` as dicts (JSONL: one per non-blank line; Parquet: one per table row), and
+    where each is, for messages: ``data.jsonl:17`` (line 17), ``data.parquet row 16`` (0-based)."""
+    p = Path(path)
+    if not p.is_file():
+        where = "" if p.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+        fix = ("give an existing JSONL or Parquet file" if not p.exists()
+               else "it is a folder: name the file inside it")
+        raise DatasetError([f"{FIELD}.path: {path}: no such file{where}; {fix}"])
+    try:
+        return _read_jsonl(p) if fmt is DatasetFormat.JSONL else _read_parquet(p)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError([f"{FIELD}.path: {path}: cannot be read ({exc}); check the file and its "
+                            "permissions (JSONL must be UTF-8)"]) from None
+
+
+# ----------------------------------------------------------------------------- rows
+def prompt_messages(value: Any, system_prompt: str | None = None) -> list[Message]:
+    """The chat messages of a prompt value: a string is one user message; a list must be messages
+    ``{role, content}``. ``system_prompt`` goes first unless the prompt starts with a system message.
+    Raises ``ValueError`` saying what is wrong (without the row: the caller adds it)."""
+    if isinstance(value, str):
+        messages: list[Message] = [{"role": "user", "content": value}]
+    elif isinstance(value, Sequence) and not isinstance(value, bytes):
+        messages = []
+        for i, m in enumerate(value):
+            if not isinstance(m, Mapping):
+                raise ValueError(f"message {i} is a {type(m).__name__}, not an object {{role, content}}")
+            if m.get("role") not in ROLES:
+                raise ValueError(f"message {i} has role {m.get('role')!r}; valid roles: {', '.join(ROLES)}")
+            if not isinstance(m.get("content"), str):
+                raise ValueError(f"message {i} has no string content")
+            messages.append({"role": m["role"], "content": m["content"]})
+        if not messages:
+            raise ValueError("the message list is empty")
+    else:
+        raise ValueError(f"a prompt is a string or a list of chat messages, got {type(value).__name__}")
+    if system_prompt is not None and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def row_id(row: Mapping[str, Any], spec: DatasetSpec) -> str:
+    """The id that decides a row's side of the split: ``idField``'s value, else the prompt's content."""
+    value = row[spec.id_field] if spec.id_field is not None else row[spec.prompt_field]
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def is_heldout(key: str, fraction: float) -> bool:
+    """True when the row with id ``key`` is in the held-out share ``fraction`` (see the module docstring)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8, key=_KEY).digest()
+    return int.from_bytes(digest, "big") % BUCKETS < round(fraction * BUCKETS)
+
+
+def check_rows(rows: Sequence[Mapping[str, Any]], where: Sequence[str], spec: DatasetSpec, source: str) -> list[str]:
+    """Every problem of ``rows`` against ``spec`` (missing fields, bad prompts), naming the row (``where``)
+    and the fix."""
+    if not rows:
+        return [f"{source}: the dataset has no rows; give a file with at least one row"]
+    problems: list[str] = []
+    for name, fld in (("promptField", spec.prompt_field), ("answerField", spec.answer_field),
+                      ("idField", spec.id_field)):
+        if fld is None:
+            continue
+        missing = [i for i, r in enumerate(rows) if fld not in r]
+        if len(missing) == len(rows):
+            columns = sorted({k for r in rows[:100] for k in r})
+            problems.append(f"{source}: no row has the field {fld!r} ({FIELD}.{name}); the rows have "
+                            f"{', '.join(map(repr, columns)) or 'no fields'}: set {FIELD}.{name} to one of them")
+        elif missing:
+            listed = ", ".join(where[i] for i in missing[:MAX_LISTED]) + (" ..." if len(missing) > MAX_LISTED else "")
+            problems.append(f"{source}: {len(missing)} of {len(rows)} rows lack the field {fld!r} ({FIELD}.{name}): "
+                            f"{listed}; add it to them or remove those rows")
+    bad = []
+    for i, r in enumerate(rows):
+        if spec.prompt_field not in r:
+            continue  # reported above
+        try:
+            prompt_messages(r[spec.prompt_field])
+        except ValueError as exc:
+            bad.append(f"{where[i]}: {spec.prompt_field!r}: {exc}; write a string or a list of "
+                       "{\"role\": ..., \"content\": ...} messages")
+    problems.extend(_capped(bad, "bad prompts"))
+    return problems
+
+
+# ----------------------------------------------------------------------------- the dataset
+@dataclass(frozen=True)
+class Dataset:
+    """A checked dataset and its split: ``train`` and ``heldout`` are row numbers (0-based, file order)."""
+
+    spec: DatasetSpec
+    rows: Sequence[dict[str, Any]]
+    train: tuple[int, ...]
+    heldout: tuple[int, ...]
+
+    def messages(self, row: Mapping[str, Any]) -> list[Message]:
+        """The prompt messages of ``row`` (``systemPrompt`` first when set)."""
+        return prompt_messages(row[self.spec.prompt_field], self.spec.system_prompt)
+
+    def answer(self, row: Mapping[str, Any]) -> Any:
+        """The answer ``row`` hands the environment and the reward (None without ``answerField``)."""
+        return None if self.spec.answer_field is None else row[self.spec.answer_field]
+
+
+def load_dataset(spec: DatasetSpec) -> Dataset:
+    """Read ``spec.path``, check every row and split them; a :class:`DatasetError` lists all problems."""
+    rows, where = read_rows(spec.path, dataset_format(spec))
+    problems = check_rows(rows, where, spec, spec.path)
+    if problems:
+        raise DatasetError(problems)
+    train, heldout = [], []
+    for i, r in enumerate(rows):
+        (heldout if is_heldout(row_id(r, spec), spec.heldout_fraction) else train).append(i)
+    if not train:
+        raise DatasetError([f"{spec.path}: all {len(rows)} rows are held out for evaluation "
+                            f"({FIELD}.heldoutFraction={spec.heldout_fraction}); lower heldoutFraction or add rows"])
+    return Dataset(spec, rows, tuple(train), tuple(heldout))
+
+
+@dataclass
+class DatasetSamples:
+    """The :class:`~asyncrl.rollout.envs.interface.SampleSource` of a dataset job.
+
+    ``workers``: the job's rollout workers (``spec.rollout.replicas``); ``seed``: the shuffle seed
+    (``dataset.seed``, else ``spec.train.seed``). A sample is a copy of its row (the user's code may
+    change it freely).
+    """
+
+    dataset: Dataset
+    workers: int
+    seed: int
+    _orders: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"DatasetSamples: workers must be >= 1, got {self.workers}")
+
+    def order(self, epoch: int) -> tuple[int, ...]:
+        """The training rows in the order of ``epoch`` (a permutation of ``dataset.train``)."""
+        if epoch not in self._orders:
+            rows = list(self.dataset.train)
+            if self.dataset.spec.shuffle:
+                # A str seed goes through SHA-512: the same permutation in every process.
+                random.Random(f"asyncrl-dataset-order:{self.seed}:{epoch}").shuffle(rows)
+            if len(self._orders) >= 2:  # workers move forward: keep the current and the next epoch
+                self._orders.pop(min(self._orders))
+            self._orders[epoch] = tuple(rows)
+        return self._orders[epoch]
+
+    def row_index(self, worker: int, index: int) -> int:
+        """The row number of group ``index`` of rollout worker ``worker``."""
+        if not 0 <= worker < self.workers or index < 0:
+            raise ValueError(f"DatasetSamples: worker {worker} of {self.workers}, group {index}: out of range")
+        epoch, at = divmod(index * self.workers + worker, len(self.dataset.train))
+        return self.order(epoch)[at]
+
+    def train(self, worker: int, index: int, rng: random.Random) -> Sample:
+        """The row of group ``index`` of ``worker`` (``rng`` is unused: the cursor decides)."""
+        return dict(self.dataset.rows[self.row_index(worker, index)])
+
+    def heldout(self, n: int, seed: int) -> list[Sample]:
+        """``n`` held-out rows in an order drawn from ``seed`` (the same list every time); with fewer
+        held-out rows than ``n`` the order repeats, so each row is evaluated about equally often."""
+        ids = list(self.dataset.heldout)
+        if n > 0 and not ids:
+            raise DatasetError([
+                f"{self.dataset.spec.path}: none of its {len(self.dataset.rows)} rows is held out "
+                f"({FIELD}.heldoutFraction={self.dataset.spec.heldout_fraction}), so spec.eval has nothing to "
+                "evaluate; raise heldoutFraction, add rows, or set spec.eval.everySteps to 0"
+            ])
+        random.Random(f"asyncrl-dataset-heldout:{seed}").shuffle(ids)
+        return [dict(self.dataset.rows[ids[i % len(ids)]]) for i in range(n)]
+
+
+def summary(dataset: Dataset) -> dict[str, Any]:
+    """Plain-data description for logs and the run summary."""
+    n = len(dataset.rows)
+    return {"path": dataset.spec.path, "rows": n, "train": len(dataset.train), "heldout": len(dataset.heldout),
+            "heldout_share": round(len(dataset.heldout) / n, 4) if n else math.nan}
