@@ -1,16 +1,32 @@
-"""Checkpoint folders of a run: ``<dir>/step-000050``; the newest complete one is resumed.
+"""Checkpoint folders of a run: ``<dir>/step-000050``; the newest *verified* one is resumed.
 
-The actor writes each folder atomically (a temporary sibling renamed into place, with its
-``meta.json``); the driver only names, finds and prunes folders.
+The actor writes each folder atomically (a temporary sibling renamed into place) with a marker
+``meta.json`` that records the size and SHA-256 of its files
+(:mod:`asyncrl.trainer.megatron.checkpoint`); the driver names, verifies, chooses and prunes folders.
+
+A checkpoint is complete only when it verifies: its marker parses, every recorded file has its
+recorded size and checksum, and the driver's state beside it (``driver-<version>.json``,
+:mod:`.recovery`) parses. Resuming walks from the newest folder down and takes the first one that
+verifies; every folder it passes over is set aside as ``step-NNNNNN.corrupt`` (kept for a look,
+never resumed or pruned, replaced when that step is saved again) and reported with its reason.
 """
 
+import logging
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncrl.trainer.driver import recovery
+from asyncrl.trainer.megatron.checkpoint import META_FILE, CheckpointError, verify_checkpoint
+
+log = logging.getLogger(__name__)
+
 _NAME = re.compile(r"^step-(\d{6,})$")
-MARKER = "meta.json"  # written by the actor's atomic checkpoint
+MARKER = META_FILE  # written last by the actor's atomic checkpoint
+CORRUPT_SUFFIX = ".corrupt"
+# What an interrupted write leaves (the actor's folder, a replaced folder, the driver's state file).
+_TEMPORARY = re.compile(r"^\.step-\d{6,}\.(tmp|old)-\d+$|^driver-\d{6,}\.json\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -19,37 +35,136 @@ class Checkpoint:
     version: int
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint that resuming passed over: where it was, why, and where it was set aside."""
+
+    checkpoint: Checkpoint
+    reason: str
+    moved_to: Path | None
+
+    def describe(self) -> str:
+        where = f"; set aside as {self.moved_to}" if self.moved_to is not None else ""
+        return f"checkpoint {self.checkpoint.path} skipped: {self.reason}{where}"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """What resuming chose: the newest verified checkpoint (None: none) and the newer ones it skipped."""
+
+    checkpoint: Checkpoint | None
+    skipped: list[Skipped] = field(default_factory=list)
+    state: recovery.DriverState | None = None
+
+    def notices(self) -> list[str]:
+        """One line per skipped folder and one for the choice, for the console and the log."""
+        out = [s.describe() for s in self.skipped]
+        if self.skipped:
+            chosen = (f"resuming from {self.checkpoint.path} (version {self.checkpoint.version}), the newest "
+                      "verified checkpoint; the steps after it are trained again"
+                      if self.checkpoint is not None else
+                      "no verified checkpoint left: the run starts from the beginning")
+            out.append(chosen)
+        return out
+
+
 def path_for(root: Path, version: int) -> Path:
     """Folder of the checkpoint taken at ``version``."""
     return root / f"step-{version:06d}"
 
 
-def _complete(root: Path) -> list[Checkpoint]:
+def found(root: Path) -> list[Checkpoint]:
+    """Every ``step-NNNNNN`` folder under ``root``, verified or not, oldest first."""
     if not root.is_dir():
         return []
-    out = []
-    for p in root.iterdir():
-        m = _NAME.match(p.name)
-        if m and (p / MARKER).exists():
-            out.append(Checkpoint(p, int(m.group(1))))
+    out = [Checkpoint(p, int(m.group(1))) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
     return sorted(out, key=lambda c: c.version)
 
 
-def all_complete(root: Path) -> list[Checkpoint]:
-    """Every complete checkpoint under ``root``, oldest first."""
-    return _complete(root)
+def all_complete(root: Path, *, checksums: bool = False) -> list[Checkpoint]:
+    """Every checkpoint under ``root`` that verifies (sizes; with ``checksums`` also SHA-256), oldest first."""
+    out = []
+    for c in found(root):
+        try:
+            verify_checkpoint(c.path, checksums=checksums)
+        except CheckpointError:
+            continue
+        out.append(c)
+    return out
 
 
 def latest(root: Path) -> Checkpoint | None:
-    """The newest complete checkpoint under ``root``, if any."""
-    found = _complete(root)
-    return found[-1] if found else None
+    """The newest fully verified checkpoint under ``root``, if any."""
+    for c in reversed(found(root)):
+        try:
+            verify_checkpoint(c.path)
+        except CheckpointError:
+            continue
+        return c
+    return None
+
+
+def choose_resume(root: Path, *, set_aside: bool = True) -> ResumePoint:
+    """The newest checkpoint whose folder and driver state verify; newer broken ones are skipped (and,
+    with ``set_aside``, renamed ``step-NNNNNN.corrupt``), each with its reason (logged as a warning)."""
+    skipped: list[Skipped] = []
+    for c in reversed(found(root)):
+        try:
+            verify_checkpoint(c.path)
+            state = recovery.load(root, c.version)
+        except (CheckpointError, recovery.DriverStateError) as exc:
+            reason = exc.reason
+            moved = _set_aside(c.path) if set_aside else None
+            skipped.append(Skipped(c, reason, moved))
+            log.warning("%s", skipped[-1].describe())
+            continue
+        point = ResumePoint(c, skipped, state)
+        break
+    else:
+        point = ResumePoint(None, skipped)
+    for line in point.notices()[len(skipped):]:
+        log.warning("%s", line)
+    return point
+
+
+def _set_aside(path: Path) -> Path | None:
+    target = path.with_name(path.name + CORRUPT_SUFFIX)
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{CORRUPT_SUFFIX}-{n}")
+    try:
+        path.rename(target)
+    except OSError as exc:  # read-only volume: leave it; it is skipped again next time
+        log.warning("could not set %s aside (%s); it stays and is skipped again on the next resume", path, exc)
+        return None
+    return target
 
 
 def prune(root: Path, keep: int) -> list[Path]:
-    """Delete all but the ``keep`` newest complete checkpoints; returns what was removed."""
-    found = _complete(root)
-    removed = [c.path for c in found[: max(0, len(found) - keep)]]
+    """Delete all but the ``keep`` newest complete checkpoints; returns what was removed.
+
+    Only folders that verify (marker and sizes) count and are deleted: a broken newest folder never
+    makes pruning delete the good ones below it.
+    """
+    complete = all_complete(root)
+    removed = [c.path for c in complete[: max(0, len(complete) - keep)]]
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def sweep_temporaries(root: Path) -> list[Path]:
+    """Remove what interrupted writes left under ``root`` (``.step-N.tmp-PID``, ``.step-N.old-PID``,
+    ``driver-N.json.tmp``). Called when a run starts, before anything writes there."""
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for p in root.iterdir():
+        if _TEMPORARY.match(p.name):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
     return removed

@@ -1,11 +1,13 @@
 """What ``asyncrl run`` shows: a tqdm bar while the job runs, then a short summary."""
 
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from asyncrl.api.job import AsyncRLJob
+from asyncrl.trainer.driver.faults import describe
 from asyncrl.trainer.driver.loop import RunOptions, RunResult, default_run_dir, run_job
 
 
@@ -34,6 +36,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.insert(1, f"  warm start: {warm.get('steps')} supervised steps ({how})")
     elif summary.get("resumed_from"):
         lines.insert(1, f"  resumed from {summary['resumed_from']}")
+    for notice in summary.get("notices") or []:  # a checkpoint skipped, a torn log line repaired
+        lines.append(f"  note: {notice}")
+    if summary.get("status") == "preempted":
+        lines.append(f"  stopped by SIGTERM at version {summary.get('final_version')}; final checkpoint: "
+                     f"{summary.get('final_checkpoint', 'the newest one already held it')} (a rerun resumes there)")
     if summary.get("error"):
         lines.append(f"  error: {summary['error']}")
     return "\n".join(lines)
@@ -88,26 +95,37 @@ def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = Fal
     options = replace(options, run_dir=options.run_dir or default_run_dir(job))
     result: RunResult | None = None
     code = 0
+    error: str | None = None
+    began = time.time()
     try:
         result = run_job(job, options, on_step=on_step, on_start=on_start, on_warm=on_warm)
     except KeyboardInterrupt:
         code = 130
-    except Exception:  # noqa: BLE001 -- the summary below carries the error
+    except Exception as exc:  # noqa: BLE001 -- the summary below carries the error
         code = 1
+        error = describe(exc)
     finally:
         for b in (warm_bar, bar):
             if b is not None:
                 b.close()
-    summary = result.summary if result is not None else _summary_from_disk(job, options)
+    summary = result.summary if result is not None else _summary_from_disk(job, options, began, error)
     print(format_summary(summary))
     return code
 
 
-def _summary_from_disk(job: AsyncRLJob, options: RunOptions) -> dict[str, Any]:
-    """After an exception run_job has still written summary.json; read it back for the printout."""
+def _summary_from_disk(job: AsyncRLJob, options: RunOptions, began: float, error: str | None) -> dict[str, Any]:
+    """After an exception run_job has written this attempt's summary (last-attempt.json when it logged no
+    step, else summary.json); read it back for the printout. A file older than the attempt is a previous
+    run's, and a full disk may have left none: then the error itself is the summary."""
     import json
 
-    try:
-        return json.loads((Path(options.run_dir or ".") / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {"job": job.metadata.name, "status": "failed"}
+    run_dir = Path(options.run_dir or ".")
+    for name in ("last-attempt.json", "summary.json"):
+        path = run_dir / name
+        try:
+            if path.stat().st_mtime >= began - 1.0:  # file systems with coarse timestamps
+                return dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return {"job": job.metadata.name, "status": "failed", "run_dir": str(run_dir), "error": error,
+            "report": "(not written)"}

@@ -12,6 +12,7 @@ stores them once and readers map them zero-copy (reference/feasibility.md §1.2)
   start, train step, weights and checkpoints.
 """
 
+import logging
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -175,6 +176,11 @@ class ActorHost:
         """Load a cached warm start (True) or report there is none (False)."""
         cache = Path(cache_dir)
         if not (cache / "meta.json").exists():  # the actor writes checkpoints atomically
+            return False
+        try:
+            verify_checkpoint(cache)  # sizes and checksums: a damaged cache is redone, not loaded
+        except CheckpointError as exc:
+            logging.getLogger(__name__).warning("%s; running the warm start again", exc)
             return False
         self.actor.load_checkpoint(str(cache), old_logits=False)  # the provider starts from these weights
         self.actor.version = 0

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry
 from asyncrl.api.job import AsyncRLJob
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.driver import checkpoints, recovery
+from asyncrl.trainer.driver import checkpoints, faults, recovery
 from asyncrl.trainer.driver.accounting import (
     count_correction,
     count_eval,
@@ -55,9 +55,10 @@ from asyncrl.trainer.driver.evaluation import Evaluator
 from asyncrl.trainer.driver.hosts import HostHandles, Placement, start_hosts
 from asyncrl.trainer.driver.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
 from asyncrl.trainer.driver.ray_env import local_ray
-from asyncrl.trainer.driver.rundir import RunDir, write_report
+from asyncrl.trainer.driver.rundir import RunDir, sweep_temporaries, write_report
 from asyncrl.trainer.driver.stages import PhaseCallback, Stage, make_stage
 from asyncrl.trainer.driver.staleness import Group, StalenessBuffer, check_staleness
+from asyncrl.trainer.driver.termination import StopRequest, install_sigterm_handler
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,11 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     spec = job.spec
     total_steps = options.steps or spec.train.steps
     run = RunDir.create(options.run_dir or default_run_dir(job))
+    swept = [*run.sweep_temporaries(), *checkpoints.sweep_temporaries(run.checkpoint_dir(spec.checkpoint.dir))]
+    if options.warm_start_dir is not None:
+        swept += sweep_temporaries(options.warm_start_dir.parent)
+    if swept:  # an earlier attempt died while writing (a full disk, a kill)
+        log.warning("removed what interrupted writes left: %s", ", ".join(str(p) for p in swept))
     run.job_yaml.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True), sort_keys=False))
 
     # --- setup: metrics ------------------------------------------------------------------------
@@ -136,12 +142,16 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     }
     records: list[dict[str, Any]] = []
     hosts: HostHandles | None = None
+    stop = StopRequest()  # SIGTERM (preemption, drain): stop cleanly, checkpoint, exit 0
+    failure: BaseException | None = None
+    logged_from = -1  # records[logged_from:] are this attempt's steps (-1: it logged none)
     try:
         if spec.monitoring.enabled:
             server = serve_metrics(registry, port, options.metrics_host)
             summary["metrics_url"] = server.url
         n_procs = spec.rollout.replicas + 1 + (spec.old_logits.dedicated.replicas if _dedicated(spec) else 0)
         with local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray:
+            restore_sigterm = install_sigterm_handler(stop)  # after ray.init: Ray sets its own
             try:
                 hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs,
                                     actor_threads=options.actor_threads, rollout_threads=options.rollout_threads,
@@ -155,34 +165,54 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                 # --- warm start or resume --------------------------------------------------
                 version, driver_state = _warm_or_resume(hosts, job, run, options, summary, on_warm)
                 summary["start_version"] = version
-                records.extend(run.keep_steps_up_to(version))  # a resumed run continues its log
+                # a resumed run continues its log (a torn last line is cut off and said)
+                records.extend(run.keep_steps_up_to(version, summary.setdefault("notices", [])))
+                logged_from = len(records)
                 # --- the loop -----------------------------------------------------------------
                 loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
                              on_step=on_step, on_batch=on_batch, records=records, summary=summary,
-                             started=started, stage=make_stage(job.spec, on_phase))
+                             started=started, stage=make_stage(job.spec, on_phase), stop=stop)
                 loop.restore(driver_state)
                 loop.run(total_steps)
             finally:
+                restore_sigterm()
                 if hosts is not None:
                     hosts.close()  # the actor's snapshot files
                     if not own_ray:
                         hosts.kill()  # a shared Ray (tests, benchmarks) outlives this job's processes
-        summary["status"] = "succeeded"
-    except KeyboardInterrupt:
+        # SIGTERM: the loop stopped early and saved a final checkpoint; the operator's rerun resumes there
+        summary["status"] = "preempted" if stop.requested else "succeeded"
+    except KeyboardInterrupt as exc:
+        failure = exc
         summary["status"] = "interrupted"
         raise
     except BaseException as exc:
+        failure = exc
         summary["status"] = "failed"
-        summary["error"] = _cause(exc)
+        summary["error"] = faults.describe(exc)  # errno, path and bytes free for an OSError (a full disk)
+        log.error("job %s failed: %s", job.metadata.name, summary["error"])
         raise
     finally:
         # --- cleanup: always leave a usable run directory -------------------------------------
-        summary.update(summarise(records, time.monotonic() - started))
-        summary["report"] = str(run.report_png)
-        run.write_summary(summary)
-        write_report(records, run.report_png, f"{job.metadata.name} (maxStaleness {spec.async_.max_staleness})")
-        if server is not None:
-            server.close()
+        # An attempt that failed before logging a step keeps what a good run wrote (summary.json,
+        # report.png) and says its own word in last-attempt.json.
+        attempt_only = (failure is not None and len(records) <= max(0, logged_from)
+                        and run.summary_json.exists())
+        try:
+            summary.update(summarise(records, time.monotonic() - started))
+            summary["report"] = str(run.report_png)
+            run.write_summary(summary, attempt_only=attempt_only)
+            if not attempt_only:
+                write_report(records, run.report_png,
+                             f"{job.metadata.name} (maxStaleness {spec.async_.max_staleness})")
+        except Exception as exc:  # noqa: BLE001 -- never hide the error that ended the run behind this one
+            if failure is None:
+                raise
+            log.error("could not write the run's summary/report (%s); the run's own error: %s",
+                      faults.describe(exc), summary.get("error", summary["status"]))
+        finally:
+            if server is not None:
+                server.close()
     return RunResult(run.path, summary, records, summary.get("metrics_url"))
 
 
@@ -215,12 +245,16 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
 
     spec = job.spec
     ckpt_dir = run.checkpoint_dir(spec.checkpoint.dir)
-    latest = checkpoints.latest(ckpt_dir) if spec.checkpoint.resume else None
+    # The newest checkpoint that verifies (sizes, checksums, driver state); broken newer ones are set
+    # aside and said, so one corrupt folder never blocks a resume.
+    point = checkpoints.choose_resume(ckpt_dir) if spec.checkpoint.resume else checkpoints.ResumePoint(None)
+    latest = point.checkpoint
+    summary.setdefault("notices", []).extend(point.notices())
     state: recovery.DriverState | None = None
     if latest is not None:
         version = ray.get(hosts.actor.load_checkpoint.remote(str(latest.path)))
         summary["resumed_from"] = str(latest.path)
-        state = recovery.load(ckpt_dir, version)
+        state = point.state
     elif options.warm_start and spec.train.warm_start_steps > 0:
         summary["warm_start"] = _warm_start(hosts, spec.train.warm_start_steps,
                                             options.warm_start_dir or run.warm_start_dir, options, on_warm)
@@ -237,7 +271,8 @@ class _Loop:
 
     def __init__(self, *, spec: Any, hosts: HostHandles, metrics: DriverMetrics, run: RunDir, version: int,
                  on_step: StepCallback | None, on_batch: BatchCallback | None, records: list[dict[str, Any]],
-                 summary: dict[str, Any], started: float, stage: Stage | None = None) -> None:
+                 summary: dict[str, Any], started: float, stage: Stage | None = None,
+                 stop: StopRequest | None = None) -> None:
         self.spec, self.hosts, self.m, self.run_dir = spec, hosts, metrics, run
         self.version = version
         self.on_step, self.on_batch = on_step, on_batch
@@ -262,6 +297,8 @@ class _Loop:
         self.step_extra: dict[str, Any] = {}  # what the stage adds to the next step record
         self.evaluator = Evaluator(spec)
         self.paused = False  # an evaluation runs: no training generate call is admitted
+        self.stop = stop or StopRequest()  # SIGTERM: admit nothing more, checkpoint, leave
+        self.saved_version = version  # the newest version with a checkpoint (the start: nothing new yet)
 
     def restore(self, state: recovery.DriverState | None) -> None:
         """Continue each worker's prompt sequence from a checkpoint's driver state (no prompt replayed);
@@ -276,7 +313,8 @@ class _Loop:
                 : len(self.hosts.rollout)], state.buffer, state.groups_open)
         self.cursors = list(state.cursors)
         ray.get([w.set_prompt_cursor.remote(c) for w, c in zip(self.hosts.rollout, self.cursors, strict=True)])
-        self.summary["resume"] = {"cursors": self.cursors, "groups_aborted_at_resume": state.groups_open}
+        # a copy: self.cursors moves on, the summary keeps where the resume started
+        self.summary["resume"] = {"cursors": list(self.cursors), "groups_aborted_at_resume": state.groups_open}
 
     # ---------------------------------------------------------------------------------------------
     def run(self, total_steps: int) -> None:
@@ -286,15 +324,19 @@ class _Loop:
         try:
             self.stage.start(self)
             self._evaluate_if_due()  # version 0: the policy before any RL step
-            while self.version < total_steps:
+            while self.version < total_steps and not self.stop.requested:
                 self._admit()
                 wait_start = time.monotonic()
                 batch = self._next_batch()
-                while batch is None:
+                while batch is None and not self.stop.requested:
                     self.wait_any()
                     batch = self._next_batch()
+                if batch is None:  # SIGTERM while collecting: that step is abandoned, not half-trained
+                    break
                 self.m.trainer_idle.inc(time.monotonic() - wait_start)
                 self._train(batch)
+            if self.stop.requested:
+                self._stop_checkpoint()
         finally:  # also on Ctrl-C or an error: the accounting is part of a usable run directory
             self._drain()
             self._account_time(time.monotonic() - loop_start)
@@ -340,10 +382,21 @@ class _Loop:
             "trajectories_trained": sum(r.get("trajectories", 0) for r in mine if "version" in r),
         }
 
+    def _stop_checkpoint(self) -> None:
+        """After SIGTERM: a final checkpoint of the current version (unless it has one), within the grace period."""
+        t0 = time.monotonic()
+        if self.version > self.saved_version:
+            self.summary["final_checkpoint"] = str(self._checkpoint())
+        self.summary["stopped"] = {"signal": "SIGTERM", "version": self.version,
+                                   "checkpoint_s": round(time.monotonic() - t0, 3),
+                                   "seconds_after_signal": round(self.stop.seconds_since(), 3)}
+        log.warning("stopped at version %d after SIGTERM: checkpoint %s, %.1f s after the signal",
+                    self.version, self.summary.get("final_checkpoint", "(already saved)"), self.stop.seconds_since())
+
     def _admit(self) -> None:
         """Give every idle worker as many new groups as the staleness capacity allows (none while an
-        evaluation runs)."""
-        if self.paused:
+        evaluation runs, none after SIGTERM)."""
+        if self.paused or self.stop.requested:
             return
         now = time.monotonic()
         for i, worker in enumerate(self.hosts.rollout):
@@ -429,7 +482,7 @@ class _Loop:
             self.m.trajectories_dropped.labels("stale").inc(dropped.trajectories)
             self.m.tokens_dropped.labels("stale").inc(dropped.sampled_tokens)
             self.stage.released(self, list(dropped.dropped))
-        if batch is None and not self.pending:
+        if batch is None and not self.pending and not self.stop.requested:
             # Nothing in flight and not enough ready: admission must be able to make progress.
             self._admit()
             if not self.pending:
@@ -525,6 +578,7 @@ class _Loop:
             self.version, list(self.cursors), vars(self.buffer.counts).copy(),
             groups_open=self.buffer.ready + self.buffer.running))
         ray.get(self.hosts.actor.save_checkpoint.remote(str(ckpt)))
+        self.saved_version = self.version
         checkpoints.prune(root, self.spec.checkpoint.keep)
         recovery.prune(root, {c.version for c in checkpoints.all_complete(root)})
         return ckpt

@@ -25,6 +25,15 @@ from typing import Any
 _NAME = re.compile(r"^driver-(\d{6,})\.json$")
 
 
+class DriverStateError(RuntimeError):
+    """A driver state file that does not parse: ``path`` and ``reason`` say which and why."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
 @dataclass(frozen=True)
 class DriverState:
     """The driver's state at a checkpoint version."""
@@ -49,20 +58,31 @@ def save(root: Path, state: DriverState) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     target = path_for(root, state.version)
     tmp = target.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(asdict(state), f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(asdict(state), f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written state behind
+        raise
     return target
 
 
 def load(root: Path, version: int) -> DriverState | None:
-    """The driver state of checkpoint ``version`` (None: a checkpoint written without one)."""
+    """The driver state of checkpoint ``version`` (None: a checkpoint written without one);
+    :class:`DriverStateError` naming the file when it does not parse."""
     p = path_for(root, version)
     if not p.exists():
         return None
-    return DriverState.from_dict(json.loads(p.read_text()))
+    try:
+        state = DriverState.from_dict(json.loads(p.read_text()))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise DriverStateError(p, f"the driver state {p.name} is unreadable ({type(exc).__name__}: {exc})") from exc
+    if state.version != version:
+        raise DriverStateError(p, f"the driver state {p.name} says version {state.version}, not {version}")
+    return state
 
 
 def prune(root: Path, keep_versions: set[int]) -> list[Path]:

@@ -1,42 +1,110 @@
-"""Atomic actor checkpoints: one folder per checkpoint, written to a temporary sibling and renamed.
+"""Atomic, verified actor checkpoints: one folder per checkpoint, written to a temporary sibling and renamed.
 
 A reader sees either the previous complete folder or the new complete folder, never a partial
 one: the files are written and fsync'ed inside ``.<name>.tmp-<pid>``, then the folder is renamed
 into place (``rename`` of a directory is atomic on POSIX file systems). Replacing an existing
-folder moves it aside first and deletes it after the new one is in place.
+folder moves it aside first and deletes it after the new one is in place. A write that fails
+(a full disk) removes its temporary folder before the error goes on.
+
+The marker ``meta.json`` is written last and records the size and SHA-256 of every other file
+(``files``). A folder is *complete* only when its marker parses and every recorded file has that
+size and checksum (:func:`verify_checkpoint`): a rename makes a folder atomic against a crash, not
+against a disk that returns a truncated file, a copy cut short or a hand-edited marker.
 """
 
+import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 STATE_FILE = "actor.pt"
 META_FILE = "meta.json"
+FILES_KEY = "files"  # in meta.json: {file name: {"bytes": int, "sha256": hex}}
+_CHUNK = 1 << 20  # checksums are streamed: a checkpoint never has to fit in memory twice
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder that is not complete: ``path`` and ``reason`` say which file and why."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"checkpoint {self.path} is not usable: {reason}")
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of ``path``, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """What the marker records about one file: its size and checksum."""
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def verify_checkpoint(directory: str | os.PathLike[str], *, checksums: bool = True) -> dict[str, Any]:
+    """The marker of a complete folder; :class:`CheckpointError` naming the file and the fault otherwise.
+
+    ``checksums=False`` checks the marker and the sizes only (cheap: used to decide what pruning may
+    delete); resuming always checks the checksums too.
+    """
+    folder = Path(directory)
+    marker = folder / META_FILE
+    if not marker.is_file():
+        raise CheckpointError(folder, f"no {META_FILE} (the marker written last): the write never finished")
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(folder, f"{marker.name} is unreadable ({type(exc).__name__}: {exc})") from exc
+    files = meta.get(FILES_KEY) if isinstance(meta, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise CheckpointError(folder, f"{marker.name} records no file sizes and checksums ('{FILES_KEY}'): "
+                                      "written without verification or edited by hand")
+    for name, want in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(folder, f"{name} is missing (the marker records {want.get('bytes')} bytes)")
+        size = path.stat().st_size
+        if size != want.get("bytes"):
+            raise CheckpointError(folder, f"{name} has {size} bytes, the marker records {want.get('bytes')} "
+                                          "(truncated or overwritten)")
+        if checksums and sha256_file(path) != want.get("sha256"):
+            raise CheckpointError(folder, f"{name} has the recorded size but not the recorded SHA-256 (corrupted)")
+    return dict(meta)
 
 
 def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], meta: dict[str, Any]) -> Path:
     """Write ``state`` (torch-serialisable: tensors, numbers, dicts, lists) and ``meta`` (JSON).
 
-    Returns the final folder.
+    Returns the final folder. ``meta`` gains ``files`` (size and SHA-256 of ``actor.pt``).
     """
+    import torch
+
     final = Path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    with open(tmp / STATE_FILE, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    with open(tmp / META_FILE, "w") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        tmp.mkdir()
+        with open(tmp / STATE_FILE, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        marker = {**meta, FILES_KEY: {STATE_FILE: file_record(tmp / STATE_FILE)}}
+        with open(tmp / META_FILE, "w") as f:
+            json.dump(marker, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written behind
+        raise
     old = None
     if final.exists():
         old = final.parent / f".{final.name}.old-{os.getpid()}"
@@ -46,17 +114,23 @@ def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], m
     os.rename(tmp, final)
     _fsync_dir(final.parent)
     if old is not None:
-        shutil.rmtree(old)
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def read_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(state, meta)`` of a folder written by :func:`write_checkpoint` (tensors on the CPU)."""
+    """``(state, meta)`` of a folder written by :func:`write_checkpoint` (tensors on the CPU).
+
+    Verifies sizes and checksums first; any fault is a :class:`CheckpointError` naming the folder.
+    """
+    import torch
+
     folder = Path(directory)
-    if not (folder / STATE_FILE).is_file():
-        raise FileNotFoundError(f"{folder} is not an actor checkpoint (no {STATE_FILE})")
-    state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
-    meta = json.loads((folder / META_FILE).read_text())
+    meta = verify_checkpoint(folder)
+    try:
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 -- verified bytes that torch cannot read: say which file
+        raise CheckpointError(folder, f"{STATE_FILE} does not load ({type(exc).__name__}: {exc})") from exc
     return state, meta
 
 
