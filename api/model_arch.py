@@ -190,6 +190,42 @@ class ModelArch:
         return asdict(self)
 
 
+def hf_param_shapes(arch: ModelArch, *, with_tied_head: bool = True) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of ``arch``'s Hugging Face checkpoint and its shape (what ``save_pretrained``
+    writes: MoE experts one by one, ``lm_head.weight`` left out when tied unless ``with_tied_head``)."""
+    H, V, hn = arch.hidden_size, arch.vocab_size, arch.head_dim
+    q_rows, kv_rows = arch.num_attention_heads * hn, arch.num_key_value_heads * hn
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H)}
+    for i in range(arch.num_layers):
+        h = f"model.layers.{i}."
+        shapes |= {
+            h + "input_layernorm.weight": (H,),
+            h + "self_attn.q_proj.weight": (q_rows, H),
+            h + "self_attn.k_proj.weight": (kv_rows, H),
+            h + "self_attn.v_proj.weight": (kv_rows, H),
+            h + "self_attn.o_proj.weight": (H, q_rows),
+            h + "post_attention_layernorm.weight": (H,),
+        }
+        if arch.qkv_bias:
+            shapes |= {h + "self_attn.q_proj.bias": (q_rows,), h + "self_attn.k_proj.bias": (kv_rows,),
+                       h + "self_attn.v_proj.bias": (kv_rows,)}
+        if arch.qk_norm:
+            shapes |= {h + "self_attn.q_norm.weight": (hn,), h + "self_attn.k_norm.weight": (hn,)}
+        if arch.is_moe:
+            inner = arch.moe_ffn_hidden_size
+            shapes[h + "mlp.gate.weight"] = (arch.num_experts, H)
+            mlps = [h + f"mlp.experts.{e}." for e in range(arch.num_experts)]
+        else:
+            inner, mlps = arch.ffn_hidden_size, [h + "mlp."]
+        for p in mlps:
+            shapes |= {p + "gate_proj.weight": (inner, H), p + "up_proj.weight": (inner, H),
+                       p + "down_proj.weight": (H, inner)}
+    shapes["model.norm.weight"] = (H,)
+    if with_tied_head or not arch.tie_embeddings:
+        shapes["lm_head.weight"] = (V, H)
+    return shapes
+
+
 LlamaArch = ModelArch  # the Llama-only record's name, kept for the callers that build one positionally
 
 # vocab_size 0 = taken from the task's tokenizer at resolve time.
@@ -387,5 +423,5 @@ def resolve_arch(spec: ModelSpec, vocab_size: int, max_sequence_length: int | No
 
 __all__ = [
     "ARCHITECTURES", "FAMILIES", "PRESETS", "ArchitectureError", "Family", "FamilyInfo", "LlamaArch", "ModelArch",
-    "arch_from_hf_config", "family_of", "folder_config", "folder_problems", "resolve_arch",
+    "arch_from_hf_config", "family_of", "folder_config", "folder_problems", "hf_param_shapes", "resolve_arch",
 ]

@@ -168,13 +168,22 @@ class HFTokenizer:
     EOS token (SmolLM2-Instruct: ``<|im_end|>``, its end of turn). Prompts use the model's chat template.
     """
 
-    def __init__(self, hf: Any, name: str) -> None:
-        if hf.eos_token_id is None:
-            raise ValueError(f"tokenizer {name}: no eos_token; set eos_token in its tokenizer_config.json")
+    def __init__(self, hf: Any, name: str, generation_eos: Sequence[int] = ()) -> None:
         self.hf = hf
         self._name = name
         self._vocab = len(hf)  # base vocabulary plus added special tokens
-        self._eos = int(hf.eos_token_id)
+        # The episode ends where the model ends its turn: the token the chat template closes an
+        # assistant message with (Qwen/SmolLM2 instruct: <|im_end|>), else generation_config.json's
+        # first eos id, else the tokenizer's eos (a base model's <|endoftext|>).
+        turn_end = _end_of_turn(hf)
+        eos = turn_end if turn_end is not None else (generation_eos[0] if generation_eos else hf.eos_token_id)
+        if eos is None:
+            raise ValueError(
+                f"tokenizer {name}: no end-of-turn or eos token; set eos_token in its tokenizer_config.json "
+                "or eos_token_id in generation_config.json"
+            )
+        self._eos = int(eos)
+        self._stop = tuple(dict.fromkeys([self._eos, *map(int, generation_eos)]))
         # SmolLM2 pads with its EOS; a tokenizer without a pad token gets the same (masked anyway)
         self._pad = int(hf.pad_token_id) if hf.pad_token_id is not None else self._eos
         self._bos = hf.bos_token_id
@@ -183,7 +192,12 @@ class HFTokenizer:
     def from_folder(cls, folder: str | os.PathLike[str]) -> "HFTokenizer":
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(str(folder)), str(folder))
+        return cls(AutoTokenizer.from_pretrained(str(folder)), str(folder), generation_eos_ids(Path(folder)))
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Every id that ends generation: the end-of-turn id first, then generation_config.json's eos ids."""
+        return self._stop
 
     @property
     def name(self) -> str:
@@ -227,6 +241,40 @@ class HFTokenizer:
         return self.encode(text)
 
 
+def generation_eos_ids(folder: Path) -> tuple[int, ...]:
+    """``eos_token_id`` of the folder's ``generation_config.json`` (an int or a list) as a tuple; () if none."""
+    import json
+
+    path = Path(folder).expanduser() / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        value = json.loads(path.read_text()).get("eos_token_id")
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); re-save it with GenerationConfig.save_pretrained") from None
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def _end_of_turn(hf: Any) -> int | None:
+    """The special token the chat template puts right after an assistant message's content, or None."""
+    if not getattr(hf, "chat_template", None):
+        return None
+    marker = "\u2063marker\u2063"
+    try:
+        text = hf.apply_chat_template(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}], tokenize=False
+        )
+    except Exception:  # noqa: BLE001 -- a template that needs other inputs: fall back to eos ids
+        return None
+    rest = text[text.find(marker) + len(marker):] if marker in text else ""
+    for token in sorted(hf.all_special_tokens, key=len, reverse=True):
+        if token and rest.lstrip("\n ").startswith(token):
+            return int(hf.convert_tokens_to_ids(token))
+    return None
+
+
 def weights_folder(weights: str) -> Path:
     """``spec.model.weights`` as an existing folder (``~`` expanded: pulled models live in a user cache).
 
@@ -250,16 +298,27 @@ def tokenizer_for(model: "ModelSpec") -> Tokenizer:
     ``FileNotFoundError`` when the folder is missing and a ``ValueError`` when the tokenizer has more
     ids than the preset's vocabulary.
     """
-    if model.weights is None or not (weights_folder(model.weights) / TOKENIZER_FILE).is_file():
+    if model.weights is None:
         return TOKENIZER
-    tok = _hf_tokenizer(str(weights_folder(model.weights).resolve()))
-    from asyncrl.api.model_arch import resolve_arch
+    folder = weights_folder(model.weights)
+    from asyncrl.api.model_arch import folder_config, resolve_arch
 
+    if not (folder / TOKENIZER_FILE).is_file():
+        if folder_config(model.weights) is not None:  # a real model folder must bring its tokenizer
+            raise FileNotFoundError(
+                f"spec.model.weights {model.weights!r}: no {TOKENIZER_FILE} in {folder}; save the model's "
+                "tokenizer there too (tokenizer.save_pretrained(folder)) -- the character tokenizer only fits "
+                "the tiny presets"
+            )
+        return TOKENIZER
+    tok = _hf_tokenizer(str(folder.resolve()))
     vocab = resolve_arch(model, tok.vocab_size).vocab_size
     if tok.vocab_size > vocab:
+        where = (f"vocab_size {vocab} in {folder / 'config.json'}" if folder_config(model.weights) is not None
+                 else f"preset {model.preset or 'tiny-llama'!r} embeds {vocab}")
         raise ValueError(
-            f"spec.model.weights {model.weights!r}: its tokenizer has {tok.vocab_size} ids but preset "
-            f"{model.preset!r} embeds {vocab}; use the preset the weights were made for"
+            f"spec.model.weights {model.weights!r}: its tokenizer has {tok.vocab_size} ids but {where}; "
+            "use the tokenizer the weights were made for (or the preset they fit)"
         )
     return tok
 

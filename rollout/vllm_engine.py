@@ -88,25 +88,9 @@ def engine_options(engine_args: Mapping[str, object] | None) -> dict[str, Any]:
 
 def hf_weight_shapes(arch: "LlamaArch") -> dict[str, tuple[int, ...]]:
     """The HF names and shapes of a full state dict of ``arch`` (``lm_head.weight`` only when untied)."""
-    H, F, V, D = arch.hidden_size, arch.ffn_hidden_size, arch.vocab_size, arch.head_dim
-    kv = arch.num_key_value_heads * D
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
-    for i in range(arch.num_layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (arch.num_attention_heads * D, H),
-            p + "self_attn.k_proj.weight": (kv, H),
-            p + "self_attn.v_proj.weight": (kv, H),
-            p + "self_attn.o_proj.weight": (H, arch.num_attention_heads * D),
-            p + "mlp.gate_proj.weight": (F, H),
-            p + "mlp.up_proj.weight": (F, H),
-            p + "mlp.down_proj.weight": (H, F),
-            p + "input_layernorm.weight": (H,),
-            p + "post_attention_layernorm.weight": (H,),
-        }
-    if not arch.tie_embeddings:
-        shapes["lm_head.weight"] = (V, H)
-    return shapes
+    from asyncrl.api.model_arch import hf_param_shapes
+
+    return hf_param_shapes(arch, with_tied_head=False)
 
 
 # vLLM's in-place reload breaks a tied LM head: the reload re-materialises each layer's parameters and
@@ -117,29 +101,9 @@ UNTIED_HEAD = "lm_head.weight"
 
 
 def hf_config(arch: "LlamaArch", dtype: str) -> dict[str, Any]:
-    """``config.json`` of ``arch`` for vLLM (the fields of ``asyncrl.rollout.hf_model.llama_config``)."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": arch.vocab_size,
-        "hidden_size": arch.hidden_size,
-        "intermediate_size": arch.ffn_hidden_size,
-        "num_hidden_layers": arch.num_layers,
-        "num_attention_heads": arch.num_attention_heads,
-        "num_key_value_heads": arch.num_key_value_heads,
-        "head_dim": arch.head_dim,
-        "max_position_embeddings": arch.max_sequence_length,
-        "rms_norm_eps": arch.norm_epsilon,
-        "tie_word_embeddings": False,  # see UNTIED_HEAD
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(arch.rope_theta)},
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
-        "dtype": dtype,
-    }
+    """``config.json`` of ``arch`` for vLLM: the family's own (``ModelArch.to_hf_config``: its
+    ``architectures`` entry makes vLLM build Llama, Mistral, Qwen2, Qwen3 or Qwen3-MoE), untied."""
+    return arch.to_hf_config(dtype) | {"tie_word_embeddings": False}  # see UNTIED_HEAD
 
 
 def config_problems(arch: "LlamaArch", dtype: str, hello: Mapping[str, Any]) -> list[str]:

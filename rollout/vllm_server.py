@@ -24,6 +24,7 @@ plain function call, so a weight reload needs no serialization of its own.
 """
 
 import gc
+import json
 import os
 import sys
 import time
@@ -78,13 +79,14 @@ class Server:
         }
 
     def build(self, hf_config: dict[str, Any], dtype: str, engine: dict[str, Any]) -> dict[str, Any]:
-        from transformers import LlamaConfig
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
         t0 = time.perf_counter()
         model_dir = os.path.join(self.workdir, "model")
-        LlamaConfig(**hf_config).save_pretrained(model_dir)
+        os.makedirs(model_dir, exist_ok=True)  # the family's config.json as is: vLLM picks the model class
+        with open(os.path.join(model_dir, "config.json"), "w") as f:  # from its architectures entry
+            json.dump(hf_config, f, indent=2, sort_keys=True)
         args = EngineArgs(
             model=model_dir,
             skip_tokenizer_init=True,

@@ -172,8 +172,15 @@ class ActorHost:
     def pad_id(self) -> int:
         return self.pad
 
+    def model_load(self) -> dict[str, Any] | None:
+        """How loading ``spec.model.weights`` went (seconds, peak RSS, ...); None for a random init."""
+        report = self.actor.load_report
+        return None if report is None else report.record()
+
     def load_warm_start(self, cache_dir: str) -> bool:
         """Load a cached warm start (True) or report there is none (False)."""
+        from asyncrl.trainer.megatron.checkpoint import CheckpointError, verify_checkpoint
+
         cache = Path(cache_dir)
         if not (cache / "meta.json").exists():  # the actor writes checkpoints atomically
             return False

@@ -160,6 +160,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                                     # actor's pod has its own disk (a private folder there)
                                     work_dir=str(run.path / "snapshots") if options.placement == "local" else None)
                 summary["startup_s"] = round(time.monotonic() - started, 2)
+                _model_load(hosts, summary)
                 if on_start is not None:
                     on_start({**summary, "total_steps": total_steps})
                 # --- warm start or resume --------------------------------------------------
@@ -214,6 +215,16 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
             if server is not None:
                 server.close()
     return RunResult(run.path, summary, records, summary.get("metrics_url"))
+
+
+def _model_load(hosts: HostHandles, summary: dict[str, Any]) -> None:
+    """Put how the actor loaded ``spec.model.weights`` (seconds, peak RSS) into the summary and the log."""
+    import ray
+
+    if (model_load := ray.get(hosts.actor.model_load.remote())) is not None:
+        summary["model_load"] = model_load
+        log.info("actor loaded %s (%s): %.2f s, peak RSS %.0f MiB", model_load["folder"],
+                 model_load["architecture"], model_load["seconds"], model_load["peak_rss_bytes"] / 2**20)
 
 
 def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions,

@@ -56,7 +56,7 @@ from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
-from asyncrl.trainer.megatron.convert import hf_to_megatron, load_hf, megatron_to_hf
+from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
 from asyncrl.trainer.megatron.update import (
@@ -216,8 +216,10 @@ class MegatronActor:
         self.runtime = compat.init_megatron(settings.seed, device=settings.device)
         gpt = build_gpt_model(settings.arch, use_cpu_initialization=self.runtime.use_cpu_initialization)
         self._gpt = gpt.to(self.runtime.device)
-        if settings.init_weights is not None:
-            self.load_hf_state_dict(load_hf(settings.init_weights))
+        self.load_report: LoadReport | None = None  # reading spec.model.weights (None: random init)
+        if settings.init_weights is not None:  # one tensor at a time, memory-mapped (convert.load_folder)
+            self.load_report = load_folder(self._gpt, settings.arch, settings.init_weights)
+            log.info("%s", self.load_report.line())
         self._ddp = compat.wrap_ddp(self._gpt)
         self._named = {n: p for n, p in self._gpt.named_parameters() if p.requires_grad}
         self._params = list(self._named.values())

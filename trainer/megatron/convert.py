@@ -25,14 +25,17 @@ tensor at a time and never held twice (:func:`load_folder_into`). Every tensor i
 the shape the architecture implies first; a mismatch names the key and both shapes.
 """
 
+import dataclasses
 import json
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from asyncrl.api.model_arch import ModelArch
+from asyncrl.api.model_arch import ModelArch, hf_param_shapes
 from asyncrl.trainer.megatron.hf_folder import HFFolder, load_hf
 
 WEIGHTS_FILE = "model.safetensors"
@@ -40,8 +43,8 @@ CONFIG_FILE = "config.json"
 Shapes = dict[str, tuple[int, ...]]
 
 __all__ = [
-    "hf_shapes", "hf_to_megatron", "iter_hf_to_megatron", "iter_megatron_to_hf", "llama_config",
-    "load_folder_into", "load_hf", "megatron_shapes", "megatron_to_hf", "save_hf",
+    "LoadReport", "hf_shapes", "hf_to_megatron", "iter_hf_to_megatron", "iter_megatron_to_hf", "llama_config",
+    "load_folder", "load_folder_into", "load_hf", "megatron_shapes", "megatron_to_hf", "save_hf",
 ]
 
 
@@ -117,29 +120,8 @@ def megatron_shapes(arch: ModelArch) -> Shapes:
 
 
 def hf_shapes(arch: ModelArch, *, with_tied_head: bool = True) -> Shapes:
-    """Every HF checkpoint name of ``arch`` and its shape."""
-    H, V, hn = arch.hidden_size, arch.vocab_size, arch.head_dim
-    q_rows, kv_rows = arch.num_attention_heads * hn, arch.num_key_value_heads * hn
-    inner = arch.moe_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size
-    mshapes = megatron_shapes(arch)
-    shapes: Shapes = {"model.embed_tokens.weight": (V, H)}
-    for i in range(arch.num_layers):
-        h = f"model.layers.{i}."
-        shapes |= {hf: mshapes[mc] for mc, hf in _layer_pairs(arch, i).items()}
-        shapes |= {
-            h + "self_attn.q_proj.weight": (q_rows, H),
-            h + "self_attn.k_proj.weight": (kv_rows, H),
-            h + "self_attn.v_proj.weight": (kv_rows, H),
-        }
-        if arch.qkv_bias:
-            shapes |= {h + "self_attn.q_proj.bias": (q_rows,), h + "self_attn.k_proj.bias": (kv_rows,),
-                       h + "self_attn.v_proj.bias": (kv_rows,)}
-        for prefix in _fc1_pairs(arch, i).values():
-            shapes |= {prefix + "gate_proj.weight": (inner, H), prefix + "up_proj.weight": (inner, H)}
-    shapes["model.norm.weight"] = (H,)
-    if with_tied_head or not arch.tie_embeddings:
-        shapes["lm_head.weight"] = (V, H)
-    return shapes
+    """Every HF checkpoint name of ``arch`` and its shape (one definition: ``api.model_arch.hf_param_shapes``)."""
+    return hf_param_shapes(arch, with_tied_head=with_tied_head)
 
 
 # ------------------------------------------------------------------------------------------ HF -> mcore
@@ -224,6 +206,50 @@ def load_folder_into(gpt: torch.nn.Module, arch: ModelArch, folder: HFFolder) ->
     if left := sorted(set(params) - done):
         raise ValueError(f"{folder.source}: no weights for megatron parameters {left[:5]} (of {len(left)})")
     return nbytes
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What loading a weights folder into the actor cost (logged, and in the run's summary)."""
+
+    folder: str
+    architecture: str
+    tensors: int  # megatron parameters written
+    file_bytes: int  # size of the folder's safetensors files
+    param_bytes: int  # bytes written into the model's parameters
+    dtypes: tuple[str, ...]  # on-disk dtypes (safetensors names)
+    seconds: float  # open + read + convert + copy
+    peak_rss_bytes: int  # the process's peak resident set after loading (includes the model itself)
+
+    def record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"dtypes": list(self.dtypes)}
+
+    def line(self) -> str:
+        return (f"loaded {self.architecture} from {self.folder}: {self.tensors} tensors, "
+                f"{self.file_bytes / 2**20:.1f} MiB on disk ({'/'.join(self.dtypes)}) in {self.seconds:.2f} s, "
+                f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux reports ``ru_maxrss`` in KiB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def load_folder(gpt: torch.nn.Module, arch: ModelArch, directory: str) -> LoadReport:
+    """:func:`load_folder_into` from a folder path, timed, with the peak RSS after it."""
+    start = time.perf_counter()
+    folder = HFFolder(directory)
+    try:
+        dtypes = tuple(sorted(set(folder.dtypes().values())))
+        nbytes = load_folder_into(gpt, arch, folder)
+        tensors = len(megatron_shapes(arch))
+        file_bytes = folder.nbytes()
+    finally:
+        folder.close()
+    return LoadReport(folder.source, arch.architecture, tensors, file_bytes, nbytes, dtypes,
+                      round(time.perf_counter() - start, 3), peak_rss_bytes())
 
 
 # ------------------------------------------------------------------------------------------ mcore -> HF
