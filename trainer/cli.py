@@ -19,7 +19,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         for problem in read.problems:
             print(f"{path}: {problem}", file=sys.stderr)
         failed += bool(read.problems)
+        from asyncrl.api.model_arch import folder_problems  # a weights folder visible here: its config.json
+
         for job in read.jobs:
+            if model_problems := folder_problems(job.spec.model):
+                for problem in model_problems:
+                    print(f"{path}: {problem}", file=sys.stderr)
+                failed += 1
+                continue
             print(f"{path}: AsyncRLJob {job.metadata.name} is valid")
     return 1 if failed else 0
 
@@ -62,6 +69,29 @@ def _load_run_job(path: str | None):  # -> AsyncRLJob (imported lazily)
     return jobs[0]
 
 
+def _model_folder_refused(model, source: str, *, must_exist: bool = True) -> bool:  # model: ModelSpec
+    """Print every problem of ``spec.model.weights`` (architecture, shards, shapes, tokenizer); True if any.
+
+    ``must_exist=False`` (the driver pod): a folder not mounted here is left to the actor's own load."""
+    from pathlib import Path
+
+    from asyncrl.api.model_arch import folder_problems as spec_problems
+    from asyncrl.rollout.tokenizer import tokenizer_for
+    from asyncrl.trainer.megatron.hf_folder import folder_problems
+
+    if not must_exist and not Path(model.weights).expanduser().is_dir():
+        return False
+    problems = spec_problems(model) or folder_problems(model.weights)
+    if not problems:
+        try:
+            tokenizer_for(model)
+        except (FileNotFoundError, ValueError) as exc:
+            problems = [str(exc)]
+    for problem in problems:
+        print(f"{source}: {problem}", file=sys.stderr)
+    return bool(problems)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from asyncrl.api.validation import SpecError
 
@@ -81,14 +111,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         print(f"asyncrl run: --steps must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
-    if job.spec.model.weights is not None:  # before Ray starts: the workers would fail one by one
-        from asyncrl.rollout.tokenizer import tokenizer_for
-
-        try:
-            tokenizer_for(job.spec.model)
-        except (FileNotFoundError, ValueError) as exc:
-            print(f"{source}: {exc}", file=sys.stderr)
-            return 2
+    if job.spec.model.weights is not None and _model_folder_refused(job.spec.model, source):
+        return 2  # before Ray starts: the workers would fail one by one
     if job.spec.rollout.engine == "vllm":  # before Ray starts: every rollout worker would fail on it
         from asyncrl.rollout.vllm_process import VLLMUnavailableError, vllm_python
 
@@ -127,6 +151,9 @@ def _cmd_driver(args: argparse.Namespace) -> int:
         return 2
     if args.wait_timeout <= 0:
         print(f"asyncrl driver: --wait-timeout must be > 0 seconds, got {args.wait_timeout}", file=sys.stderr)
+        return 2
+    model = jobs[0].spec.model  # a model folder mounted here: refused (permanent) before any pod trains
+    if model.weights is not None and _model_folder_refused(model, args.spec, must_exist=False):
         return 2
     import logging
     from pathlib import Path
@@ -305,7 +332,28 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=_cmd_models)
     m = msub.add_parser("list", help="the models pull knows and where they go")
     m.set_defaults(func=_cmd_models)
+    m = msub.add_parser("make-tiny", help="write a tiny random HF model folder of a family (tests, examples)")
+    m.add_argument("family", metavar="FAMILY", help="llama, mistral, qwen2, qwen3 or qwen3_moe")
+    m.add_argument("--out", required=True, metavar="DIR", help="folder to write (config, safetensors, tokenizer)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    m.add_argument("--max-shard-size", metavar="SIZE", help="e.g. 40KB: sharded safetensors + index")
+    m.set_defaults(func=_cmd_make_tiny)
     return parser
+
+
+def _cmd_make_tiny(args: argparse.Namespace) -> int:
+    """``asyncrl models make-tiny FAMILY --out DIR``: a tiny random model folder, made offline."""
+    from asyncrl.api.model_arch import FAMILIES
+
+    if args.family not in FAMILIES:
+        print(f"asyncrl models make-tiny: family {args.family!r} is unknown; valid families: "
+              f"{', '.join(FAMILIES)}", file=sys.stderr)
+        return 2
+    from asyncrl.rollout.tiny_models import make_tiny
+
+    out = make_tiny(args.family, args.out, seed=args.seed, max_shard_size=args.max_shard_size)
+    print(f"{args.family}: {out}  (use it as spec.model.weights; leave spec.model.preset out)")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

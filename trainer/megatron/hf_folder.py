@@ -131,3 +131,50 @@ def load_hf(directory: str) -> dict[str, torch.Tensor]:
     out = dict(folder.items())
     folder.close()
     return out
+
+
+def folder_problems(weights: str) -> list[str]:
+    """Every problem of a model folder that would stop the actor or the rollout workers, found from
+    ``config.json``, the safetensors headers and the file list (no tensor data read), each naming the
+    file and the fix. Empty for a folder without ``config.json`` (a preset's bare weights: the actor's
+    strict load checks those)."""
+    from asyncrl.api.model_arch import ArchitectureError, arch_from_hf_config, folder_config, hf_param_shapes
+
+    path = Path(os.path.expanduser(weights))
+    if not path.is_dir():
+        return [f"spec.model.weights {weights!r}: no such folder here; fix the path (or pull the model first)"]
+    try:
+        cfg = folder_config(weights)
+        if cfg is None:
+            return []
+        arch = arch_from_hf_config(cfg, str(path / "config.json"))
+    except ArchitectureError as exc:
+        return [str(exc)]
+    problems = []
+    if not (path / "tokenizer.json").is_file():
+        problems.append(
+            f"{path}: no tokenizer.json; save the model's tokenizer into the folder "
+            "(AutoTokenizer.from_pretrained(source).save_pretrained(folder))"
+        )
+    try:
+        folder = HFFolder(path)
+        shapes = folder.shapes()
+    except FolderError as exc:
+        return problems + [str(exc)]
+    expected = hf_param_shapes(arch, with_tied_head=False)
+    if arch.tie_embeddings:
+        shapes.pop("lm_head.weight", None)
+    missing = [k for k in expected if k not in shapes]
+    unexpected = [k for k in shapes if k not in expected]
+    wrong = [f"{k} {list(shapes[k])} in {folder._files[k].name} (config.json implies {list(s)})"
+             for k, s in expected.items() if k in shapes and shapes[k] != s]
+    if missing or unexpected or wrong:
+        parts = ([f"missing {missing[:4]}{' ...' if len(missing) > 4 else ''} ({len(missing)})"] if missing else []) + (
+            [f"unexpected {unexpected[:4]}{' ...' if len(unexpected) > 4 else ''} ({len(unexpected)})"] if unexpected
+            else []) + ([f"shape mismatch: {'; '.join(wrong[:4])}"] if wrong else [])
+        problems.append(
+            f"{path / 'config.json'} and the safetensors files disagree ({arch.architecture}): " + "; ".join(parts)
+            + ". Fix config.json to match the weights, or re-save the folder with save_pretrained"
+        )
+    folder.close()
+    return problems
