@@ -61,3 +61,21 @@ CHECKPOINT_MOUNT: Final = "/checkpoints"
 SHM_MOUNT: Final = "/dev/shm"
 # The operator's own volumes (name -> mount path); pod overrides may not reuse either.
 OPERATOR_VOLUMES: Final = {"spec": SPEC_DIR, "dshm": SHM_MOUNT, "checkpoints": CHECKPOINT_MOUNT}
+
+# ---------------------------------------------------------------- ownership labels and annotations
+# Label keys the operator sets on every child and selects on (asyncrl.operator.names.labels, the
+# gang scheduler's group label): a role's template may not set them, and the job's own
+# metadata.labels are copied onto children without them.
+RESERVED_LABEL_PREFIXES: Final = (f"{GROUP}/", "ray.io/")
+RESERVED_LABEL_KEYS: Final = (
+    "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of", "app.kubernetes.io/component", "scheduling.x-k8s.io/pod-group",
+)
+# Annotation keys the operator writes on pods (epoch, spec hash; kopf's own state; Volcano's group).
+RESERVED_ANNOTATION_PREFIXES: Final = (f"{GROUP}/", f"kopf.{GROUP}/")
+RESERVED_ANNOTATION_KEYS: Final = ("scheduling.k8s.io/group-name",)
+
+
+def reserved_label(key: str) -> bool:
+    """Whether ``key`` is one of the operator's ownership labels (see RESERVED_LABEL_*)."""
+    return key in RESERVED_LABEL_KEYS or key.startswith(RESERVED_LABEL_PREFIXES)

@@ -10,8 +10,26 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from asyncrl.api.base import SpecModel
-from asyncrl.api.cel import CelRule, RuleError, on_field
-from asyncrl.api.constants import OPERATOR_VOLUMES
+from asyncrl.api.cel import CelRule, RuleError, on_field, raise_all
+from asyncrl.api.constants import reserved_label
+from asyncrl.api.kube_types import (
+    RESERVED_VOLUME_MESSAGE,  # noqa: F401 -- re-exported: the messages of a template live here
+    PodSecurityContext,
+    SecurityContext,
+    Volume,
+    VolumeMount,
+)
+from asyncrl.api.pod_security import (
+    MOUNT_NEEDS_VOLUME_MESSAGE,
+    RESERVED_ANNOTATION_MESSAGE,
+    RESERVED_LABEL_MESSAGE,
+    PodSecurityLevel,
+    cel_rules,
+    reserved_annotation,
+    reserved_annotation_cel,
+    reserved_label_cel,
+    restricted_problems,
+)
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 
@@ -24,12 +42,6 @@ RESERVED_ENV_MESSAGE = (
 ENV_SOURCE_MESSAGE = (
     "an env entry needs exactly one of value and valueFrom, e.g. value: '1', or "
     "valueFrom: {secretKeyRef: {name: my-secret, key: token}}"
-)
-RESERVED_VOLUMES = tuple(OPERATOR_VOLUMES)
-RESERVED_PATHS = tuple(OPERATOR_VOLUMES.values())
-RESERVED_VOLUME_MESSAGE = (
-    f"volume names {', '.join(RESERVED_VOLUMES)} and mount paths {', '.join(RESERVED_PATHS)} are the operator's "
-    "own (the job spec, shared memory, checkpoints); pick another name or path"
 )
 ONE_ACTOR_MESSAGE = (
     "the driver runs one actor process: set actor.replicas: 1, actor.gpusPerReplica: 0 or 1 and "
@@ -86,7 +98,12 @@ class EnvVar(SpecModel):
             " && ".join(f"!self.startsWith('{p}')" for p in RESERVED_ENV_PREFIXES), RESERVED_ENV_MESSAGE
         )),
     )
-    value: str | None = Field(default=None, description="Literal value (exactly one of value and valueFrom).")
+    value: str | None = Field(
+        default=None,
+        description="Literal value (exactly one of value and valueFrom). Not for secrets: a literal is stored in "
+        "the AsyncRLJob and in the job's spec ConfigMap, which everyone with the view role in the namespace can read; "
+        "put tokens and passwords in a Secret and use valueFrom.secretKeyRef.",
+    )
 
     # valueFrom is an object with open fields, but typed (type: object), so CEL can test its presence.
     cel_rules: ClassVar[tuple[CelRule, ...]] = (CelRule("has(self.value) != has(self.valueFrom)", ENV_SOURCE_MESSAGE),)
@@ -110,30 +127,6 @@ class EnvVar(SpecModel):
         return self
 
 
-def _not_in(values: tuple[str, ...]) -> str:
-    return " && ".join(f"self != '{v}'" for v in values)
-
-
-class VolumeMount(SpecModel):
-    """Where one of ``volumes`` is mounted in the role's container."""
-
-    name: str = Field(min_length=1, max_length=63, description="Name of the volume (from volumes) to mount.",
-                      json_schema_extra=on_field(CelRule(_not_in(RESERVED_VOLUMES), RESERVED_VOLUME_MESSAGE)))
-    mount_path: str = Field(
-        min_length=1, description="Absolute path inside the container.",
-        json_schema_extra=on_field(CelRule(_not_in(RESERVED_PATHS), RESERVED_VOLUME_MESSAGE)),
-    )
-    read_only: bool = Field(default=False, description="Mount read-only.")
-    sub_path: str | None = Field(default=None, description="Path inside the volume to mount instead of its root.")
-
-    @field_validator("name", "mount_path")
-    @classmethod
-    def _not_reserved(cls, v: str) -> str:
-        if v in RESERVED_VOLUMES + RESERVED_PATHS:
-            raise ValueError(f"{RESERVED_VOLUME_MESSAGE} (got {v!r})")
-        return v
-
-
 class PodOverrides(SpecModel):
     """Per-role pod-template overrides applied on top of what the operator builds."""
 
@@ -149,8 +142,18 @@ class PodOverrides(SpecModel):
         description="Extra environment variables ({name, value} or {name, valueFrom}); ASYNCRL_* and RAY_* "
         "are the operator's.",
     )
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, max_length=64,
+        description="Extra pod labels (not the operator's: asyncrl.io/*, ray.io/*, app.kubernetes.io/name, "
+        "instance, managed-by, part-of, component, scheduling.x-k8s.io/pod-group).",
+        json_schema_extra=on_field(CelRule(reserved_label_cel(), RESERVED_LABEL_MESSAGE)),
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, max_length=64,
+        description="Extra pod annotations (not the operator's: asyncrl.io/*, kopf.asyncrl.io/*, "
+        "scheduling.k8s.io/group-name).",
+        json_schema_extra=on_field(CelRule(reserved_annotation_cel(), RESERVED_ANNOTATION_MESSAGE)),
+    )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels this role's pods must match (merged over scheduling's)."
     )
@@ -160,22 +163,50 @@ class PodOverrides(SpecModel):
     affinity: dict[str, Any] | None = Field(
         default=None, description="Kubernetes Affinity of this role's pods (nodeAffinity, podAffinity, ...)."
     )
-    pod_security_context: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Kubernetes PodSecurityContext fields merged over the operator's hardened defaults.",
+    pod_security_level: PodSecurityLevel = Field(
+        default=PodSecurityLevel.RESTRICTED,
+        description="restricted (default): the pods pass the restricted Pod Security level, and the fields below "
+        "may not weaken it. privileged: ask for more (privileged, root, capabilities, hostPath, ...); the operator "
+        "honours it only in namespaces the cluster admin lists in the chart value podSecurity.privilegedNamespaces, "
+        "elsewhere the job fails validation and nothing is created.",
     )
-    security_context: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Kubernetes SecurityContext fields of the container, merged over the operator's hardened "
-        "defaults.",
+    pod_security_context: PodSecurityContext | None = Field(
+        default=None,
+        description="Kubernetes PodSecurityContext fields set over the operator's hardened defaults (runAsNonRoot, "
+        "uid/gid 10001, fsGroup, seccomp RuntimeDefault).",
     )
-    volumes: list[dict[str, Any]] = Field(
+    security_context: SecurityContext | None = Field(
+        default=None,
+        description="Kubernetes SecurityContext fields of the container set over the operator's hardened defaults "
+        "(allowPrivilegeEscalation false, capabilities drop [ALL]).",
+    )
+    volumes: list[Volume] = Field(
         default_factory=list, max_length=64,
         description="Extra Kubernetes Volumes of this role's pods (not named spec, dshm or checkpoints).",
     )
     volume_mounts: list[VolumeMount] = Field(
         default_factory=list, max_length=64, description="Where the extra volumes are mounted in the container."
     )
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        *cel_rules(),
+        CelRule("!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+                "self.volumes.exists(v, v.name == m.name))", MOUNT_NEEDS_VOLUME_MESSAGE, ".volumeMounts"),
+    )
+
+    @model_validator(mode="after")
+    def _hardened(self) -> "PodOverrides":
+        problems = restricted_problems(self.model_dump(mode="json", by_alias=True))
+        if bad := sorted(k for k in self.labels if reserved_label(k)):
+            problems.append(("labels", f"{RESERVED_LABEL_MESSAGE} (got {bad})"))
+        if bad := sorted(k for k in self.annotations if reserved_annotation(k)):
+            problems.append(("annotations", f"{RESERVED_ANNOTATION_MESSAGE} (got {bad})"))
+        declared = {v.name for v in self.volumes}
+        if missing := [m.name for m in self.volume_mounts if m.name not in declared]:
+            problems.append(("volumeMounts", f"{MOUNT_NEEDS_VOLUME_MESSAGE} (not declared: {missing}; declared: "
+                             f"{sorted(declared) or 'none'})"))
+        raise_all(problems)
+        return self
 
 
 class RolloutSpec(SpecModel):

@@ -109,11 +109,13 @@ def spec_hash(spec: AsyncRLJobSpec) -> str:
 
 
 def _meta(job: JobRef, name: str, role: Role | None = None, index: int | None = None) -> dict[str, Any]:
-    reserved = {k: v for k, v in job.labels.items() if not k.startswith(("app.kubernetes.io/", names.GROUP))}
+    # The job's own labels travel to its children, except the ownership labels the operator sets and
+    # selects on (another job's name there would draw these children into that job).
+    copied = {k: v for k, v in job.labels.items() if not C.reserved_label(k)}
     return {
         "name": name,
         "namespace": job.namespace,
-        "labels": {**reserved, **names.labels(job.name, role, index)},
+        "labels": {**copied, **names.labels(job.name, role, index)},
         "ownerReferences": [job.owner_reference()],
     }
 
@@ -223,7 +225,7 @@ def _pod(
     gang = spec.scheduling.gang_scheduler
     gang_labels, gang_annotations = pod_policy.gang_metadata(gang, names.pod_group_name(job.name))
     meta = _meta(job, name, role, index)
-    meta["labels"] = {**overrides.labels, **gang_labels, **meta["labels"]}
+    meta["labels"] = {**overrides.labels, **meta["labels"], **gang_labels}  # ours last: validation refuses them
     meta["annotations"] = {**overrides.annotations, **gang_annotations, names.ANNOTATION_EPOCH: str(epoch),
                            names.ANNOTATION_SPEC_HASH: spec_digest}
     limits: dict[str, str] = {"memory": memory}
@@ -248,7 +250,7 @@ def _pod(
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim_name}}
         )
     mounts += [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in overrides.volume_mounts]
-    volumes += [dict(v) for v in overrides.volumes]
+    volumes += [v.model_dump(mode="json", by_alias=True) for v in overrides.volumes]
     ports = [{"name": "metrics", "containerPort": spec.monitoring.port}]
     if role is Role.DRIVER:
         ports += [
@@ -307,7 +309,7 @@ def _driver_overrides(actor_template: PodOverrides) -> PodOverrides:
     """The driver runs the actor's image, so it takes what pulling and running that image needs from
     the actor's template; the actor's placement, env and volumes stay with the actor."""
     t = actor_template
-    return PodOverrides(image=t.image, image_pull_secrets=t.image_pull_secrets,
+    return PodOverrides(image=t.image, image_pull_secrets=t.image_pull_secrets, pod_security_level=t.pod_security_level,
                         pod_security_context=t.pod_security_context, security_context=t.security_context)
 
 

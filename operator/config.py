@@ -30,13 +30,19 @@ class OperatorSettings:
     """After this long a deleting job drops its finalizer even if pods still terminate."""
     metrics_port: int = 8080
     """Port of the operator's /metrics (0: not served)."""
-    prometheus_namespace_selector: dict[str, str] = field(default_factory=dict)
-    """Labels of the namespaces Prometheus runs in, as a JSON object (``{}``: any namespace). A job's
-    NetworkPolicy admits Prometheus pods from there on the job's metrics port."""
+    prometheus_namespace_selector: dict[str, str] | None = None
+    """Labels of the namespaces Prometheus runs in, as a JSON object; a job's NetworkPolicy admits
+    Prometheus pods from there on the job's metrics port. Unset (None): only Prometheus pods in the
+    job's own namespace; ``{}``: any namespace (an explicit choice of the cluster admin). The chart
+    sets it from ``jobNetworkPolicy`` (default: the release namespace)."""
     prometheus_pod_selector: dict[str, str] = field(
         default_factory=lambda: {"app.kubernetes.io/name": "prometheus"}  # kube-prometheus-stack's pods
     )
     """Labels of the Prometheus pods, as a JSON object."""
+    privileged_namespaces: tuple[str, ...] = ()
+    """Namespaces whose jobs may ask for ``podSecurityLevel: privileged`` (a JSON list of names; the
+    chart's ``podSecurity.privilegedNamespaces``). Elsewhere such a job is ValidationFailed and the
+    operator creates nothing: only the cluster admin opts in, never a job author."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorSettings":
@@ -49,7 +55,12 @@ class OperatorSettings:
             if var not in env:
                 continue
             raw = env[var]
-            kind: type = type(getattr(defaults, f.name))
+            kind: type = _KINDS.get(f.name) or type(getattr(defaults, f.name))
+            if kind is tuple:
+                names = _name_list(var, raw, problems)
+                if names is not None:
+                    values[f.name] = names
+                continue
             if kind is dict:
                 labels = _label_map(var, raw, problems)
                 if labels is not None:
@@ -72,6 +83,21 @@ class OperatorSettings:
         """Backoff before restart number ``counted_restarts`` (1-based): base * 2^(n-1), capped."""
         n = max(counted_restarts, 1)
         return min(self.restart_backoff_seconds * 2 ** (n - 1), self.restart_backoff_max_seconds)
+
+
+_KINDS: dict[str, type] = {"prometheus_namespace_selector": dict}  # fields whose default is None
+
+
+def _name_list(var: str, raw: str, problems: list[str]) -> tuple[str, ...] | None:
+    """A JSON list of names, or None with the problem noted."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        problems.append(f"{var}={raw!r} must be a JSON list of namespace names, e.g. '[\"ml-debug\"]'")
+        return None
+    return tuple(value)
 
 
 def _label_map(var: str, raw: str, problems: list[str]) -> dict[str, str] | None:

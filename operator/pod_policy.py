@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from asyncrl.api import constants as C
+from asyncrl.api.kube_types import KubeModel
 from asyncrl.api.pods import GangScheduler
 
 JOB_UID = C.JOB_UID  # the user of docker/job.Dockerfile
@@ -112,12 +113,20 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def pod_security_context(override: Mapping[str, Any]) -> dict[str, Any]:
-    return merge(POD_SECURITY_DEFAULTS, override)
+def _set_fields(override: KubeModel | Mapping[str, Any] | None) -> dict[str, Any]:
+    if override is None:
+        return {}
+    if isinstance(override, KubeModel):
+        return override.model_dump(mode="json", by_alias=True)  # unset fields are left out
+    return dict(override)
 
 
-def container_security_context(override: Mapping[str, Any]) -> dict[str, Any]:
-    return merge(CONTAINER_SECURITY_DEFAULTS, override)
+def pod_security_context(override: KubeModel | Mapping[str, Any] | None) -> dict[str, Any]:
+    return merge(POD_SECURITY_DEFAULTS, _set_fields(override))
+
+
+def container_security_context(override: KubeModel | Mapping[str, Any] | None) -> dict[str, Any]:
+    return merge(CONTAINER_SECURITY_DEFAULTS, _set_fields(override))
 
 
 # ---------------------------------------------------------------- gang scheduling
@@ -171,17 +180,19 @@ def pod_group(gang: GangScheduler, metadata: dict[str, Any], pods: list[Mapping[
 # ---------------------------------------------------------------- network
 
 def network_policy(metadata: dict[str, Any], job_selector: Mapping[str, str], *, metrics_port: int | None,
-                   prometheus_namespaces: Mapping[str, str], prometheus_pods: Mapping[str, str]) -> dict[str, Any]:
+                   prometheus_namespaces: Mapping[str, str] | None, prometheus_pods: Mapping[str, str]
+                   ) -> dict[str, Any]:
     """Ingress to the job's pods only from the job's own pods (every port: Ray's GCS, raylets, object
-    transfer, workers) and, with ``metrics_port``, from Prometheus pods on that port. Egress is open
-    (image pulls, the API server for status, model downloads)."""
+    transfer, workers) and, with ``metrics_port``, from Prometheus pods on that port: in the namespaces
+    ``prometheus_namespaces`` selects, or with None only in the job's own namespace (a ``from`` entry
+    without a namespaceSelector). ``{}`` would admit every namespace: only an admin's explicit
+    setting passes it. Egress is open (image pulls, the API server for status, model downloads)."""
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": dict(job_selector)}}]}]
     if metrics_port is not None:
-        ingress.append({
-            "from": [{"namespaceSelector": {"matchLabels": dict(prometheus_namespaces)},
-                      "podSelector": {"matchLabels": dict(prometheus_pods)}}],
-            "ports": [{"protocol": "TCP", "port": metrics_port}],
-        })
+        source: dict[str, Any] = {"podSelector": {"matchLabels": dict(prometheus_pods)}}
+        if prometheus_namespaces is not None:
+            source["namespaceSelector"] = {"matchLabels": dict(prometheus_namespaces)}
+        ingress.append({"from": [source], "ports": [{"protocol": "TCP", "port": metrics_port}]})
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
         "spec": {"podSelector": {"matchLabels": dict(job_selector)}, "policyTypes": ["Ingress"], "ingress": ingress},

@@ -21,6 +21,7 @@ from asyncrl.api.constants import API_VERSION, KIND
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.validation import SpecError, validate_job
 from asyncrl.operator import builders, names
+from asyncrl.operator.admission import admission_problems
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.kube import Kube, server_message
 from asyncrl.operator.lifecycle import (
@@ -225,6 +226,9 @@ class Reconciler:
         # A fresh token each time: it is used only if the Secret is missing (created once, never patched).
         desired = None if isinstance(spec, SpecError) else builders.desired(
             ref, spec, self.cfg, int(status.get("epoch") or 0), ray_token=secrets.token_urlsafe(32))
+        if desired is not None and isinstance(spec, AsyncRLJobSpec) and (
+                refused := admission_problems(spec, namespace, self.cfg, desired.pods)):
+            spec, desired = SpecError(refused), None  # ValidationFailed: nothing is created
         observed = self.observe(ref, desired, children=full, remembered=status.get("disruptedPods"))
         view = JobView(ref, int(body["metadata"].get("generation") or 1), status)
         now = self.clock()

@@ -102,6 +102,8 @@ def test_every_cel_rule_sits_on_a_typed_node_and_names_only_typed_fields() -> No
             for key in keys:
                 if target.get("type") != "object" or key in {"size", "matches", "startsWith"}:
                     break  # a method call on a scalar
+                if "additionalProperties" in target:
+                    break  # a typed map (labels, annotations): all/exists and [key] are CEL on it
                 props = target.get("properties") or {}
                 if path == "" and key in ("metadata",) and walked == "self":
                     target = props["metadata"]

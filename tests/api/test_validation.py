@@ -192,7 +192,7 @@ def test_pod_overrides_for_private_clusters() -> None:
     }}, "runPolicy": {"preemptionLimit": 0}, "scheduling": {"gangScheduler": "volcano"}})
     t = spec.rollout.template
     assert t.image_pull_secrets[0].name == "registry" and t.volume_mounts[0].read_only is False
-    assert t.pod_security_context == {"fsGroup": 2000} and t.affinity is not None
+    assert t.pod_security_context is not None and t.pod_security_context.fs_group == 2000 and t.affinity is not None
     assert spec.run_policy.preemption_limit == 0 and spec.scheduling.gang_scheduler == "volcano"
     defaults = AsyncRLJobSpec()
     assert defaults.run_policy.preemption_limit == 10 and defaults.scheduling.gang_scheduler == "none"

@@ -223,10 +223,13 @@ def test_network_policy_admits_the_job_and_prometheus_on_the_metrics_port() -> N
     assert pol["podSelector"] == job_pods and pol["policyTypes"] == ["Ingress"]
     assert pol["ingress"] == [
         {"from": [{"podSelector": job_pods}]},  # the job's own pods, every port (Ray)
-        {"from": [{"namespaceSelector": {"matchLabels": {}},  # any namespace by default
-                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+        # by default Prometheus pods of the job's own namespace only: no namespaceSelector at all
+        {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
          "ports": [{"protocol": "TCP", "port": 9500}]},
     ]
+    anywhere = OperatorSettings(prometheus_namespace_selector={})  # the admin's explicit "any namespace"
+    assert child(build(settings=anywhere), "NetworkPolicy")["spec"]["ingress"][1]["from"][0]["namespaceSelector"] \
+        == {"matchLabels": {}}
     cfg = OperatorSettings(prometheus_namespace_selector={"kubernetes.io/metadata.name": "monitoring"},
                            prometheus_pod_selector={"prometheus": "kps"})
     prom = child(build(settings=cfg), "NetworkPolicy")["spec"]["ingress"][1]["from"][0]

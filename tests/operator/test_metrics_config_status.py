@@ -39,7 +39,9 @@ def test_settings_from_env_name_the_bad_variable() -> None:
 
 def test_prometheus_selectors_are_json_label_maps() -> None:
     default = OperatorSettings.from_env({})
-    assert default.prometheus_namespace_selector == {}  # any namespace
+    assert default.prometheus_namespace_selector is None  # the job's own namespace only
+    assert OperatorSettings.from_env({"ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR": "{}"}
+                                     ).prometheus_namespace_selector == {}  # an admin's explicit "any namespace"
     assert default.prometheus_pod_selector == {"app.kubernetes.io/name": "prometheus"}  # kube-prometheus-stack
     cfg = OperatorSettings.from_env({
         "ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR": '{"kubernetes.io/metadata.name": "monitoring"}',
@@ -52,6 +54,16 @@ def test_prometheus_selectors_are_json_label_maps() -> None:
     msg = str(err.value)
     assert "ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR='monitoring' is not JSON" in msg
     assert "ASYNCRL_OPERATOR_PROMETHEUS_POD_SELECTOR=" in msg and "string labels" in msg
+
+
+def test_privileged_namespaces_are_a_json_list_of_names() -> None:
+    assert OperatorSettings.from_env({}).privileged_namespaces == ()  # nobody may ask for privileged pods
+    cfg = OperatorSettings.from_env({"ASYNCRL_OPERATOR_PRIVILEGED_NAMESPACES": '["ml-debug", "gpu-lab"]'})
+    assert cfg.privileged_namespaces == ("ml-debug", "gpu-lab")
+    for raw in ("ml-debug", '{"ml-debug": true}', '[""]', "[1]"):
+        with pytest.raises(ValueError, match="ASYNCRL_OPERATOR_PRIVILEGED_NAMESPACES=.* must be a JSON list of "
+                                             "namespace names"):
+            OperatorSettings.from_env({"ASYNCRL_OPERATOR_PRIVILEGED_NAMESPACES": raw})
 
 
 def test_training_patch_and_throttle() -> None:

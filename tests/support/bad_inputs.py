@@ -20,6 +20,8 @@ suite.
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.api import kube_types as K
+from asyncrl.api import pod_security as P
 from asyncrl.api.correction import (
     AUDIT_EXACT_MESSAGE,
     AUDIT_FRACTION_UNUSED_MESSAGE,
@@ -98,6 +100,107 @@ def bad_manifest(case: BadInput, name: str) -> dict[str, Any]:
 def _enum(case_id: str, spec: dict[str, Any], path: str) -> BadInput:
     # Schema-only: the server says 'Unsupported value: "bogus": supported values: ...'.
     return BadInput(case_id, spec, path, "", cli_message="expected one of")
+
+
+def _template(role: str, case_id: str, template: dict[str, Any], path: str, message: str) -> BadInput:
+    return BadInput(case_id, {role: {"template": template}}, f"spec.{role}.template.{path}", message)
+
+
+_DATA = {"volumes": [{"name": "data", "emptyDir": {}}]}  # a volume the mount cases mount
+
+
+def _mount(case_id: str, mount: dict[str, Any], path: str, message: str) -> BadInput:
+    return _template("rollout", case_id, {**_DATA, "volumeMounts": [{"name": "data", **mount}]},
+                     f"volumeMounts[0].{path}", message)
+
+
+# Pod hardening (the restricted Pod Security level, api/pod_security.py), ownership labels, volumes and mounts.
+_SECURITY_CASES: list[BadInput] = [
+    _template("rollout", "psa-privileged", {"securityContext": {"privileged": True}}, "securityContext.privileged",
+              P.PRIVILEGED_MESSAGE),
+    _template("actor", "psa-privilege-escalation", {"securityContext": {"allowPrivilegeEscalation": True}},
+              "securityContext.allowPrivilegeEscalation", P.ESCALATION_MESSAGE),
+    _template("actor", "psa-pod-run-as-root", {"podSecurityContext": {"runAsUser": 0}},
+              "podSecurityContext.runAsUser", P.ROOT_USER_MESSAGE),
+    _template("rollout", "psa-container-run-as-root", {"securityContext": {"runAsUser": 0}},
+              "securityContext.runAsUser", P.ROOT_USER_MESSAGE),
+    _template("rollout", "psa-pod-run-as-non-root-false", {"podSecurityContext": {"runAsNonRoot": False}},
+              "podSecurityContext.runAsNonRoot", P.NON_ROOT_MESSAGE),
+    _template("actor", "psa-container-run-as-non-root-false", {"securityContext": {"runAsNonRoot": False}},
+              "securityContext.runAsNonRoot", P.NON_ROOT_MESSAGE),
+    _template("rollout", "psa-capabilities-add", {"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+              "securityContext.capabilities.add", P.CAPABILITIES_ADD_MESSAGE),
+    _template("actor", "psa-capabilities-drop-empty", {"securityContext": {"capabilities": {"drop": []}}},
+              "securityContext.capabilities.drop", P.CAPABILITIES_DROP_MESSAGE),
+    _template("rollout", "psa-capabilities-drop-without-all",
+              {"securityContext": {"capabilities": {"drop": ["NET_RAW"]}}},
+              "securityContext.capabilities.drop", P.CAPABILITIES_DROP_MESSAGE),
+    _template("rollout", "psa-pod-seccomp-unconfined", {"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}},
+              "podSecurityContext.seccompProfile.type", P.SECCOMP_MESSAGE),
+    _template("actor", "psa-container-seccomp-unconfined",
+              {"securityContext": {"seccompProfile": {"type": "Unconfined"}}},
+              "securityContext.seccompProfile.type", P.SECCOMP_MESSAGE),
+    _template("rollout", "psa-seccomp-localhost-without-profile",
+              {"securityContext": {"seccompProfile": {"type": "Localhost"}}},
+              "securityContext.seccompProfile", K.PROFILE_MESSAGE),
+    _template("actor", "psa-pod-apparmor-unconfined",
+              {"podSecurityContext": {"appArmorProfile": {"type": "Unconfined"}}},
+              "podSecurityContext.appArmorProfile.type", P.APPARMOR_MESSAGE),
+    _template("rollout", "psa-container-apparmor-unconfined",
+              {"securityContext": {"appArmorProfile": {"type": "Unconfined"}}},
+              "securityContext.appArmorProfile.type", P.APPARMOR_MESSAGE),
+    _template("rollout", "psa-apparmor-annotation-unconfined",
+              {"annotations": {"container.apparmor.security.beta.kubernetes.io/rollout": "unconfined"}},
+              "annotations", P.APPARMOR_ANNOTATION_MESSAGE),
+    _template("actor", "psa-proc-mount-unmasked", {"securityContext": {"procMount": "Unmasked"}},
+              "securityContext.procMount", P.PROC_MOUNT_MESSAGE),
+    _template("rollout", "psa-unsafe-sysctl",
+              {"podSecurityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}},
+              "podSecurityContext.sysctls", P.SYSCTLS_MESSAGE),
+    _template("actor", "psa-pod-selinux-user", {"podSecurityContext": {"seLinuxOptions": {"user": "system_u"}}},
+              "podSecurityContext.seLinuxOptions", P.SELINUX_MESSAGE),
+    _template("rollout", "psa-container-selinux-spc-type", {"securityContext": {"seLinuxOptions": {"type": "spc_t"}}},
+              "securityContext.seLinuxOptions", P.SELINUX_MESSAGE),
+    _template("rollout", "psa-pod-windows-host-process",
+              {"podSecurityContext": {"windowsOptions": {"hostProcess": True}}},
+              "podSecurityContext.windowsOptions.hostProcess", P.HOST_PROCESS_MESSAGE),
+    _template("actor", "psa-container-windows-host-process",
+              {"securityContext": {"windowsOptions": {"hostProcess": True}}},
+              "securityContext.windowsOptions.hostProcess", P.HOST_PROCESS_MESSAGE),
+    _template("rollout", "psa-host-path-root", {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]},
+              "volumes", P.VOLUME_TYPE_MESSAGE),
+    _template("actor", "psa-host-path-runtime-socket",
+              {"volumes": [{"name": "cri", "hostPath": {"path": "/run/containerd/containerd.sock", "type": "Socket"}}]},
+              "volumes", P.VOLUME_TYPE_MESSAGE),
+    _template("rollout", "psa-nfs-volume", {"volumes": [{"name": "n", "nfs": {"server": "10.0.0.2", "path": "/"}}]},
+              "volumes", P.VOLUME_TYPE_MESSAGE),
+    # ---- the operator's ownership labels and annotations
+    _template("rollout", "label-asyncrl-job", {"labels": {"asyncrl.io/job": "someone-elses-job"}}, "labels",
+              P.RESERVED_LABEL_MESSAGE),
+    _template("actor", "label-app-instance", {"labels": {"app.kubernetes.io/instance": "other"}}, "labels",
+              P.RESERVED_LABEL_MESSAGE),
+    _template("rollout", "label-ray-cluster", {"labels": {"ray.io/cluster": "other"}}, "labels",
+              P.RESERVED_LABEL_MESSAGE),
+    _template("actor", "label-managed-by", {"labels": {"app.kubernetes.io/managed-by": "asyncrl-operator"}},
+              "labels", P.RESERVED_LABEL_MESSAGE),
+    _template("rollout", "annotation-epoch", {"annotations": {"asyncrl.io/epoch": "0"}}, "annotations",
+              P.RESERVED_ANNOTATION_MESSAGE),
+    # ---- volumes and mounts (reserved names and paths after normalisation)
+    _template("rollout", "volume-reserved-name", {"volumes": [{"name": "dshm", "emptyDir": {}}]},
+              "volumes[0].name", K.RESERVED_VOLUME_MESSAGE),
+    _template("actor", "volume-two-sources",
+              {"volumes": [{"name": "data", "emptyDir": {}, "persistentVolumeClaim": {"claimName": "d"}}]},
+              "volumes[0]", K.ONE_SOURCE_MESSAGE),
+    _template("rollout", "volume-no-source", {"volumes": [{"name": "data"}]}, "volumes[0]", K.ONE_SOURCE_MESSAGE),
+    _mount("mount-path-dot-dot", {"mountPath": "/dev/shm/../shm"}, "mountPath", K.MOUNT_PATH_MESSAGE),
+    _mount("mount-path-trailing-slash", {"mountPath": "/dev/shm/"}, "mountPath", K.MOUNT_PATH_MESSAGE),
+    _mount("mount-path-double-slash", {"mountPath": "//dev/shm"}, "mountPath", K.MOUNT_PATH_MESSAGE),
+    _mount("mount-path-relative", {"mountPath": "dev/shm"}, "mountPath", K.MOUNT_PATH_MESSAGE),
+    _mount("mount-path-below-reserved", {"mountPath": "/checkpoints/mine"}, "mountPath", K.RESERVED_VOLUME_MESSAGE),
+    _mount("mount-sub-path-parent", {"mountPath": "/data", "subPath": "../../etc"}, "subPath", K.SUB_PATH_MESSAGE),
+    _template("rollout", "mount-undeclared-volume", {"volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+              "volumeMounts", P.MOUNT_NEEDS_VOLUME_MESSAGE),
+]
 
 
 BAD_INPUTS: list[BadInput] = [
@@ -213,6 +316,7 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("mount-reserved-path",
              {"rollout": {"template": {"volumeMounts": [{"name": "data", "mountPath": "/etc/asyncrl"}]}}},
              "spec.rollout.template.volumeMounts[0].mountPath", RESERVED_VOLUME_MESSAGE),
+    *_SECURITY_CASES,
     # ---- enums (schema only)
     _enum("reference-enum", {"correction": {"reference": "ewmaa"}}, "spec.correction.reference"),
     _enum("mask-mode-enum", {"correction": {"mask": {"mode": "hard"}}}, "spec.correction.mask.mode"),
