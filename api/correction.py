@@ -77,6 +77,8 @@ class LossAggregation(StrEnum):
     SEQUENCE_MEAN = "sequenceMean"
 
 
+# A ratio bound beyond this keeps every token a float32 ratio can hold: no repair at all (use mode: none).
+MAX_RATIO_BOUND = 1000.0
 BOUNDS_FORM_MESSAGE = (
     "bounds is either {low, high} or {factor: c}: set low and high together, or factor alone "
     "(e.g. bounds: {low: 0.5, high: 2.0} or bounds: {factor: 2.0})"
@@ -96,11 +98,13 @@ class Bounds(SpecModel):
         default=None, alias="low", description="Lower bound of the ratio interval (0 < low < 1); with high."
     )
     given_high: float | None = Field(
-        default=None, alias="high", description="Upper bound of the ratio interval (high > 1); with low."
+        default=None, alias="high", le=MAX_RATIO_BOUND,
+        description=f"Upper bound of the ratio interval (1 < high <= {MAX_RATIO_BOUND:g}); with low.",
     )
     factor: float | None = Field(
-        default=None,
-        description="Symmetric form instead of low/high: c > 1 means the interval [1/c, c].",
+        default=None, le=MAX_RATIO_BOUND,
+        description=f"Symmetric form instead of low/high: c > 1 (at most {MAX_RATIO_BOUND:g}) means the interval "
+        "[1/c, c].",
     )
 
     # Typed object: the CRD checks both forms with CEL rules on this node (the API server cannot
@@ -191,11 +195,12 @@ class ClipSpec(SpecModel):
         default=0.2, gt=0.0, lt=1.0, description="Lower clip epsilon: r_s is clipped below at 1 - low."
     )
     high: float = Field(
-        default=0.2, gt=0.0, description="Upper clip epsilon: r_s is clipped above at 1 + high."
+        default=0.2, gt=0.0, le=10.0, description="Upper clip epsilon, in (0, 10]: r_s is clipped above at 1 + high."
     )
     dual_clip: float | None = Field(
         default=None,
         gt=1.0,
+        le=100.0,
         description="Dual-clip constant c > 1: for negative advantages the loss is bounded by -c*A "
         "(null disables dual clip).",
     )
@@ -220,7 +225,7 @@ class EwmaResetSpec(SpecModel):
         "under every mode).",
     )
     consecutive_steps: int = Field(
-        default=3, ge=1, description="k: reset after this many consecutive low policy versions (batches)."
+        default=3, ge=1, le=10_000, description="k: reset after this many consecutive low policy versions (batches)."
     )
 
 
@@ -295,6 +300,7 @@ class AuditSpec(SpecModel):
     every_n_steps: int = Field(
         default=0,
         ge=0,
+        le=1_000_000,
         description="Audit every Nth optimizer step; 0 = off. While on, the actor keeps weight snapshots for "
         "the audit: up to async.maxStaleness + 1 (W+1) extra copies of the weights in host memory.",
     )

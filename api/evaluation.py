@@ -35,6 +35,7 @@ class EvalSpec(SpecModel):
     every_steps: int = Field(
         default=0,
         ge=0,
+        le=1_000_000,
         description="Evaluate the current policy after every this many policy versions, once at the start "
         "(version 0) and once at the end; 0 = no evaluation. The evaluation runs between two steps on the "
         "rollout workers at the current version and is never trained on.",
@@ -52,7 +53,8 @@ class EvalSpec(SpecModel):
         "with a fixed seed (the same sampling noise at every evaluation).",
     )
     seed: int = Field(
-        default=0, ge=0, description="Seed of the held-out prompt draw (and of the sampler in temperature mode)."
+        default=0, ge=0, le=2**32 - 1,
+        description="Seed of the held-out prompt draw (and of the sampler in temperature mode), 0 .. 2^32-1.",
     )
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = ()

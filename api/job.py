@@ -7,10 +7,20 @@ import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule, RuleError, on_field, raise_all
-from asyncrl.api.constants import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from asyncrl.api.constants import (
+    API_VERSION,
+    CHECKPOINT_MOUNT,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.dataset import (
     IMPORT_PATH_PATTERN,
@@ -22,6 +32,7 @@ from asyncrl.api.dataset import (
 )
 from asyncrl.api.evaluation import EvalSpec
 from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
+from asyncrl.api.paths import CHECKPOINT_DIR_RULE, MAX_PATH_LENGTH, checkpoint_dir_problem
 from asyncrl.api.pods import (
     DEFAULT_TRAINING_SIDE_MEMORY,
     ActorSpec,
@@ -30,6 +41,8 @@ from asyncrl.api.pods import (
     RunPolicySpec,
     SchedulingSpec,
 )
+
+MAX_SEED = 2**32 - 1  # numpy's generators take seeds below 2^32
 
 # Children are named "<job>-<role>-<index>"; 40 leaves room for the longest suffix under the
 # 63-character label-value and DNS-label limits. RFC 1035 (a letter first), because the job's
@@ -47,6 +60,11 @@ NAME_RULE = CelRule(
     ".metadata.name",
 )
 _NAME = re.compile(NAME_PATTERN)
+NAMESPACE_MESSAGE = (
+    "a namespace is an RFC 1123 label: lower-case letters, digits or '-', starting and ending with a letter or "
+    "digit, at most 63 characters (e.g. 'team-rl')"
+)
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class AsyncSpec(SpecModel):
@@ -79,13 +97,17 @@ class ModelSpec(SpecModel):
         "smollm2-135m (SmolLM2-135M's shape). Unset: tiny-llama, or the architecture of the weights "
         "folder's config.json (then leave preset and the size overrides out).",
     )
-    hidden_size: int | None = Field(default=None, ge=8, description="Override the preset's hidden size.")
-    num_layers: int | None = Field(default=None, ge=1, description="Override the preset's layer count.")
-    num_attention_heads: int | None = Field(default=None, ge=1, description="Override the query head count.")
-    num_key_value_heads: int | None = Field(
-        default=None, ge=1, description="Override the key/value head count (grouped-query attention)."
+    hidden_size: int | None = Field(default=None, ge=8, le=65536, description="Override the preset's hidden size.")
+    num_layers: int | None = Field(default=None, ge=1, le=1024, description="Override the preset's layer count.")
+    num_attention_heads: int | None = Field(
+        default=None, ge=1, le=1024, description="Override the query head count."
     )
-    ffn_hidden_size: int | None = Field(default=None, ge=8, description="Override the SwiGLU inner size.")
+    num_key_value_heads: int | None = Field(
+        default=None, ge=1, le=1024, description="Override the key/value head count (grouped-query attention)."
+    )
+    ffn_hidden_size: int | None = Field(
+        default=None, ge=8, le=262144, description="Override the SwiGLU inner size."
+    )
     tie_embeddings: bool | None = Field(default=None, description="Override tying of input/output embeddings.")
     weights: str | None = Field(
         default=None,
@@ -125,11 +147,17 @@ class TaskSpec(SpecModel):
         description="Built-in task: calculator (one tool call), chain-calculator (two or more chained "
         "tool calls), arithmetic (single-turn, verifiable answer).",
     )
-    max_new_tokens: int = Field(default=48, ge=1, description="Most tokens one trajectory may hold after the prompt.")
-    max_tool_calls: int = Field(default=4, ge=0, description="Most tool calls the environment answers per episode.")
-    temperature: float = Field(default=1.0, gt=0.0, description="Sampling temperature of the rollout engine.")
+    max_new_tokens: int = Field(
+        default=48, ge=1, le=32768, description="Most tokens one trajectory may hold after the prompt (at most 32768)."
+    )
+    max_tool_calls: int = Field(
+        default=4, ge=0, le=64, description="Most tool calls the environment answers per episode."
+    )
+    temperature: float = Field(
+        default=1.0, gt=0.0, le=10.0, description="Sampling temperature of the rollout engine, in (0, 10]."
+    )
     group_size: int = Field(
-        default=8, ge=1, description="Samples per prompt (the GRPO group used for the advantage baseline)."
+        default=8, ge=1, le=256, description="Samples per prompt (the GRPO group used for the advantage baseline)."
     )
     dataset: DatasetSpec | None = Field(
         default=None,
@@ -178,15 +206,17 @@ class TrainSpec(SpecModel):
     steps: int = Field(
         default=200,
         ge=1,
+        le=1_000_000,
         description="Policy versions to train: one per consumed rollout batch, after all of its optimizer "
         "updates (epochs x minibatches).",
     )
     prompts_per_step: int = Field(
-        default=16, ge=1, description="Prompt groups consumed per policy version (one rollout batch)."
+        default=16, ge=1, le=4096, description="Prompt groups consumed per policy version (one rollout batch)."
     )
     minibatches: int = Field(
         default=1,
         ge=1,
+        le=4096,
         description="Optimizer updates per pass over a rollout batch: its rows (promptsPerStep x groupSize) "
         "are shuffled and split into this many minibatches, each one update against the reference held "
         "since the batch arrived. Rollout still receives one version per batch.",
@@ -201,21 +231,27 @@ class TrainSpec(SpecModel):
     micro_batch_tokens: int = Field(
         default=0,
         ge=0,
+        le=1 << 24,
         description="Token budget of one forward (padded rows x sequence length): a minibatch runs as "
         "micro-batches of at most this many tokens whose gradients accumulate into one update (one row is "
         "never split); 0 = the whole minibatch in one forward.",
     )
     learning_rate: float = Field(
-        default=3e-4, gt=0.0, description="AdamW learning rate of the actor for RL (after the warm start)."
+        default=3e-4, gt=0.0, le=1.0,
+        description="AdamW learning rate of the actor for RL (after the warm start), in (0, 1].",
     )
-    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="AdamW weight decay, in [0, 1].")
     max_grad_norm: float | None = Field(
-        default=1.0, gt=0.0, description="Gradient-norm clip of every optimizer update (null: none)."
+        default=1.0, gt=0.0, le=1000.0,
+        description="Gradient-norm clip of every optimizer update, in (0, 1000] (null: none).",
     )
     warm_start_steps: int = Field(
-        default=300, ge=0, description="Supervised steps on generated demonstrations before RL (0: none)."
+        default=300, ge=0, le=1_000_000,
+        description="Supervised steps on generated demonstrations before RL (0: none).",
     )
-    seed: int = Field(default=0, ge=0, description="Seed of every random generator in the job.")
+    seed: int = Field(
+        default=0, ge=0, le=MAX_SEED, description="Seed of every random generator in the job (0 .. 2^32-1)."
+    )
 
     @property
     def updates_per_version(self) -> int:
@@ -228,15 +264,26 @@ class CheckpointSpec(SpecModel):
 
     dir: str = Field(
         default="checkpoints",
-        description="Checkpoint folder; relative paths are inside the run directory (locally) or the "
-        "job's volume (in a cluster).",
+        max_length=MAX_PATH_LENGTH,
+        description="Checkpoint folder: relative paths are inside the run directory (locally) or the "
+        f"job's volume (in a cluster); an absolute path must be under {CHECKPOINT_MOUNT}/ (the volume's mount); "
+        "no '..' segments.",
+        json_schema_extra=on_field(CHECKPOINT_DIR_RULE),
     )
-    every_steps: int = Field(default=50, ge=1, description="Save every this many optimizer steps.")
-    keep: int = Field(default=2, ge=1, description="Most recent checkpoints kept.")
+    every_steps: int = Field(default=50, ge=1, le=1_000_000, description="Save every this many optimizer steps.")
+    keep: int = Field(default=2, ge=1, le=100, description="Most recent checkpoints kept (at most 100).")
     resume: bool = Field(default=True, description="Resume from the newest checkpoint when one exists.")
     volume_claim_name: str | None = Field(
         default=None, description="PersistentVolumeClaim mounted at the checkpoint folder in a cluster."
     )
+
+    @field_validator("dir")
+    @classmethod
+    def _confined(cls, v: str) -> str:
+        problem = checkpoint_dir_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 _DEFAULT_W = AsyncSpec.model_fields["max_staleness"].default
@@ -391,20 +438,43 @@ class AsyncRLJobSpec(SpecModel):
 
 
 class ObjectMeta(BaseModel):
-    """The part of Kubernetes object metadata a job file carries."""
+    """Kubernetes object metadata (``metav1.ObjectMeta``): what a job file sets, and what the API server
+    adds (accepted, so a ``kubectl get -o yaml`` validates again). Any other key is a typo (``lables``)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
 
     name: str = Field(description=f"Job name: an RFC 1035 label of at most {MAX_NAME_LENGTH} characters.")
-    namespace: str | None = Field(default=None, description="Namespace of the job.")
+    namespace: str | None = Field(
+        default=None, max_length=63, description="Namespace of the job (an RFC 1123 label)."
+    )
     labels: dict[str, str] = Field(default_factory=dict, description="Labels copied to every child object.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the job.")
+    # Written by the API server (and by kubectl): accepted as they come, never read by asyncrl.
+    generate_name: str | None = Field(default=None, description="Name prefix for the server to complete.")
+    uid: str | None = Field(default=None, description="Set by the API server.")
+    resource_version: str | None = Field(default=None, description="Set by the API server.")
+    generation: int | None = Field(default=None, description="Set by the API server.")
+    creation_timestamp: Any = Field(default=None, description="Set by the API server.")
+    deletion_timestamp: Any = Field(default=None, description="Set by the API server.")
+    deletion_grace_period_seconds: int | None = Field(default=None, description="Set by the API server.")
+    self_link: str | None = Field(default=None, description="Set by old API servers.")
+    owner_references: list[dict[str, Any]] = Field(default_factory=list, description="Owners of the job.")
+    finalizers: list[str] = Field(default_factory=list, description="Finalizers of the job.")
+    managed_fields: list[dict[str, Any]] = Field(default_factory=list, description="Server-side apply bookkeeping.")
 
     @field_validator("name")
     @classmethod
     def _rfc1035_label(cls, v: str) -> str:
-        if len(v) > MAX_NAME_LENGTH or not _NAME.match(v):
+        # fullmatch: with re.match, '$' also matches before a final newline ('calc\n' would pass)
+        if len(v) > MAX_NAME_LENGTH or not _NAME.fullmatch(v):
             raise ValueError(f"{v!r} is not a valid job name: {NAME_MESSAGE}")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _rfc1123_label(cls, v: str | None) -> str | None:
+        if v is not None and not _NAMESPACE.fullmatch(v):
+            raise ValueError(f"{v!r} is not a valid namespace: {NAMESPACE_MESSAGE}")
         return v
 
 

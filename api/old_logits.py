@@ -51,6 +51,7 @@ class SnapshotSpec(SpecModel):
     max_versions: int = Field(
         default=0,
         ge=0,
+        le=65,  # W+1 for the largest W (async.maxStaleness <= 64): more snapshots are never needed
         description="Hard cap on the weight snapshots kept. 0 = auto: async.maxStaleness + 1 (W+1), the most "
         "the staleness window W admits. Otherwise at least W+1 (validation refuses less); when the cap is "
         "reached the oldest trajectories holding the oldest version are dropped and counted.",
@@ -68,12 +69,14 @@ class DedicatedSpec(SpecModel):
     replicas: int = Field(
         default=1,
         ge=1,
+        le=64,
         description="Old-logit scorers (pods in a cluster): each receives every weight version; trajectory "
         "segments are spread over them.",
     )
     max_lag_versions: int = Field(
         default=1,
         ge=0,
+        le=64,
         description="How many versions the scorers may trail the actor before the driver waits for them "
         "(the wait is counted).",
     )
@@ -86,6 +89,7 @@ class InterruptSyncSpec(SpecModel):
     phase_timeout_seconds: int = Field(
         default=300,
         ge=1,
+        le=86_400,
         description="A sync phase (interrupt, score, update, resume) running longer than this sets the job's "
         "SyncStuck condition with a Warning event (operator).",
     )

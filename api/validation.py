@@ -86,6 +86,32 @@ def _path(loc: tuple[Any, ...]) -> str:
     return out or "(document)"
 
 
+# Strict scalars (asyncrl.api.base): the type errors, in YAML's words, with the fix.
+_TYPES = {
+    "int_type": ("an integer", "write a whole number without quotes or a decimal point, e.g. 3"),
+    "float_type": ("a number", "write a number without quotes, e.g. 0.5"),
+    "bool_type": ("true or false", "write true or false without quotes (not yes/no, 1/0 or 'true')"),
+    "string_type": ("a string", "quote the value, e.g. '8'"),
+}
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", type(None): "null",
+               dict: "a mapping", list: "a list"}
+
+
+def _as_yaml(value: Any) -> str:
+    """``value`` as YAML spells it (true, null, .inf), for messages about what the file says."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float) and value != value:
+        return ".nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
+    if isinstance(value, dict | list):
+        return "a mapping" if isinstance(value, dict) else "a list"
+    return repr(value)
+
+
 def _describe(err: dict[str, Any]) -> tuple[str, str]:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
     path = _path(loc)
@@ -108,6 +134,11 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
         pattern = err.get("ctx", {}).get("pattern", "")
         options = pattern.strip("^$()").replace("|", ", ") if "|" in pattern else pattern
         return path, f"got {got!r}; expected one of {options}"
+    if kind in _TYPES:
+        expected, fix = _TYPES[kind]
+        return path, f"expected {expected}, got {_as_yaml(got)} ({_TYPE_NAMES.get(type(got), type(got).__name__)}); {fix}"
+    if kind == "finite_number":
+        return path, f"expected a finite number, got {_as_yaml(got)}; .inf and .nan are not allowed: give a number"
     msg = err["msg"].removeprefix("Value error, ")
     if got is not None and not isinstance(got, dict | list) and "got" not in msg and repr(got) not in msg:
         msg = f"{msg} (got {got!r})"
