@@ -19,6 +19,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         for problem in read.problems:
             print(f"{path}: {problem}", file=sys.stderr)
         failed += bool(read.problems)
+        from asyncrl.api.dataset_file import local_check  # a dataset file visible here: every row
         from asyncrl.api.model_arch import folder_problems  # a weights folder visible here: its config.json
 
         for job in read.jobs:
@@ -27,6 +28,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                     print(f"{path}: {problem}", file=sys.stderr)
                 failed += 1
                 continue
+            data_problems, note = local_check(job.spec.task.dataset)
+            for problem in data_problems:
+                print(f"{path}: {problem}", file=sys.stderr)
+            if data_problems:
+                failed += 1
+                continue
+            if note:
+                print(f"{path}: {note}")
             print(f"{path}: AsyncRLJob {job.metadata.name} is valid")
     return 1 if failed else 0
 

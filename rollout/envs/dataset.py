@@ -25,123 +25,23 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from asyncrl.api.dataset import DatasetFormat, DatasetSpec
-from asyncrl.rollout.envs.interface import ROLES, Message, Sample
+from asyncrl.api.dataset import DatasetSpec
+from asyncrl.api.dataset_file import (
+    FIELD,
+    DatasetError,
+    check_rows,
+    dataset_format,
+    prompt_messages,
+    read_rows,
+)
+from asyncrl.rollout.envs.interface import Message, Sample
 
 BUCKETS = 10_000
 _KEY = b"asyncrl-dataset-heldout-v1"  # changing it moves every row: a new split
-MAX_LISTED = 8  # problems listed per kind; the rest are counted
-_SUFFIXES = {".jsonl": DatasetFormat.JSONL, ".ndjson": DatasetFormat.JSONL,
-             ".parquet": DatasetFormat.PARQUET, ".pq": DatasetFormat.PARQUET}
-FIELD = "spec.task.dataset"
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be used: every problem found, each naming the file, the row and the fix."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
-
-
-def _capped(problems: list[str], what: str) -> list[str]:
-    if len(problems) <= MAX_LISTED:
-        return problems
-    return problems[:MAX_LISTED] + [f"... and {len(problems) - MAX_LISTED} more {what}"]
-
-
-# ----------------------------------------------------------------------------- reading
-def dataset_format(spec: DatasetSpec) -> DatasetFormat:
-    """The format of ``spec.path``: ``spec.format``, or from the file name when it is ``auto``."""
-    if spec.format is not DatasetFormat.AUTO:
-        return spec.format
-    fmt = _SUFFIXES.get(Path(spec.path).suffix.lower())
-    if fmt is None:
-        raise DatasetError([
-            f"{FIELD}.path: {spec.path}: cannot tell the format from the name (known endings: "
-            f"{', '.join(_SUFFIXES)}); rename the file or set {FIELD}.format to jsonl or parquet"
-        ])
-    return fmt
-
-
-def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    rows, where, bad = [], [], []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue  # blank lines (a trailing newline) are no rows
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                bad.append(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno}); fix or remove the line")
-                continue
-            if not isinstance(row, dict):
-                bad.append(f"{path}:{n}: a row must be a JSON object ({{\"prompt\": ..., ...}}), got "
-                           f"{type(row).__name__}; wrap it in an object")
-                continue
-            rows.append(row)
-            where.append(f"{path}:{n}")
-    if bad:
-        raise DatasetError(_capped(bad, "unreadable lines"))
-    return rows, where
-
-
-def _read_parquet(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise DatasetError([f"{path}: not a readable Parquet file ({exc}); write it with "
-                            "pyarrow.parquet.write_table or set spec.task.dataset.format"]) from None
-    rows = [dict(r) for r in table.to_pylist()]
-    return rows, [f"{path} row {i}" for i in range(len(rows))]
-
-
-def read_rows(path: str | Path, fmt: DatasetFormat) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows of ``path`` as dicts (JSONL: one per non-blank line; Parquet: one per table row), and
-    where each is, for messages: ``data.jsonl:17`` (line 17), ``data.parquet row 16`` (0-based)."""
-    p = Path(path)
-    if not p.is_file():
-        where = "" if p.is_absolute() else f" (relative to the working directory {Path.cwd()})"
-        fix = ("give an existing JSONL or Parquet file" if not p.exists()
-               else "it is a folder: name the file inside it")
-        raise DatasetError([f"{FIELD}.path: {path}: no such file{where}; {fix}"])
-    try:
-        return _read_jsonl(p) if fmt is DatasetFormat.JSONL else _read_parquet(p)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError([f"{FIELD}.path: {path}: cannot be read ({exc}); check the file and its "
-                            "permissions (JSONL must be UTF-8)"]) from None
-
-
-# ----------------------------------------------------------------------------- rows
-def prompt_messages(value: Any, system_prompt: str | None = None) -> list[Message]:
-    """The chat messages of a prompt value: a string is one user message; a list must be messages
-    ``{role, content}``. ``system_prompt`` goes first unless the prompt starts with a system message.
-    Raises ``ValueError`` saying what is wrong (without the row: the caller adds it)."""
-    if isinstance(value, str):
-        messages: list[Message] = [{"role": "user", "content": value}]
-    elif isinstance(value, Sequence) and not isinstance(value, bytes):
-        messages = []
-        for i, m in enumerate(value):
-            if not isinstance(m, Mapping):
-                raise ValueError(f"message {i} is a {type(m).__name__}, not an object {{role, content}}")
-            if m.get("role") not in ROLES:
-                raise ValueError(f"message {i} has role {m.get('role')!r}; valid roles: {', '.join(ROLES)}")
-            if not isinstance(m.get("content"), str):
-                raise ValueError(f"message {i} has no string content")
-            messages.append({"role": m["role"], "content": m["content"]})
-        if not messages:
-            raise ValueError("the message list is empty")
-    else:
-        raise ValueError(f"a prompt is a string or a list of chat messages, got {type(value).__name__}")
-    if system_prompt is not None and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    return messages
+__all__ = ["BUCKETS", "Dataset", "DatasetError", "DatasetSamples", "is_heldout", "load_dataset",
+           "prompt_messages", "row_id", "summary"]
 
 
 def row_id(row: Mapping[str, Any], spec: DatasetSpec) -> str:
@@ -154,38 +54,6 @@ def is_heldout(key: str, fraction: float) -> bool:
     """True when the row with id ``key`` is in the held-out share ``fraction`` (see the module docstring)."""
     digest = hashlib.blake2b(key.encode(), digest_size=8, key=_KEY).digest()
     return int.from_bytes(digest, "big") % BUCKETS < round(fraction * BUCKETS)
-
-
-def check_rows(rows: Sequence[Mapping[str, Any]], where: Sequence[str], spec: DatasetSpec, source: str) -> list[str]:
-    """Every problem of ``rows`` against ``spec`` (missing fields, bad prompts), naming the row (``where``)
-    and the fix."""
-    if not rows:
-        return [f"{source}: the dataset has no rows; give a file with at least one row"]
-    problems: list[str] = []
-    for name, fld in (("promptField", spec.prompt_field), ("answerField", spec.answer_field),
-                      ("idField", spec.id_field)):
-        if fld is None:
-            continue
-        missing = [i for i, r in enumerate(rows) if fld not in r]
-        if len(missing) == len(rows):
-            columns = sorted({k for r in rows[:100] for k in r})
-            problems.append(f"{source}: no row has the field {fld!r} ({FIELD}.{name}); the rows have "
-                            f"{', '.join(map(repr, columns)) or 'no fields'}: set {FIELD}.{name} to one of them")
-        elif missing:
-            listed = ", ".join(where[i] for i in missing[:MAX_LISTED]) + (" ..." if len(missing) > MAX_LISTED else "")
-            problems.append(f"{source}: {len(missing)} of {len(rows)} rows lack the field {fld!r} ({FIELD}.{name}): "
-                            f"{listed}; add it to them or remove those rows")
-    bad = []
-    for i, r in enumerate(rows):
-        if spec.prompt_field not in r:
-            continue  # reported above
-        try:
-            prompt_messages(r[spec.prompt_field])
-        except ValueError as exc:
-            bad.append(f"{where[i]}: {spec.prompt_field!r}: {exc}; write a string or a list of "
-                       "{\"role\": ..., \"content\": ...} messages")
-    problems.extend(_capped(bad, "bad prompts"))
-    return problems
 
 
 # ----------------------------------------------------------------------------- the dataset

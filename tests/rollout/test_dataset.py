@@ -210,3 +210,30 @@ def test_prompt_messages_refuses_what_is_not_a_conversation() -> None:
         prompt_messages([{"role": "user", "content": "a"}, {"role": "user", "content": 3}])
     with pytest.raises(ValueError, match="got dict"):
         prompt_messages({"role": "user", "content": "a"})
+
+
+def test_the_dataset_reader_knows_the_interfaces_roles() -> None:
+    from asyncrl.api.dataset_file import MESSAGE_ROLES
+    from asyncrl.rollout.envs.interface import ROLES
+
+    assert MESSAGE_ROLES == ROLES  # api/ cannot import rollout/, so the reader keeps its own copy
+
+
+def test_asyncrl_validate_checks_a_dataset_it_can_read(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncrl.trainer.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "qa.jsonl", qa_rows(3))
+    job = ("apiVersion: asyncrl.io/v1alpha1\nkind: AsyncRLJob\nmetadata: {name: ds}\nspec:\n  task:\n"
+           "    dataset: {path: %s, answerField: solution}\n    reward: m:f\n")
+    (tmp_path / "bad.yaml").write_text(job % "qa.jsonl")
+    assert main(["validate", "bad.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert "bad.yaml: qa.jsonl: no row has the field 'prompt' (spec.task.dataset.promptField)" in err
+    assert "no row has the field 'solution'" in err
+    (tmp_path / "elsewhere.yaml").write_text(job % "/data/in-the-volume.jsonl")
+    assert main(["validate", "elsewhere.yaml"]) == 0  # not readable here: checked when the job starts
+    out = capsys.readouterr().out
+    assert "note: spec.task.dataset.path /data/in-the-volume.jsonl is not found from here" in out
+    assert "AsyncRLJob ds is valid" in out
