@@ -5,10 +5,10 @@
   mount, :data:`~asyncrl.api.constants.CHECKPOINT_MOUNT`. A ``..`` segment is refused wherever it is
   (``a/../../x`` would leave the run directory after normalisation); the model and the CRD's CEL rule
   say the same, with the same words.
-- ``spec.model.weights`` is a folder with ``config.json``: :func:`weights_problem` checks it on this
-  machine before any process starts (``asyncrl run``; ``asyncrl validate`` warns, or refuses with
-  ``--local``). Deeper checks of a model folder (its family, its safetensors) belong to
-  :mod:`asyncrl.api.model_arch`.
+- ``spec.model.weights`` is a folder with ``config.json`` (or, with a preset, bare ``*.safetensors``):
+  :func:`weights_problem` checks it on this machine before any process starts (``asyncrl run``,
+  ``asyncrl driver`` for a mounted folder; ``asyncrl validate`` warns, or refuses with ``--local``).
+  Deeper checks of a model folder (its family, its shards) belong to :mod:`asyncrl.api.model_arch`.
 """
 
 import posixpath
@@ -57,6 +57,8 @@ def weights_problem(weights: str) -> str | None:
         return f"{weights!r}: no such folder here (looked for {config}); {WEIGHTS_FIX}"
     if not folder.is_dir():
         return f"{weights!r} is a file, not a model folder (looked for {config}); {WEIGHTS_FIX}"
-    if not config.is_file():
-        return f"{weights!r} is not a model folder: it has no {WEIGHTS_CONFIG} (looked for {config}); {WEIGHTS_FIX}"
+    if not config.is_file() and not any(folder.glob("*.safetensors")):
+        # (a folder of bare safetensors with a preset is still a model folder, as before config.json was read)
+        return (f"{weights!r} is not a model folder: it has no {WEIGHTS_CONFIG} (looked for {config}) and no "
+                f"*.safetensors; {WEIGHTS_FIX}")
     return None

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     """Every problem of every document of every file, one line each; exit 1 if there is any."""
+    from asyncrl.api.paths import weights_problem
     from asyncrl.api.validation import read_job_file
 
     failed = 0
@@ -23,6 +24,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         from asyncrl.api.model_arch import folder_problems  # a weights folder visible here: its config.json
 
         for job in read.jobs:
+            if job.spec.model.weights is not None and (missing := weights_problem(job.spec.model.weights)):
+                if args.local:  # validated for a run on this machine: asyncrl run would refuse it
+                    print(f"{path}: spec.model.weights: {missing}", file=sys.stderr)
+                    failed += 1
+                    continue
+                print(f"{path}: warning: spec.model.weights: {missing} (asyncrl run here would refuse it; a "
+                      "cluster job reads the folder in its pods; --local makes this an error)", file=sys.stderr)
             if model_problems := folder_problems(job.spec.model):
                 for problem in model_problems:
                     print(f"{path}: {problem}", file=sys.stderr)
@@ -85,12 +93,14 @@ def _model_folder_refused(model, source: str, *, must_exist: bool = True) -> boo
     from pathlib import Path
 
     from asyncrl.api.model_arch import folder_problems as spec_problems
+    from asyncrl.api.paths import weights_problem
     from asyncrl.rollout.tokenizer import tokenizer_for
     from asyncrl.trainer.megatron.hf_folder import folder_problems
 
     if not must_exist and not Path(model.weights).expanduser().is_dir():
         return False
-    problems = spec_problems(model) or folder_problems(model.weights)
+    missing = weights_problem(model.weights)  # no folder, a file, a folder that holds no model (/etc)
+    problems = [f"spec.model.weights: {missing}"] if missing else spec_problems(model) or folder_problems(model.weights)
     if not problems:
         try:
             tokenizer_for(model)
@@ -254,6 +264,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from asyncrl.trainer.cli_types import integer, number, port, seconds  # numbers checked by argparse itself
+
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Asynchronous RL for LLM agents with decoupled off-policy correction."
     )
@@ -261,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check AsyncRLJob YAML files (the files kubectl apply takes)")
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--local", action="store_true",
+                   help="validate for a run on this machine: a spec.model.weights folder missing here is an error "
+                        "(by default a warning: a cluster job reads it in its pods)")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("crd", help="print the AsyncRLJob CustomResourceDefinition")
@@ -270,11 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
         "thresholds",
         help="effective bounds on pi_theta/mu_old induced by an interpolated reference (paper Prop. 1)",
     )
-    p.add_argument("--mask", nargs=2, type=float, required=True, metavar=("LO", "HI"),
+    p.add_argument("--mask", nargs=2, type=number(above=0.0, what="a ratio"), required=True, metavar=("LO", "HI"),
                    help="keep interval of the discrepancy ratio r_d, e.g. 0.99 1.01")
-    p.add_argument("--clip", nargs=2, type=float, required=True, metavar=("LO", "HI"),
+    p.add_argument("--clip", nargs=2, type=number(above=0.0, what="a ratio"), required=True, metavar=("LO", "HI"),
                    help="clip interval of the staleness ratio r_s, e.g. 0.997 1.004")
-    p.add_argument("--gap", type=int, required=True, metavar="N", help="version gap n >= 0 of the token")
+    p.add_argument("--gap", type=integer(0, 1_000_000, "a version gap"), required=True, metavar="N",
+                   help="version gap n >= 0 of the token")
     p.add_argument("--interp", choices=("linear", "loglinear"), required=True)
     p.add_argument("--json", action="store_true", help='print {"mask": [lo, hi], "clip": [lo, hi]} only')
     p.set_defaults(func=_cmd_thresholds)
@@ -284,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", nargs="?", metavar="JOB.yaml", help="job file (default: embedded quickstart.yaml)")
     p.add_argument("--run-dir", metavar="DIR", help="run directory (default: runs/<job>-<timestamp>)")
-    p.add_argument("--steps", type=int, metavar="N", help="override spec.train.steps")
-    p.add_argument("--port", type=int, metavar="P", help="metrics port (0 = any free port; default spec.monitoring.port)")
+    p.add_argument("--steps", type=integer(1, 1_000_000, "a step count"), metavar="N", help="override spec.train.steps")
+    p.add_argument("--port", type=port, metavar="P", help="metrics port (0 = any free port; default spec.monitoring.port)")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print only the final summary")
     p.set_defaults(func=_cmd_run)
 
@@ -296,9 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", metavar="DIR", help="run directory (default: runs/<job>-<timestamp>)")
     p.add_argument("--local", action="store_true",
                    help="a private local Ray instead of a Ray head for the job's pods (status still reported)")
-    p.add_argument("--wait-timeout", type=float, default=900.0, metavar="S",
+    p.add_argument("--wait-timeout", type=seconds(), default=900.0, metavar="S",
                    help="seconds to wait for the rollout and actor pods to join Ray (default 900)")
-    p.add_argument("--port", type=int, metavar="P", help="metrics port (default spec.monitoring.port)")
+    p.add_argument("--port", type=port, metavar="P", help="metrics port (default spec.monitoring.port)")
     p.add_argument("--no-status", action="store_true", help="do not report status.training to the API server")
     p.set_defaults(func=_cmd_driver)
 
@@ -308,8 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("check", choices=("gcs", "joined"),
                    help="gcs: wait until the GCS answers (init container); joined: this pod's Ray node is ALIVE")
     p.add_argument("--address", required=True, metavar="HOST:PORT", help="the head's GCS, e.g. job-driver-0.job.ns.svc:6379")
-    p.add_argument("--wait", type=float, default=900.0, metavar="S", help="gcs: give up after S seconds (default 900)")
-    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="gcs: seconds between attempts (default 2)")
+    p.add_argument("--wait", type=seconds(zero=True), default=900.0, metavar="S",
+                   help="gcs: give up after S seconds (default 900)")
+    p.add_argument("--interval", type=seconds(), default=2.0, metavar="S", help="gcs: seconds between attempts (default 2)")
     p.add_argument("--resource", metavar="NAME", help="joined: the role resource this pod's ray start advertises")
     p.add_argument("--node-ip", metavar="IP", help="joined: this pod's IP (default: as ray start finds it)")
     p.set_defaults(func=_cmd_probe)
@@ -344,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = msub.add_parser("make-tiny", help="write a tiny random HF model folder of a family (tests, examples)")
     m.add_argument("family", metavar="FAMILY", help="llama, mistral, qwen2, qwen3 or qwen3_moe")
     m.add_argument("--out", required=True, metavar="DIR", help="folder to write (config, safetensors, tokenizer)")
-    m.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    m.add_argument("--seed", type=integer(0, 2**32 - 1, "a seed"), default=0, help="seed of the random weights")
     m.add_argument("--max-shard-size", metavar="SIZE", help="e.g. 40KB: sharded safetensors + index")
     m.set_defaults(func=_cmd_make_tiny)
     return parser
@@ -366,7 +383,10 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed its usage error (or --help): its exit code, returned
+        return exc.code if isinstance(exc.code, int) else 2
     return int(args.func(args))
 
 
