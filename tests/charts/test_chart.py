@@ -142,17 +142,38 @@ def test_prometheus_selectors_reach_the_operator_as_json(helm: str) -> None:
         (dep,) = by_kind(render(helm, *values), "Deployment")
         return {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
 
-    default = env()
-    assert json.loads(default["ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR"]) == {}
+    default = env()  # the release namespace only (render() installs into ops), never "any"
+    assert json.loads(default["ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR"]) == {
+        "kubernetes.io/metadata.name": "ops"}
     assert json.loads(default["ASYNCRL_OPERATOR_PROMETHEUS_POD_SELECTOR"]) == {"app.kubernetes.io/name": "prometheus"}
     custom = env("--set-json", 'jobNetworkPolicy.prometheusNamespaceSelector={"kubernetes.io/metadata.name":"mon"}')
     assert json.loads(custom["ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR"]) == {"kubernetes.io/metadata.name": "mon"}
+    anywhere = env("--set", "jobNetworkPolicy.prometheusFromAnyNamespace=true")  # only as an explicit choice
+    assert json.loads(anywhere["ASYNCRL_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR"]) == {}
+
+
+def test_privileged_namespaces_are_the_admins_opt_in(helm: str) -> None:
+    def env(*values: str) -> dict[str, str]:
+        (dep,) = by_kind(render(helm, *values), "Deployment")
+        return {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert json.loads(env()["ASYNCRL_OPERATOR_PRIVILEGED_NAMESPACES"]) == []  # nobody by default
+    opted = env("--set-json", 'podSecurity.privilegedNamespaces=["ml-debug","gpu-lab"]')
+    assert json.loads(opted["ASYNCRL_OPERATOR_PRIVILEGED_NAMESPACES"]) == ["ml-debug", "gpu-lab"]
+    # the operator reads exactly what the chart renders
+    from asyncrl.operator.config import OperatorSettings
+
+    cfg = OperatorSettings.from_env({k: v for k, v in opted.items() if k.startswith("ASYNCRL_OPERATOR_") and v})
+    assert cfg.privileged_namespaces == ("ml-debug", "gpu-lab")
+    assert cfg.prometheus_namespace_selector == {"kubernetes.io/metadata.name": "ops"}
 
 
 def test_values_schema_refuses_bad_values(helm: str) -> None:
     for bad in (["--set", "metrics.port=0"], ["--set", "unknownKey=1"],
                 ["--set", "securityContext.allowPrivilegeEscalation=true"],
-                ["--set", "jobNetworkPolicy.prometheusPodSelector.app=1"]):  # label values are strings
+                ["--set", "jobNetworkPolicy.prometheusPodSelector.app=1"],  # label values are strings
+                ["--set", "podSecurity.privilegedNamespaces=Not_A_Namespace"],
+                ["--set", "podSecurity.allowEverything=true"]):
         out = subprocess.run([helm, "template", "rel", str(CHART), *bad], capture_output=True, text=True, timeout=60)
         assert out.returncode != 0 and "schema" in out.stderr.lower(), (bad, out.stderr)
 

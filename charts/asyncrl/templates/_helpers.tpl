@@ -86,3 +86,18 @@ app.kubernetes.io/part-of: asyncrl
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/*
+The namespaces whose Prometheus pods a job's NetworkPolicy admits, as JSON matchLabels: {} (any) only
+on the explicit prometheusFromAnyNamespace, else the configured labels, else the release namespace.
+*/}}
+{{- define "asyncrl.prometheusNamespaceSelector" -}}
+{{- $np := .Values.jobNetworkPolicy -}}
+{{- if $np.prometheusFromAnyNamespace -}}
+{}
+{{- else if $np.prometheusNamespaceSelector -}}
+{{- $np.prometheusNamespaceSelector | toJson -}}
+{{- else -}}
+{{- dict "kubernetes.io/metadata.name" .Release.Namespace | toJson -}}
+{{- end -}}
+{{- end -}}
