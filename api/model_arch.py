@@ -380,7 +380,11 @@ def folder_problems(spec: ModelSpec) -> list[str]:
     ]
     if spec.preset is not None:
         preset = replace(PRESETS[spec.preset], vocab_size=PRESETS[spec.preset].vocab_size or arch.vocab_size)
-        if replace(preset, max_sequence_length=arch.max_sequence_length) != arch:
+        # context length only sizes the RoPE table; an epsilon stored as float32 (GGUF: 9.99999975e-06) is the same
+        same_eps = abs(preset.norm_epsilon - arch.norm_epsilon) <= 1e-9
+        like = replace(preset, max_sequence_length=arch.max_sequence_length,
+                       norm_epsilon=arch.norm_epsilon if same_eps else preset.norm_epsilon)
+        if like != arch:
             out.append(
                 f"spec.model.preset: {spec.preset!r} differs from the architecture in {where} "
                 f"({arch.architecture}); leave spec.model.preset out (the folder's config.json decides)"

@@ -24,15 +24,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, LlamaForCausalLM
+from transformers import DynamicCache, PreTrainedModel
 
-from asyncrl.api.model_arch import LlamaArch
+from asyncrl.api.model_arch import ModelArch
 from asyncrl.rollout.engine import (
     BoundaryEngine,
     EngineReleasedError,
     RolloutError,
     add_sampled_token,
     end_at_budget,
+    settle,
+    wait_any,
 )
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_model import LM_HEAD, build_model, load_hf_state_dict, torch_dtype
@@ -57,7 +59,7 @@ class EngineCounters:
 
 
 class HFEngine(BoundaryEngine):
-    """Samples episodes with a transformers ``LlamaForCausalLM`` built from ``arch``.
+    """Samples episodes with the transformers model of ``arch``'s family (``rollout/hf_model.build_model``).
 
     Args:
         arch: the architecture both actor and rollout resolve from ``spec.model``.
@@ -74,7 +76,7 @@ class HFEngine(BoundaryEngine):
 
     def __init__(
         self,
-        arch: LlamaArch,
+        arch: ModelArch,
         *,
         dtype: str = "bfloat16",
         seed: int = 0,
@@ -89,7 +91,7 @@ class HFEngine(BoundaryEngine):
         self.fp32_head = fp32_head
         self._head: tuple[torch.Tensor, torch.Tensor] | None = None  # fp32 (final norm [H], lm_head [V, H])
         self.counters = EngineCounters()
-        self._model: LlamaForCausalLM | None = None
+        self._model: PreTrainedModel | None = None
         self._host: dict[str, torch.Tensor] | None = None  # weights kept while released
         self._released = False
         self._version = NO_VERSION
@@ -98,7 +100,7 @@ class HFEngine(BoundaryEngine):
 
     # ----------------------------------------------------------------------------- state
     @property
-    def model(self) -> LlamaForCausalLM:
+    def model(self) -> PreTrainedModel:
         """The live model (for tests and tools); raises when released or never loaded."""
         if self._released:
             raise EngineReleasedError("HFEngine: the model is released; call acquire() first")
@@ -163,19 +165,19 @@ class HFEngine(BoundaryEngine):
 
     # ----------------------------------------------------------------------------- generate
     # interrupt, resume, held and generate() are BoundaryEngine's; these are the hooks of its generate().
-    def _begin(self, seed: int | None) -> tuple[LlamaForCausalLM, torch.Generator]:
+    def _begin(self, seed: int | None) -> tuple[PreTrainedModel, torch.Generator]:
         model = self.model  # raises when released / never loaded
         sampler = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else self._sampler
         return model, sampler
 
     def _loop_rows(self, episodes: list[Episode], max_new_tokens: int, temperature: float, partial_rollout: bool,
-                   state: tuple[LlamaForCausalLM, torch.Generator]) -> None:
+                   state: tuple[PreTrainedModel, torch.Generator]) -> None:
         model, sampler = state
         self._loop(model, episodes, max_new_tokens, temperature, partial_rollout, sampler)
 
     def _loop(
         self,
-        model: LlamaForCausalLM,
+        model: PreTrainedModel,
         episodes: list[Episode],
         max_new_tokens: int,
         temperature: float,
@@ -206,7 +208,7 @@ class HFEngine(BoundaryEngine):
 
     def _run(
         self,
-        model: LlamaForCausalLM,
+        model: PreTrainedModel,
         episodes: list[Episode],
         max_new_tokens: int,
         temperature: float,
@@ -222,6 +224,7 @@ class HFEngine(BoundaryEngine):
         need_prefill = True
         cache: DynamicCache | None = None
         attn = last_pos = torch.empty(0)
+        fresh = [True] * len(rows)  # row appended a token the model has not read yet (False: waiting for its env)
         while True:
             # ---- token boundary: weight swap (partial rollout), interrupt, end of batch
             if partial_rollout and self._swap_pending():
@@ -235,6 +238,19 @@ class HFEngine(BoundaryEngine):
                 return
             if not rows:
                 return
+            if not need_prefill and not any(fresh):
+                # every row waits for its environment: block briefly (no forward on pads), then force
+                # the answers that arrived; the loop comes back to the boundary checks either way
+                wait_any(rows, 0.05)
+                fresh = self._settle_waiting(rows, max_new_tokens)
+                keep = [i for i, e in enumerate(rows) if not e.done]
+                if len(keep) < len(rows):
+                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+                    if cache is not None and keep:
+                        cache.batch_select_indices(idx)
+                    attn, last_pos = attn[idx], last_pos[idx]
+                    rows, fresh = [rows[i] for i in keep], [fresh[i] for i in keep]
+                continue
             version = self._version
             try:
                 with torch.inference_mode():
@@ -253,9 +269,12 @@ class HFEngine(BoundaryEngine):
                         need_prefill = False
                         self.counters.prefills += 1
                     else:
-                        ids = torch.tensor([[e.tokens[-1]] for e in rows], dtype=torch.long, device=self.device)
-                        attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=1)
-                        last_pos = last_pos + 1
+                        # a waiting row reads a masked pad and keeps its position (it samples nothing)
+                        ids = torch.tensor([[e.tokens[-1] if f else self.pad_id] for e, f in zip(rows, fresh, strict=True)],
+                                           dtype=torch.long, device=self.device)
+                        step = torch.tensor(fresh, dtype=torch.long, device=self.device)
+                        attn = torch.cat([attn, step[:, None].to(attn.dtype)], dim=1)
+                        last_pos = last_pos + step
                         out = model(
                             input_ids=ids,
                             attention_mask=attn,
@@ -275,7 +294,7 @@ class HFEngine(BoundaryEngine):
                 raise RolloutError(
                     f"engine forward failed: {exc!r}", task=tasks, traj_ids=[e.traj_id for e in rows]
                 ) from exc
-            keep = self._advance(
+            keep, fresh = self._advance(
                 rows, sampled.squeeze(1).tolist(), sampled_logp.tolist(), version, max_new_tokens
             )
             if len(keep) < len(rows):
@@ -283,24 +302,44 @@ class HFEngine(BoundaryEngine):
                 if cache is not None and keep:
                     cache.batch_select_indices(idx)
                 attn, last_pos = attn[idx], last_pos[idx]
-                rows = [rows[i] for i in keep]
+                rows, fresh = [rows[i] for i in keep], [fresh[i] for i in keep]
 
     def _advance(
         self, rows: list[Episode], tokens: list[int], logps: list[float], version: int, max_new_tokens: int
-    ) -> list[int]:
-        """Append one token to every row (forced, else sampled); returns the indices still in flight."""
-        keep = []
+    ) -> tuple[list[int], list[bool]]:
+        """Append one token to every row (forced, else sampled) unless it waits for its environment;
+        returns the indices still in flight and, per row, whether it appended a token."""
+        keep, fresh = [], []
         for i, e in enumerate(rows):
-            if e.forced:
+            appended = True
+            if not settle(e, max_new_tokens, wait=False):
+                appended = False  # its environment is still answering: this row's logits are unused
+            elif e.done:
+                pass
+            elif e.forced:
                 e.add_forced(e.forced.popleft())
                 self.counters.forced_tokens += 1
             else:
-                add_sampled_token(e, tokens[i], version, logps[i], max_new_tokens)
+                add_sampled_token(e, tokens[i], version, logps[i], max_new_tokens, block=False)
                 self.counters.sampled_tokens += 1
             end_at_budget(e, max_new_tokens)
+            fresh.append(appended)
             if not e.done:
                 keep.append(i)
-        return keep
+        return keep, fresh
+
+    def _settle_waiting(self, rows: list[Episode], max_new_tokens: int) -> list[bool]:
+        """Without a forward: take the environment answers that arrived and force their first token."""
+        fresh = []
+        for e in rows:
+            appended = False
+            if settle(e, max_new_tokens, wait=False) and not e.done and e.forced:
+                e.add_forced(e.forced.popleft())
+                self.counters.forced_tokens += 1
+                end_at_budget(e, max_new_tokens)
+                appended = True
+            fresh.append(appended)
+        return fresh
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

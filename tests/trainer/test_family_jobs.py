@@ -1,0 +1,53 @@
+"""A two-step ``asyncrl run`` per family from a tiny random folder (slow): local Ray, the megatron actor
+loaded from the folder, the transformers engine building the folder's own family, the folder's
+tokenizer and chat template. Float32 rollout with exact old logits, so r_d = pi_old / mu_old is 1
+up to kernel rounding: any family mapping mistake between actor and engine shows as r_d far from 1."""
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.api.model_arch import FAMILIES, Family
+from asyncrl.api.validation import validate_job
+from asyncrl.trainer.driver.loop import RunOptions, run_job
+from asyncrl.trainer.driver.ray_env import local_ray
+from tests.support.hf_models import ALL_FAMILIES, tiny_folder
+
+pytestmark = [pytest.mark.slow]
+
+RD_TOLERANCE = 1e-4
+
+
+def _job(family: Family, folder: Path) -> dict:
+    return {
+        "apiVersion": "asyncrl.io/v1alpha1",
+        "kind": "AsyncRLJob",
+        "metadata": {"name": f"tiny-{family.replace('_', '-')}"},
+        "spec": {
+            "correction": {"reference": "exact"},
+            "oldLogits": {"strategy": "snapshot"},
+            "async": {"maxStaleness": 1},
+            "model": {"weights": str(folder), "rolloutDtype": "float32"},
+            "task": {"name": "arithmetic", "groupSize": 2, "maxNewTokens": 8},
+            "train": {"steps": 2, "promptsPerStep": 2, "warmStartSteps": 0},
+            "rollout": {"replicas": 1, "engine": "transformers"},
+            "monitoring": {"enabled": False},
+        },
+    }
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_two_steps_per_family_report_rd_of_one(family: Family, tmp_path: Path) -> None:
+    folder = tiny_folder(tmp_path / "models", family)
+    job = validate_job(_job(family, folder))
+    with local_ray(num_cpus=2):
+        result = run_job(job, RunOptions(run_dir=tmp_path / "run", steps=2))
+    assert result.summary["status"] == "succeeded", result.summary
+    load = result.summary["model_load"]
+    assert load["architecture"] == FAMILIES[family].architecture
+    assert load["folder"] == str(folder) and load["seconds"] > 0 and load["peak_rss_bytes"] > 0
+    assert len(result.steps) == 2
+    for r in result.steps:
+        assert r["reference"] == "exact"
+        print(f"{family}: rd_min {r['rd_min']:.8f} rd_max {r['rd_max']:.8f}")
+        assert abs(r["rd_min"] - 1.0) < RD_TOLERANCE and abs(r["rd_max"] - 1.0) < RD_TOLERANCE, (family, r)
