@@ -52,6 +52,7 @@ from asyncrl.api.old_logits import (
     INTERRUPT_SYNC_UNUSED_MESSAGE,
     SNAPSHOT_UNUSED_MESSAGE,
 )
+from asyncrl.api.paths import CHECKPOINT_DIR_MESSAGE
 from asyncrl.api.pods import (
     ENV_SOURCE_MESSAGE,
     MASK_GUARD_ORDER_MESSAGE,
@@ -95,6 +96,11 @@ def bad_manifest(case: BadInput, name: str) -> dict[str, Any]:
         "metadata": {"name": case.name or name, "namespace": "default"},
         "spec": deep_merge(BASE_SPEC, case.spec),
     }
+
+
+def _types(cases: list[tuple[str, dict[str, Any], str, str]]) -> list[BadInput]:
+    # Schema-only: the server says 'Invalid value: "boolean": ... must be of type integer'.
+    return [BadInput(case_id, spec, path, "", cli_message=cli) for case_id, spec, path, cli in cases]
 
 
 def _enum(case_id: str, spec: dict[str, Any], path: str) -> BadInput:
@@ -348,6 +354,81 @@ BAD_INPUTS: list[BadInput] = [
              "greater than or equal to 0"),
     BadInput("preemption-limit-negative", {"runPolicy": {"preemptionLimit": -1}}, "spec.runPolicy.preemptionLimit",
              "greater than or equal to 0"),
+    # ---- strict scalars, as strict as the CRD's types (schema only: the server says "must be of type ...")
+    *_types([
+        ("staleness-bool", {"async": {"maxStaleness": True}}, "spec.async.maxStaleness", "expected an integer, got true"),
+        ("partial-rollout-string", {"async": {"partialRollout": "yes"}}, "spec.async.partialRollout",
+         "expected true or false, got 'yes'"),
+        ("steps-string", {"train": {"steps": "3"}}, "spec.train.steps", "expected an integer, got '3'"),
+        ("steps-fraction", {"train": {"steps": 3.5}}, "spec.train.steps", "expected an integer, got 3.5"),
+        ("learning-rate-string", {"train": {"learningRate": "1e-4"}}, "spec.train.learningRate",
+         "expected a number, got '1e-4'"),
+        ("rollout-replicas-bool", {"rollout": {"replicas": True}}, "spec.rollout.replicas", "expected an integer"),
+        ("resume-int", {"checkpoint": {"resume": 1}}, "spec.checkpoint.resume", "expected true or false, got 1"),
+        ("checkpoint-dir-number", {"checkpoint": {"dir": 3}}, "spec.checkpoint.dir", "expected a string, got 3"),
+        ("bounds-low-string", {"correction": {"mask": {"bounds": {"low": "0.5", "high": 2.0}}}},
+         "spec.correction.mask.bounds.low", "expected a number"),
+    ]),
+    # ---- every float in a sensible, finite range (.inf/.nan never reach the server: tests/api/test_job_file.py)
+    BadInput("learning-rate-above-one", {"train": {"learningRate": 2.0}}, "spec.train.learningRate",
+             "less than or equal to 1"),
+    BadInput("learning-rate-zero", {"train": {"learningRate": 0.0}}, "spec.train.learningRate", "greater than 0"),
+    BadInput("temperature-above-10", {"task": {"temperature": 11.0}}, "spec.task.temperature",
+             "less than or equal to 10"),
+    BadInput("temperature-zero", {"task": {"temperature": 0}}, "spec.task.temperature", "greater than 0"),
+    BadInput("weight-decay-above-one", {"train": {"weightDecay": 1.5}}, "spec.train.weightDecay",
+             "less than or equal to 1"),
+    BadInput("max-grad-norm-above-1000", {"train": {"maxGradNorm": 1.0e4}}, "spec.train.maxGradNorm",
+             "less than or equal to 1000"),
+    BadInput("clip-high-above-10", {"correction": {"clip": {"high": 11.0}}}, "spec.correction.clip.high",
+             "less than or equal to 10"),
+    BadInput("dual-clip-above-100", {"correction": {"clip": {"dualClip": 101.0}}}, "spec.correction.clip.dualClip",
+             "less than or equal to 100"),
+    BadInput("bounds-high-above-1000", {"correction": {"mask": {"bounds": {"low": 0.5, "high": 2000.0}}}},
+             "spec.correction.mask.bounds.high", "less than or equal to 1000"),
+    BadInput("bounds-factor-above-1000", {"correction": {"mask": {"bounds": {"factor": 1.0e6}}}},
+             "spec.correction.mask.bounds.factor", "less than or equal to 1000"),
+    # ---- every count has a maximum a cluster can honour (the operator is never asked for 20 000 pods)
+    BadInput("rollout-replicas-20000", {"rollout": {"replicas": 20000}}, "spec.rollout.replicas",
+             "less than or equal to 512"),
+    BadInput("actor-replicas-20000", {"actor": {"replicas": 20000}}, "spec.actor.replicas",
+             "less than or equal to 64"),
+    BadInput("dedicated-replicas-above-64", {**EXACT, "oldLogits": {"strategy": "dedicated",
+                                                                    "dedicated": {"replicas": 65}}},
+             "spec.oldLogits.dedicated.replicas", "less than or equal to 64"),
+    BadInput("train-steps-1e8", {"train": {"steps": 100_000_000}}, "spec.train.steps",
+             "less than or equal to 1000000"),
+    BadInput("prompts-per-step-above-4096", {"train": {"promptsPerStep": 4097}}, "spec.train.promptsPerStep",
+             "less than or equal to 4096"),
+    BadInput("group-size-above-256", {"task": {"groupSize": 257}}, "spec.task.groupSize", "less than or equal to 256"),
+    BadInput("max-new-tokens-above-32768", {"task": {"maxNewTokens": 32769}}, "spec.task.maxNewTokens",
+             "less than or equal to 32768"),
+    BadInput("micro-batch-tokens-above", {"train": {"microBatchTokens": 1 << 30}}, "spec.train.microBatchTokens",
+             "less than or equal to 16777216"),
+    BadInput("checkpoint-keep-above-100", {"checkpoint": {"keep": 101}}, "spec.checkpoint.keep",
+             "less than or equal to 100"),
+    BadInput("seed-above-2-32", {"train": {"seed": 2**32}}, "spec.train.seed", "less than or equal to 4294967295"),
+    BadInput("snapshot-max-versions-above-65",
+             {**EXACT, "oldLogits": {"strategy": "snapshot", "snapshot": {"maxVersions": 66}}},
+             "spec.oldLogits.snapshot.maxVersions", "less than or equal to 65"),
+    BadInput("active-deadline-above-a-year", {"runPolicy": {"activeDeadlineSeconds": 10**9}},
+             "spec.runPolicy.activeDeadlineSeconds", "less than or equal to 31536000"),
+    BadInput("hidden-size-above", {"model": {"hiddenSize": 1 << 20}}, "spec.model.hiddenSize",
+             "less than or equal to 65536"),
+    # ---- anchored patterns: a value ending in a newline is refused (re.match's '$' matched before it)
+    BadInput("name-trailing-newline", {}, "metadata.name", NAME_MESSAGE, name="calc\n"),
+    BadInput("preset-trailing-newline", {"model": {"preset": "tiny-llama\n"}}, "spec.model.preset", "",
+             cli_message="expected one of"),
+    BadInput("cpu-trailing-newline", {"rollout": {"resources": {"cpu": "4\n"}}}, "spec.rollout.resources.cpu", ""),
+    # ---- paths the job owns: checkpoint.dir stays in the run directory or the checkpoint volume
+    BadInput("checkpoint-dir-escapes", {"checkpoint": {"dir": "../../x"}}, "spec.checkpoint.dir",
+             CHECKPOINT_DIR_MESSAGE, cli_message="normalises to '../../x'"),
+    BadInput("checkpoint-dir-escapes-after-normalising", {"checkpoint": {"dir": "a/../../x"}}, "spec.checkpoint.dir",
+             CHECKPOINT_DIR_MESSAGE, cli_message="normalises to '../x'"),
+    BadInput("checkpoint-dir-absolute-outside-the-volume", {"checkpoint": {"dir": "/etc/ckpt"}}, "spec.checkpoint.dir",
+             CHECKPOINT_DIR_MESSAGE),
+    BadInput("checkpoint-dir-volume-prefix", {"checkpoint": {"dir": "/checkpointsx"}}, "spec.checkpoint.dir",
+             CHECKPOINT_DIR_MESSAGE),
 ]
 
 

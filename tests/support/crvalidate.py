@@ -52,12 +52,23 @@ def _strict(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     out = {k: _strict(v) for k, v in node.items() if k != "x-kubernetes-int-or-string"}
+    if isinstance(node.get("pattern"), str):
+        out["pattern"] = _end_of_text(node["pattern"])
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
         out.setdefault("additionalProperties", False)
     return out
+
+
+def _end_of_text(pattern: str) -> str:
+    """``pattern`` with Go's (RE2's) meaning of a final ``$`` in Python: the end of the text. The server
+    matches OpenAPI patterns with Go's regexp, where ``$`` never matches before a final newline; the
+    validator here uses ``re.search``, where it does (``'tiny-llama\\n'`` would pass)."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        return pattern[:-1] + "\\Z"
+    return pattern
 
 
 def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
@@ -142,7 +153,8 @@ def _server_words(err: Any, path: str) -> str:
         supported = ", ".join(json.dumps(v) for v in schema["enum"])
         return f"Unsupported value: {json.dumps(value)}: supported values: {supported}"
     if err.validator == "pattern":
-        return f"Invalid value: {json.dumps(value)}: {path} in body should match '{schema['pattern']}'"
+        shown_pattern = schema["pattern"].removesuffix("\\Z") + ("$" if schema["pattern"].endswith("\\Z") else "")
+        return f"Invalid value: {json.dumps(value)}: {path} in body should match '{shown_pattern}'"
     if err.validator == "type":
         return f"Invalid value: {json.dumps(_kind_name(value))}: {path} in body must be of type {schema['type']}"
     return f"Invalid value: {err.message}"
@@ -255,7 +267,7 @@ class CRValidator:
         name = meta.get("name") or ""
         if not name and not meta.get("generateName"):
             errors.append("metadata.name: Required value: name or generateName is required")
-        elif name and (not _DNS_SUBDOMAIN.match(name) or len(name) > 253):
+        elif name and (not _DNS_SUBDOMAIN.fullmatch(name) or len(name) > 253):
             errors.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must "
                           "consist of lower case alphanumeric characters, '-' or '.'")
         if len(name) > self.name_max:
