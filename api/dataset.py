@@ -96,7 +96,11 @@ class RewardServiceSpec(SpecModel):
         json_schema_extra={"pattern": URL_PATTERN},
     )
     timeout_seconds: float = Field(
-        default=10.0, gt=0.0, le=600.0, description="Deadline of one request (connect and answer)."
+        default=5.0,
+        gt=0.0,
+        le=600.0,
+        description="Deadline of one request: to connect, and between bytes of the answer. All attempts and "
+        "backoffs together must fit in task.envTimeoutSeconds.",
     )
     retries: int = Field(
         default=2,

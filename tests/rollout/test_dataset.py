@@ -237,3 +237,14 @@ def test_asyncrl_validate_checks_a_dataset_it_can_read(tmp_path: Path, capsys: p
     out = capsys.readouterr().out
     assert "note: spec.task.dataset.path /data/in-the-volume.jsonl is not found from here" in out
     assert "AsyncRLJob ds is valid" in out
+
+
+def test_docs_tasks_name_every_dataset_and_reward_service_field() -> None:
+    from asyncrl.api.dataset import RewardServiceSpec
+    from tests.support.helpers import ROOT
+
+    text = (ROOT / "docs" / "tasks.md").read_text()
+    for model in (DatasetSpec, RewardServiceSpec):
+        missing = [f.alias for f in model.model_fields.values() if f"`{f.alias}`" not in text
+                   and f"{f.alias}:" not in text]
+        assert missing == [], f"docs/tasks.md does not explain {model.__name__} fields {missing}"
