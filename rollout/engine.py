@@ -20,12 +20,15 @@ Semantics every backend keeps:
   ``generate`` called while held returns at once with its episodes unfinished, never waits.
 """
 
+import concurrent.futures
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
+from asyncrl.rollout.envs.base import EnvStep
+from asyncrl.rollout.envs.runner import EnvFault
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 
@@ -104,28 +107,77 @@ class RolloutEngine(Protocol):
 
 
 def end_at_budget(e: Episode, max_new_tokens: int) -> None:
-    """Truncate ``e`` once it holds ``max_new_tokens`` new tokens (sampled and forced alike)."""
-    if not e.done and e.new_tokens >= max_new_tokens:
+    """Truncate ``e`` once it holds ``max_new_tokens`` new tokens (sampled and forced alike); an
+    episode waiting for its environment's answer is judged after the answer (it may end it)."""
+    if not e.done and e.pending is None and e.new_tokens >= max_new_tokens:
         e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
 
 
-def add_sampled_token(e: Episode, token: int, version: int, logp: float, max_new_tokens: int) -> None:
-    """Append a sampled token to ``e`` and let its environment answer: the episode ends (reward), or
-    the environment's tokens queue in ``e.forced`` for the next turn, or the turn goes on; then the
-    token budget. Both backends sample through this, so an episode evolves the same in either."""
-    e.add_sampled(token, version, logp)
-    e.turn_text += e.env.tokenizer.decode([token])
-    try:
-        step = e.env.step(e.turn_text)
-    except Exception as exc:
-        raise RolloutError(f"environment step failed: {exc!r}", task=e.task, traj_ids=[e.traj_id]) from exc
+def _apply(e: Episode, step: EnvStep) -> None:
     if step.done:
         e.finish(TrajectoryStatus.FINISHED, step.reward, step.success, step.reason)
     elif step.tokens:
         e.forced.extend(step.tokens)
         e.turn += 1
         e.turn_text = ""
+
+
+def settle(e: Episode, max_new_tokens: int, *, wait: bool) -> bool:
+    """Take the environment's answer to ``e``'s pending turn if it is there (``wait``: wait for it).
+
+    Returns True when nothing is pending any more. A fault of user code (exception, timeout, NaN
+    reward, garbage messages) aborts ``e`` alone (``e.env_error``); nothing raises.
+    """
+    if e.pending is None:
+        return True
+    msg, fut = e.pending
+    if not wait and not fut.done():
+        return False
+    e.pending = None
+    try:
+        step = e.env.finish_turn(msg, fut.result())  # type: ignore[attr-defined]
+    except EnvFault as fault:
+        e.fail(fault.reason, str(fault))
+        return True
+    _apply(e, step)
     end_at_budget(e, max_new_tokens)
+    return True
+
+
+def add_sampled_token(e: Episode, token: int, version: int, logp: float, max_new_tokens: int, *,
+                      block: bool = True) -> None:
+    """Append a sampled token to ``e`` and let its environment answer: the episode ends (reward), or
+    the environment's tokens queue in ``e.forced`` for the next turn, or the turn goes on; then the
+    token budget. Both backends sample through this, so an episode evolves the same in either.
+
+    A turn-level environment (``envs/adapter.py``: ``end_of_turn``/``submit``/``finish_turn``) is asked
+    only when the turn ends, off the decode loop: ``block`` False leaves ``e.pending`` set for the
+    engine to :func:`settle` later (the transformers engine keeps decoding the other rows), True
+    waits here. A token-level environment (``step`` per token) answers inline.
+    """
+    e.add_sampled(token, version, logp)
+    e.turn_text += e.env.tokenizer.decode([token])
+    end_of_turn = getattr(e.env, "end_of_turn", None)
+    if end_of_turn is not None:
+        msg = end_of_turn(e.turn_text)
+        if msg is not None:
+            e.pending = (msg, e.env.submit(msg))  # type: ignore[attr-defined]
+            settle(e, max_new_tokens, wait=block)
+        end_at_budget(e, max_new_tokens)
+        return
+    try:
+        step = e.env.step(e.turn_text)
+    except Exception as exc:
+        raise RolloutError(f"environment step failed: {exc!r}", task=e.task, traj_ids=[e.traj_id]) from exc
+    _apply(e, step)
+    end_at_budget(e, max_new_tokens)
+
+
+def wait_any(episodes: Sequence[Episode], timeout_s: float) -> None:
+    """Wait until one pending environment answer among ``episodes`` is there (or ``timeout_s``)."""
+    futs = [e.pending[1] for e in episodes if e.pending is not None]
+    if futs:
+        concurrent.futures.wait(futs, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
 
 
 class BoundaryWeightSwap:

@@ -3,13 +3,17 @@
 It holds the environment, the aligned per-token lists that become a :class:`Trajectory`, the queue
 of environment tokens still to force and the text of the current assistant turn. An interrupted
 episode keeps all of it, so a later ``generate`` call resumes it exactly where it stopped (with
-whatever weights are loaded by then: the prefix keeps its versions and ``logp_mu``).
+whatever weights are loaded by then: the prefix keeps its versions and ``logp_mu``). An episode
+whose environment is answering a finished turn (``pending``) samples nothing until the answer
+arrives; the engine keeps decoding the others meanwhile.
 """
 
+import concurrent.futures
 import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncrl.rollout.envs.base import Environment
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
@@ -38,6 +42,10 @@ class Episode:
     reward: float = 0.0
     success: bool = False
     reason: str = ""
+    # A finished assistant turn whose environment answer is being computed off the decode loop:
+    # (the turn, the future of env.step). The episode samples nothing until it resolves.
+    pending: tuple[Any, "concurrent.futures.Future[Any]"] | None = None
+    env_error: str = ""  # the reason (asyncrl_env_errors_total) when user code aborted the episode
 
     @classmethod
     def start(cls, traj_id: str, group_id: str, env: Environment, rng: random.Random) -> "Episode":
@@ -85,11 +93,19 @@ class Episode:
     def finish(self, status: TrajectoryStatus, reward: float, success: bool, reason: str) -> None:
         self.done, self.status, self.reward, self.success, self.reason = True, status, reward, success, reason
         self.forced.clear()
+        self.pending = None
+
+    def fail(self, error: str, message: str) -> None:
+        """User code failed (``error``: an ``asyncrl_env_errors_total`` reason): abort this episode only."""
+        self.env_error = error
+        self.finish(TrajectoryStatus.ABORTED, 0.0, False, message)
 
     def to_trajectory(self, status: TrajectoryStatus | None = None) -> Trajectory:
         """A snapshot (copies of the lists) as a :class:`Trajectory`; ``status`` overrides the episode's."""
         info = dict(self.env.info())
         info["end_reason"] = self.reason
+        if self.env_error:
+            info["env_error"] = self.env_error
         return Trajectory(
             traj_id=self.traj_id,
             group_id=self.group_id,

@@ -22,10 +22,13 @@ from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.pods import RolloutSpec
 from asyncrl.rollout.engine import RolloutEngine, RolloutError, make_engine
-from asyncrl.rollout.envs.math_tasks import Problem
-from asyncrl.rollout.envs.registry import get_task, max_sequence_length
+from asyncrl.rollout.envs.adapter import TurnAdapter
+from asyncrl.rollout.envs.binding import TaskBinding, bind_task, context_length, task_tokenizer
+from asyncrl.rollout.envs.interface import Sample
+from asyncrl.rollout.envs.math_tasks import Problem, problem_sample
+from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS, EnvFault, last_line, shared_runner
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.tokenizer import Tokenizer, tokenizer_for
+from asyncrl.rollout.tokenizer import Tokenizer
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 
 
@@ -49,6 +52,7 @@ class RolloutStats:
     idle_seconds: float  # between generate() calls (evaluate() included)
     eval_trajectories: int = 0  # held-out evaluation samples (evaluate()), never trained on
     eval_seconds: float = 0.0  # inside evaluate()
+    env_errors: int = 0  # episodes user code aborted (exception, timeout, NaN reward, garbage messages)
 
 
 def _rng(*parts: int) -> random.Random:
@@ -68,7 +72,13 @@ class RolloutWorker:
         rollout: ``spec.rollout`` (``engine``, ``engineArgs``); default: the transformers engine.
         engine: a ready engine instead (tests, custom backends). Either way, load weights before
             the first ``generate``.
-        tokenizer: the model's tokenizer; default ``tokenizer_for(model)`` (the actor uses the same).
+        tokenizer: the model's tokenizer; default ``task_tokenizer(model, task)`` (the actor uses the same).
+        workers: the job's rollout workers (``spec.rollout.replicas``: a dataset spreads its rows over them).
+
+    Every task is a :class:`~asyncrl.rollout.envs.binding.TaskBinding` (built-in or by import path):
+    each episode is its turn-level environment behind a :class:`~asyncrl.rollout.envs.adapter.TurnAdapter`.
+    An episode whose environment fails (``EnvFault``) comes back ABORTED with ``info["env_error"]``;
+    the other episodes and the job go on.
     """
 
     def __init__(
@@ -82,17 +92,17 @@ class RolloutWorker:
         rollout: RolloutSpec | None = None,
         engine: RolloutEngine | None = None,
         tokenizer: Tokenizer | None = None,
+        workers: int = 1,
     ) -> None:
         self.task_spec = task
-        self.task = get_task(task.name)
+        self.binding: TaskBinding = bind_task(task, workers=workers, seed=seed)
+        self.runner = None if self.binding.inline else shared_runner(task.env_timeout_seconds)
         self.partial_rollout = async_.partial_rollout
         self.worker_index = worker_index
         self.seed = seed
-        self.tokenizer: Tokenizer = tokenizer_for(model) if tokenizer is None else tokenizer
+        self.tokenizer: Tokenizer = task_tokenizer(model, task) if tokenizer is None else tokenizer
         self.arch: LlamaArch = resolve_arch(
-            model,
-            self.tokenizer.vocab_size,
-            max_sequence_length(task.name, task.max_new_tokens, self.tokenizer),
+            model, self.tokenizer.vocab_size, context_length(self.binding, task, self.tokenizer)
         )
         if engine is None:
             rollout = rollout or RolloutSpec()
@@ -106,6 +116,8 @@ class RolloutWorker:
             )
         self.engine = engine
         self._suspended: list[Episode] = []
+        self._failed: list[Trajectory] = []  # episodes whose environment failed at reset (returned next)
+        self._env_errors = dict.fromkeys(ENV_ERROR_REASONS, 0)
         self._cursor = 0  # index of the next group over the whole run: decides its prompts
         self._groups = 0  # groups this worker started (a counter of this process)
         self._lock = threading.Lock()
@@ -177,20 +189,37 @@ class RolloutWorker:
         self._cursor += 1
         self._groups += 1
         gid = f"w{self.worker_index}-g{k}"
-        state = _rng(self.seed, self.worker_index, 0, k).getstate()
-        episodes = []
-        for j in range(self.task_spec.group_size):
-            rng = random.Random()
-            rng.setstate(state)  # every member of the group gets the same problem
-            env = self.task.make_env(max_tool_calls=self.task_spec.max_tool_calls, tokenizer=self.tokenizer)
-            episodes.append(Episode.start(f"{gid}-s{j}", gid, env, rng))
-        return episodes
+        rng = _rng(self.seed, self.worker_index, 0, k)
+        sample = self.binding.samples.train(self.worker_index, k, rng)  # every member gets the same sample
+        out = [self._start(f"{gid}-s{j}", gid, sample) for j in range(self.task_spec.group_size)]
+        return [e for e in out if e is not None]
+
+    def _start(self, tid: str, gid: str, sample: Sample) -> Episode | None:
+        """A new episode of ``sample``; None when its environment failed to start (kept in ``_failed``)."""
+        try:
+            try:
+                env = self.binding.new_env()
+            except Exception as exc:
+                raise EnvFault("exception", f"{self.binding.name}: the factory raised {last_line(exc)}") from exc
+            adapter = TurnAdapter(self.binding.name, env, dict(sample), self.tokenizer, runner=self.runner,
+                                  tool_call_format=self.binding.tool_call_format)
+            return Episode.start(tid, gid, adapter, random.Random(0))  # the sample decides, not the rng
+        except EnvFault as fault:
+            with self._lock:
+                self._env_errors[fault.reason] += 1
+            self._failed.append(Trajectory(
+                traj_id=tid, group_id=gid, task=self.binding.name, tokens=[], prompt_len=0, loss_mask=[],
+                versions=[], logp_mu=[], turn_ids=[], status=TrajectoryStatus.ABORTED,
+                info={"env_error": fault.reason, "end_reason": str(fault)},
+            ))
+            return None
 
     def generate(self, n_groups: int) -> list[Trajectory]:
         """Resume suspended episodes, then sample ``n_groups`` new groups of ``task.groupSize``.
 
-        Returns the trajectories that ended (FINISHED or TRUNCATED): ``n_groups * groupSize`` plus
-        resumed ones, minus any interrupted (kept suspended for the next call).
+        Returns the trajectories that ended (FINISHED or TRUNCATED, or ABORTED by a failing
+        environment: ``info["env_error"]``): ``n_groups * groupSize`` plus resumed ones, minus any
+        interrupted (kept suspended for the next call).
         """
         if n_groups < 0:
             raise ValueError(f"RolloutWorker.generate: n_groups must be >= 0, got {n_groups}")
@@ -217,7 +246,7 @@ class RolloutWorker:
                 self._c["aborted"] += len(episodes)
             raise RolloutError(
                 f"rollout worker {self.worker_index} failed: {exc!r}",
-                task=self.task.name,
+                task=self.binding.name,
                 traj_ids=[e.traj_id for e in episodes],
             ) from exc
         finally:
@@ -228,18 +257,27 @@ class RolloutWorker:
                 self._busy_since = None
         done = [e.to_trajectory() for e in episodes if e.done]
         self._suspended = [e for e in episodes if not e.done]
+        failed, self._failed = self._failed, []
         with self._lock:
+            for e in episodes:
+                if e.done and e.env_error:
+                    self._env_errors[e.env_error] += 1
+            self._c["aborted"] += len(failed) + sum(t.status is TrajectoryStatus.ABORTED for t in done)
             for t in done:
+                if t.status is TrajectoryStatus.ABORTED:
+                    continue
                 n_sampled = sum(t.loss_mask)
                 self._c["tokens_sampled"] += n_sampled
                 self._c["tokens_forced"] += len(t.tokens) - t.prompt_len - n_sampled
                 self._c["truncated" if t.status is TrajectoryStatus.TRUNCATED else "finished"] += 1
                 self._c["partial"] += t.is_partial
-        return done
+        return failed + done
 
-    def evaluate(self, problems: Sequence[Problem], *, version: int, temperature: float, seed: int,
+    def evaluate(self, problems: Sequence[Sample | Problem], *, version: int, temperature: float, seed: int,
                  first: int = 0) -> list[Trajectory]:
-        """One sample of each of ``problems`` (held-out evaluation prompts) under the loaded ``version``.
+        """One sample of each of ``problems`` (held-out evaluation samples, ``samples.heldout``; a math
+        :class:`Problem` is taken as its sample) under the loaded ``version``. An evaluation episode
+        whose environment fails comes back ABORTED (not solved).
 
         Nothing of it touches training: no prompt cursor advances, no episode is suspended or
         resumed (suspended training episodes stay as they are), the training counters and the
@@ -254,16 +292,19 @@ class RolloutWorker:
                 f"the evaluation is of version {version}"
             )
         t0 = time.perf_counter()
-        episodes = []
+        started: list[Episode | None] = []
         for k, problem in enumerate(problems):
-            env = self.task.make_env(max_tool_calls=self.task_spec.max_tool_calls, tokenizer=self.tokenizer,
-                                     problem=problem)
+            sample = problem_sample(problem) if isinstance(problem, Problem) else problem
             tid = f"eval-v{version}-p{first + k}"
-            episodes.append(Episode.start(tid, tid, env, random.Random(0)))  # the fixed problem ignores rng
+            started.append(self._start(tid, tid, sample))
+        failed = {t.traj_id: t for t in self._failed}
+        self._failed = [t for t in self._failed if not t.traj_id.startswith("eval-")]
+        episodes = [e for e in started if e is not None]
         self.engine.generate(episodes, max_new_tokens=self.task_spec.max_new_tokens, temperature=temperature,
                              partial_rollout=False, seed=seed)
-        out = [e.to_trajectory() for e in episodes]
-        undone = [t.traj_id for t, e in zip(out, episodes, strict=True) if not e.done]
+        out = [e.to_trajectory() if e is not None else failed[f"eval-v{version}-p{first + k}"]
+               for k, e in enumerate(started)]
+        undone = [e.traj_id for e in episodes if not e.done]
         if undone:
             raise RuntimeError(f"RolloutWorker.evaluate: {len(undone)} evaluation episodes were interrupted "
                                f"({', '.join(undone[:4])}); nothing may interrupt an evaluation")
@@ -330,4 +371,10 @@ class RolloutWorker:
                 idle_seconds=idle,
                 eval_trajectories=c["eval_trajectories"],
                 eval_seconds=self._eval_seconds,
+                env_errors=sum(self._env_errors.values()),
             )
+
+    def env_errors(self) -> dict[str, int]:
+        """Episodes aborted by their environment so far, by reason (``asyncrl_env_errors_total``)."""
+        with self._lock:
+            return dict(self._env_errors)

@@ -24,8 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.rollout.envs.base import CONTINUE, EnvStep
-from asyncrl.rollout.envs.split import draw_train
+from asyncrl.rollout.envs.adapter import TurnAdapter
+from asyncrl.rollout.envs.interface import AssistantMessage, Reset, Turn
+from asyncrl.rollout.envs.runner import EnvRunner
+from asyncrl.rollout.envs.split import ProblemFn, draw_train, heldout_problems
 from asyncrl.rollout.tokenizer import Tokenizer
 
 OPS = ("+", "-", "*")
@@ -138,35 +140,36 @@ def prompt_ids(tokenizer: Tokenizer, prompt_text: str, uses_tool: bool) -> list[
     return tokenizer.chat_prompt(SYSTEM_NO_TOOL, prompt_text, EXAMPLES_NO_TOOL)
 
 
-class MathToolEnv:
-    """One episode of a math task; the tool is available when ``max_tool_calls > 0``."""
+MATH_STOP = ("</calc>", "</ans>")  # a turn ends at the first closing tag: the tool answers inline
 
-    def __init__(self, task: str, problem_fn: Any, tokenizer: Tokenizer, max_tool_calls: int,
-                 fixed: Problem | None = None) -> None:
+
+class MathTurn:
+    """The turn-level environment of a math task (an ordinary user of ``envs/interface.py``).
+
+    ``reset`` takes a sample ``{"question": "47*38", ...}`` and poses it with the instructions and
+    worked examples (the character alphabets render only the question); a turn ends at the first
+    ``</calc>`` or ``</ans>`` (stop strings, so the tool's ``<res>..</res>`` is forced inline) or at
+    the end-of-turn token. The tool is available when ``max_tool_calls > 0``.
+    """
+
+    truncated_reward = 0.0
+
+    def __init__(self, task: str, max_tool_calls: int) -> None:
         self.task = task
-        self.tokenizer = tokenizer
-        self.truncated_reward = 0.0
         self.max_tool_calls = max_tool_calls
-        self._problem_fn = problem_fn
-        self._fixed = fixed
         self.problem: Problem | None = None
         self.calls = 0
 
-    def reset(self, rng: random.Random) -> list[int]:
-        """Draw a problem of the train split from ``rng`` (envs/split.py), or take the ``fixed`` one
-        (an evaluation prompt of the held-out split; ``rng`` is then unused)."""
-        self.problem = self._fixed if self._fixed is not None else draw_train(self._problem_fn, rng)
+    def reset(self, sample: dict[str, Any]) -> Reset:
+        self.problem = parse_question(str(sample["question"]))
         self.calls = 0
-        return prompt_ids(self.tokenizer, self.problem.prompt_text, self.max_tool_calls > 0)
-
-    def load_prompt(self, prompt: list[int]) -> None:
-        """Set the problem from prompt tokens (the last ``Q:<question>=?`` in them), e.g. to re-score."""
-        text = self.tokenizer.decode(prompt, skip_special=True)
-        found = _QUESTION.findall(text)
-        if not found:
-            raise ValueError(f"{self.task}: prompt {text!r} is not of the form 'Q:<question>=?'")
-        self.problem = parse_question(found[-1])
-        self.calls = 0
+        tool = self.max_tool_calls > 0
+        system, examples = (SYSTEM_TOOL, EXAMPLES_TOOL) if tool else (SYSTEM_NO_TOOL, EXAMPLES_NO_TOOL)
+        msgs: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for q, a in examples:
+            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        msgs.append({"role": "user", "content": self.problem.prompt_text})
+        return Reset(msgs, stop=MATH_STOP)
 
     def info(self) -> dict[str, Any]:
         p = self._need_problem()
@@ -174,33 +177,86 @@ class MathToolEnv:
 
     def _need_problem(self) -> Problem:
         if self.problem is None:
-            raise RuntimeError(f"{self.task}: step() or info() called before reset(rng)")
+            raise RuntimeError(f"{self.task}: step() or info() called before reset()")
         return self.problem
 
-    def step(self, turn_text: str) -> EnvStep:
-        # Called after every sampled token, so the first closing tag in the turn is the one this token
-        # completed: with one token per tag (character tokenizer) it is the turn's end; a BPE token
-        # may carry text past it (``>.``), which is ignored.
-        p = self._need_problem()
-        end = turn_text.find("</ans>")
+    def step(self, msg: AssistantMessage) -> Turn:
+        # The first closing tag in the turn is the one that ended it: with one token per tag (character
+        # tokenizer) it is the turn's last token; a BPE token may carry text past it (``>.``), ignored.
+        p, text = self._need_problem(), msg.text
+        end = text.find("</ans>")
         if end >= 0:
-            start = turn_text.rfind("<ans>", 0, end)
+            start = text.rfind("<ans>", 0, end)
             if start < 0:
-                return EnvStep(done=True, reason="</ans> without <ans>")
-            given = turn_text[start + len("<ans>") : end].strip()
-            ok = given == str(p.answer)
-            return EnvStep(done=True, reward=float(ok), success=ok, reason="answered")
-        end = turn_text.find("</calc>")
+                return Turn(done=True, reason="</ans> without <ans>")
+            ok = text[start + len("<ans>") : end].strip() == str(p.answer)
+            return Turn(done=True, reward=float(ok), success=ok, reason="answered")
+        end = text.find("</calc>")
         if end >= 0:
             if self.max_tool_calls == 0:
-                return EnvStep(done=True, reason="tool call in a task without the tool")
+                return Turn(done=True, reason="tool call in a task without the tool")
             self.calls += 1
             if self.calls > self.max_tool_calls:
-                return EnvStep(done=True, reason=f"more than {self.max_tool_calls} tool calls")
-            start = turn_text.rfind("<calc>", 0, end)
-            result = eval_call(turn_text[start + len("<calc>") : end].strip()) if start >= 0 else "?"
-            return EnvStep(tokens=tuple(self.tokenizer.encode(f"<res>{result}</res>")))
-        eos = self.tokenizer.eos_token
-        if turn_text.endswith(eos):
-            return EnvStep(done=True, reason=f"{eos} without an answer")
-        return CONTINUE
+                return Turn(done=True, reason=f"more than {self.max_tool_calls} tool calls")
+            start = text.rfind("<calc>", 0, end)
+            result = eval_call(text[start + len("<calc>") : end].strip()) if start >= 0 else "?"
+            return Turn([{"role": "tool", "content": f"<res>{result}</res>"}])
+        return Turn(done=True, reason=f"{msg.ended_by} without an answer")
+
+
+@dataclass(frozen=True)
+class MathSamples:
+    """The samples of a math task: train-side problems from the group's rng, held-out ones by seed."""
+
+    problem_fn: ProblemFn
+
+    def train(self, worker: int, index: int, rng: random.Random) -> dict[str, Any]:
+        return problem_sample(draw_train(self.problem_fn, rng))
+
+    def heldout(self, n: int, seed: int) -> list[dict[str, Any]]:
+        return [problem_sample(p) for p in heldout_problems(self.problem_fn, n, seed)]
+
+
+def problem_sample(p: Problem) -> dict[str, Any]:
+    return {"question": p.question, "answer": p.answer}
+
+
+class MathToolEnv(TurnAdapter):
+    """One episode of a math task as the engines see it: :class:`MathTurn` behind the
+    :class:`~asyncrl.rollout.envs.adapter.TurnAdapter` (the path every environment takes)."""
+
+    def __init__(self, task: str, problem_fn: ProblemFn, tokenizer: Tokenizer, max_tool_calls: int,
+                 fixed: Problem | None = None, *, runner: EnvRunner | None = None,
+                 sample: dict[str, Any] | None = None) -> None:
+        super().__init__(task, MathTurn(task, max_tool_calls), dict(sample or {}), tokenizer, runner=runner)
+        self.max_tool_calls = max_tool_calls
+        self._problem_fn = problem_fn
+        self._fixed = fixed
+        self.turn_env: MathTurn = self.env  # type: ignore[assignment]
+
+    @property
+    def problem(self) -> Problem | None:
+        return self.turn_env.problem
+
+    @property
+    def calls(self) -> int:
+        return self.turn_env.calls
+
+    def reset(self, rng: random.Random | None = None) -> list[int]:
+        """Pose this episode's sample; without one, the ``fixed`` problem (an evaluation prompt) or a
+        train-side problem drawn from ``rng`` (envs/split.py)."""
+        if not self.sample:
+            if self._fixed is None and rng is None:
+                raise ValueError(f"{self.task}: reset() needs an rng, a sample or a fixed problem")
+            p = self._fixed if self._fixed is not None else draw_train(self._problem_fn, rng)  # type: ignore[arg-type]
+            self.sample = problem_sample(p)
+        return super().reset(rng)
+
+    def load_prompt(self, prompt: list[int]) -> None:
+        """Set the problem from prompt tokens (the last ``Q:<question>=?`` in them), e.g. to re-score."""
+        text = self.tokenizer.decode(prompt, skip_special=True)
+        found = _QUESTION.findall(text)
+        if not found:
+            raise ValueError(f"{self.task}: prompt {text!r} is not of the form 'Q:<question>=?'")
+        self.sample = problem_sample(parse_question(found[-1]))
+        super().reset()

@@ -7,7 +7,8 @@ import torch
 
 from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
 from asyncrl.rollout.engine import RolloutError
-from asyncrl.rollout.envs.math_tasks import MathToolEnv
+from asyncrl.rollout.envs.adapter import TurnAdapter
+from asyncrl.rollout.envs.math_tasks import MathTurn
 from asyncrl.rollout.tokenizer import TOKENIZER
 from asyncrl.rollout.trajectory import TrajectoryStatus
 from asyncrl.rollout.worker import RolloutWorker
@@ -48,19 +49,22 @@ def test_workers_are_seeded(weights: Weights) -> None:
     assert [t.tokens[: t.prompt_len] for t in ta] != [t.tokens[: t.prompt_len] for t in tc]
 
 
-def test_environment_errors_name_task_and_trajectory(
+def test_environment_errors_abort_their_episodes_only_and_name_the_error(
     weights: Weights, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w = worker(weights)
 
-    def broken(self: MathToolEnv, turn_text: str) -> None:
+    def broken(self: MathTurn, sample: dict[str, object]) -> None:
         raise ZeroDivisionError("tool crashed")
 
-    monkeypatch.setattr(MathToolEnv, "step", broken)
-    with pytest.raises(RolloutError, match=r"tool crashed.*task calculator, trajectories w0-g0-s0") as err:
-        w.generate(1)
-    assert err.value.task == "calculator" and err.value.traj_ids == ("w0-g0-s0",)
-    assert w.stats().trajectories_aborted == 4
+    monkeypatch.setattr(MathTurn, "reset", broken)
+    out = w.generate(1)  # no exception: user code never takes the worker down
+    assert [t.traj_id for t in out] == [f"w0-g0-s{j}" for j in range(4)]
+    assert all(t.status is TrajectoryStatus.ABORTED and t.info["env_error"] == "exception" for t in out)
+    assert "MathTurn.reset raised ZeroDivisionError: tool crashed" in out[0].info["end_reason"]
+    assert w.stats().trajectories_aborted == 4 == w.env_errors()["exception"]
+    monkeypatch.undo()
+    assert all(t.status is not TrajectoryStatus.ABORTED for t in w.generate(1))  # the next group is fine
 
 
 def test_generate_needs_weights() -> None:
@@ -75,14 +79,14 @@ def test_interrupted_episodes_resume_in_the_next_call(
 ) -> None:
     w = worker(weights, max_new_tokens=40)
     started = threading.Event()
-    step = MathToolEnv.step
+    step = TurnAdapter.end_of_turn  # called after every sampled token
 
-    def slow(self: MathToolEnv, turn_text: str) -> object:
+    def slow(self: TurnAdapter, turn_text: str) -> object:
         started.set()
         time.sleep(0.002)
         return step(self, turn_text)
 
-    monkeypatch.setattr(MathToolEnv, "step", slow)
+    monkeypatch.setattr(TurnAdapter, "end_of_turn", slow)
     out: list[object] = []
     th = threading.Thread(target=lambda: out.extend(w.generate(2)))
     th.start()
@@ -91,14 +95,14 @@ def test_interrupted_episodes_resume_in_the_next_call(
     th.join(10)
     assert snaps and all(s.status is TrajectoryStatus.INTERRUPTED for s in snaps)
     assert len(out) + len(snaps) == 8 and w.suspended == len(snaps)
-    monkeypatch.setattr(MathToolEnv, "step", step)
+    monkeypatch.setattr(TurnAdapter, "end_of_turn", step)
     w.update_weights(weights(1), version=1)
     rest = w.generate(0)  # resumes the suspended episodes only
     assert sorted(t.traj_id for t in rest) == sorted(s.traj_id for s in snaps)
     assert w.suspended == 0 and w.stats().trajectories_interrupted == len(snaps)
     # a dropped suspended episode is counted, never lost silently
     th = threading.Thread(target=lambda: w.generate(1))
-    monkeypatch.setattr(MathToolEnv, "step", slow)
+    monkeypatch.setattr(TurnAdapter, "end_of_turn", slow)
     started.clear()
     th.start()
     assert started.wait(10)

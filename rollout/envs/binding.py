@@ -1,0 +1,154 @@
+"""A job's task, bound: where its samples come from and how one episode's environment is made.
+
+Every task takes this one path (``rollout/worker.py`` builds episodes from a :class:`TaskBinding`):
+
+- ``spec.task.environment: "pkg.mod:Factory"``: a user's turn-level environment, ``Factory(**args)``
+  per episode; its samples are the dataset's rows (``spec.task.dataset``) or seeded samples;
+- ``spec.task.dataset`` with ``reward``/``rewardService``: the single-turn dataset environment
+  (``rollout/envs/reward.py``);
+- a built-in ``spec.task.name``: the math tasks (``math_tasks.py``) and ``customer-service``.
+
+:func:`bind_task` imports and constructs the factory once, so a job whose environment cannot be
+imported or built fails at start (:class:`EnvLoadError`, exit code 2), not in a rollout worker.
+"""
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.api.job import TaskSpec
+from asyncrl.rollout.envs.interface import SampleSource, SeededSamples, TurnEnvironment
+from asyncrl.rollout.envs.runner import last_line
+
+
+class EnvLoadError(RuntimeError):
+    """The task's environment (or reward) cannot be imported or constructed: a permanent job failure."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class TaskBinding:
+    """What a rollout worker needs of a task.
+
+    ``name``: ``Trajectory.task``; ``new_env()``: a fresh turn-level environment (one per episode);
+    ``max_prompt_tokens``: a bound on prompt length when the task knows one (None: the generous
+    default of :func:`context_length`); ``demonstrations``: the task has a warm start; ``inline``: a
+    built-in environment (pure, microseconds per call) whose steps run on the decode thread, so a
+    seed reproduces the same tokens; every other environment runs off the decode loop, under
+    ``spec.task.envTimeoutSeconds``.
+    """
+
+    name: str
+    samples: SampleSource
+    new_env: Callable[[], TurnEnvironment]
+    tool_call_format: str = "hermes"
+    max_prompt_tokens: int | None = None
+    demonstrations: bool = False
+    inline: bool = False
+
+
+def _user_factory(task: TaskSpec) -> Callable[[], TurnEnvironment]:
+    from asyncrl.rollout.envs.reward import ImportPathError, import_object
+
+    path = str(task.environment)
+    try:
+        factory = import_object(path, python_path=task.python_path, what="spec.task.environment")
+    except ImportPathError as exc:
+        raise EnvLoadError(str(exc)) from exc
+    if not callable(factory):
+        raise EnvLoadError(f"spec.task.environment: {path!r} is a {type(factory).__name__}, not a class or function")
+    args = dict(task.args)
+
+    def new_env() -> TurnEnvironment:
+        return factory(**args)  # type: ignore[no-any-return]
+
+    try:
+        probe = new_env()
+    except Exception as exc:
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+        raise EnvLoadError(f"spec.task.environment: {path}(**{args!r}) raised {last_line(exc)}{where}") from exc
+    missing = [m for m in ("reset", "step") if not callable(getattr(probe, m, None))]
+    if missing:
+        raise EnvLoadError(f"spec.task.environment: {path} makes a {type(probe).__name__} without "
+                           f"{' and '.join(missing)}(); see asyncrl.rollout.envs.interface")
+    return new_env
+
+
+def _dataset_parts(task: TaskSpec, workers: int, seed: int) -> tuple[Any, SampleSource]:
+    from asyncrl.rollout.envs.dataset import DatasetError, DatasetSamples, load_dataset
+
+    assert task.dataset is not None
+    try:
+        data = load_dataset(task.dataset)
+    except (DatasetError, OSError) as exc:
+        raise EnvLoadError(str(exc)) from exc
+    shuffle_seed = getattr(task.dataset, "seed", None)
+    return data, DatasetSamples(data, workers, seed if shuffle_seed is None else shuffle_seed)
+
+
+def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding:
+    """The :class:`TaskBinding` of ``spec.task`` (``workers``: ``spec.rollout.replicas``, ``seed``:
+    ``spec.train.seed``). Raises :class:`EnvLoadError` when user code cannot be loaded."""
+    fmt = task.tool_call_format
+    if task.environment is not None:
+        new_env = _user_factory(task)
+        samples: SampleSource = SeededSamples()
+        if task.dataset is not None:
+            samples = _dataset_parts(task, workers, seed)[1]
+        return TaskBinding(task.environment, samples, new_env, fmt)
+    if task.dataset is not None:
+        from asyncrl.rollout.envs.reward import DatasetEnv, ImportPathError, load_reward
+
+        data, samples = _dataset_parts(task, workers, seed)
+        try:
+            if task.reward is not None:
+                scorer, label = load_reward(task.reward, python_path=task.python_path), "reward"
+            else:
+                from asyncrl.rollout.envs.remote import RemoteReward
+
+                assert task.reward_service is not None  # the spec requires reward or rewardService
+                scorer, label = RemoteReward(task.reward_service), "rewardService"
+        except ImportPathError as exc:
+            raise EnvLoadError(str(exc)) from exc
+        return TaskBinding("dataset", samples, lambda: DatasetEnv(data, scorer, label), fmt)
+    if task.name == "customer-service":
+        from asyncrl.rollout.envs.customer_service import (
+            CS_MAX_PROMPT_TOKENS,
+            CustomerService,
+            ScenarioSamples,
+        )
+
+        return TaskBinding(task.name, ScenarioSamples(), CustomerService, fmt, CS_MAX_PROMPT_TOKENS, True, True)
+    from asyncrl.rollout.envs.math_tasks import MathSamples, MathTurn
+    from asyncrl.rollout.envs.registry import get_task
+
+    math = get_task(task.name)
+    calls = task.max_tool_calls if math.uses_tool else 0
+    return TaskBinding(math.name, MathSamples(math.problem_fn), lambda: MathTurn(math.name, calls), fmt,
+                       None, True, True)
+
+
+def context_length(binding: TaskBinding, task: TaskSpec, tokenizer: Any) -> int:
+    """Longest trajectory of the bound task: prompt bound + ``maxNewTokens`` (the model's context)."""
+    from asyncrl.rollout.envs.registry import TASKS, max_sequence_length
+
+    if binding.name in TASKS and task.environment is None and task.dataset is None:
+        return max_sequence_length(binding.name, task.max_new_tokens, tokenizer)
+    return (binding.max_prompt_tokens or 2048) + task.max_new_tokens
+
+
+def task_tokenizer(model: Any, task: TaskSpec) -> Any:
+    """The job's tokenizer (the actor and every rollout worker resolve the same one): the model's own
+    (``tokenizer_for``), or for a model without one the math alphabet for the math tasks and the text
+    alphabet (``envs/charset.py``) for every other task."""
+    from asyncrl.rollout.envs.charset import TEXT_TOKENIZER
+    from asyncrl.rollout.envs.registry import TASKS
+    from asyncrl.rollout.tokenizer import TOKENIZER, tokenizer_for
+
+    tok = tokenizer_for(model)
+    if tok is TOKENIZER and (task.environment is not None or task.dataset is not None or task.name not in TASKS):
+        return TEXT_TOKENIZER
+    return tok

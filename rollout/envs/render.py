@@ -1,0 +1,87 @@
+"""Messages to tokens: the prompt of a conversation and the tokens of an observation.
+
+Two renderings, chosen by the tokenizer:
+
+- a tokenizer with a chat template (a real model's, ``rollout/tokenizer.py`` ``HFTokenizer``): the
+  prompt is ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)``; an
+  observation after a turn that ended at the end-of-turn token is the template's own text between
+  that turn and the next generation prompt (the tool/user turn, then the assistant header), computed
+  as the difference of two renderings, so it is exactly what the template would show;
+- the character tokenizers of the tiny presets (and a tokenizer without a template):
+  ``tokenizer.chat_prompt(system, question, examples)`` (only the question, for the character
+  alphabets) and observations as their plain content.
+
+An observation after a turn that ended at a stop string of the environment (``Reset.stop``) is forced
+*inline*, as plain content that continues the assistant's text (the built-in math tasks' format).
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from asyncrl.rollout.envs.interface import Message
+from asyncrl.rollout.tokenizer import Tokenizer
+
+
+def _template(tokenizer: Tokenizer) -> Any:
+    """The HF tokenizer behind ``tokenizer`` when it has a chat template, else None."""
+    hf = getattr(tokenizer, "hf", None)
+    return hf if hf is not None and getattr(hf, "chat_template", None) else None
+
+
+def _apply(hf: Any, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None, gen: bool) -> str:
+    kw: dict[str, Any] = {"tools": [dict(t) for t in tools]} if tools else {}
+    return str(hf.apply_chat_template(list(messages), add_generation_prompt=gen, tokenize=False, **kw))
+
+
+def _plain_prompt(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int]:
+    system = "\n".join(m["content"] for m in messages if m["role"] == "system")
+    rest = [m for m in messages if m["role"] != "system"]
+    pairs = rest[:-1]
+    shaped = (
+        bool(rest) and rest[-1]["role"] == "user" and len(pairs) % 2 == 0
+        and all(m["role"] == ("user", "assistant")[i % 2] for i, m in enumerate(pairs))
+    )
+    if shaped:
+        examples = [(pairs[i]["content"], pairs[i + 1]["content"]) for i in range(0, len(pairs), 2)]
+        return tokenizer.chat_prompt(system, rest[-1]["content"], examples)
+    return tokenizer.encode("".join(m["content"] for m in rest), bos=True)
+
+
+def render_prompt(tokenizer: Tokenizer, messages: Sequence[Message],
+                  tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    """Prompt ids of ``messages`` (and ``tools``), ready to sample the assistant's turn after."""
+    hf = _template(tokenizer)
+    if hf is None:
+        return _plain_prompt(tokenizer, messages)
+    return tokenizer.encode(_apply(hf, messages, tools, True))
+
+
+def render_observation(
+    tokenizer: Tokenizer,
+    history: Sequence[Message],
+    observation: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    inline: bool,
+) -> list[int]:
+    """Ids to force after the assistant turn that ends ``history`` (its last message).
+
+    ``inline``: the turn ended at a stop string: the observation's content continues the text.
+    Otherwise the turn ended at the end-of-turn token (already sampled): with a chat template the
+    forced text is what the template puts after that token up to the next assistant header.
+    """
+    plain = "".join(m["content"] for m in observation)
+    hf = None if inline else _template(tokenizer)
+    if hf is None:
+        return tokenizer.encode(plain)
+    before = _apply(hf, history, tools, False)
+    after = _apply(hf, [*history, *observation], tools, True)
+    if not after.startswith(before):
+        raise ValueError(
+            f"chat template of {tokenizer.name}: rendering the conversation with the observation changes "
+            "the text before it; the template cannot be continued turn by turn"
+        )
+    eos = tokenizer.eos_token
+    cut = before.rfind(eos)
+    tail = before[cut + len(eos):] if cut >= 0 else ""  # e.g. the "\n" after <|im_end|>
+    return tokenizer.encode(tail + after[len(before):])
