@@ -143,9 +143,34 @@ class TaskSpec(SpecModel):
 
     name: str = Field(
         default="chain-calculator",
-        pattern=r"^(calculator|chain-calculator|arithmetic)$",
+        pattern=r"^(calculator|chain-calculator|arithmetic|customer-service)$",
         description="Built-in task: calculator (one tool call), chain-calculator (two or more chained "
-        "tool calls), arithmetic (single-turn, verifiable answer).",
+        "tool calls), arithmetic (single-turn, verifiable answer), customer-service (tool use against a "
+        "small order database, a scripted user, reward = the database ends as the user's goal says). "
+        "Ignored when environment is set.",
+    )
+    environment: str | None = Field(
+        default=None,
+        pattern=IMPORT_PATH_PATTERN,
+        description="A turn-level environment by import path, 'pkg.mod:Factory' (docs/tasks.md): Factory(**args) "
+        "makes one episode, with reset(sample) -> messages and step(assistant_message) -> observation or final "
+        "reward (either may be async def). Imported inside the job (locally: the current Python path and "
+        "pythonPath); a factory that fails to import or construct fails the job at start.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the environment factory (free-form)."
+    )
+    tool_call_format: Literal["hermes", "json"] = Field(
+        default="hermes",
+        description="How the assistant writes tool calls: hermes (<tool_call>{\"name\": ..., \"arguments\": {...}}"
+        "</tool_call>, Hermes/Qwen/SmolLM2) or json (the whole turn is one JSON call or a list of them).",
+    )
+    env_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3600.0,
+        description="Longest one environment call (reset, step) may take; a slower one aborts its episode "
+        "(counted in asyncrl_env_errors_total{reason=\"timeout\"}), the job goes on.",
     )
     max_new_tokens: int = Field(
         default=48, ge=1, le=32768, description="Most tokens one trajectory may hold after the prompt (at most 32768)."
@@ -185,6 +210,9 @@ class TaskSpec(SpecModel):
     # before the pattern check, so the error says the rule in words rather than the regular expression
     _reward_is_an_import_path = field_validator("reward", mode="before")(
         lambda v: check_import_path(v, "task.reward")
+    )
+    _environment_is_an_import_path = field_validator("environment", mode="before")(
+        lambda v: check_import_path(v, "task.environment")
     )
 
     @model_validator(mode="after")
