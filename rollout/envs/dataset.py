@@ -81,7 +81,8 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     problems = check_rows(rows, where, spec, spec.path)
     if problems:
         raise DatasetError(problems)
-    train, heldout = [], []
+    train: list[int] = []
+    heldout: list[int] = []
     for i, r in enumerate(rows):
         (heldout if is_heldout(row_id(r, spec), spec.heldout_fraction) else train).append(i)
     if not train:
