@@ -83,7 +83,7 @@ class DatasetSpec(SpecModel):
         "order.",
     )
     seed: int | None = Field(
-        default=None, ge=0, description="Seed of the shuffle; null = spec.train.seed."
+        default=None, ge=0, le=2**32 - 1, description="Seed of the shuffle, 0 .. 2^32-1; null = spec.train.seed."
     )
 
 

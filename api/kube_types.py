@@ -66,6 +66,9 @@ def _not_in(values: tuple[str, ...]) -> str:
     return " && ".join(f"self != '{v}'" for v in values)
 
 
+MAX_ID = 2**31 - 1  # the API server's bound on a user or group id (IsValidUserID/IsValidGroupID)
+
+
 class KubeModel(SpecModel):
     """A Kubernetes object inside the spec: unset fields are left out when dumped."""
 
@@ -135,13 +138,13 @@ class Sysctl(KubeModel):
 class PodSecurityContext(KubeModel):
     """Kubernetes PodSecurityContext; what is set here replaces the operator's default of that field."""
 
-    fs_group: int | None = Field(default=None, ge=0, description="Group owning fresh volumes (default 10001).")
+    fs_group: int | None = Field(default=None, ge=0, le=MAX_ID, description="Group owning fresh volumes (default 10001).")
     fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = Field(
         default=None, description="When the volume ownership is changed: OnRootMismatch or Always.")
-    run_as_group: int | None = Field(default=None, ge=0, description="Group of the processes (default 10001).")
+    run_as_group: int | None = Field(default=None, ge=0, le=MAX_ID, description="Group of the processes (default 10001).")
     run_as_non_root: bool | None = Field(default=None, description="Refuse to start as root (default true).")
-    run_as_user: int | None = Field(default=None, ge=0, description="User of the processes (default 10001; "
-                                                                    "not 0).")
+    run_as_user: int | None = Field(default=None, ge=0, le=MAX_ID, description="User of the processes (default 10001; "
+                                                                             "not 0).")
     se_linux_options: SELinuxOptions | None = Field(default=None, description="SELinux labels.")
     seccomp_profile: SeccompProfile | None = Field(default=None, description="Seccomp profile (default "
                                                                              "RuntimeDefault).")
@@ -166,9 +169,9 @@ class SecurityContext(KubeModel):
     privileged: bool | None = Field(default=None, description="Run privileged (the restricted level forbids it).")
     proc_mount: Literal["Default", "Unmasked"] | None = Field(default=None, description="Default or Unmasked.")
     read_only_root_filesystem: bool | None = Field(default=None, description="Mount the image read-only.")
-    run_as_group: int | None = Field(default=None, ge=0, description="Group of the process.")
+    run_as_group: int | None = Field(default=None, ge=0, le=MAX_ID, description="Group of the process.")
     run_as_non_root: bool | None = Field(default=None, description="Refuse to start as root.")
-    run_as_user: int | None = Field(default=None, ge=0, description="User of the process (not 0).")
+    run_as_user: int | None = Field(default=None, ge=0, le=MAX_ID, description="User of the process (not 0).")
     se_linux_options: SELinuxOptions | None = Field(default=None, description="SELinux labels.")
     seccomp_profile: SeccompProfile | None = Field(default=None, description="Seccomp profile.")
     windows_options: WindowsOptions | None = Field(default=None, description="Windows settings.")
