@@ -11,8 +11,10 @@ Read top to bottom (:func:`run_driver`):
     run      :func:`~asyncrl.trainer.driver.loop.run_job` with ``placement="cluster"``, metrics on
              ``0.0.0.0:spec.monitoring.port``, checkpoints under ``ASYNCRL_CHECKPOINT_DIR``, and the
              :class:`~.status_reporter.StatusReporter` as ``on_step`` (final report flushed on every exit)
-    exit     0 on success; 1 the job failed, 2 bad spec or arguments (the CLI), 3 the role pods
-             never joined, 143 SIGTERM (after the final status report): the operator reads the pod's exit
+    exit     0 on success, and after SIGTERM once the final checkpoint is written (a preemption: the
+             operator restarts the gang, which resumes there); 1 the job failed, 2 bad spec or
+             arguments (the CLI), 3 the role pods never joined, 143 SIGTERM before the run started
+             (nothing to save): the operator reads the pod's exit
 
 Token auth. In the job's pods ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` (the job's Secret) are
 in the environment: the head child and this process's ``ray.init`` use them (:func:`token_auth`), so
@@ -33,7 +35,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +45,10 @@ from typing import Any
 
 from asyncrl.api import constants as C
 from asyncrl.api.job import AsyncRLJob, AsyncRLJobSpec
+from asyncrl.trainer.driver.faults import describe
+from asyncrl.trainer.driver.ray_env import local_ray, reload_ray_auth
+
+__all__ = ["reload_ray_auth", "run_driver", "private_ray", "ray_head", "local_gpu_problem"]
 
 log = logging.getLogger(__name__)
 
@@ -202,19 +207,6 @@ def token_auth(env: Mapping[str, str]) -> bool:
     return True
 
 
-def reload_ray_auth() -> None:
-    """Make this process's Ray read the auth mode and token from the environment now.
-
-    The head child inherits them, but Ray reads its own config once per process (when ``ray`` is
-    imported): a process whose environment gained the token later (a test) would connect without it.
-    """
-    import importlib
-
-    raylet: Any = importlib.import_module("ray._raylet")  # compiled: no type information
-    raylet.Config.initialize("")
-    raylet.AuthenticationTokenLoader.instance().reset_cache()
-
-
 @contextlib.contextmanager
 def ray_head(*, start_timeout_s: float = 120.0, gcs_port: int = PORT_GCS,
              dashboard_port: int = PORT_DASHBOARD) -> Iterator[str]:
@@ -265,20 +257,26 @@ def ray_head(*, start_timeout_s: float = 120.0, gcs_port: int = PORT_GCS,
 
 @contextlib.contextmanager
 def private_ray(required: Mapping[str, int], num_cpus: int) -> Iterator[str]:
-    """``--local``: a private local Ray whose one node advertises every role resource itself."""
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    temp_dir = tempfile.mkdtemp(prefix="asyncrl-ray-")
-    ray.init(address="local", _temp_dir=temp_dir, include_dashboard=False, num_cpus=num_cpus,
-             resources={role: float(n) for role, n in required.items()}, logging_level=logging.ERROR,
-             log_to_driver=False)
-    try:
+    """``--local``: a private local Ray whose one node advertises every role resource itself (per-run
+    token, private session folder, its processes and folder removed after: :func:`.ray_env.local_ray`)."""
+    with local_ray(num_cpus, resources={role: float(n) for role, n in required.items()}):
         yield "local"
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def local_gpu_problem(spec: AsyncRLJobSpec, gpus_here: int) -> str | None:
+    """Why ``--local`` cannot place the job's GPU hosts on this machine (None: it can).
+
+    A private Ray advertises the GPUs it finds; a host asking for more waits for them forever.
+    """
+    wants = {"spec.actor.gpusPerReplica": spec.actor.gpus_per_replica,
+             "spec.rollout.gpusPerReplica": spec.rollout.gpus_per_replica}
+    need = max(wants.values())
+    if need <= gpus_here:
+        return None
+    asked = ", ".join(f"{k}: {v}" for k, v in wants.items() if v > gpus_here)
+    return (f"{asked} but this machine has {gpus_here} GPU(s) visible to torch: the host would wait for one "
+            f"forever. For a CPU run set those fields to 0 (actor: {{gpusPerReplica: 0}}, rollout: "
+            "{gpusPerReplica: 0}), or run on a machine with the GPUs")
 
 
 # ------------------------------------------------------------------------- the driver
@@ -317,8 +315,9 @@ def default_run_dir(job: AsyncRLJob, env: Mapping[str, str]) -> Path | None:
 
 
 def _terminate_on_sigterm() -> None:
-    """Kubernetes stops a pod with SIGTERM: unwind (run_job's cleanup, the final status report)
-    instead of dying on the spot; exit code 143 as for a plain SIGTERM."""
+    """Kubernetes stops a pod with SIGTERM: before the run starts, unwind (the final status report)
+    instead of dying on the spot, exit code 143 as for a plain SIGTERM. Once ``run_job`` runs, its own
+    handler takes over: stop cleanly, final checkpoint, exit 0 (:mod:`.termination`)."""
     import signal
 
     if threading.current_thread() is not threading.main_thread():
@@ -345,21 +344,27 @@ def _reporter(job: AsyncRLJob, enabled: bool) -> Any:
 
 
 def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
-    """Head, wait, run, report; the process exit code (0 success, 1 failure, 3 pods never joined;
-    SIGTERM: SystemExit(143) after the final report)."""
+    """Head, wait, run, report; the process exit code (0 success or a clean stop after SIGTERM, 1 failure,
+    2 ``--local`` without the GPUs the spec asks for, 3 pods never joined; SIGTERM before the run:
+    SystemExit(143) after the final report)."""
     import ray
 
     from asyncrl.trainer.driver.loop import RunOptions, run_job
+    from asyncrl.trainer.driver.startup_probe import StartupCheckError
 
     _terminate_on_sigterm()
     spec = job.spec
+    if options.local:  # a private Ray has only this machine's GPUs: refuse now rather than wait forever
+        import torch
+
+        problem = local_gpu_problem(spec, torch.cuda.device_count())
+        if problem is not None:
+            print(f"asyncrl driver --local: {problem}", file=sys.stderr)
+            return 2
     required = required_roles(spec)
     reporter = _reporter(job, options.report_status)
     run_dir = options.run_dir or default_run_dir(job, os.environ)
-    ckpt = checkpoint_root(job, os.environ)
-    if ckpt is not None:
-        job = job.model_copy(update={"spec": spec.model_copy(
-            update={"checkpoint": spec.checkpoint.model_copy(update={"dir": str(ckpt)})})})
+    ckpt = checkpoint_root(job, os.environ)  # the spec stays as validated: the run resolves its dir there
     ray_ctx = private_ray(required, max(1, os.cpu_count() or 1)) if options.local else ray_head()
     try:
         with ray_ctx:
@@ -372,15 +377,21 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
                 rollout_threads=1 if options.local else role_threads(nodes, C.RESOURCE_ROLLOUT),
                 # on the job's volume, so that a restarted gang reuses it
                 warm_start_dir=None if ckpt is None else ckpt / "warm_start",
+                checkpoint_base=None if ckpt is None else Path(os.environ[C.ENV_CHECKPOINT_DIR]),
             )
             on_phase = None if reporter is None else (lambda p: reporter({"sync_phase": p.capitalize()}))
             result = run_job(job, run_options, on_step=reporter, on_phase=on_phase)
     except ClusterTimeoutError as exc:
         print(f"asyncrl driver: {exc}", file=sys.stderr)
         return 3
+    except StartupCheckError as exc:  # permanent: the job's engines disagree with its actor (the message says why)
+        print(f"asyncrl driver: job {job.metadata.name}: {exc}", file=sys.stderr)
+        return StartupCheckError.exit_code
     except Exception as exc:  # noqa: BLE001 -- the pod's exit code and log carry it to the operator
+        # One line with the original error (errno, path and bytes free for a full disk): the pod's last
+        # log line becomes its termination message, which the operator quotes in the job's status.
         log.exception("the job failed")
-        print(f"asyncrl driver: job {job.metadata.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"asyncrl driver: job {job.metadata.name} failed: {describe(exc)}", file=sys.stderr)
         return 1
     finally:
         if reporter is not None and reporter.flush():  # the last word, whatever happened

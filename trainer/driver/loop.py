@@ -76,6 +76,7 @@ class RunOptions:
     rollout_threads: int = 1  # torch threads per rollout worker
     warm_start: bool = True  # run (or reuse) the supervised warm start
     warm_start_dir: Path | None = None  # where the warm start is cached (default <run-dir>/warm_start)
+    checkpoint_base: Path | None = None  # a relative checkpoint.dir lives here (a cluster: the job's volume)
     placement: Placement = "local"  # "cluster": hosts go on the pods' role resources (hosts.start_hosts)
 
 
@@ -116,7 +117,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     """
     spec = job.spec
     total_steps = options.steps or spec.train.steps
-    run = RunDir.create(options.run_dir or default_run_dir(job))
+    run = RunDir.create(options.run_dir or default_run_dir(job), checkpoint_base=options.checkpoint_base)
     swept = [*run.sweep_temporaries(), *checkpoints.sweep_temporaries(run.checkpoint_dir(spec.checkpoint.dir))]
     if options.warm_start_dir is not None:
         swept += sweep_temporaries(options.warm_start_dir.parent)

@@ -44,12 +44,13 @@ class RunDir:
     """Paths of one run directory; ``create`` makes the folder."""
 
     path: Path
+    checkpoint_base: Path | None = None  # where a relative checkpoint.dir lives (None: the run directory)
 
     @classmethod
-    def create(cls, path: str | Path) -> "RunDir":
+    def create(cls, path: str | Path, checkpoint_base: Path | None = None) -> "RunDir":
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
-        return cls(p)
+        return cls(p, checkpoint_base)
 
     @property
     def metrics_jsonl(self) -> Path:
@@ -77,9 +78,9 @@ class RunDir:
         return self.path / "warm_start"
 
     def checkpoint_dir(self, configured: str) -> Path:
-        """``checkpoint.dir``: relative paths live inside the run directory."""
+        """``checkpoint.dir``: relative paths live inside the run directory (in a cluster: the job's volume)."""
         p = Path(configured)
-        return p if p.is_absolute() else self.path / p
+        return p if p.is_absolute() else (self.checkpoint_base or self.path) / p
 
     def append_step(self, record: dict[str, Any]) -> None:
         """Append one step's record to ``metrics.jsonl`` (flushed: a crash keeps every step so far)."""
