@@ -111,6 +111,21 @@ def _model_folder_refused(model, source: str, *, must_exist: bool = True) -> boo
     return bool(problems)
 
 
+def _task_refused(spec, source: str) -> bool:  # spec: AsyncRLJobSpec
+    """Import and construct the task's environment (and reward) once; print the problem, True if any.
+
+    A factory that fails to import or construct is a permanent failure (exit code 2): the message's last
+    line is the traceback's last line, which the pod's termination message (FallbackToLogsOnError) shows."""
+    from asyncrl.rollout.envs.binding import EnvLoadError, bind_task
+
+    try:
+        bind_task(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed)
+    except EnvLoadError as exc:
+        print(f"{source}: {exc}", file=sys.stderr)
+        return True
+    return False
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from asyncrl.api.validation import SpecError
 
@@ -132,6 +147,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     if job.spec.model.weights is not None and _model_folder_refused(job.spec.model, source):
         return 2  # before Ray starts: the workers would fail one by one
+    if _task_refused(job.spec, source):
+        return 2
     if job.spec.rollout.engine == "vllm":  # before Ray starts: every rollout worker would fail on it
         from asyncrl.rollout.vllm_process import VLLMUnavailableError, vllm_python
 
@@ -173,6 +190,8 @@ def _cmd_driver(args: argparse.Namespace) -> int:
         return 2
     model = jobs[0].spec.model  # a model folder mounted here: refused (permanent) before any pod trains
     if model.weights is not None and _model_folder_refused(model, args.spec, must_exist=False):
+        return 2
+    if _task_refused(jobs[0].spec, args.spec):
         return 2
     import logging
     from pathlib import Path

@@ -55,7 +55,7 @@ def test_due_at_multiples_at_the_start_and_at_the_end_once() -> None:
 def test_problems_are_held_out_fixed_and_the_temperature_follows_the_mode() -> None:
     a, b = Evaluator(_spec(everySteps=1, prompts=16)), Evaluator(_spec(everySteps=1, prompts=16))
     assert a.problems == b.problems and len(a.problems) == 16
-    assert all(is_heldout(p.question) for p in a.problems)
+    assert all(is_heldout(p["question"]) for p in a.problems)
     assert Evaluator(_spec(everySteps=1, prompts=16, seed=1)).problems != a.problems
     assert eval_temperature(_spec(everySteps=1)) == GREEDY_TEMPERATURE
     assert eval_temperature(_spec(everySteps=1, mode="temperature")) == 0.7  # task.temperature

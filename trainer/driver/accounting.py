@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.metrics import SYNC_STATES, TRAJECTORY_STATUSES, DriverMetrics
@@ -41,6 +42,8 @@ def count_rollouts(m: DriverMetrics, trajs: Sequence[Trajectory]) -> None:
         # INTERRUPTED snapshots are never handed to the driver by generate(); count one as aborted.
         m.trajectories.labels(t.status.value if t.status.value in TRAJECTORY_STATUSES else "aborted").inc()
         if t.status is TrajectoryStatus.ABORTED:
+            if t.info.get("env_error") in ENV_ERROR_REASONS:  # the episode's environment failed
+                m.env_errors.labels(t.info["env_error"]).inc()
             continue
         m.trajectories_partial.inc(int(t.is_partial))
         m.trajectories_scored.inc()

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.evaluation import EvalMode
-from asyncrl.rollout.envs.math_tasks import Problem
-from asyncrl.rollout.envs.registry import get_task
+from asyncrl.rollout.envs.binding import bind_task
+from asyncrl.rollout.envs.interface import Sample
 from asyncrl.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -103,8 +103,9 @@ class Evaluator:
 
     def __init__(self, spec: Any) -> None:
         self.every = int(spec.eval.every_steps)
-        self.problems: list[Problem] = (
-            get_task(spec.task.name).heldout_problems(spec.eval.prompts, spec.eval.seed) if self.every else []
+        self.problems: list[Sample] = (  # the task's held-out samples (disjoint from training)
+            bind_task(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed).samples.heldout(
+                spec.eval.prompts, spec.eval.seed) if self.every else []
         )
         self.temperature = eval_temperature(spec)
         self.seed = int(spec.eval.seed)

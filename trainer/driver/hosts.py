@@ -33,9 +33,9 @@ Placement = Literal["local", "cluster"]  # where start_hosts puts the processes 
 def _context(spec: AsyncRLJobSpec, tokenizer: Any) -> int:
     """The longest trajectory of the job's task: the actor, the scorers and the rollout workers all
     build the model for this context length."""
-    from asyncrl.rollout.envs.registry import max_sequence_length
+    from asyncrl.rollout.envs.binding import context_length
 
-    return max_sequence_length(spec.task.name, spec.task.max_new_tokens, tokenizer)
+    return context_length(spec.task, tokenizer)
 
 
 def _limit_threads(n: int) -> None:
@@ -67,7 +67,8 @@ class RolloutHost:
         self.spec = AsyncRLJobSpec.model_validate(spec_json)
         self.threads = threads
         self.worker = RolloutWorker(self.spec.task, self.spec.model, self.spec.async_, worker_index=worker_index,
-                                    seed=self.spec.train.seed, rollout=self.spec.rollout)
+                                    seed=self.spec.train.seed, rollout=self.spec.rollout,
+                                    workers=self.spec.rollout.replicas)
         self._weights: Weights | None = None  # the last version received (interrupt-sync scores under it)
         self._scorer: Any = None  # the training-side SegmentScorer, built on the first interrupt-sync window
 
@@ -159,11 +160,11 @@ class ActorHost:
     def __init__(self, spec_json: dict[str, Any], threads: int, work_dir: str | None = None) -> None:
         _limit_threads(threads)
         self.threads = threads
-        from asyncrl.rollout.tokenizer import tokenizer_for
+        from asyncrl.rollout.envs.binding import task_tokenizer
         from asyncrl.trainer.megatron.actor import MegatronActor
 
         self.spec = AsyncRLJobSpec.model_validate(spec_json)
-        self.tokenizer = tokenizer_for(self.spec.model)  # the rollout workers resolve the same one
+        self.tokenizer = task_tokenizer(self.spec.model, self.spec.task)  # the rollout workers resolve the same one
         self.pad = self.tokenizer.pad_id
         self.actor = MegatronActor.from_spec(self.spec, self.tokenizer.vocab_size, num_threads=threads,
                                              max_sequence_length=_context(self.spec, self.tokenizer),
@@ -358,11 +359,11 @@ def dedicated_spawner(spec: AsyncRLJobSpec, *, n_procs_cpus: float, threads: int
     ``oldlogits`` role (the operator builds ``oldLogits.dedicated.replicas`` of them) with its GPUs."""
     import ray
 
-    from asyncrl.rollout.tokenizer import tokenizer_for
+    from asyncrl.rollout.envs.binding import task_tokenizer
     from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
     from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings
 
-    tokenizer = tokenizer_for(spec.model)
+    tokenizer = task_tokenizer(spec.model, spec.task)
     settings = ScorerSettings.from_spec(spec, tokenizer.vocab_size, max_sequence_length=_context(spec, tokenizer))
     cls: Any = ray.remote(DedicatedScorer)
     if placement == "cluster":

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from asyncrl.api.correction import ReferencePolicy
+from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.trainer.correction.ewma import ResetReason
 
 REFERENCES = tuple(r.value for r in ReferencePolicy)
@@ -108,6 +109,12 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Sampled tokens handed to the actor (loss_mask True), before the discrepancy mask."),
     MetricDef("rollout_errors", "counter", "asyncrl_rollout_errors_total",
               "Rollout calls that raised (environment or worker error); their groups count as aborted."),
+    MetricDef("env_errors", "counter", "asyncrl_env_errors_total",
+              "Episodes aborted by their environment's code (the job goes on), by reason: exception (reset or "
+              "step raised), timeout (past task.envTimeoutSeconds), nonfinite_reward, bad_messages (not chat "
+              "messages, or text the tokenizer cannot encode).",
+              labels=(("reason", ENV_ERROR_REASONS),),
+              ratio="environment error ratio = env_errors / trajectories"),
     MetricDef("worker_replacements", "counter", "asyncrl_worker_replacements_total",
               "Processes of the job that died and were replaced while the job continued, by role "
               "(rollout: a rollout worker; oldlogits: a dedicated old-logit scorer).",
