@@ -37,6 +37,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Reason of the last phase change."},
     {"name": "Sync", "type": "string", "jsonPath": ".status.syncPhase.phase", "priority": 1,
      "description": "Interrupt-sync phase reported by the driver."},
+    {"name": "Export", "type": "string", "jsonPath": ".status.training.lastExport", "priority": 1,
+     "description": "Newest Hugging Face export of the policy (checkpoint.exportEverySteps)."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -301,6 +301,14 @@ class CheckpointSpec(SpecModel):
     every_steps: int = Field(default=50, ge=1, le=1_000_000, description="Save every this many optimizer steps.")
     keep: int = Field(default=2, ge=1, le=100, description="Most recent checkpoints kept (at most 100).")
     resume: bool = Field(default=True, description="Resume from the newest checkpoint when one exists.")
+    export_every_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Also write the policy as a Hugging Face model folder (config.json, safetensors shards, "
+        "tokenizer) every this many policy versions and at the last one, into <dir>/exports/step-NNNNNN, "
+        "atomically; 0 = no exports (asyncrl export makes one from any checkpoint).",
+    )
+    export_keep: int = Field(default=2, ge=1, description="Most recent exports kept (exportEverySteps > 0).")
     volume_claim_name: str | None = Field(
         default=None, description="PersistentVolumeClaim mounted at the checkpoint folder in a cluster."
     )

@@ -115,6 +115,11 @@ class TrainingSummary(_StatusModel):
     sync_phase_since: str | None = Field(default=None, description="When syncPhase began (RFC 3339).")
     last_checkpoint: str | None = Field(default=None, description="URI or path of the newest checkpoint.")
     last_checkpoint_version: int | None = Field(default=None, ge=0, description="Policy version it holds.")
+    last_export: str | None = Field(
+        default=None,
+        description="Path of the newest Hugging Face export (checkpoint.exportEverySteps); at the end, the final one.",
+    )
+    last_export_version: int | None = Field(default=None, ge=0, description="Policy version the export holds.")
     reported_at: str | None = Field(default=None, description="When the driver sent this summary (RFC 3339).")
 
     @model_validator(mode="after")

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import torch
 
-from asyncrl.api.job import AsyncRLJob
+from asyncrl.api.job import AsyncRLJob, AsyncRLJobSpec
 
 ExportDtype = Literal["float32", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -150,13 +150,12 @@ class ModelFiles:
     temperature: float  # spec.task.temperature: the policy was trained at it
 
 
-def model_files(job: AsyncRLJob) -> ModelFiles:
+def model_files(spec: AsyncRLJobSpec) -> ModelFiles:
     """Resolve the job's model as the actor does (the same arch, vocabulary and context length)."""
     from asyncrl.rollout.envs.registry import max_sequence_length
     from asyncrl.rollout.tokenizer import tokenizer_for, weights_folder
     from asyncrl.trainer.megatron.actor import ActorSettings
 
-    spec = job.spec
     tokenizer = tokenizer_for(spec.model)
     context = max_sequence_length(spec.task.name, spec.task.max_new_tokens, tokenizer)
     arch = ActorSettings.from_spec(spec, tokenizer.vocab_size, max_sequence_length=context).arch
@@ -323,7 +322,7 @@ def export_checkpoint(path: Path, out: Path, *, job: AsyncRLJob | None = None, d
                       progress: bool = False) -> ExportResult:
     """``asyncrl export``: the newest complete checkpoint of a run directory (or a checkpoint) -> ``out``."""
     checkpoint, job = resolve_checkpoint(path, job)
-    files = model_files(job)
+    files = model_files(job.spec)
     hf, version = checkpoint_weights(checkpoint, files)
     return write_hf_folder(hf, files, out, version=version, dtype=dtype, max_shard_bytes=max_shard_bytes,
                            overwrite=overwrite, progress=progress,
@@ -338,6 +337,12 @@ def exports_root(checkpoint_root: Path) -> Path:
 def export_path(checkpoint_root: Path, version: int) -> Path:
     """Folder of the export taken at ``version``."""
     return exports_root(checkpoint_root) / f"step-{version:06d}"
+
+
+def due(version: int, last_version: int, every: int) -> bool:
+    """An export is due at ``version``: every ``every`` versions (``checkpoint.exportEverySteps``; 0 = never)
+    and at the run's last version."""
+    return every > 0 and (version % every == 0 or version == last_version)
 
 
 def export_weights(weights: Mapping[str, Any], files: ModelFiles, checkpoint_root: Path, version: int, *,

@@ -158,7 +158,7 @@ def test_a_failed_export_leaves_no_folder_and_keeps_the_previous_one(tmp_path: P
 def test_training_exports_keep_the_newest_n(tmp_path: Path) -> None:
     job = _job(tmp_path)
     _, actor = _run_dir(tmp_path, job)
-    files = export.model_files(job)
+    files = export.model_files(job.spec)
     root = tmp_path / "ckpt"
     (root / export.EXPORTS_DIR / ".step-000009.tmp-1").mkdir(parents=True)  # a crashed export's leftovers
     weights = {k: v.numpy() for k, v in actor.hf_state_dict().items()}

@@ -9,6 +9,7 @@ from typing import Any
 from asyncrl.api.job import AsyncRLJob
 from asyncrl.trainer.driver.faults import describe
 from asyncrl.trainer.driver.loop import RunOptions, RunResult, default_run_dir, run_job
+from asyncrl.trainer.driver.startup_probe import StartupCheckError
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -41,6 +42,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("status") == "preempted":
         lines.append(f"  stopped by SIGTERM at version {summary.get('final_version')}; final checkpoint: "
                      f"{summary.get('final_checkpoint', 'the newest one already held it')} (a rerun resumes there)")
+    probe = summary.get("startup_check")
+    if probe:  # the start-up discrepancy probe, one engine per line
+        for e in probe.get("engines", []):
+            verdict = "ok" if e["passed"] else f"REFUSED, looks like {e['cause']}"
+            lines.append(f"  start-up probe {e['engine']}: mean |log r_d| {e['mean_abs_log_ratio']:.2e}, p99 "
+                         f"{e['p99_abs_log_ratio']:.2e} over {e['tokens']} tokens ({verdict})")
+    if summary.get("export"):
+        lines.append(f"  exported: {summary['export']['path']} (version {summary['export']['version']}; "
+                     "AutoModelForCausalLM.from_pretrained loads it)")
     if summary.get("error"):
         lines.append(f"  error: {summary['error']}")
     return "\n".join(lines)
@@ -101,6 +111,9 @@ def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = Fal
         result = run_job(job, options, on_step=on_step, on_start=on_start, on_warm=on_warm)
     except KeyboardInterrupt:
         code = 130
+    except StartupCheckError as exc:  # the engines' log-probs do not match the actor's: a configuration error
+        code = StartupCheckError.exit_code
+        error = describe(exc)
     except Exception as exc:  # noqa: BLE001 -- the summary below carries the error
         code = 1
         error = describe(exc)

@@ -260,6 +260,13 @@ class ActorHost:
     def weights(self) -> Weights:
         return {k: v.numpy() for k, v in self.actor.hf_state_dict().items()}
 
+    def score(self, tokens: np.ndarray, temperature: float) -> np.ndarray:
+        """No-grad ``logp_theta`` ``[B, T]`` of right-padded ``tokens`` ``[B, T]`` under the current weights at
+        ``temperature`` (the start-up discrepancy probe)."""
+        import torch
+
+        return self.actor.logprobs(torch.from_numpy(np.ascontiguousarray(tokens)), temperature=temperature).cpu().numpy()
+
     def save_checkpoint(self, path: str) -> None:
         self.actor.save_checkpoint(path)
 

@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from asyncrl.api.job import AsyncRLJob
 from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer import export
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver import checkpoints, faults, recovery
 from asyncrl.trainer.driver.accounting import (
@@ -58,6 +59,7 @@ from asyncrl.trainer.driver.ray_env import local_ray
 from asyncrl.trainer.driver.rundir import RunDir, sweep_temporaries, write_report
 from asyncrl.trainer.driver.stages import PhaseCallback, Stage, make_stage
 from asyncrl.trainer.driver.staleness import Group, StalenessBuffer, check_staleness
+from asyncrl.trainer.driver.startup_probe import startup_check
 from asyncrl.trainer.driver.termination import StopRequest, install_sigterm_handler
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,8 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                 # --- warm start or resume --------------------------------------------------
                 version, driver_state = _warm_or_resume(hosts, job, run, options, summary, on_warm)
                 summary["start_version"] = version
+                if job.spec.correction.startup_check.enabled:  # refuses (exit 2) before any step
+                    startup_check(hosts, job.spec, version, summary, metrics)
                 # a resumed run continues its log (a torn last line is cut off and said)
                 records.extend(run.keep_steps_up_to(version, summary.setdefault("notices", [])))
                 logged_from = len(records)
@@ -568,6 +572,8 @@ class _Loop:
         if self.version % self.spec.checkpoint.every_steps == 0 or self.version == self.total_steps:
             # The last step is saved too: rerunning a finished job resumes there and has nothing to redo.
             record["checkpoint"] = str(self._checkpoint())
+        if export.due(self.version, self.total_steps, self.spec.checkpoint.export_every_steps):
+            record.update(self._export())
         self._record(record)
         self._evaluate_if_due()
 
@@ -594,6 +600,18 @@ class _Loop:
         checkpoints.prune(root, self.spec.checkpoint.keep)
         recovery.prune(root, {c.version for c in checkpoints.all_complete(root)})
         return ckpt
+
+    def _export(self) -> dict[str, Any]:
+        """The current version as an HF folder in ``<checkpoint dir>/exports`` (``checkpoint.exportEverySteps``),
+        from the weights rollout just received; the newest ``exportKeep`` are kept."""
+        import ray
+
+        result = export.export_weights(
+            ray.get(self.hosts.weights), export.model_files(self.spec),
+            self.run_dir.checkpoint_dir(self.spec.checkpoint.dir), self.version,
+            job_name=str(self.summary.get("job")), keep=self.spec.checkpoint.export_keep)
+        self.summary["export"] = result.record()  # the newest: at the end, the final export
+        return {"export": str(result.path), "export_s": round(result.seconds, 3)}
 
     def _record(self, record: dict[str, Any]) -> None:
         record["dropped_groups_total"] = self.buffer.counts.groups_dropped_stale

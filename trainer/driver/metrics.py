@@ -170,6 +170,10 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Live audit of a cheap reference (correction.audit): mean and p99 of |log pi_ref - log pi_old| "
               "over the audited tokens of the last audited step (pi_old exact, from weight snapshots).",
               labels=(("reference", REFERENCES), ("stat", ("mean", "p99")))),
+    MetricDef("startup_log_ratio", "gauge", "asyncrl_startup_log_ratio_abs",
+              "Start-up discrepancy probe (correction.startupCheck): mean and p99 of |log pi_theta - log mu| over "
+              "the probe's sampled tokens, of the worst rollout engine, at the version training starts from.",
+              labels=(("stat", ("mean", "p99")),)),
     MetricDef("audit_tokens", "counter", "asyncrl_audit_tokens_total",
               "Trained tokens the live audit compared with exact old logits.",
               labels=(("reference", REFERENCES),)),

@@ -14,7 +14,7 @@ Over each *report window* (the steps since the last successful report) it aggreg
 - ``maxStaleness`` = the largest version gap of a trained token in the window;
 
 and over the run (this driver process): ``ewmaResets`` (total), ``policyVersion``, and the last
-checkpoint with its version. Only applied steps count (a non-finite step's update was skipped),
+checkpoint and the last Hugging Face export (``checkpoint.exportEverySteps``), each with its version. Only applied steps count (a non-finite step's update was skipped),
 the same steps the Prometheus counters of :func:`~.accounting.count_correction` count.
 
 Failures never stop training: an API error is logged once per report with the likely fix and
@@ -131,6 +131,8 @@ class StatusReporter:
         self.ewma_resets = 0
         self.last_checkpoint: str | None = None
         self.last_checkpoint_version: int | None = None
+        self.last_export: str | None = None
+        self.last_export_version: int | None = None
         self.sync_phase: SyncPhase | None = None
         self.sync_phase_since: str | None = None
         self.sent = 0
@@ -162,6 +164,9 @@ class StatusReporter:
         if record.get("checkpoint"):
             self.last_checkpoint = str(record["checkpoint"])
             self.last_checkpoint_version = self.policy_version
+        if record.get("export"):  # checkpoint.exportEverySteps: an HF folder of this version
+            self.last_export = str(record["export"])
+            self.last_export_version = self.policy_version
 
     def summary(self) -> TrainingSummary:
         """The summary a report sent now would carry."""
@@ -170,7 +175,8 @@ class StatusReporter:
             clip_fraction=self.window.clip_fraction, ewma_resets=self.ewma_resets,
             max_staleness=self.window.max_staleness, sync_phase=self.sync_phase,
             sync_phase_since=self.sync_phase_since, last_checkpoint=self.last_checkpoint,
-            last_checkpoint_version=self.last_checkpoint_version, reported_at=rfc3339(self.wall()),
+            last_checkpoint_version=self.last_checkpoint_version, last_export=self.last_export,
+            last_export_version=self.last_export_version, reported_at=rfc3339(self.wall()),
         )
 
     def flush(self) -> bool:
