@@ -91,6 +91,7 @@ def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], m
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    writing = final / STATE_FILE
     try:
         tmp.mkdir()
         with open(tmp / STATE_FILE, "wb") as f:
@@ -98,12 +99,18 @@ def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], m
             f.flush()
             os.fsync(f.fileno())
         marker = {**meta, FILES_KEY: {STATE_FILE: file_record(tmp / STATE_FILE)}}
+        writing = final / META_FILE
         with open(tmp / META_FILE, "w") as f:
             json.dump(marker, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written behind
+        cause = _os_error(exc)
+        if cause is not None and (cause is not exc or cause.filename is None):
+            # torch.save turns a failed write into "RuntimeError: [enforce fail at inline_container.cc]
+            # unexpected pos": the OSError (ENOSPC) is only its context. Say the real error, with the file.
+            raise OSError(cause.errno, cause.strerror, str(writing)) from exc
         raise
     old = None
     if final.exists():
@@ -132,6 +139,18 @@ def read_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], 
     except Exception as exc:  # noqa: BLE001 -- verified bytes that torch cannot read: say which file
         raise CheckpointError(folder, f"{STATE_FILE} does not load ({type(exc).__name__}: {exc})") from exc
     return state, meta
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The first OSError with an errno in ``exc``'s chain (itself, its cause or context)."""
+    seen: set[int] = set()
+    probe: BaseException | None = exc
+    while probe is not None and id(probe) not in seen:
+        if isinstance(probe, OSError) and probe.errno is not None:
+            return probe
+        seen.add(id(probe))
+        probe = probe.__cause__ or probe.__context__
+    return None
 
 
 def _fsync_dir(path: Path) -> None:
