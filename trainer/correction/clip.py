@@ -53,23 +53,55 @@ def ppo_clip(
         dual_clip: ``c > 1`` or None.
         extra_stop: ``[B, T]`` 0/1, further tokens whose gradient is stopped (the safety clamp).
     """
-    lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    # Five [B, T] buffers; each line is one pass over them.
     minus_adv = -adv
+    cap = None if dual_clip is None else minus_adv.abs().mul_(dual_clip)
+    return clip_minus_adv(rs, minus_adv, cap, eps_low=eps_low, eps_high=eps_high, extra_stop=extra_stop)
+
+
+def clip_minus_adv(
+    rs: Tensor,
+    minus_adv: Tensor,
+    cap: Tensor | None,
+    *,
+    eps_low: float,
+    eps_high: float,
+    extra_stop: Tensor | None = None,
+    adv_rows: Tensor | None = None,
+) -> Clip:
+    """:func:`ppo_clip` on ``-A`` with the dual-clip cap ``c |A|`` precomputed (the loss builds both
+    from its advantages); ``cap`` None: no dual clip.
+
+    Args:
+        rs: ``[B, T]`` safety-clamped ``r_s``.
+        minus_adv: ``[B, T]`` ``-A``, 0 where the token does not count (read only).
+        cap: ``[B, T]`` or ``[B, 1]`` ``c |A|`` (read only, >= 0), or None. It may be nonzero where
+            ``minus_adv`` is 0: there ``pg = 0 <= cap`` and the dual clip cannot bind.
+        eps_low, eps_high, extra_stop: as :func:`ppo_clip`.
+        adv_rows: ``[B, 1]`` finite per-sequence advantages when ``A`` is constant along each row:
+            then a row's clipped tokens are all on one side (upper for ``A > 0``), and the upper
+            count is a dot product of per-row counts instead of an indicator pass over ``[B, T]``.
+    """
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    # Four fresh [B, T] buffers (pg1 becomes the gradient, pg the loss); each line is one pass.
     pg1 = minus_adv * rs  # -A r_s: the loss where the gradient flows, and that gradient
     pg = rs.clamp(lo, hi).mul_(minus_adv)  # pg2 = -A clip(r_s)
     stopped = ind.gt(pg, pg1)  # the clip binds: sign-aware (see the module docstring)
     torch.maximum(pg1, pg, out=pg)
-    n_clipped = stopped.sum()
-    # r_s > 1 on the clipped side means the upper bound (A > 0), r_s < 1 the lower one (A < 0).
-    scratch = ind.gt(rs, 1.0)
-    clip_high = _dot(stopped, scratch)
+    if adv_rows is None:
+        n_clipped = stopped.sum()
+        # r_s > 1 on the clipped side means the upper bound (A > 0), r_s < 1 the lower one (A < 0).
+        scratch = ind.gt(rs, 1.0)
+        clip_high = _dot(stopped, scratch)
+    else:
+        per_row = stopped.sum(dim=-1)  # [B]
+        n_clipped = per_row.sum()
+        clip_high = _dot(per_row, ind.gt(adv_rows, 0.0))  # rows with A > 0 clip at the upper bound
+        scratch = None
     clip_low = n_clipped - clip_high
     if extra_stop is not None:
         torch.maximum(stopped, extra_stop, out=stopped)
-    if dual_clip is not None:
-        cap = torch.abs(minus_adv, out=minus_adv).mul_(dual_clip)  # c |A|
-        dual_ind = ind.gt(pg, cap, out=scratch)  # A < 0 and r_s > c
+    if cap is not None:
+        dual_ind = ind.gt(pg, cap, out=scratch)  # A < 0 and r_s > c (into the scratch buffer, if any)
         dual = dual_ind.sum()
         torch.minimum(pg, cap, out=pg)
         torch.maximum(stopped, dual_ind, out=stopped)

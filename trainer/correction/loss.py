@@ -22,9 +22,11 @@ Why it is written this way:
    0), so the backward pass is one multiply instead of replaying ~20 elementwise kernels. The
    tests check it against autograd of an independent loop implementation. Double backward is not
    supported (PPO never needs it).
-5. Masks are 0/1 floats and scratch buffers are reused (:mod:`.indicators`): with every metric
-   on, forward + backward costs about what a bare autograd PPO-clip loss costs
-   (``bench/correction.py``).
+5. Masks are 0/1 floats and scratch buffers are reused (:mod:`.indicators`); ``log r_s`` and
+   ``log r_d`` share one ``[2, B, T]`` buffer so their NaN guard, clamp, ``expm1``, sums and
+   extremes are one kernel each; metrics come from counts the loss already has (per-row clip
+   counts for per-sequence advantages, extremes in one min-max reduction). ``bench/correction.py``
+   compares forward + backward with a bare autograd PPO-clip loss (``docs/results.md``).
 """
 
 import math
@@ -36,7 +38,7 @@ from torch import Tensor
 
 from asyncrl.api.correction import CorrectionSpec, DiscrepancyLevel, DiscrepancyMode, LossAggregation
 from asyncrl.trainer.correction import indicators as ind
-from asyncrl.trainer.correction.clip import ppo_clip
+from asyncrl.trainer.correction.clip import clip_minus_adv
 from asyncrl.trainer.correction.discrepancy import SAFETY_BOUND, discrepancy_weights, lookup
 from asyncrl.trainer.correction.stats import CorrectionStats, compute_stats
 
@@ -51,19 +53,26 @@ class CorrectionResult:
 
 
 class _AttachGrad(torch.autograd.Function):
-    """Returns ``value`` (0-dim) with ``d value / d logp_theta = coef`` (``[B, T]``, precomputed)."""
+    """Returns ``value`` (0-dim) with ``d value / d logp_theta = coef * scale`` (``coef`` ``[B, T]``,
+    ``scale`` 0-dim or ``[B, 1]``, both precomputed): the denominator is applied in the backward's one
+    multiply instead of a pass of its own in the forward."""
 
     @staticmethod
-    def forward(ctx: Any, logp_theta: Tensor, value: Tensor, coef: Tensor) -> Tensor:
-        ctx.save_for_backward(coef)
+    def forward(ctx: Any, logp_theta: Tensor, value: Tensor, coef: Tensor, scale: Tensor) -> Tensor:
+        ctx.save_for_backward(coef, scale)
         ctx.theta_dtype = logp_theta.dtype
         return value.clone()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:
-        (coef,) = ctx.saved_tensors
-        return (coef * grad_out).to(ctx.theta_dtype), None, None
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
+        coef, scale = ctx.saved_tensors
+        return (coef * (grad_out * scale)).to(ctx.theta_dtype), None, None, None
+
+
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    """``(a * b).sum()`` without the ``[B, T]`` temporary."""
+    return torch.dot(a.reshape(-1), b.reshape(-1))
 
 
 def _check_inputs(
@@ -148,53 +157,60 @@ def decoupled_pg_loss(
     agg = lookup({a: a for a in LossAggregation}, aggregation, "loss_aggregation")
     dtype = torch.promote_types(logp_theta.dtype, torch.float32)  # (1)
     need_unclamped = veto_below is not None and math.log(veto_below) <= -SAFETY_BOUND
+    B, T = logp_theta.shape
     # In-place ops below only ever touch tensors created in this function (fewer fresh [B, T]
-    # buffers: on CPU each costs page faults comparable to the kernel itself).
+    # buffers: on CPU each costs page faults comparable to the kernel itself). The two log-ratios
+    # live in one [2, B, T] buffer so that every step they share (NaN guard, clamp, expm1, sums,
+    # extremes) is one kernel over both.
     with torch.no_grad():
         ref = logp_ref.detach().to(dtype)
-        d_s = logp_theta.detach().to(dtype) - ref  # [B, T] log r_s
-        d_d = ref - logp_mu.detach().to(dtype)  # [B, T] log r_d
+        logs = torch.empty((2, B, T), dtype=dtype, device=logp_theta.device)  # [log r_s, log r_d]
+        log_rs, log_rd = logs.unbind(0)
+        torch.sub(logp_theta.detach().to(dtype), ref, out=log_rs)
+        torch.sub(ref, logp_mu.detach().to(dtype), out=log_rd)
         adv = advantages.detach().to(dtype)
         adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B, 1] broadcasts over T
         mask = ind.from_bool(loss_mask, dtype)  # [B, T] 0/1
         mask_count = mask.sum()
         # (2) NaN/inf in any of the three log-probs or the advantage makes this sum non-finite.
-        valid = mask.mul_(ind.finite_(torch.add(d_s, d_d).add_(adv)))  # [B, T] 0/1
-        log_rs = d_s.nan_to_num_(0.0, 0.0, 0.0).mul_(valid)
-        saturated = log_rs.abs().gt_(SAFETY_BOUND)  # (3) the clamp stops these gradients
-        log_rs.clamp_(-SAFETY_BOUND, SAFETY_BOUND)
-        log_rd = d_d.nan_to_num_(0.0, 0.0, 0.0).mul_(valid)
+        scratch = torch.add(log_rs, log_rd).add_(adv)
+        valid = mask.mul_(ind.finite_(scratch))  # [B, T] 0/1
+        logs.nan_to_num_(0.0, 0.0, 0.0).mul_(valid)  # both ratios 0 where invalid
+        saturated = torch.abs(log_rs, out=scratch).gt_(SAFETY_BOUND)  # (3) the clamp stops these gradients
         log_rd_unclamped = log_rd.clone() if need_unclamped else None
-        log_rd.clamp_(-SAFETY_BOUND, SAFETY_BOUND)
-        rs = log_rs.exp()  # [B, T], 1 where invalid
-        rd_m1 = log_rd.expm1()  # [B, T] r_d - 1 without cancellation (kl_k3 needs it), 0 where invalid
-        rd = rd_m1 + 1.0
-        adv = adv.nan_to_num(0.0, 0.0, 0.0) * valid  # [B, T], 0 where invalid
+        logs.clamp_(-SAFETY_BOUND, SAFETY_BOUND)
+        # r - 1 without cancellation (the k3 estimators need it), 0 where invalid; r = that + 1.
+        ratios_m1 = logs.expm1()  # [2, B, T]
+        ratios = ratios_m1 + 1.0  # [2, B, T] [r_s, r_d], 1 where invalid
+        rs, rd = ratios.unbind(0)
+        # -A (0 where invalid) and the dual-clip cap c |A| (>= 0; [B, 1] for per-sequence advantages).
+        adv = adv.nan_to_num(0.0, 0.0, 0.0)
+        minus_adv = torch.mul(valid, adv.neg())
+        cap = None if dual_clip is None else adv.abs().mul_(dual_clip)
+        adv_rows = adv if adv.shape[-1] == 1 and T != 1 else None
 
         disc = discrepancy_weights(
             log_rd, rd, valid, mode=mode, level=level, low=mask_low, high=mask_high,
             veto_below=veto_below, turn_ids=turn_ids, log_rd_unclamped=log_rd_unclamped,
         )
-        clip = ppo_clip(rs, adv, eps_low=clip_low, eps_high=clip_high, dual_clip=dual_clip, extra_stop=saturated)
-        term = clip.pg.mul_(disc.weight)  # [B, T] per-token loss, 0 where invalid or rejected
-        coef = clip.grad.mul_(disc.weight)  # [B, T] d term / d logp_theta (clip.pg/grad not reused)
+        clip = clip_minus_adv(rs, minus_adv, cap, eps_low=clip_low, eps_high=clip_high, extra_stop=saturated,
+                              adv_rows=adv_rows)
+        coef = clip.grad.mul_(disc.weight)  # [B, T] d term / d logp_theta, before the denominator
 
         n_tok = valid.sum(dim=-1)  # [B] valid tokens per sequence, before the discrepancy mask
         if agg is LossAggregation.TOKEN_MEAN:
-            den = n_tok.sum().clamp(min=1.0)
-            value = term.sum() / den
-            coef = coef.div_(den)
+            scale = n_tok.sum().clamp(min=1.0).reciprocal()  # 0-dim 1 / den
+            value = _dot(clip.pg, disc.weight) * scale
         else:  # sequenceMean: mean over each sequence's valid tokens, then over non-empty sequences
             n_seq = n_tok.clamp(max=1.0).sum().clamp(min=1.0)
-            seq_den = n_tok.clamp(min=1.0) * n_seq  # [B]
-            value = (term.sum(dim=-1) / seq_den).sum()
-            coef = coef.div_(seq_den.unsqueeze(-1))
+            scale = (n_tok.clamp(min=1.0) * n_seq).reciprocal_().unsqueeze(-1)  # [B, 1] 1 / seq_den
+            value = _dot(clip.pg.mul_(disc.weight).sum(dim=-1), scale.squeeze(-1))
 
         stats = compute_stats(
-            mask_count=mask_count, valid=valid, n_tok=n_tok, log_rd=log_rd, rd_m1=rd_m1,
-            log_rs=log_rs, rs=rs, disc=disc, clip=clip,
+            mask_count=mask_count, valid=valid, n_tok=n_tok, logs=logs, ratios_m1=ratios_m1, ratios=ratios,
+            disc=disc, clip=clip, scratch=(saturated, minus_adv),  # both read for the last time by the clip
         )
-    loss = _AttachGrad.apply(logp_theta, value, coef)
+    loss = _AttachGrad.apply(logp_theta, value, coef, scale)
     return CorrectionResult(loss=loss, metrics=stats)
 
 

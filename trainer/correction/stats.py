@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.trainer.correction.clip import Clip
-from asyncrl.trainer.correction.discrepancy import SAFETY_BOUND, Discrepancy
+from asyncrl.trainer.correction.discrepancy import Discrepancy
 
 S = TypeVar("S", Tensor, float)
 
@@ -294,23 +294,28 @@ def compute_stats(
     mask_count: Tensor,
     valid: Tensor,
     n_tok: Tensor,
-    log_rd: Tensor,
-    rd_m1: Tensor,
-    log_rs: Tensor,
-    rs: Tensor,
+    logs: Tensor,
+    ratios_m1: Tensor,
+    ratios: Tensor,
     disc: Discrepancy,
     clip: Clip,
+    scratch: tuple[Tensor, Tensor],
 ) -> "CorrectionStats[Tensor]":
     """The counts and sums of one batch from the loss's intermediates (call under ``no_grad``).
 
-    No division here: fractions are derived where they are read.
+    No division here: fractions are derived where they are read. Every sum the loss already has a
+    tensor for is one reduction, and the two ratios share theirs (``[2, B, T]`` in, 2 values out);
+    counts that follow from others (``nonfinite``, ``clip_low``, ``clip_or_reject``, ...) are
+    scalar arithmetic, never another pass.
 
     Args:
         mask_count: 0-dim, tokens with ``loss_mask`` True.
         valid: ``[B, T]`` 0/1, the tokens that count; n_tok: ``[B]`` valid tokens per sequence.
-        log_rd: ``[B, T]`` token-level clamped ``log r_d`` (0 where invalid); rd_m1: ``expm1(log_rd)``.
-        log_rs, rs: ``[B, T]`` clamped ``log r_s`` (0 where invalid) and ``exp(log_rs)`` (1 there).
+        logs: ``[2, B, T]`` token-level clamped ``[log r_s, log r_d]``, 0 where invalid.
+        ratios_m1: ``[2, B, T]`` ``expm1(logs)`` (0 where invalid); ratios: ``ratios_m1 + 1``.
         disc, clip: the discrepancy and clip outcomes.
+        scratch: two ``[B, T]`` buffers the loss no longer reads; overwritten here, as is ``logs``
+            (its last reader), so the statistics allocate no ``[B, T]`` buffer of their own.
     """
     n = n_tok.sum()
     n_seq = n_tok.clamp(max=1.0).sum()  # n_tok is integer-valued: clamp(max=1) is "has a token"
@@ -318,11 +323,11 @@ def compute_stats(
     kept = keep.sum()
     zero = torch.zeros_like(n)
     stopped_kept = _dot(stopped, keep)
-    log_rd_sum = log_rd.sum()
-    rd_m1_sum = rd_m1.sum()
-    # k3 of KL(pi_theta || pi_ref) with r = pi_ref / pi_theta = exp(-log r_s): r - 1 - log r;
-    # expm1 keeps it exact for small |log r_s| in fp32 (0 where invalid: log_rs = 0 there).
-    k3_theta_ref = torch.neg(log_rs).expm1_().add_(log_rs).sum()
+    log_rs_sum, log_rd_sum = logs.sum(dim=(1, 2)).unbind()
+    rs_m1_sum, rd_m1_sum = ratios_m1.sum(dim=(1, 2)).unbind()  # r - 1 is 0 where invalid
+    # k3 of KL(pi_theta || pi_ref) with r = pi_ref / pi_theta = 1 / r_s: r - 1 - log r, where
+    # r - 1 = -(r_s - 1) / r_s keeps the expm1 precision for small |log r_s| in fp32.
+    k3_theta_ref = log_rs_sum - torch.div(ratios_m1[0], ratios[0], out=scratch[0]).sum()
     sums: dict[str, Tensor] = {
         "valid_tokens": n,
         "valid_seqs": n_seq,
@@ -332,15 +337,15 @@ def compute_stats(
         "reject_high_tokens": disc.above if disc.rejects else zero,
         "rd_below_tokens": disc.below,
         "rd_above_tokens": disc.above,
-        "veto_tokens": (n_tok * disc.veto_seq.squeeze(-1)).sum(),
+        "veto_tokens": _dot(n_tok, disc.veto_seq),
         "veto_seqs": disc.veto_seq.sum(),
         "clip_low_tokens": clip.clip_low,
         "clip_high_tokens": clip.clip_high,
         "dual_clip_tokens": clip.dual,
         "clip_and_reject_tokens": stopped.sum() - stopped_kept,
         "clip_or_reject_tokens": n - kept + stopped_kept,
-        "rd_sum": rd_m1_sum + n,  # r_d - 1 is 0 where invalid
-        "rs_sum": rs.sum() - (valid.numel() - n),  # invalid tokens hold r_s = 1
+        "rd_sum": rd_m1_sum + n,
+        "rs_sum": rs_m1_sum + n,
         "weight_sum": w.sum(),
         "weight_sq_sum": _dot(w, w),
         "kl_k1_sum": -log_rd_sum,
@@ -348,15 +353,13 @@ def compute_stats(
         "kl_k3_theta_ref_sum": k3_theta_ref,
     }
 
-    # Extremes in log space: invalid tokens are pushed 4 * SAFETY_BOUND out of the way; with no
-    # valid token the result is multiplied by 0, i.e. a ratio of 1.
-    push = valid.mul(-4.0 * SAFETY_BOUND).add_(4.0 * SAFETY_BOUND)  # [B, T]: 80 where invalid, else 0
-    tmp = torch.empty_like(push)
-    ext = torch.stack([
-        torch.add(log_rd, push, out=tmp).amin(), torch.sub(log_rd, push, out=tmp).amax(),
-        torch.add(log_rs, push, out=tmp).amin(), torch.sub(log_rs, push, out=tmp).amax(),
-    ])
-    ext = (ext * n.clamp(max=1.0)).exp()
+    # Extremes in log space, both ratios in one min-max reduction: every invalid token takes its
+    # ratio's mean over the valid tokens, which lies between their extremes (up to the rounding of
+    # one division), so it never wins; with no valid token all are 0, i.e. a ratio of 1.
+    means = torch.stack([log_rs_sum, log_rd_sum]).div_(n.clamp(min=1.0)).view(2, 1, 1)
+    invalid = torch.mul(valid, -1.0, out=scratch[1]).add_(1.0)  # [B, T] 1 - valid
+    lo, hi = torch.aminmax(logs.addcmul_(invalid, means).view(2, -1), dim=1)  # logs is not read after this
+    ext = torch.stack([lo[1], hi[1], lo[0], hi[0]]).exp()
     sums.update(zip(("rd_min", "rd_max", "rs_min", "rs_max"), ext.unbind(), strict=True))
     values = torch.stack([sums[f.name] for f in fields(CorrectionStats)]).to(torch.float32)
     return CorrectionStats(**dict(zip((f.name for f in fields(CorrectionStats)), values.unbind(), strict=True)))
