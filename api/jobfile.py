@@ -121,7 +121,7 @@ class _BoundedLoader(Composer, SafeConstructor, Resolver, _Parser):  # type: ign
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(AliasEvent):
-            event = self.peek_event()
+            event: Any = self.peek_event()
             target = self.anchors.get(event.anchor)
             if target is not None:
                 if id(target) in self._open:
@@ -145,8 +145,8 @@ class _BoundedLoader(Composer, SafeConstructor, Resolver, _Parser):  # type: ign
         return node  # type: ignore[no-any-return]
 
     # The two collection composers below are PyYAML's with the path, the open set and the duplicate check.
-    def compose_sequence_node(self, anchor: str | None) -> SequenceNode:
-        start_event = self.get_event()
+    def compose_sequence_node(self, anchor: Any) -> SequenceNode:
+        start_event: Any = self.get_event()
         tag = start_event.tag
         if tag is None or tag == "!":
             tag = self.resolve(SequenceNode, None, start_event.implicit)
@@ -160,12 +160,13 @@ class _BoundedLoader(Composer, SafeConstructor, Resolver, _Parser):  # type: ign
             node.value.append(self.compose_node(node, index))
             self._keys.pop()
             index += 1
-        node.end_mark = self.get_event().end_mark
+        end_event: Any = self.get_event()
+        node.end_mark = end_event.end_mark
         self._open.discard(id(node))
         return node
 
-    def compose_mapping_node(self, anchor: str | None) -> MappingNode:
-        start_event = self.get_event()
+    def compose_mapping_node(self, anchor: Any) -> MappingNode:
+        start_event: Any = self.get_event()
         tag = start_event.tag
         if tag is None or tag == "!":
             tag = self.resolve(MappingNode, None, start_event.implicit)
@@ -191,7 +192,8 @@ class _BoundedLoader(Composer, SafeConstructor, Resolver, _Parser):  # type: ign
             value_node = self.compose_node(node, key_node)
             self._keys.pop()
             node.value.append((key_node, value_node))
-        node.end_mark = self.get_event().end_mark
+        end_event: Any = self.get_event()
+        node.end_mark = end_event.end_mark
         self._open.discard(id(node))
         return node
 

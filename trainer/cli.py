@@ -17,8 +17,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     failed = 0
     for path in args.files:
         read = read_job_file(path)
-        for problem in read.problems:
-            print(f"{path}: {problem}", file=sys.stderr)
+        for found in read.problems:
+            print(f"{path}: {found}", file=sys.stderr)
         failed += bool(read.problems)
         from asyncrl.api.dataset_file import local_check  # a dataset file visible here: every row
         from asyncrl.api.model_arch import folder_problems  # a weights folder visible here: its config.json
