@@ -32,8 +32,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 print(f"{path}: warning: spec.model.weights: {missing} (asyncrl run here would refuse it; a "
                       "cluster job reads the folder in its pods; --local makes this an error)", file=sys.stderr)
             if model_problems := folder_problems(job.spec.model):
-                for problem in model_problems:
-                    print(f"{path}: {problem}", file=sys.stderr)
+                for text in model_problems:
+                    print(f"{path}: {text}", file=sys.stderr)
                 failed += 1
                 continue
             data_problems, note = local_check(job.spec.task.dataset)

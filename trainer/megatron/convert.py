@@ -31,6 +31,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -135,26 +136,34 @@ def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arch: ModelArch
     ).reshape(ng * (hpg + 2) * hn, *rest)
 
 
+def _read(src: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
+    return src[key]
+
+
+def _qkv(src: Mapping[str, torch.Tensor], arch: ModelArch, h: str, suffix: str) -> torch.Tensor:
+    a = h + "self_attn."
+    return _fuse_qkv(src[a + f"q_proj.{suffix}"], src[a + f"k_proj.{suffix}"], src[a + f"v_proj.{suffix}"], arch)
+
+
+def _fc1(src: Mapping[str, torch.Tensor], prefix: str) -> torch.Tensor:
+    return torch.cat([src[prefix + "gate_proj.weight"], src[prefix + "up_proj.weight"]], 0)  # [gate; up]
+
+
 def _hf_builders(arch: ModelArch, src: Mapping[str, torch.Tensor]) -> dict[str, Callable[[], torch.Tensor]]:
     """megatron name -> a thunk reading the HF tensors it is made of (nothing is read until called)."""
     out: dict[str, Callable[[], torch.Tensor]] = {
-        "embedding.word_embeddings.weight": lambda: src["model.embed_tokens.weight"],
+        "embedding.word_embeddings.weight": partial(_read, src, "model.embed_tokens.weight"),
     }
     for i in range(arch.num_layers):
         m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
-        out |= {mc: (lambda k=hf: src[k]) for mc, hf in _layer_pairs(arch, i).items()}
-        out[m + "self_attention.linear_qkv.weight"] = lambda h=h: _fuse_qkv(
-            src[h + "self_attn.q_proj.weight"], src[h + "self_attn.k_proj.weight"], src[h + "self_attn.v_proj.weight"],
-            arch)
+        out |= {mc: partial(_read, src, hf) for mc, hf in _layer_pairs(arch, i).items()}
+        out[m + "self_attention.linear_qkv.weight"] = partial(_qkv, src, arch, h, "weight")
         if arch.qkv_bias:
-            out[m + "self_attention.linear_qkv.bias"] = lambda h=h: _fuse_qkv(
-                src[h + "self_attn.q_proj.bias"], src[h + "self_attn.k_proj.bias"], src[h + "self_attn.v_proj.bias"],
-                arch)
-        for mc, p in _fc1_pairs(arch, i).items():
-            out[mc] = lambda p=p: torch.cat([src[p + "gate_proj.weight"], src[p + "up_proj.weight"]], 0)
-    out["decoder.final_layernorm.weight"] = lambda: src["model.norm.weight"]
+            out[m + "self_attention.linear_qkv.bias"] = partial(_qkv, src, arch, h, "bias")
+        out |= {mc: partial(_fc1, src, p) for mc, p in _fc1_pairs(arch, i).items()}
+    out["decoder.final_layernorm.weight"] = partial(_read, src, "model.norm.weight")
     if not arch.tie_embeddings:
-        out["output_layer.weight"] = lambda: src["lm_head.weight"]
+        out["output_layer.weight"] = partial(_read, src, "lm_head.weight")
     return out
 
 
