@@ -345,12 +345,14 @@ class StartupCheckSpec(SpecModel):
     max_mean_abs_log_ratio: float = Field(
         default=0.05,
         gt=0.0,
+        le=10.0,  # |log r_d| = 10 is a ratio of e^10: no engine that far off should start
         description="Refuse to start when an engine's mean |log r_d| over the probe's sampled tokens is above this "
         "(measured: ~1e-3 to 4e-3 for a bfloat16 engine against the float32 actor, ~2e-7 for float32).",
     )
     max_p99_abs_log_ratio: float = Field(
         default=0.5,
         gt=0.0,
+        le=10.0,  # |log r_d| = 10 is a ratio of e^10: no engine that far off should start
         description="Refuse to start when an engine's 99th percentile of |log r_d| is above this (measured: "
         "~5e-3 to 1.5e-2 for a bfloat16 engine).",
     )

@@ -304,11 +304,14 @@ class CheckpointSpec(SpecModel):
     export_every_steps: int = Field(
         default=0,
         ge=0,
+        le=1_000_000,
         description="Also write the policy as a Hugging Face model folder (config.json, safetensors shards, "
         "tokenizer) every this many policy versions and at the last one, into <dir>/exports/step-NNNNNN, "
         "atomically; 0 = no exports (asyncrl export makes one from any checkpoint).",
     )
-    export_keep: int = Field(default=2, ge=1, description="Most recent exports kept (exportEverySteps > 0).")
+    export_keep: int = Field(
+        default=2, ge=1, le=100, description="Most recent exports kept (exportEverySteps > 0), at most 100."
+    )
     volume_claim_name: str | None = Field(
         default=None, description="PersistentVolumeClaim mounted at the checkpoint folder in a cluster."
     )
