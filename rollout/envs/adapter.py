@@ -28,7 +28,7 @@ from asyncrl.rollout.envs.interface import (
     check_messages,
     check_turn,
 )
-from asyncrl.rollout.envs.render import render_observation, render_prompt
+from asyncrl.rollout.envs.render import render_observation, render_prompt, tool_messages
 from asyncrl.rollout.envs.runner import EnvFault, EnvRunner, last_line
 from asyncrl.rollout.envs.toolcalls import Parsed, get_parser
 from asyncrl.rollout.tokenizer import Tokenizer
@@ -83,7 +83,8 @@ class TurnAdapter:
         what = f"{self._name}.reset"
         out = self._call(self.env.reset, self.sample, what)
         try:
-            self.messages, self.tools, self.stop = _reset_parts(out, what)
+            messages, self.tools, self.stop = _reset_parts(out, what)
+            self.messages = tool_messages(self.tokenizer, messages, self.tools)
             return render_prompt(self.tokenizer, self.messages, self.tools)
         except ValueError as exc:
             raise EnvFault("bad_messages", f"{what}: {last_line(exc)}") from exc

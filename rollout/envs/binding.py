@@ -21,6 +21,8 @@ from asyncrl.api.job import TaskSpec
 from asyncrl.rollout.envs.interface import SampleSource, SeededSamples, TurnEnvironment
 from asyncrl.rollout.envs.runner import last_line
 
+USER_PROMPT_TOKENS = 2048
+
 
 class EnvLoadError(RuntimeError):
     """The task's environment (or reward) cannot be imported or constructed: a permanent job failure."""
@@ -33,8 +35,8 @@ class TaskBinding:
     """What a rollout worker needs of a task.
 
     ``name``: ``Trajectory.task``; ``new_env()``: a fresh turn-level environment (one per episode);
-    ``max_prompt_tokens``: a bound on prompt length when the task knows one (None: the generous
-    default of :func:`context_length`); ``demonstrations``: the task has a warm start; ``inline``: a
+    ``max_prompt_tokens``: a bound on prompt length when the task knows one (None: unknown, see
+    :func:`context_length`); ``demonstrations``: the task has a warm start; ``inline``: a
     built-in environment (pure, microseconds per call) whose steps run on the decode thread, so a
     seed reproduces the same tokens; every other environment runs off the decode loop, under
     ``spec.task.envTimeoutSeconds``.
@@ -121,7 +123,9 @@ def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding
             ScenarioSamples,
         )
 
-        return TaskBinding(task.name, ScenarioSamples(), CustomerService, fmt, CS_MAX_PROMPT_TOKENS, True, True)
+        calls = task.max_tool_calls
+        return TaskBinding(task.name, ScenarioSamples(), lambda: CustomerService(calls), fmt, CS_MAX_PROMPT_TOKENS,
+                           True, True)
     from asyncrl.rollout.envs.math_tasks import MathSamples, MathTurn
     from asyncrl.rollout.envs.registry import get_task
 
@@ -131,13 +135,20 @@ def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding
                        None, True, True)
 
 
-def context_length(binding: TaskBinding, task: TaskSpec, tokenizer: Any) -> int:
-    """Longest trajectory of the bound task: prompt bound + ``maxNewTokens`` (the model's context)."""
+def context_length(task: TaskSpec, tokenizer: Any) -> int:
+    """Longest trajectory of ``spec.task`` (prompt bound + ``maxNewTokens``): the context the actor, the
+    scorers and the rollout workers build the model for. A user's environment or dataset has no known
+    prompt bound: 2048 tokens (rotary positions cost nothing until used)."""
     from asyncrl.rollout.envs.registry import TASKS, max_sequence_length
 
-    if binding.name in TASKS and task.environment is None and task.dataset is None:
-        return max_sequence_length(binding.name, task.max_new_tokens, tokenizer)
-    return (binding.max_prompt_tokens or 2048) + task.max_new_tokens
+    if task.environment is None and task.dataset is None:
+        if task.name in TASKS:
+            return max_sequence_length(task.name, task.max_new_tokens, tokenizer)
+        if task.name == "customer-service":
+            from asyncrl.rollout.envs.customer_service import CS_MAX_PROMPT_TOKENS
+
+            return CS_MAX_PROMPT_TOKENS + task.max_new_tokens
+    return USER_PROMPT_TOKENS + task.max_new_tokens
 
 
 def task_tokenizer(model: Any, task: TaskSpec) -> Any:

@@ -109,6 +109,8 @@ def demonstrations(
     Returns ``(tokens, loss_mask)`` pairs in ``tokenizer``'s ids (the model's: ``tokenizer_for``);
     ``loss_mask`` is True exactly on agent tokens.
     """
+    if task_name == "customer-service":
+        return _cs_demonstrations(n, rng, mix=mix, max_tool_calls=max_tool_calls, tokenizer=tokenizer)
     task = get_task(task_name)
     mix = dict(task.demo_mix if mix is None else mix)
     kinds, weights = list(mix), list(mix.values())
@@ -123,6 +125,28 @@ def demonstrations(
             raise RuntimeError(
                 f"demo for {task_name} did not end: {tokenizer.decode(ep.tokens)!r} ({ep.reason})"
             )
+        out.append((ep.tokens, ep.loss_mask))
+    return out
+
+
+def _cs_demonstrations(n: int, rng: Random, *, mix: Mapping[str, float] | None, max_tool_calls: int,
+                       tokenizer: Tokenizer) -> list[Demo]:
+    """Demonstrations of the customer-service task, played through its environment (as the math ones)."""
+    from asyncrl.rollout.envs.adapter import TurnAdapter
+    from asyncrl.rollout.envs.customer_service import DEMO_MIX, CustomerService, Scenario, ScenarioSamples
+    from asyncrl.rollout.envs.customer_service import agent_turns as cs_turns
+
+    mix = dict(DEMO_MIX if mix is None else mix)
+    kinds, weights = list(mix), list(mix.values())
+    samples, out = ScenarioSamples(), []
+    for i in range(n):
+        sample = samples.train(0, i, rng)
+        env = TurnAdapter("customer-service", CustomerService(max_tool_calls), sample, tokenizer)
+        prompt = env.reset()
+        turns = cs_turns(Scenario.from_sample(sample), rng.choices(kinds, weights)[0], rng)
+        ep = replay(env, prompt, [tokenizer.eos_token if t == "<eos>" else t for t in turns])
+        if not ep.done:
+            raise RuntimeError(f"customer-service demo did not end: {tokenizer.decode(ep.tokens)!r} ({ep.reason})")
         out.append((ep.tokens, ep.loss_mask))
     return out
 

@@ -3,7 +3,8 @@
 Two renderings, chosen by the tokenizer:
 
 - a tokenizer with a chat template (a real model's, ``rollout/tokenizer.py`` ``HFTokenizer``): the
-  prompt is ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)``; an
+  prompt is ``apply_chat_template(messages, tools=tools, add_generation_prompt=True)`` (a template
+  that ignores ``tools`` gets them in the system message, :func:`tool_messages`); an
   observation after a turn that ended at the end-of-turn token is the template's own text between
   that turn and the next generation prompt (the tool/user turn, then the assistant header), computed
   as the difference of two renderings, so it is exactly what the template would show;
@@ -15,6 +16,7 @@ An observation after a turn that ended at a stop string of the environment (``Re
 *inline*, as plain content that continues the assistant's text (the built-in math tasks' format).
 """
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,6 +47,28 @@ def _plain_prompt(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int
         examples = [(pairs[i]["content"], pairs[i + 1]["content"]) for i in range(0, len(pairs), 2)]
         return tokenizer.chat_prompt(system, rest[-1]["content"], examples)
     return tokenizer.encode("".join(m["content"] for m in rest), bos=True)
+
+
+def tool_messages(tokenizer: Tokenizer, messages: Sequence[Message],
+                  tools: Sequence[Mapping[str, Any]] | None) -> list[Message]:
+    """``messages`` with the tool schemas in the system message when the chat template ignores ``tools``
+    (SmolLM2-135M's renders the same text with and without them): the Hermes form, a ``<tools>`` block
+    of one JSON schema per line and how to call one. Unchanged otherwise (and for the character
+    tokenizers, which render no system prompt)."""
+    hf = _template(tokenizer)
+    if hf is None or not tools or _apply(hf, messages, tools, True) != _apply(hf, messages, None, True):
+        return list(messages)
+    block = (
+        "\n\n# Tools\n\nYou may call one or more functions. Function signatures:\n<tools>\n"
+        + "\n".join(json.dumps(dict(t), separators=(",", ":")) for t in tools)
+        + '\n</tools>\nCall a function as <tool_call>{"name": <name>, "arguments": <args-object>}</tool_call>.'
+    )
+    out = [dict(m) for m in messages]
+    if out and out[0]["role"] == "system":
+        out[0]["content"] = out[0]["content"] + block
+    else:
+        out.insert(0, {"role": "system", "content": block.strip()})
+    return out
 
 
 def render_prompt(tokenizer: Tokenizer, messages: Sequence[Message],
