@@ -109,6 +109,18 @@ def test_bad_input_is_refused_by_the_crd_at_its_path(case: BadInput, crd_validat
     assert any(case.message in e for e in at_path), errors
 
 
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=lambda c: c.id)
+def test_bad_input_is_refused_by_the_operator_before_it_builds_anything(case: BadInput) -> None:
+    # what the reconcile parses (the object as the server stored it): a SpecError marks the job
+    # ValidationFailed and no child is built (a spec past the CRD, e.g. written before a stricter CRD)
+    from asyncrl.operator.reconcile import parse_spec
+
+    refused = parse_spec(bad_manifest(case, "bad-job"))
+    assert isinstance(refused, SpecError)
+    assert [p.path for p in refused.problems] == [case.path], refused.problems
+    assert case.message in refused.problems[0].message
+
+
 def test_every_cel_rule_of_the_crd_has_a_bad_input() -> None:
     messages = []
 
