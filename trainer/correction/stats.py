@@ -289,6 +289,51 @@ def _dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.dot(a.reshape(-1), b.reshape(-1))
 
 
+# The raw values one call reduces (each one kernel over the batch, or read off the clip and the
+# discrepancy), in the order :func:`compute_stats` stacks them ...
+RAW: tuple[str, ...] = (
+    "n", "n_seq", "mask_count", "kept", "below", "above", "veto_tokens", "veto_seqs", "clip_low", "clip_high",
+    "dual", "stopped", "stopped_kept", "weight_sum", "weight_sq_sum", "k3_theta_div_sum",
+    "log_rs_sum", "log_rd_sum", "rs_m1_sum", "rd_m1_sum", "rd_min", "rd_max", "rs_min", "rs_max",
+)
+# ... and every field of the record as a signed sum of them (``rejects``: the mode rejects
+# out-of-band tokens, else reject_* are 0). One matrix-vector product turns the raw vector into the
+# record: no per-field scalar op on the hot path.
+FIELD_FROM_RAW: dict[str, dict[str, float]] = {
+    "valid_tokens": {"n": 1}, "valid_seqs": {"n_seq": 1}, "nonfinite_tokens": {"mask_count": 1, "n": -1},
+    "kept_tokens": {"kept": 1}, "reject_low_tokens": {"below": 1}, "reject_high_tokens": {"above": 1},
+    "rd_below_tokens": {"below": 1}, "rd_above_tokens": {"above": 1},
+    "veto_tokens": {"veto_tokens": 1}, "veto_seqs": {"veto_seqs": 1},
+    "clip_low_tokens": {"clip_low": 1}, "clip_high_tokens": {"clip_high": 1}, "dual_clip_tokens": {"dual": 1},
+    "clip_and_reject_tokens": {"stopped": 1, "stopped_kept": -1},
+    "clip_or_reject_tokens": {"n": 1, "kept": -1, "stopped_kept": 1},
+    "rd_sum": {"rd_m1_sum": 1, "n": 1},  # r_d - 1 is 0 where invalid
+    "rs_sum": {"rs_m1_sum": 1, "n": 1},
+    "weight_sum": {"weight_sum": 1}, "weight_sq_sum": {"weight_sq_sum": 1},
+    "kl_k1_sum": {"log_rd_sum": -1},
+    "kl_k3_sum": {"rd_m1_sum": 1, "log_rd_sum": -1},  # sum(expm1(x)) - sum(x): no r_d - 1 cancellation in fp32
+    # k3 of KL(pi_theta || pi_ref), r = 1 / r_s: r - 1 - log r = -(r_s - 1) / r_s + log r_s
+    "kl_k3_theta_ref_sum": {"log_rs_sum": 1, "k3_theta_div_sum": -1},
+    "rd_min": {"rd_min": 1}, "rd_max": {"rd_max": 1}, "rs_min": {"rs_min": 1}, "rs_max": {"rs_max": 1},
+}
+_FIELDS = tuple(f.name for f in fields(CorrectionStats))
+_MAPS: dict[tuple[bool, torch.dtype, torch.device], Tensor] = {}
+
+
+def _field_map(rejects: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[fields, raw]`` matrix of :data:`FIELD_FROM_RAW` (cached per mode kind, dtype and device)."""
+    key = (rejects, dtype, device)
+    if key not in _MAPS:
+        m = torch.zeros(len(_FIELDS), len(RAW), dtype=dtype)
+        for i, name in enumerate(_FIELDS):
+            if not rejects and name in ("reject_low_tokens", "reject_high_tokens"):
+                continue
+            for raw, coef in FIELD_FROM_RAW[name].items():
+                m[i, RAW.index(raw)] = coef
+        _MAPS[key] = m.to(device)
+    return _MAPS[key]
+
+
 def compute_stats(
     *,
     mask_count: Tensor,
@@ -305,8 +350,8 @@ def compute_stats(
 
     No division here: fractions are derived where they are read. Every sum the loss already has a
     tensor for is one reduction, and the two ratios share theirs (``[2, B, T]`` in, 2 values out);
-    counts that follow from others (``nonfinite``, ``clip_low``, ``clip_or_reject``, ...) are
-    scalar arithmetic, never another pass.
+    counts that follow from others (``nonfinite``, ``clip_or_reject``, the sums of ``r``, the KL
+    sums) come out of one matrix-vector product (:data:`FIELD_FROM_RAW`), never another pass.
 
     Args:
         mask_count: 0-dim, tokens with ``loss_mask`` True.
@@ -318,48 +363,25 @@ def compute_stats(
             (its last reader), so the statistics allocate no ``[B, T]`` buffer of their own.
     """
     n = n_tok.sum()
-    n_seq = n_tok.clamp(max=1.0).sum()  # n_tok is integer-valued: clamp(max=1) is "has a token"
     keep, stopped, w = disc.keep, clip.stopped, disc.weight  # stopped implies valid (A = 0 elsewhere)
-    kept = keep.sum()
-    zero = torch.zeros_like(n)
-    stopped_kept = _dot(stopped, keep)
-    log_rs_sum, log_rd_sum = logs.sum(dim=(1, 2)).unbind()
-    rs_m1_sum, rd_m1_sum = ratios_m1.sum(dim=(1, 2)).unbind()  # r - 1 is 0 where invalid
-    # k3 of KL(pi_theta || pi_ref) with r = pi_ref / pi_theta = 1 / r_s: r - 1 - log r, where
-    # r - 1 = -(r_s - 1) / r_s keeps the expm1 precision for small |log r_s| in fp32.
-    k3_theta_ref = log_rs_sum - torch.div(ratios_m1[0], ratios[0], out=scratch[0]).sum()
-    sums: dict[str, Tensor] = {
-        "valid_tokens": n,
-        "valid_seqs": n_seq,
-        "nonfinite_tokens": mask_count - n,
-        "kept_tokens": kept,
-        "reject_low_tokens": disc.below if disc.rejects else zero,
-        "reject_high_tokens": disc.above if disc.rejects else zero,
-        "rd_below_tokens": disc.below,
-        "rd_above_tokens": disc.above,
-        "veto_tokens": _dot(n_tok, disc.veto_seq),
-        "veto_seqs": disc.veto_seq.sum(),
-        "clip_low_tokens": clip.clip_low,
-        "clip_high_tokens": clip.clip_high,
-        "dual_clip_tokens": clip.dual,
-        "clip_and_reject_tokens": stopped.sum() - stopped_kept,
-        "clip_or_reject_tokens": n - kept + stopped_kept,
-        "rd_sum": rd_m1_sum + n,
-        "rs_sum": rs_m1_sum + n,
-        "weight_sum": w.sum(),
-        "weight_sq_sum": _dot(w, w),
-        "kl_k1_sum": -log_rd_sum,
-        "kl_k3_sum": rd_m1_sum - log_rd_sum,  # sum(expm1(x)) - sum(x): no r_d - 1 cancellation in fp32
-        "kl_k3_theta_ref_sum": k3_theta_ref,
-    }
+    log_sums = logs.sum(dim=(1, 2))  # [log_rs_sum, log_rd_sum]
+    # r - 1 = -(r_s - 1) / r_s keeps the expm1 precision for small |log r_s| in fp32 (k3 of KL(pi_theta || pi_ref)).
+    k3_div = torch.div(ratios_m1[0], ratios[0], out=scratch[0]).sum()
 
     # Extremes in log space, both ratios in one min-max reduction: every invalid token takes its
     # ratio's mean over the valid tokens, which lies between their extremes (up to the rounding of
     # one division), so it never wins; with no valid token all are 0, i.e. a ratio of 1.
-    means = torch.stack([log_rs_sum, log_rd_sum]).div_(n.clamp(min=1.0)).view(2, 1, 1)
+    means = (log_sums / n.clamp(min=1.0)).view(2, 1, 1)
     invalid = torch.mul(valid, -1.0, out=scratch[1]).add_(1.0)  # [B, T] 1 - valid
+    ratio_sums = ratios_m1.sum(dim=(1, 2))  # [rs_m1_sum, rd_m1_sum], before logs changes below
     lo, hi = torch.aminmax(logs.addcmul_(invalid, means).view(2, -1), dim=1)  # logs is not read after this
-    ext = torch.stack([lo[1], hi[1], lo[0], hi[0]]).exp()
-    sums.update(zip(("rd_min", "rd_max", "rs_min", "rs_max"), ext.unbind(), strict=True))
-    values = torch.stack([sums[f.name] for f in fields(CorrectionStats)]).to(torch.float32)
-    return CorrectionStats(**dict(zip((f.name for f in fields(CorrectionStats)), values.unbind(), strict=True)))
+    raw = torch.cat([
+        torch.stack([
+            n, n_tok.clamp(max=1.0).sum(), mask_count, keep.sum(), disc.below, disc.above,
+            _dot(n_tok, disc.veto_seq), disc.veto_seq.sum(), clip.clip_low, clip.clip_high, clip.dual,
+            stopped.sum(), _dot(stopped, keep), w.sum(), _dot(w, w), k3_div,
+        ]),
+        log_sums, ratio_sums, torch.stack([lo[1], hi[1], lo[0], hi[0]]).exp(),
+    ])
+    values = torch.mv(_field_map(disc.rejects, raw.dtype, raw.device), raw).to(torch.float32)
+    return CorrectionStats(*values.unbind())
