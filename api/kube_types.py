@@ -32,6 +32,11 @@ MOUNT_PATH_MESSAGE = (
 SUB_PATH_MESSAGE = "subPath must be a relative path inside the volume without '..' segments (e.g. models/base)"
 ONE_SOURCE_MESSAGE = "a volume needs exactly one volume source, e.g. {name: data, persistentVolumeClaim: {claimName: d}}"
 PROFILE_MESSAGE = "localhostProfile is required with type Localhost and only allowed with it"
+ESCALATION_CONFLICT_MESSAGE = (
+    "allowPrivilegeEscalation: false cannot go with privileged: true or the capability SYS_ADMIN (Kubernetes "
+    "refuses such a pod): remove allowPrivilegeEscalation"
+)
+SYS_ADMIN = ("SYS_ADMIN", "CAP_SYS_ADMIN")
 
 # Volume sources the restricted Pod Security level allows, and every other source Kubernetes knows.
 RESTRICTED_VOLUME_TYPES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
@@ -175,6 +180,23 @@ class SecurityContext(KubeModel):
     se_linux_options: SELinuxOptions | None = Field(default=None, description="SELinux labels.")
     seccomp_profile: SeccompProfile | None = Field(default=None, description="Seccomp profile.")
     windows_options: WindowsOptions | None = Field(default=None, description="Windows settings.")
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (CelRule(
+        "!has(self.allowPrivilegeEscalation) || self.allowPrivilegeEscalation || !((has(self.privileged) && "
+        "self.privileged) || (has(self.capabilities) && has(self.capabilities.add) && "
+        f"self.capabilities.add.exists(c, c in [{', '.join(repr(c) for c in SYS_ADMIN)}])))",
+        ESCALATION_CONFLICT_MESSAGE),)
+
+    @model_validator(mode="after")
+    def _escalation_fits(self) -> "SecurityContext":
+        if self.allow_privilege_escalation is False and self.escalates():
+            raise ValueError(f"{ESCALATION_CONFLICT_MESSAGE} (got {self.model_dump(by_alias=True)})")
+        return self
+
+    def escalates(self) -> bool:
+        """Privileged or with SYS_ADMIN: Kubernetes then requires privilege escalation."""
+        added = (self.capabilities.add if self.capabilities else None) or []
+        return self.privileged is True or any(c in SYS_ADMIN for c in added)
 
 
 _VolumeSources = create_model(  # one open, typed object per Kubernetes volume source (CEL can test presence)

@@ -32,7 +32,10 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     """kopf's own state lives in annotations under our prefix (the status schema is strict)."""
     settings.persistence.finalizer = names.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.KOPF_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.KOPF_PREFIX,
+        # the operator's own status copy (status_guard): writing it is no change of the job
+        ignored_fields=[("metadata", "annotations", names.ANNOTATION_STATUS)])
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300  # nolar/kopf#698: re-open quiet watches
     settings.watching.client_timeout = 310

@@ -20,6 +20,8 @@ ANNOTATION_EPOCH = f"{GROUP}/epoch"
 # Hash of the pod-shaping part of the spec the pod was built from: a spec edit while running
 # changes it, and the operator restarts the gang deliberately instead of ignoring the edit.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+# On the job itself: the operator's copy of the status fields it owns (asyncrl.operator.status_guard).
+ANNOTATION_STATUS = f"{GROUP}/operator-status"
 
 MANAGED_BY = "asyncrl-operator"
 APP_NAME = "asyncrl"

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from asyncrl.api import constants as C
-from asyncrl.api.kube_types import KubeModel
+from asyncrl.api.kube_types import KubeModel, SecurityContext
 from asyncrl.api.pods import GangScheduler
 
 JOB_UID = C.JOB_UID  # the user of docker/job.Dockerfile
@@ -125,8 +125,14 @@ def pod_security_context(override: KubeModel | Mapping[str, Any] | None) -> dict
     return merge(POD_SECURITY_DEFAULTS, _set_fields(override))
 
 
-def container_security_context(override: KubeModel | Mapping[str, Any] | None) -> dict[str, Any]:
-    return merge(CONTAINER_SECURITY_DEFAULTS, _set_fields(override))
+def container_security_context(override: SecurityContext | None) -> dict[str, Any]:
+    """The operator's container defaults with ``override`` over them. A privileged container or one with
+    SYS_ADMIN (only behind ``podSecurityLevel: privileged``) cannot keep ``allowPrivilegeEscalation:
+    false``: Kubernetes refuses that pod, so the default is left out for it."""
+    defaults = dict(CONTAINER_SECURITY_DEFAULTS)
+    if override is not None and override.escalates():
+        defaults.pop("allowPrivilegeEscalation")
+    return merge(defaults, _set_fields(override))
 
 
 # ---------------------------------------------------------------- gang scheduling

@@ -35,6 +35,7 @@ from asyncrl.operator.lifecycle import (
 )
 from asyncrl.operator.metrics import OperatorMetrics
 from asyncrl.operator.observed import JobView, Observed, PodView, observe_pods, owned_by, owner_of
+from asyncrl.operator.status_guard import TAMPER_REASON, copy_patch, trusted_status
 
 log = logging.getLogger("asyncrl.operator")
 EventSink = Callable[[dict[str, Any], str, str, str], None]  # (job body, type, reason, message)
@@ -221,7 +222,8 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         ref = job_ref(body)
-        status = body.get("status") or {}
+        guard = trusted_status(body)  # the operator's fields from its own copy, never the driver's
+        status = guard.status
         spec = parse_spec(body)
         # A fresh token each time: it is used only if the Secret is missing (created once, never patched).
         desired = None if isinstance(spec, SpecError) else builders.desired(
@@ -244,7 +246,11 @@ class Reconciler:
         p = fold_create_failures(status, p, refused, now, self.cfg)  # refused creates: a condition, retried
         for ev in p.events:
             self.events(body, ev.type, ev.reason, ev.message)
-        patch = status_patch(status, p.status)
+        if guard.overwritten:
+            self.events(body, "Warning", TAMPER_REASON, guard.message())
+        if (own := copy_patch(guard, p.status)) is not None:
+            self.kube.patch_job(namespace, name, own)  # first: a failed status write leaves the copy ahead
+        patch = status_patch(body.get("status") or {}, p.status)  # also rewrites what someone else changed
         if patch:
             self.kube.patch_job_status(namespace, name, patch)
         self._forget_disruptions(ref.uid, int(p.status.get("epoch") or 0))

@@ -392,3 +392,20 @@ def test_containers_report_their_last_log_lines_on_error() -> None:
     d = build()
     for slot in d.pods.values():
         assert slot.manifest["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_ownership_labels_of_the_job_are_not_copied_onto_children() -> None:
+    # metadata.labels of the AsyncRLJob travel to every child, except the keys the operator owns and
+    # selects on: another job's name there would draw these pods into that job (Service, NetworkPolicy,
+    # the other job's PodGroup).
+    ref = JobRef("j", "ns", "uid-1", {"team": "rl", "asyncrl.io/job": "victim", "ray.io/cluster": "victim",
+                                      "app.kubernetes.io/instance": "victim",
+                                      "scheduling.x-k8s.io/pod-group": "victims-group"})
+    d = build(ref, scheduling={"gangScheduler": "coscheduling"})
+    for slot in d.pods.values():
+        labels = slot.manifest["metadata"]["labels"]
+        assert labels["team"] == "rl" and labels["asyncrl.io/job"] == "j" and labels["ray.io/cluster"] == "j"
+        assert labels["app.kubernetes.io/instance"] == "j" and labels["scheduling.x-k8s.io/pod-group"] == "j"
+    for c in d.children:
+        assert c.manifest["metadata"]["labels"]["asyncrl.io/job"] == "j", c.kind
+        assert "scheduling.x-k8s.io/pod-group" not in c.manifest["metadata"]["labels"], c.kind

@@ -66,7 +66,9 @@ class MemoryKube:
         self.job["status"] = {k: v for k, v in merged.items() if v is not None}
 
     def patch_job(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        raise AssertionError("not expected here")
+        # only the operator's status copy (status_guard) is patched on the job itself here
+        assert set(body) == {"metadata"} and set(body["metadata"]) == {"annotations"}, body
+        self.job["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
 
     def delete_job(self, namespace: str, name: str) -> None:
         raise AssertionError("not expected here")
@@ -305,3 +307,45 @@ def test_later_keeps_the_earliest_timer_per_key_and_stops_on_close() -> None:
     later.schedule(("ns", "c"), 0.01)  # closed: nothing is scheduled any more
     threading.Event().wait(0.4)
     assert fired == [("ns", "a")]
+
+
+# -------------------------------------------------------------------- status fields written by the driver
+
+def test_operator_fields_the_driver_rewrote_are_restored_and_never_decide(h: Harness) -> None:
+    h.reconcile()
+    h.kube.run_pods()
+    assert h.reconcile(after=1)["phase"] == "Running"
+    copy_before = h.kube.job["metadata"]["annotations"]["asyncrl.io/operator-status"]
+    # what the driver's token can do: a merge patch of the whole status (RBAC cannot narrow it)
+    h.kube.patch_job_status("ns", "j", {"restarts": 5, "phase": "Succeeded", "completionTime": T0.isoformat(),
+                                        "startTime": None, "training": {"policyVersion": 3}})
+    st = h.reconcile(after=2)
+    # restored from the operator's own copy; the driver's own field stays
+    assert (st["phase"], st["restarts"], "completionTime" in st) == ("Running", 0, False)
+    assert st["startTime"] and st["training"] == {"policyVersion": 3}
+    assert h.pods() == ALL  # a faked Succeeded deleted nothing
+    (warning,) = [m for t, r, m in h.events if r == "StatusOverwritten"]
+    assert warning.startswith("status field(s) phase, restarts, startTime, completionTime differed")
+    kept = json.loads(h.kube.job["metadata"]["annotations"]["asyncrl.io/operator-status"])
+    assert (kept["phase"], kept["restarts"], kept["startTime"]) == ("Running", 0, json.loads(copy_before)["startTime"])
+    # and the next decision counts from the operator's copy: backoffLimit 2, first real failure
+    h.kube.patch_job_status("ns", "j", {"restarts": 2})
+    h.kube.objects[("Pod", "j-driver-0")]["status"] = {"phase": "Failed", "containerStatuses": [
+        {"name": "driver", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}
+    st = h.reconcile(after=3)
+    assert (st["phase"], st["restarts"]) == ("Restarting", 1)  # not Failed (BackoffLimitExceeded at 3 > 2)
+
+
+def test_a_job_without_a_copy_starts_from_its_status_once() -> None:
+    from asyncrl.operator.status_guard import copy_patch, trusted_status
+
+    old = {"metadata": {"name": "j"}, "status": {"restarts": 1, "phase": "Running", "training": {"x": 1}}}
+    guard = trusted_status(old)  # a job from before this version: nothing to compare with yet
+    assert guard.status == old["status"] and guard.overwritten == () and guard.copy is None
+    patch = copy_patch(guard, {"restarts": 1, "phase": "Running", "training": {"x": 1}})
+    assert patch == {"metadata": {"annotations": {
+        "asyncrl.io/operator-status": '{"phase":"Running","restarts":1}'}}}  # training is not the operator's
+    stored = {**old, "metadata": {"annotations": patch["metadata"]["annotations"]}}
+    assert copy_patch(trusted_status(stored), {"restarts": 1, "phase": "Running"}) is None  # unchanged: no write
+    broken = {"metadata": {"annotations": {"asyncrl.io/operator-status": "{not json"}}, "status": {"restarts": 0}}
+    assert trusted_status(broken).status == {} and trusted_status(broken).overwritten == ("restarts",)

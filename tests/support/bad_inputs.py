@@ -36,6 +36,7 @@ from asyncrl.api.dataset import (
     DATASET_NEEDS_SCORER_MESSAGE,
     REWARD_EXCLUSIVE_MESSAGE,
     REWARD_NEEDS_DATASET_MESSAGE,
+    REWARD_WITH_ENVIRONMENT_MESSAGE,
 )
 from asyncrl.api.evaluation import EVAL_UNUSED_MESSAGE
 from asyncrl.api.job import (
@@ -180,6 +181,10 @@ _SECURITY_CASES: list[BadInput] = [
               "volumes", P.VOLUME_TYPE_MESSAGE),
     _template("rollout", "psa-nfs-volume", {"volumes": [{"name": "n", "nfs": {"server": "10.0.0.2", "path": "/"}}]},
               "volumes", P.VOLUME_TYPE_MESSAGE),
+    _template("rollout", "privileged-without-escalation",  # even where the admin allows privileged pods
+              {"podSecurityLevel": "privileged", "securityContext": {"privileged": True,
+                                                                     "allowPrivilegeEscalation": False}},
+              "securityContext", K.ESCALATION_CONFLICT_MESSAGE),
     # ---- the operator's ownership labels and annotations
     _template("rollout", "label-asyncrl-job", {"labels": {"asyncrl.io/job": "someone-elses-job"}}, "labels",
               P.RESERVED_LABEL_MESSAGE),
@@ -299,6 +304,9 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("reward-without-dataset", {"task": {"reward": "m:f"}}, "spec.task", REWARD_NEEDS_DATASET_MESSAGE),
     BadInput("dataset-without-reward", {"task": {"dataset": {"path": "d.jsonl"}}}, "spec.task.dataset",
              DATASET_NEEDS_SCORER_MESSAGE),
+    BadInput("reward-with-environment",
+             {"task": {"dataset": {"path": "d.jsonl"}, "environment": "pkg.env:Env", "reward": "m:f"}},
+             "spec.task.environment", REWARD_WITH_ENVIRONMENT_MESSAGE),
     BadInput("reward-not-an-import-path", {"task": {"dataset": {"path": "d.jsonl"}, "reward": "my_reward.score"}},
              "spec.task.reward", "", cli_message="is not an import path"),
     BadInput("reward-service-not-http", {"task": {"dataset": {"path": "d.jsonl"}, "rewardService": {"url": "r:8"}}},
@@ -447,6 +455,8 @@ GOOD_INPUTS: list[tuple[str, dict[str, Any]]] = [
     ("dataset-with-reward", {"task": {"dataset": {"path": "d.parquet", "promptField": "question",
                                                   "answerField": None, "systemPrompt": "Be brief."},
                                       "reward": "pkg.mod:Scorer.score", "pythonPath": ["examples/tasks"]}}),
+    ("dataset-with-environment", {"task": {"dataset": {"path": "d.jsonl", "answerField": "solution"},
+                                           "environment": "pkg.env:Env", "args": {"turns": 3}}}),
     ("dataset-with-reward-service", {"task": {"dataset": {"path": "/data/d.jsonl", "shuffle": False, "seed": 3},
                                               "rewardService": {"url": "https://r.ns.svc:8000/score",
                                                                 "retries": 0, "maxConcurrency": 64}}}),
