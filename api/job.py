@@ -217,7 +217,7 @@ class TaskSpec(SpecModel):
 
     @model_validator(mode="after")
     def _dataset_and_reward_go_together(self) -> "TaskSpec":
-        raise_all(task_source_problems(self.dataset, self.reward, self.reward_service))
+        raise_all(task_source_problems(self.dataset, self.reward, self.reward_service, self.environment))
         return self
 
 
