@@ -2,7 +2,9 @@
 
 Phases: ``Pending -> Initializing -> Running -> Succeeded | Failed``, plus ``Suspended``,
 ``Restarting`` and ``ValidationFailed``. The operator is the single writer of every status field
-except ``training`` (the driver's; see ``asyncrl.api.status``); conditions are recomputed here
+except ``training`` (the driver's; see ``asyncrl.api.status``), and the ``job.status`` it plans from
+holds its own copy of those fields, not what the driver's token may have written there
+(``asyncrl.operator.status_guard``); conditions are recomputed here
 as a whole list on every reconcile, keeping ``lastTransitionTime`` when a status does not change.
 
 Failure policy:
