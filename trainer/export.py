@@ -152,12 +152,12 @@ class ModelFiles:
 
 def model_files(spec: AsyncRLJobSpec) -> ModelFiles:
     """Resolve the job's model as the actor does (the same arch, vocabulary and context length)."""
-    from asyncrl.rollout.envs.registry import max_sequence_length
-    from asyncrl.rollout.tokenizer import tokenizer_for, weights_folder
+    from asyncrl.rollout.envs.binding import context_length, task_tokenizer
+    from asyncrl.rollout.tokenizer import weights_folder
     from asyncrl.trainer.megatron.actor import ActorSettings
 
-    tokenizer = tokenizer_for(spec.model)
-    context = max_sequence_length(spec.task.name, spec.task.max_new_tokens, tokenizer)
+    tokenizer = task_tokenizer(spec.model, spec.task)  # what the actor host resolves (trainer/driver/hosts.py)
+    context = context_length(spec.task, tokenizer)
     arch = ActorSettings.from_spec(spec, tokenizer.vocab_size, max_sequence_length=context).arch
     source = weights_folder(spec.model.weights) if spec.model.weights is not None else None
     return ModelFiles(arch, tokenizer, source, spec.task.temperature)
@@ -221,7 +221,7 @@ def write_tokenizer(files: ModelFiles, dest: Path) -> str:
     from asyncrl.rollout.tokenizer import ToolTokenizer
     from asyncrl.trainer.export_tokenizer import char_tokenizer_hf, copy_tokenizer_files
 
-    if isinstance(files.tokenizer, ToolTokenizer):
+    if isinstance(files.tokenizer, ToolTokenizer):  # a preset (a bare safetensors folder too): no files
         char_tokenizer_hf(files.tokenizer).save_pretrained(str(dest))
         return ("the built-in character tokenizer as a transformers fast tokenizer (same ids: tags and "
                 "specials are added tokens, characters a WordLevel vocabulary)")
@@ -268,21 +268,28 @@ def write_hf_folder(hf: Mapping[str, torch.Tensor], files: ModelFiles, out: Path
     torch_dtype = DTYPES[dtype]
     tied = bool(getattr(files.arch, "tie_embeddings", False))
     tensors = {k: v for k, v in hf.items() if not (tied and k == "lm_head.weight")}
+    _check_names(tensors, files.arch)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):  # a crashed export's leftovers (one writer per --out)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
     tmp.mkdir()
     try:
         plan = shard_plan(tensors, max_shard_bytes, torch.empty((), dtype=torch_dtype).element_size())
         n = len(plan)
         weight_map: dict[str, str] = {}
         total = 0
-        bar = _progress(sum(t.numel() for t in tensors.values()) * torch_dtype.itemsize, out, progress)
+        bar = _progress(_total_bytes(tensors, torch_dtype), out, progress)
         for k, names in enumerate(plan, start=1):
             shard = f"model-{k:05d}-of-{n:05d}.safetensors"
             chunk = {name: tensors[name].detach().to("cpu", torch_dtype).contiguous() for name in names}
-            save_file(chunk, str(tmp / shard), metadata={"format": "pt"})
+            try:
+                save_file(chunk, str(tmp / shard), metadata={"format": "pt"})
+            except Exception as exc:  # safetensors reports I/O errors (a full disk) as its own error type
+                free = shutil.disk_usage(out.parent).free
+                raise ExportError(f"{out}: writing {shard} failed ({exc}); the export needs about "
+                                  f"{_total_bytes(tensors, torch_dtype)} bytes, {free} are free on that file "
+                                  "system; nothing was written to --out") from exc
             size = sum(t.numel() * t.element_size() for t in chunk.values())
             total += size
             weight_map |= dict.fromkeys(names, shard)
@@ -376,6 +383,24 @@ def prune_exports(checkpoint_root: Path, keep: int) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------------------- helpers
+def _total_bytes(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> int:
+    return sum(t.numel() for t in tensors.values()) * dtype.itemsize
+
+
+def _check_names(tensors: Mapping[str, torch.Tensor], arch: Any) -> None:
+    """Every tensor the architecture's HF checkpoint has, with its shape, and nothing else (one error)."""
+    from asyncrl.api.model_arch import hf_param_shapes
+
+    want = hf_param_shapes(arch, with_tied_head=False)
+    problems = [f"missing {k} {list(v)}" for k, v in want.items() if k not in tensors]
+    problems += [f"unexpected {k}" for k in tensors if k not in want]
+    problems += [f"{k}: {list(tensors[k].shape)}, expected {list(v)}" for k, v in want.items()
+                 if k in tensors and tuple(tensors[k].shape) != tuple(v)]
+    if problems:
+        raise ExportError(f"the weights do not fit {arch.architecture} ({len(problems)} problems): "
+                          + "; ".join(problems[:8]) + ("; ..." if len(problems) > 8 else ""))
+
+
 def _progress(total_bytes: int, out: Path, enabled: bool) -> Any:
     if not enabled:
         return None

@@ -55,11 +55,12 @@ def copy_tokenizer_files(source: Path, dest: Path) -> list[str]:
 
 def char_tokenizer_hf(tokenizer: Any) -> Any:
     """A ``PreTrainedTokenizerFast`` with the ids of ``tokenizer`` (a
-    :class:`~asyncrl.rollout.tokenizer.ToolTokenizer`: ``pieces``, ``pad_id``, ``bos_id``, ``eos_id``)."""
+    :class:`~asyncrl.rollout.tokenizer.ToolTokenizer`, or the text alphabet derived from it:
+    ``pieces``, ``pad_id``, ``bos_id``, ``eos_id``)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from asyncrl.rollout.tokenizer import SPECIALS, TAGS
+    from asyncrl.rollout.tokenizer import SPECIALS
 
     pieces: tuple[str, ...] = tuple(tokenizer.pieces)
     vocab = {p: i for i, p in enumerate(pieces)}
@@ -67,8 +68,9 @@ def char_tokenizer_hf(tokenizer: Any) -> Any:
     core = Tokenizer(models.WordLevel(vocab=vocab))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
+    # Multi-character pieces are the specials and the tags (tool tags too, for the text alphabet).
     core.add_special_tokens([AddedToken(p, normalized=False) for p in SPECIALS])
-    core.add_tokens([AddedToken(p, normalized=False, single_word=False) for p in TAGS])
+    core.add_tokens([AddedToken(p, normalized=False) for p in pieces if len(p) > 1 and p not in SPECIALS])
     hf = PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token=pieces[tokenizer.pad_id],

@@ -288,12 +288,14 @@ def run_probe(hosts: Any, spec: Any, version: int) -> list[Verdict]:
     import numpy as np
     import ray
 
-    from asyncrl.rollout.envs.registry import get_task
+    from asyncrl.rollout.envs.binding import bind_task
 
     settings = spec.correction.startup_check
     limits = Thresholds(settings.max_mean_abs_log_ratio, settings.max_p99_abs_log_ratio)
     temperature = float(spec.task.temperature)
-    problems = get_task(spec.task.name).heldout_problems(settings.rollouts, spec.train.seed)
+    # the task's held-out samples, as the evaluation draws them (never trained on)
+    samples = bind_task(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed).samples
+    problems = samples.heldout(settings.rollouts, spec.train.seed)
     refs = [w.evaluate.remote(problems, version, temperature, spec.train.seed, 0) for w in hosts.rollout]
 
     def score(tokens: torch.Tensor, t: float) -> torch.Tensor:
