@@ -88,3 +88,14 @@ def test_the_backstop_sees_every_restricted_violation_in_a_built_pod(mutate: Any
     pod = copy.deepcopy(desired(REF, spec_of(), OperatorSettings(), 0).pods["j-rollout-0"].manifest)
     mutate(pod["spec"])
     assert expected in pod_violations(pod)
+
+
+@pytest.mark.parametrize("field", ["hostNetwork", "hostPID", "hostIPC", "ports", "hostUsers"])
+def test_a_template_has_no_field_for_host_namespaces_or_ports(field: str) -> None:
+    from asyncrl.api.validation import SpecError, validate_job
+
+    doc = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "j"},
+           "spec": {"rollout": {"template": {field: True}}}}
+    with pytest.raises(SpecError) as err:  # validate refuses it; the API server prunes it (no such field)
+        validate_job(doc)
+    assert [p.path for p in err.value.problems] == [f"spec.rollout.template.{field}"]
