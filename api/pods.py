@@ -361,6 +361,16 @@ class RunPolicySpec(SpecModel):
         default=False,
         description="true deletes the job's pods and keeps its checkpoint; false resumes from it.",
     )
+    termination_grace_period_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=3600,
+        description="Seconds a pod has between SIGTERM (preemption, drain, suspend) and the kill; the operator "
+        "sets it as the pods' terminationGracePeriodSeconds. The driver uses it to finish the step in progress "
+        "and write a final checkpoint, then exits 0 and the job resumes there: make it longer than one step "
+        "plus one checkpoint write (the default fits a few-GB checkpoint on a network volume; Kubernetes' own "
+        "default of 30 s does not).",
+    )
 
 
 class GangScheduler(StrEnum):

@@ -277,6 +277,8 @@ def _pod(
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator owns restarts (gang semantics, backoffLimit)
+        # SIGTERM -> the driver finishes its step and checkpoints within this (runPolicy), then exits 0
+        "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
         "hostname": name,
         "subdomain": names.service_name(job.name),
         "automountServiceAccountToken": role is Role.DRIVER,

@@ -397,7 +397,9 @@ class _Planner:
         epoch = int(self.st["epoch"])
         driver = pods.get(names.pod_name(self.job.ref.name, Role.DRIVER, 0))
         if driver is not None and driver.epoch == epoch:
-            if driver.phase == "Succeeded":
+            # A driver stopped by SIGTERM (preemption, drain) checkpoints and exits 0 too: a terminating
+            # driver pod is a lost gang pod (restart from that checkpoint), not a finished job.
+            if driver.phase == "Succeeded" and not driver.terminating:
                 self._set_phase(Phase.SUCCEEDED, "Completed", "the driver finished training")
                 self.st["completionTime"] = self._now()
                 return

@@ -409,3 +409,10 @@ def test_ownership_labels_of_the_job_are_not_copied_onto_children() -> None:
     for c in d.children:
         assert c.manifest["metadata"]["labels"]["asyncrl.io/job"] == "j", c.kind
         assert "scheduling.x-k8s.io/pod-group" not in c.manifest["metadata"]["labels"], c.kind
+
+
+def test_every_pod_gets_the_jobs_termination_grace_period() -> None:
+    # SIGTERM -> the driver finishes its step and writes a final checkpoint within this many seconds
+    assert {p.manifest["spec"]["terminationGracePeriodSeconds"] for p in build().pods.values()} == {300}
+    d = build(runPolicy={"terminationGracePeriodSeconds": 900})
+    assert {p.manifest["spec"]["terminationGracePeriodSeconds"] for p in d.pods.values()} == {900}

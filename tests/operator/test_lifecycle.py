@@ -115,6 +115,13 @@ def test_driver_success_finishes_the_job() -> None:
     assert {n for v, k, n in verbs(p) if v == "delete"} == set(ALL) - {"j-driver-0"}  # the driver keeps its logs
 
 
+def test_a_driver_that_exits_0_while_terminating_is_a_preemption_not_success() -> None:
+    # SIGTERM (drain, preemption): the driver checkpoints and exits 0; its pod is being deleted
+    driver = PodView("j-driver-0", Role.DRIVER, 0, 0, "Succeeded", False, True, True)
+    p = run({"phase": "Running"}, [pod(n) for n in ALL if n != "j-driver-0"] + [driver])
+    assert p.status["phase"] == "Restarting" and p.status["preemptions"] == 1, p.status
+
+
 def test_deadlines() -> None:
     s = spec(runPolicy={"preRunningDeadlineSeconds": 60, "activeDeadlineSeconds": 3600})
     pending = [pod(n, "Pending", False) for n in ALL]
