@@ -15,7 +15,7 @@ from asyncrl.rollout.hf_model import hf_state_dict
 from asyncrl.rollout.tokenizer import HFTokenizer
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.convert import hf_to_megatron, megatron_to_hf
-from asyncrl.trainer.megatron.hf_folder import HFFolder, load_hf
+from asyncrl.trainer.megatron.hf_folder import HFFolder, folder_problems, load_hf
 from asyncrl.trainer.megatron.logprobs import full_logits, token_logprobs
 from tests.support.hf_models import (
     ALL_FAMILIES,
@@ -125,6 +125,7 @@ def test_engine_logp_mu_equals_actor_logprobs(root: Path, family: Family) -> Non
 def test_weights_round_trip_exactly_between_folder_actor_and_engine(root: Path, family: Family) -> None:
     folder = tiny_folder(root, family)
     arch = folder_arch(folder)
+    assert folder_problems(str(folder)) == []  # hf_param_shapes (vLLM's and the checks' table) == save_pretrained's
     on_disk = load_hf(str(folder))
     back = megatron_to_hf(hf_to_megatron(HFFolder(folder), arch), arch)
     if arch.tie_embeddings:
