@@ -158,3 +158,25 @@ def test_a_full_disk_names_its_error_and_leaves_no_temporary_files(tmp_path: Pat
         assert len(run.sweep_temporaries()) == 2 and len(checkpoints.sweep_temporaries(root)) == 2
         assert sorted(p.name for p in (fs / "run").iterdir()) == []
         assert checkpoints.choose_resume(root).checkpoint.version == 2  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------------ driver --local without GPUs
+
+def test_driver_local_refuses_gpus_this_machine_lacks_with_the_fix(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from asyncrl.api.validation import quickstart_doc, validate_job
+    from asyncrl.trainer.cli import main
+    from asyncrl.trainer.driver.cluster import local_gpu_problem
+
+    job = validate_job(quickstart_doc(), "quickstart.yaml")
+    assert job.spec.actor.gpus_per_replica == 1  # the default: a GPU per actor pod
+    said = local_gpu_problem(job.spec, gpus_here=0)
+    assert said is not None and "spec.actor.gpusPerReplica: 1" in said and "gpusPerReplica: 0" in said
+    assert local_gpu_problem(job.spec, gpus_here=1) is None
+    if torch.cuda.device_count() == 0:  # this machine: the CLI refuses before Ray starts (before: waited forever)
+        spec = tmp_path / "job.yaml"
+        spec.write_text(json.dumps(quickstart_doc()))
+        assert main(["driver", "--spec", str(spec), "--local", "--run-dir", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err
+        assert "asyncrl driver --local: spec.actor.gpusPerReplica: 1" in err and "0 GPU(s)" in err, err
+        assert not (tmp_path / "run").exists()
