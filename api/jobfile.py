@@ -79,6 +79,7 @@ def _line(node_or_mark: Any) -> int:
 def _dotted(parts: list[str | int]) -> str:
     out = ""
     for part in parts:
+        part = part if isinstance(part, int) or part.isprintable() else repr(part)  # one line, always
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(document)"
 

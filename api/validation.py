@@ -82,6 +82,7 @@ def _path(loc: tuple[Any, ...]) -> str:
     """``spec.rollout.template.env[0].name``: dotted fields, list items in brackets (as kubectl writes)."""
     out = ""
     for part in loc:
+        part = part if isinstance(part, int) or str(part).isprintable() else repr(part)  # one line, always
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(document)"
 
@@ -112,8 +113,29 @@ def _as_yaml(value: Any) -> str:
     return repr(value)
 
 
-def _describe(err: dict[str, Any]) -> tuple[str, str]:
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+def _input_loc(loc: tuple[Any, ...], doc: Any) -> tuple[Any, ...]:
+    """``loc`` without pydantic's own steps (a union member ``int``, a validator ``function-after[...]``):
+    only the keys and indexes the document has, walked in it (a key may itself hold '[': ``kind[``)."""
+    out = []
+    node = doc
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and ("[" in part or part.startswith("function-")):
+            continue  # a step of pydantic's, not of the document
+        else:
+            node = _GONE  # past the document (a missing field, a union member's name): keep, stop walking
+        out.append(part)
+    return tuple(out)
+
+
+_GONE = object()
+
+
+def _describe(err: dict[str, Any], doc: Any = None) -> tuple[str, str]:
+    loc = _input_loc(tuple(err["loc"]), doc)
     path = _path(loc)
     kind, got = err["type"], err.get("input")
     if kind == "extra_forbidden":
@@ -145,21 +167,21 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
     return path, msg
 
 
-def _described(err: dict[str, Any]) -> list[tuple[str, str]]:
+def _described(err: dict[str, Any], doc: Any) -> list[tuple[str, str]]:
     """One ``(path, message)``, or several when a model check raised :class:`RuleError`."""
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, RuleError):
-        base, _ = _describe(err)
+        base, _ = _describe(err, doc)
         base = "" if base == "(document)" else base
         return [(".".join(p for p in (base, sub) if p) or "(document)", msg) for sub, msg in cause.problems]
-    return [_describe(err)]
+    return [_describe(err, doc)]
 
 
-def problems_from(exc: ValidationError) -> list[SpecProblem]:
-    """Turn a pydantic error into one :class:`SpecProblem` per failing field."""
+def problems_from(exc: ValidationError, doc: Any = None) -> list[SpecProblem]:
+    """Turn a pydantic error on the document ``doc`` into one :class:`SpecProblem` per failing field."""
     seen: dict[tuple[str, str], None] = {}
     for err in exc.errors():
-        for problem in _described(dict(err)):
+        for problem in _described(dict(err), doc):
             seen.setdefault(problem, None)
     # A union field (e.g. an optional number) can report each branch; keep the first one per path.
     out: list[SpecProblem] = []
@@ -228,7 +250,7 @@ def validate_job(doc: Any, source: str = "") -> AsyncRLJob:
     try:
         job = AsyncRLJob.model_validate(doc)
     except ValidationError as exc:
-        raise SpecError(header + problems_from(exc), source) from None
+        raise SpecError(header + problems_from(exc, doc), source) from None
     if header:
         raise SpecError(header, source)
     return job
@@ -264,6 +286,7 @@ def _jobs_of(read: Documents) -> JobFile:
             name = _name_of(doc)
             out.problems.extend(replace(p, document=index if several else None, name=name if several else None)
                                 for p in exc.problems)
+    out.problems.sort(key=lambda p: p.document or 0)  # document by document, as in the file (stable)
     if not out.jobs and not out.problems:
         found = f"found only {', '.join(kinds)}" if kinds else "the file is empty"
         out.problems.append(SpecProblem("(file)", f"no {KIND} document found ({found}); a job file holds "

@@ -317,3 +317,36 @@ def test_a_dump_of_a_valid_job_reads_back_under_strict_types(tmp_path: Path) -> 
     (again,) = load_jobs(dumped)
     assert again == job
     assert read_documents(dumped).count == 1
+
+
+def test_keys_that_look_like_pydantic_steps_or_hold_newlines_stay_one_line() -> None:
+    from asyncrl.api.validation import _jobs_of
+
+    # 'kind[' once crashed the error formatter (IndexError): a '[' in a key was taken for a pydantic step
+    text = HEAD + 'kind[: x\nmetadata: {name: k}\nspec: {"tr\\nain": 1}\n'
+    lines = sorted(str(p) for p in _jobs_of(parse_documents(text, "f")).problems)
+    assert lines == [
+        "kind[: unknown field; did you mean 'kind'? valid fields here: apiVersion, kind, metadata, spec, status",
+        "spec.'tr\\nain': unknown field; did you mean 'train'? valid fields here: correction, oldLogits, async, "
+        "model, task, train, checkpoint, eval, rollout, actor, runPolicy, scheduling, monitoring",
+    ]  # (sorted)
+
+
+def test_mangled_job_files_never_raise_and_every_problem_is_one_line() -> None:
+    import random
+
+    from asyncrl.api.validation import _jobs_of
+
+    base = (ROOT / "examples" / "production.yaml").read_text() + "\n---\n" + QUICKSTART.read_text()
+    pieces = [*":{}[]-&*!|>'\"#%@`,? \n\t.x0", "<<", "---", "&a", "*a", "!!str", "!!map", "\\u0000", "\xff"]
+    rng = random.Random(0)  # seeded: the same 300 mangled files every run
+    for _ in range(300):
+        chars = list(base)
+        for _ in range(rng.randint(1, 8)):
+            at = rng.randrange(len(chars))
+            if rng.random() < 0.5:
+                chars.insert(at, rng.choice(pieces))
+            else:
+                del chars[at]
+        for problem in _jobs_of(parse_documents("".join(chars), "f")).problems:
+            assert "\n" not in str(problem), problem
