@@ -53,4 +53,8 @@ def install_sigterm_handler(stop: StopRequest) -> Callable[[], None]:
         stop.request(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
