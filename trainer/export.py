@@ -356,7 +356,11 @@ def export_weights(weights: Mapping[str, Any], files: ModelFiles, checkpoint_roo
                    job_name: str, keep: int) -> ExportResult:
     """Export the driver's HF-named weights (numpy arrays or tensors) of ``version`` into
     ``<checkpoint dir>/exports/step-NNNNNN`` and keep the newest ``keep`` exports."""
-    hf = {k: torch.as_tensor(v) for k, v in weights.items()}
+    import warnings
+
+    with warnings.catch_warnings():  # object-store arrays are read-only; the export only reads them
+        warnings.simplefilter("ignore", UserWarning)
+        hf = {k: torch.as_tensor(v) for k, v in weights.items()}
     result = write_hf_folder(hf, files, export_path(checkpoint_root, version), version=version, overwrite=True,
                              provenance={"job": job_name})
     prune_exports(checkpoint_root, keep)
