@@ -199,7 +199,7 @@ class SecurityContext(KubeModel):
         return self.privileged is True or any(c in SYS_ADMIN for c in added)
 
 
-_VolumeSources = create_model(  # one open, typed object per Kubernetes volume source (CEL can test presence)
+_VolumeSources = create_model(  # type: ignore[call-overload]  # one typed open object per source (CEL: has())
     "_VolumeSources",
     __base__=KubeModel,
     **{t: (dict[str, Any] | None, Field(default=None, alias=t, description=f"Kubernetes {t} volume source."))

@@ -229,8 +229,8 @@ class Reconciler:
         desired = None if isinstance(spec, SpecError) else builders.desired(
             ref, spec, self.cfg, int(status.get("epoch") or 0), ray_token=secrets.token_urlsafe(32))
         if desired is not None and isinstance(spec, AsyncRLJobSpec) and (
-                refused := admission_problems(spec, namespace, self.cfg, desired.pods)):
-            spec, desired = SpecError(refused), None  # ValidationFailed: nothing is created
+                inadmissible := admission_problems(spec, namespace, self.cfg, desired.pods)):
+            spec, desired = SpecError(inadmissible), None  # ValidationFailed: nothing is created
         observed = self.observe(ref, desired, children=full, remembered=status.get("disruptedPods"))
         view = JobView(ref, int(body["metadata"].get("generation") or 1), status)
         now = self.clock()
