@@ -61,6 +61,7 @@ class Documents:
     documents: list[tuple[int, Any]] = field(default_factory=list)
     problems: list[FileProblem] = field(default_factory=list)
     count: int = 0  # documents seen, refused ones included
+    duplicated: set[int] = field(default_factory=set)  # documents with a key given twice: validated, never run
 
 
 class _Refused(Exception):
@@ -279,8 +280,8 @@ def parse_documents(text: str, source: str) -> Documents:
             if value is None:
                 out.count -= 1  # an empty document (a trailing '---') is no document
                 continue
-            if loader.duplicates:
-                continue  # reported; validating "the last one wins" would hide which one was meant
+            if loader.duplicates:  # reported; its other problems too, but it is never a job to run
+                out.duplicated.add(index)
             out.documents.append((index, value))
     finally:
         loader.dispose()

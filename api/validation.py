@@ -281,7 +281,9 @@ def _jobs_of(read: Documents) -> JobFile:
             kinds.append(f"{doc.get('kind')!r} (document {index})")
             continue
         try:
-            out.jobs.append(validate_job(doc, read.source))
+            job = validate_job(doc, read.source)
+            if index not in read.duplicated:  # (its duplicate keys are among the problems already)
+                out.jobs.append(job)
         except SpecError as exc:
             name = _name_of(doc)
             out.problems.extend(replace(p, document=index if several else None, name=name if several else None)

@@ -93,6 +93,16 @@ def test_duplicate_keys_are_refused_naming_both_lines(tmp_path: Path) -> None:
     assert "merge the two into one" in lines[1]
 
 
+def test_a_document_with_a_duplicate_key_still_shows_its_other_problems_and_never_runs() -> None:
+    from asyncrl.api.validation import _jobs_of
+
+    text = HEAD + "metadata: {name: d}\nspec:\n  async: {maxStaleness: 65}\n  async: {maxStaleness: 1}\n" \
+                  "  train: {stepz: 3}\n"
+    read = _jobs_of(parse_documents(text, "f"))
+    assert read.jobs == []
+    assert [p.path for p in read.problems] == ["spec.async", "spec.train.stepz"]
+
+
 def test_a_merge_key_override_is_not_a_duplicate() -> None:
     text = HEAD + "metadata: {name: merged}\nspec:\n  rollout: &base {replicas: 2, gpusPerReplica: 0}\n" \
                   "  actor: {<<: {replicas: 1, gpusPerReplica: 1}, gpusPerReplica: 0}\n"
