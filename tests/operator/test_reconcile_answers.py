@@ -349,3 +349,20 @@ def test_a_job_without_a_copy_starts_from_its_status_once() -> None:
     assert copy_patch(trusted_status(stored), {"restarts": 1, "phase": "Running"}) is None  # unchanged: no write
     broken = {"metadata": {"annotations": {"asyncrl.io/operator-status": "{not json"}}, "status": {"restarts": 0}}
     assert trusted_status(broken).status == {} and trusted_status(broken).overwritten == ("restarts",)
+
+
+def test_writing_the_status_copy_is_no_change_of_the_job_for_kopf() -> None:
+    # kopf runs the update handler when the job's essence changes, annotations included: the operator's
+    # own copy must not count, or every status change would cost one more reconcile.
+    settings = kopf.OperatorSettings()
+    from asyncrl.operator.handlers import configure_kopf
+
+    configure_kopf(settings)
+    job = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob",
+           "metadata": {"name": "j", "annotations": {"team": "rl"}}, "spec": {"train": {"steps": 3}}}
+    copied = copy.deepcopy(job)
+    copied["metadata"]["annotations"]["asyncrl.io/operator-status"] = '{"restarts":1}'
+    storage = settings.persistence.diffbase_storage
+    assert storage.build(body=kopf.Body(copied)) == storage.build(body=kopf.Body(job))
+    copied["metadata"]["annotations"]["team"] = "other"  # any other annotation still counts
+    assert storage.build(body=kopf.Body(copied)) != storage.build(body=kopf.Body(job))
