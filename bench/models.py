@@ -19,7 +19,7 @@ the same machine, so load on the cores affects both alike).
 import argparse
 import json
 import os
-import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +36,9 @@ TINYLLAMA_1B = {  # TinyLlama-1.1B's shape: 1.10e9 parameters
 
 
 def _peak_rss() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    from asyncrl.trainer.megatron.convert import peak_rss_bytes  # VmHWM: a child's own, not its parent's
+
+    return peak_rss_bytes()
 
 
 def synthetic_folder(out: Path, config: dict[str, Any], shard_bytes: int = 1 << 30) -> Path:
@@ -89,7 +91,7 @@ def measure_actor(folder: str, export_dir: str | None) -> dict[str, Any]:
     arch = arch_from_hf_config(folder_config(folder) or {})
     base = _peak_rss()
     t0 = time.perf_counter()
-    gpt = build_gpt_model(arch)
+    gpt = build_gpt_model(arch, random_init=False)  # as the actor builds it for a folder
     build_s = time.perf_counter() - t0
     report = load_folder(gpt, arch, folder)
     out = {"params": sum(p.numel() for p in gpt.parameters()), "build_s": build_s, "load_s": report.seconds,
@@ -112,8 +114,10 @@ def measure_actor(folder: str, export_dir: str | None) -> dict[str, Any]:
 
 def measure_transformers(folder: str) -> dict[str, Any]:
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    config = AutoConfig.from_pretrained(folder)
+    AutoModelForCausalLM._model_mapping[type(config)]  # import the modeling module now, outside the timing
     base = _peak_rss()
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -144,6 +148,8 @@ def folders(sizes: list[str], root: Path, smollm_dir: str | None) -> dict[str, P
 
                 smollm_dir = str(pull("smollm2", root=root / "cache").path)
             out[size] = Path(smollm_dir)
+        elif size == "1b" and (root / "1b" / "config.json").is_file():
+            out[size] = root / "1b"  # --work-dir: made by an earlier run
         elif size == "1b":
             t0 = time.perf_counter()
             out[size] = synthetic_folder(root / "1b", TINYLLAMA_1B)
@@ -158,6 +164,7 @@ def main() -> None:
     p.add_argument("--sizes", default="tiny,smollm2,1b", help="comma-separated: tiny, smollm2, 1b")
     p.add_argument("--smollm-dir", help="an already pulled SmolLM2 folder (default: pull into a temp cache)")
     p.add_argument("--no-export", action="store_true", help="skip the export column")
+    p.add_argument("--work-dir", help="keep the made folders here and reuse them (default: a temporary folder)")
     p.add_argument("--child", nargs=2, metavar=("SIDE", "FOLDER"), help=argparse.SUPPRESS)
     p.add_argument("--export-dir", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -168,11 +175,13 @@ def main() -> None:
         return
     mib = 2**20
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-models-") as tmp:
-        root = Path(tmp)
+        root = Path(args.work_dir) if args.work_dir else Path(tmp)
         rows = []
         for size, folder in folders(args.sizes.split(","), root, args.smollm_dir).items():
-            export_dir = None if args.no_export else str(root / f"export-{size}")
+            export_dir = None if args.no_export else str(root / f"export-{size}-{os.getpid()}")
             a = _child("actor", str(folder), export_dir)
+            if export_dir is not None:
+                shutil.rmtree(export_dir, ignore_errors=True)
             h = _child("transformers", str(folder), None)
             rows.append((size, a, h))
             print(f"measured {size}", flush=True)

@@ -47,7 +47,7 @@ def megatron_model(folder: Path) -> Any:
     from asyncrl.trainer.megatron.hf_folder import HFFolder
     from asyncrl.trainer.megatron.model import build_gpt_model
 
-    gpt = build_gpt_model(folder_arch(folder)).eval()
+    gpt = build_gpt_model(folder_arch(folder), random_init=False).eval()  # as the actor builds it
     load_folder_into(gpt, folder_arch(folder), HFFolder(folder))
     return gpt
 

@@ -214,7 +214,8 @@ class MegatronActor:
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
         self.runtime = compat.init_megatron(settings.seed, device=settings.device)
-        gpt = build_gpt_model(settings.arch, use_cpu_initialization=self.runtime.use_cpu_initialization)
+        gpt = build_gpt_model(settings.arch, use_cpu_initialization=self.runtime.use_cpu_initialization,
+                              random_init=settings.init_weights is None)  # a folder overwrites every weight
         self._gpt = gpt.to(self.runtime.device)
         self.load_report: LoadReport | None = None  # reading spec.model.weights (None: random init)
         if settings.init_weights is not None:  # one tensor at a time, memory-mapped (convert.load_folder)

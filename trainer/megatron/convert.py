@@ -240,7 +240,15 @@ class LoadReport:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (Linux reports ``ru_maxrss`` in KiB)."""
+    """Peak resident set size of this process: Linux's ``VmHWM`` (reset by ``exec``, unlike ``ru_maxrss``,
+    which a child inherits from its parent), else ``ru_maxrss`` (KiB)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -46,8 +46,11 @@ def _moe_kwargs(arch: ModelArch) -> dict[str, Any]:
     }
 
 
-def transformer_config(arch: ModelArch, *, use_cpu_initialization: bool = True, init_std: float = 0.02):
-    """The megatron ``TransformerConfig`` of ``arch`` in fp32 (no dropout)."""
+def transformer_config(arch: ModelArch, *, use_cpu_initialization: bool = True, init_std: float = 0.02,
+                       random_init: bool = True):
+    """The megatron ``TransformerConfig`` of ``arch`` in fp32 (no dropout); ``random_init=False`` leaves
+    the weights uninitialised (they are about to be loaded: megatron's CPU init of a 1.1B model takes
+    ~70 s on 2 cores, and builds each full master weight once more)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
@@ -68,6 +71,7 @@ def transformer_config(arch: ModelArch, *, use_cpu_initialization: bool = True, 
         attention_dropout=0.0,
         init_method_std=init_std,
         use_cpu_initialization=use_cpu_initialization,
+        perform_initialization=random_init,
         params_dtype=torch.float32,
         # Already the 0.16.1 defaults, pinned because the HF mapping depends on them.
         rotary_interleaved=False,
@@ -77,17 +81,20 @@ def transformer_config(arch: ModelArch, *, use_cpu_initialization: bool = True, 
     )
 
 
-def build_gpt_model(arch: ModelArch, *, use_cpu_initialization: bool = True, init_std: float = 0.02):
+def build_gpt_model(arch: ModelArch, *, use_cpu_initialization: bool = True, init_std: float = 0.02,
+                    random_init: bool = True):
     """A fresh, randomly initialised megatron ``GPTModel`` (fp32) for ``arch``.
 
     With ``use_cpu_initialization`` the weights come from torch's default CPU generator, so
     ``torch.manual_seed`` before this call makes the init reproducible. The model carries
-    ``sliding_window`` (read by :func:`attention_mask`).
+    ``sliding_window`` (read by :func:`attention_mask`). ``random_init=False``: parameters are
+    allocated but not initialised, for a model whose every weight is loaded next.
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config = transformer_config(arch, use_cpu_initialization=use_cpu_initialization, init_std=init_std)
+    config = transformer_config(arch, use_cpu_initialization=use_cpu_initialization, init_std=init_std,
+                                random_init=random_init)
     gpt = GPTModel(
         config=config,
         # The spec argument only matters when Apex is installed (its fused norm is LayerNorm-only);
