@@ -190,6 +190,17 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
         [silent("AsyncRLRolloutThroughputDrop", "55m"),
          fires("AsyncRLRolloutThroughputDrop", "85m", "a", severity="warning")],
     ),
+    "env_errors": (
+        [s("asyncrl_env_errors_total", "a", "0+10x40", reason="timeout"),  # 10 of 100 per minute: 10% > 5%
+         s("asyncrl_trajectories_total", "a", "0+90x40", status="finished"),
+         s("asyncrl_trajectories_total", "a", "0+10x40", status="aborted"),
+         s("asyncrl_env_errors_total", "b", "0+1x40", reason="exception"),  # 1%: below the threshold
+         s("asyncrl_trajectories_total", "b", "0+100x40", status="finished"),
+         s("asyncrl_env_errors_total", "c", "0x5 0+20x3 60x32", reason="bad_messages"),  # a 3-minute burst
+         s("asyncrl_trajectories_total", "c", "0+100x40", status="finished")],
+        # a: above the threshold, not yet for 10m at 8m, firing at 25m; b never; c's burst ended long before 25m
+        [silent("AsyncRLEnvErrors", "8m"), fires("AsyncRLEnvErrors", "25m", "a", severity="warning")],
+    ),
     "lifecycle": (
         [op("asyncrl_operator_job_phase", "a", "1x60", phase="Failed"),
          op("asyncrl_operator_job_phase", "b", "1x60", phase="Running"), s("up", "b", "1x60"),
