@@ -99,8 +99,8 @@ class RewardServiceSpec(SpecModel):
         default=5.0,
         gt=0.0,
         le=600.0,
-        description="Deadline of one request: to connect, and between bytes of the answer. All attempts and "
-        "backoffs together must fit in task.envTimeoutSeconds.",
+        description="Deadline of one request: to connect, and between bytes of the answer. A retry that "
+        "would not finish within task.envTimeoutSeconds is not made.",
     )
     retries: int = Field(
         default=2,

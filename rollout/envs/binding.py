@@ -112,7 +112,7 @@ def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding
                 from asyncrl.rollout.envs.remote import RemoteReward
 
                 assert task.reward_service is not None  # the spec requires reward or rewardService
-                scorer, label = RemoteReward(task.reward_service), "rewardService"
+                scorer, label = RemoteReward(task.reward_service, budget_s=task.env_timeout_seconds), "rewardService"
         except ImportPathError as exc:
             raise EnvLoadError(str(exc)) from exc
         return TaskBinding("dataset", samples, lambda: DatasetEnv(data, scorer, label), fmt)

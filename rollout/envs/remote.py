@@ -26,8 +26,8 @@ Retries wait ``backoffSeconds``, then twice that, and so on; the reason of a fau
 the last attempt's. At most ``maxConcurrency`` requests of one worker are in flight at once; the
 rest wait their turn. Connections go straight to the service (proxy variables are ignored: the
 service is normally inside the cluster). The whole call, retries included, also runs under the
-environment timeout ``spec.task.envTimeoutSeconds``: give it at least
-``(retries + 1) * timeoutSeconds`` plus the backoffs, or a slow service is cut off as ``timeout``.
+environment timeout ``spec.task.envTimeoutSeconds`` (``budget_s``): a retry that could not finish
+within it is not made, so the fault keeps the service's reason rather than becoming a ``timeout``.
 """
 
 import http.client
@@ -75,10 +75,11 @@ class ServiceClient:
     the backoff's wait; ``what`` names the service in fault messages.
     """
 
-    def __init__(self, spec: RewardServiceSpec, *, what: str = "reward service",
+    def __init__(self, spec: RewardServiceSpec, *, what: str = "reward service", budget_s: float | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.spec = spec
         self.what = what
+        self.budget_s = budget_s  # the caller's own deadline (envTimeoutSeconds): no retry that cannot fit
         self._sleep = sleep
         self._slots = threading.BoundedSemaphore(spec.max_concurrency)
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -88,8 +89,9 @@ class ServiceClient:
     def post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
         """The JSON object ``url`` answers to ``payload``; an :class:`EnvFault` when it cannot be had."""
         body = json.dumps(payload, default=str, ensure_ascii=False).encode()
-        attempts = self.spec.retries + 1
+        attempts, tried, start = self.spec.retries + 1, 0, time.monotonic()
         for attempt in range(attempts):
+            tried += 1
             try:
                 return self._attempt(url, body)
             except _Retry as exc:
@@ -97,12 +99,21 @@ class ServiceClient:
             except EnvFault as exc:
                 self._count_fault(exc.reason)
                 raise
-            if attempt + 1 < attempts:
-                with self._lock:
-                    self.stats.retries += 1
-                self._sleep(self.spec.backoff_seconds * 2**attempt)
+            if attempt + 1 == attempts:
+                break
+            wait = self.spec.backoff_seconds * 2**attempt
+            # A retry that cannot finish inside the caller's deadline would be cut off there and counted as
+            # a plain timeout: stop now, with the service's own reason.
+            if self.budget_s is not None and (time.monotonic() - start) + wait + self.spec.timeout_seconds \
+                    > self.budget_s:
+                break
+            with self._lock:
+                self.stats.retries += 1
+            self._sleep(wait)
         self._count_fault(last.reason)
-        raise EnvFault(last.reason, f"{self.what} {url}: {attempts} attempt(s) failed; last: {last}")
+        left = "" if tried == attempts else (f" ({attempts - tried} retries left out: they would not finish within "
+                                              f"spec.task.envTimeoutSeconds={self.budget_s:g})")
+        raise EnvFault(last.reason, f"{self.what} {url}: {tried} attempt(s) failed{left}; last: {last}")
 
     def _count_fault(self, reason: str) -> None:
         with self._lock:
@@ -159,9 +170,10 @@ def need(answer: dict[str, Any], key: str, what: str, form: str) -> Any:
 class RemoteReward:
     """``RemoteReward(spec)(completion, answer, sample) -> reward``: a reward function over HTTP."""
 
-    def __init__(self, spec: RewardServiceSpec, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, spec: RewardServiceSpec, *, budget_s: float | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.spec = spec
-        self.client = ServiceClient(spec, what="reward service", sleep=sleep)
+        self.client = ServiceClient(spec, what="reward service", budget_s=budget_s, sleep=sleep)
 
     @property
     def stats(self) -> RemoteStats:

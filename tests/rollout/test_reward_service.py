@@ -211,3 +211,12 @@ def test_environment_service_args_are_checked_when_the_factory_is_built() -> Non
         RemoteEnvironment(url="env:8000")
     with pytest.raises(ValueError, match=r"spec.task.args.retry"):
         RemoteEnvironment(url="http://env:8000", retry=3)
+
+
+def test_no_retry_is_made_that_cannot_finish_within_the_environment_timeout() -> None:
+    with RewardServer("slow", delay_s=2.0) as server:
+        spec = RewardServiceSpec(url=server.url, timeout_seconds=0.3, retries=5, backoff_seconds=0.01)
+        score = RemoteReward(spec, budget_s=1.0)  # 6 attempts x 0.3 s would overrun the 1 s deadline
+        f = fault(lambda: score("4", 4, {}))
+        assert f.reason == "remote_timeout"  # the service's own reason, not the runner's "timeout"
+        assert 1 <= server.requests <= 3 and "retries left out" in str(f) and "envTimeoutSeconds=1" in str(f)
