@@ -51,6 +51,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary.get("export"):
         lines.append(f"  exported: {summary['export']['path']} (version {summary['export']['version']}; "
                      "AutoModelForCausalLM.from_pretrained loads it)")
+    errors = {r: n for r, n in (summary.get("env_errors") or {}).items() if n}
+    if errors:  # episodes the environment's code aborted (the job went on without them)
+        lines.append("  environment errors: " + ", ".join(f"{n} {r}" for r, n in errors.items())
+                     + " (episodes aborted; docs/runbooks/AsyncRLEnvErrors.md)")
     if summary.get("error"):
         lines.append(f"  error: {summary['error']}")
     return "\n".join(lines)

@@ -37,6 +37,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from asyncrl.api.job import AsyncRLJob
+from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer import export
 from asyncrl.trainer.correction.stats import CorrectionStats
@@ -631,6 +632,10 @@ class _Loop:
         self.called.clear()
         self.summary.update(self.stage.summary())
         self.summary["worker_replacements"] = self.replacements
+        # episodes the environment's code aborted, by reason (asyncrl_env_errors_total; the job went on)
+        self.summary["env_errors"] = {
+            r: int(self.m.registry.get_sample_value("asyncrl_env_errors_total", {"reason": r}) or 0)
+            for r in ENV_ERROR_REASONS}
         self.summary["buffer"] = vars(self.buffer.counts).copy()
         self.summary["buffer"]["groups_in_flight_at_end"] = in_flight
         self.summary["buffer"]["groups_left_unused"] = self.buffer.ready
