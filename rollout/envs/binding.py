@@ -163,3 +163,9 @@ def task_tokenizer(model: Any, task: TaskSpec) -> Any:
     if tok is TOKENIZER and (task.environment is not None or task.dataset is not None or task.name not in TASKS):
         return TEXT_TOKENIZER
     return tok
+
+
+def has_demonstrations(task: TaskSpec) -> bool:
+    """True when ``spec.task`` has a demonstration warm start (the built-in tasks); a user's environment
+    or a dataset starts RL from the model as it is (``train.warmStartSteps`` is then not used)."""
+    return task.environment is None and task.dataset is None
