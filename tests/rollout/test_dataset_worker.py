@@ -88,3 +88,22 @@ def test_a_failing_reward_service_aborts_its_episodes_only(data: Path, mode: str
     finally:
         if mode != "down":
             server.stop()
+
+
+def test_an_environment_by_path_reads_the_dataset_rows(data: Path) -> None:
+    spec = TaskSpec.model_validate({
+        "dataset": {"path": str(data), "heldoutFraction": 0.25}, "environment": "dataset_env:RowEnv",
+        "args": {"field": "prompt"}, "pythonPath": [USERLAND], "groupSize": GROUP, "maxNewTokens": 3,
+    })
+    w = RolloutWorker(spec, MODEL, AsyncSpec(), worker_index=0, seed=0, workers=1)
+    w.load_weights({k: v.clone() for k, v in build_model(w.arch, seed=0).state_dict().items()}, version=0)
+    samples = w.binding.samples
+    train_prompts = {samples.dataset.rows[i]["prompt"] for i in samples.dataset.train}  # type: ignore[attr-defined]
+    trajs = w.generate(4)
+    assert len(trajs) == 4 * GROUP
+    seen = {t.info["row_prompt"] for t in trajs}
+    assert len(seen) == 4 and seen <= train_prompts  # training draws train rows only
+    held = samples.heldout(3, seed=0)
+    assert held and all(r["prompt"] not in train_prompts for r in held)
+    evald = w.evaluate(held, version=0, temperature=1.0, seed=0)
+    assert [t.info["row_prompt"] for t in evald] == [r["prompt"] for r in held]
