@@ -274,6 +274,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     except (export.ExportError, FileNotFoundError) as exc:
         print(f"asyncrl export: {exc}", file=sys.stderr)
         return 2
+    for note in result.skipped:  # newer checkpoints that do not verify: the user should know
+        print(f"asyncrl export: {note}", file=sys.stderr)
     if not args.quiet:
         print(f"exported version {result.version} to {result.path} in {result.seconds:.1f} s: {result.shards} "
               f"shard(s), {result.weight_bytes / 2**20:.1f} MiB of {args.dtype} weights; config.json from the "

@@ -28,7 +28,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,12 +64,13 @@ class ExportResult:
     tokenizer: str  # where the tokenizer files came from ("copied from <folder>" / "character tokenizer ...")
     config_source: str  # "source folder" or "architecture"
     files: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints that do not verify, with the reason
 
     def record(self) -> dict[str, Any]:
         """The JSON form (summary.json, the CLI's last line)."""
         return {"path": str(self.path), "version": self.version, "shards": self.shards,
                 "weight_bytes": self.weight_bytes, "seconds": round(self.seconds, 3),
-                "tokenizer": self.tokenizer, "config": self.config_source}
+                "tokenizer": self.tokenizer, "config": self.config_source, "skipped": self.skipped}
 
 
 def parse_size(text: str | int) -> int:
@@ -105,14 +106,24 @@ def load_job(job_file: Path) -> AsyncRLJob:
     return jobs[0]
 
 
-def resolve_checkpoint(path: Path, job: AsyncRLJob | None) -> tuple[Path, AsyncRLJob]:
-    """``(checkpoint folder, job)`` of ``path``: a checkpoint folder (holds ``actor.pt``), a run directory
-    (its newest complete checkpoint under the job's ``checkpoint.dir``) or a checkpoint root (its newest).
+@dataclass(frozen=True)
+class Resolved:
+    """What ``asyncrl export PATH`` exports: a verified checkpoint folder, its job, and the newer folders
+    passed over (each with the reason it does not verify)."""
+
+    checkpoint: Path
+    job: AsyncRLJob
+    skipped: list[str] = field(default_factory=list)
+
+
+def resolve_checkpoint(path: Path, job: AsyncRLJob | None) -> Resolved:
+    """The checkpoint of ``path``: a checkpoint folder (holds ``actor.pt``), a run directory (its newest
+    verified checkpoint under the job's ``checkpoint.dir``) or a checkpoint root (its newest verified).
 
     ``job`` (``--job``) overrides the run's own ``job.yaml``.
     """
     from asyncrl.trainer.driver import checkpoints
-    from asyncrl.trainer.megatron.checkpoint import STATE_FILE
+    from asyncrl.trainer.megatron.checkpoint import STATE_FILE, CheckpointError, verify_checkpoint
 
     path = path.expanduser()
     if not path.exists():
@@ -126,13 +137,21 @@ def resolve_checkpoint(path: Path, job: AsyncRLJob | None) -> tuple[Path, AsyncR
             )
         job = load_job(job_file)
     if (path / STATE_FILE).is_file():
-        return path, job
-    roots = [path, path / job.spec.checkpoint.dir] if not Path(job.spec.checkpoint.dir).is_absolute() else [path]
-    roots.append(Path(job.spec.checkpoint.dir))
+        return Resolved(path, job)
+    configured = Path(job.spec.checkpoint.dir)  # relative: inside the run directory (a cluster: its volume)
+    roots = [path, configured if configured.is_absolute() else path / configured]
     for root in roots:
-        newest = checkpoints.latest(root)
-        if newest is not None:
-            return newest.path, job
+        newest = checkpoints.latest(root)  # the newest whose files verify (sizes and checksums recorded)
+        if newest is None:
+            continue
+        skipped = []
+        for c in checkpoints.found(root):
+            if c.version > newest.version:
+                try:
+                    verify_checkpoint(c.path)
+                except CheckpointError as exc:
+                    skipped.append(f"{c.path} skipped: {exc.reason}")
+        return Resolved(newest.path, job, skipped)
     raise ExportError(
         f"{path}: no complete checkpoint (a step-NNNNNN folder with meta.json) in {', '.join(map(str, roots))}; "
         "train longer than checkpoint.everySteps, or pass a checkpoint folder"
@@ -167,10 +186,14 @@ def checkpoint_weights(checkpoint: Path, files: ModelFiles) -> tuple[dict[str, t
     """HF-named tensors and the policy version of an actor checkpoint (architecture checked)."""
     import dataclasses
 
-    from asyncrl.trainer.megatron.checkpoint import read_checkpoint
+    from asyncrl.trainer.megatron.checkpoint import CheckpointError, read_checkpoint
     from asyncrl.trainer.megatron.convert import megatron_to_hf
 
-    state, meta = read_checkpoint(checkpoint)
+    try:
+        state, meta = read_checkpoint(checkpoint)
+    except CheckpointError as exc:
+        raise ExportError(f"{exc}; export another checkpoint folder (asyncrl export RUN_DIR takes the newest "
+                          "that verifies)") from exc
     want = dataclasses.asdict(files.arch)  # what the actor writes into meta.json (and compares on resume)
     if meta.get("arch") != want:
         raise ExportError(
@@ -328,12 +351,14 @@ def export_checkpoint(path: Path, out: Path, *, job: AsyncRLJob | None = None, d
                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
                       progress: bool = False) -> ExportResult:
     """``asyncrl export``: the newest complete checkpoint of a run directory (or a checkpoint) -> ``out``."""
-    checkpoint, job = resolve_checkpoint(path, job)
-    files = model_files(job.spec)
-    hf, version = checkpoint_weights(checkpoint, files)
-    return write_hf_folder(hf, files, out, version=version, dtype=dtype, max_shard_bytes=max_shard_bytes,
-                           overwrite=overwrite, progress=progress,
-                           provenance={"job": job.metadata.name, "checkpoint": str(checkpoint)})
+    resolved = resolve_checkpoint(path, job)
+    files = model_files(resolved.job.spec)
+    hf, version = checkpoint_weights(resolved.checkpoint, files)
+    result = write_hf_folder(hf, files, out, version=version, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                             overwrite=overwrite, progress=progress,
+                             provenance={"job": resolved.job.metadata.name, "checkpoint": str(resolved.checkpoint),
+                                         "skipped": resolved.skipped})
+    return replace(result, skipped=resolved.skipped)
 
 
 # ----------------------------------------------------------------------------------------- during training

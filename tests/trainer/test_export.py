@@ -256,3 +256,16 @@ def test_each_family_exports_to_a_folder_transformers_loads_with_the_actors_logi
     assert config["architectures"] == json.loads((source / "config.json").read_text())["architectures"]
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (tmp_path / "out" / name).read_bytes() == (source / name).read_bytes(), name
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_and_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run, _ = _run_dir(tmp_path, _job(tmp_path), versions=(1, VERSION))
+    newest = run / "checkpoints" / f"step-{VERSION:06d}"
+    with open(newest / "actor.pt", "r+b") as f:  # a torn write: the recorded size no longer matches
+        f.truncate(100)
+    assert main(["export", str(run), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["version"] == 1
+    assert f"{newest} skipped:" in captured.err
+    assert main(["export", str(newest), "--out", str(tmp_path / "o2")]) == 2  # asked for by name: refused
+    assert "export another checkpoint folder" in capsys.readouterr().err
