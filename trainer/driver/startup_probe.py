@@ -30,11 +30,12 @@ asyncrl can: ``tests/trainer/test_startup_probe.py``):
   level, that no temperature explains): the two sides do not compute the same network (a converter
   mapping, a config key such as the RoPE base or the norm epsilon). Measured with megatron's grouped QKV
   split as a plain ``[Q; K; V]`` (the classic mapping bug) on the random tiny-llama: mean 0.13, p99 0.34;
-- ``dtype``: small unstructured noise (mean below 0.05; below 5e-3 nothing else is considered) from a bfloat16 engine against the fp32 actor.
-  Measured on the quickstart's tiny-llama (16 held-out calculator rollouts, 2 shared cores): mean 1.3e-3,
-  p99 5.5e-3 at random initialisation; mean 4.0e-3, p99 1.5e-2 after 150 supervised steps. The defaults
-  (:data:`DEFAULT_MAX_MEAN_ABS` 0.05, :data:`DEFAULT_MAX_P99_ABS` 0.5) leave 12x and 30x of room and still
-  refuse an engine at temperature 0.6 for the actor's 1.0 (mean 0.36-0.57);
+- ``dtype``: small unstructured noise (mean below 0.05; below 5e-3 nothing else is considered) from a
+  bfloat16 engine against the fp32 actor. Measured on the quickstart's tiny-llama (16 held-out calculator
+  rollouts): mean 1.3e-3, p99 5.5e-3 at random initialisation; mean 4.0e-3, p99 1.5e-2 after 150
+  supervised steps. The spec's defaults (``maxMeanAbsLogRatio`` 0.05, ``maxP99AbsLogRatio`` 0.5,
+  :class:`~asyncrl.api.correction.StartupCheckSpec`) leave 12x and 30x of room and still refuse an engine
+  at temperature 0.6 for the actor's 1.0 (measured mean 0.08 to 0.57, by model);
 - ``unknown`` otherwise.
 """
 
@@ -71,8 +72,6 @@ CAUSES: dict[Cause, str] = {
              "fp32Head: true)",
     "unknown": "no known signature; compare the engine's and the actor's log-probs on one trajectory by hand",
 }
-DEFAULT_MAX_MEAN_ABS = 0.05  # spec.correction.startupCheck.maxMeanAbsLogRatio (see the measurements above)
-DEFAULT_MAX_P99_ABS = 0.5  # spec.correction.startupCheck.maxP99AbsLogRatio
 ROUNDING = 1e-5  # mean |log r_d| of a float32 engine: ~2e-7 measured
 # Temperatures the actor re-scores a refused engine's tokens at (and task.temperature itself).
 TEMPERATURE_GRID: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0)
@@ -113,7 +112,8 @@ class EngineDiscrepancy:
     fitted_mean_abs: float | None = None
 
     def record(self) -> dict[str, Any]:
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        """JSON form (summary.json): floats to 4 significant digits."""
+        return {k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def probe_engine(engine: str, dtype: str, version: int, trajs: Sequence[Trajecto
 def check(verdicts: Sequence[Verdict], limits: Thresholds) -> None:
     """Log one line per engine; raise :class:`StartupCheckError` when one is refused."""
     for v in verdicts:
-        log.info("startup probe: %s", v.line())
+        log.log(logging.INFO if v.passed else logging.WARNING, "startup probe: %s", v.line())
     if not all(v.passed for v in verdicts):
         raise StartupCheckError(refusal(verdicts, limits))
 
