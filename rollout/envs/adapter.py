@@ -62,6 +62,8 @@ class TurnAdapter:
         tool_call_format: ``spec.task.toolCallFormat``.
     """
 
+    sample: Sample  # this episode's sample (what env.reset gets)
+
     def __init__(self, task: str, env: TurnEnvironment, sample: Sample, tokenizer: Tokenizer, *,
                  runner: EnvRunner | None = None, tool_call_format: str = "hermes") -> None:
         self.task = task

@@ -107,7 +107,7 @@ class ScenarioSamples:
                 return s.to_sample()
 
     def heldout(self, n: int, seed: int) -> list[dict[str, Any]]:
-        rng, out = random.Random(seed), []
+        rng, out = random.Random(seed), list[dict[str, Any]]()
         while len(out) < n:
             s = draw_scenario(rng)
             if is_heldout(_key(s)):

@@ -245,7 +245,7 @@ class MathToolEnv(TurnAdapter):
     def reset(self, rng: random.Random | None = None) -> list[int]:
         """Pose this episode's sample; without one, the ``fixed`` problem (an evaluation prompt) or a
         train-side problem drawn from ``rng`` (envs/split.py)."""
-        if not self.sample:
+        if not self.sample:  # type: ignore[has-type]  # (mypy: the base class declares it)
             if self._fixed is None and rng is None:
                 raise ValueError(f"{self.task}: reset() needs an rng, a sample or a fixed problem")
             p = self._fixed if self._fixed is not None else draw_train(self._problem_fn, rng)  # type: ignore[arg-type]
