@@ -112,7 +112,9 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("env_errors", "counter", "asyncrl_env_errors_total",
               "Episodes aborted by their environment's code (the job goes on), by reason: exception (reset or "
               "step raised), timeout (past task.envTimeoutSeconds), nonfinite_reward, bad_messages (not chat "
-              "messages, or text the tokenizer cannot encode).",
+              "messages, or text the tokenizer cannot encode); a reward or environment service (docs/tasks.md): "
+              "remote_unreachable (down), remote_timeout, remote_http_error (4xx, or 5xx after the retries), "
+              "remote_bad_response (not the protocol's JSON).",
               labels=(("reason", ENV_ERROR_REASONS),),
               ratio="environment error ratio = env_errors / trajectories"),
     MetricDef("worker_replacements", "counter", "asyncrl_worker_replacements_total",
