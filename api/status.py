@@ -110,6 +110,10 @@ class TrainingSummary(_StatusModel):
         default=None, ge=0.0, le=1.0, description="Share of tokens whose staleness ratio was clipped."
     )
     ewma_resets: int = Field(default=0, ge=0, description="EWMA reference resets so far.")
+    env_errors: int = Field(
+        default=0, ge=0, description="Episodes the task's environment code aborted so far (exception, timeout, "
+        "non-finite reward, garbage messages; asyncrl_env_errors_total by reason); the job goes on without them."
+    )
     max_staleness: int = Field(default=0, ge=0, description="Largest version gap of a token trained on recently.")
     sync_phase: SyncPhase | None = Field(default=None, description="Interrupt-sync phase at report time.")
     sync_phase_since: str | None = Field(default=None, description="When syncPhase began (RFC 3339).")

@@ -541,6 +541,7 @@ class _Loop:
             "staleness_max": worst, "trajectories": len(rewards),
             "partial_frac": sum(t.is_partial for g in groups for t in g) / max(1, len(rewards)),
             "step_s": round(step_s, 4),
+            "env_errors": self._env_errors_total(),  # episodes the environment's code aborted so far
             **stats,
             **self.step_extra,
         }
@@ -633,14 +634,20 @@ class _Loop:
         self.summary.update(self.stage.summary())
         self.summary["worker_replacements"] = self.replacements
         # episodes the environment's code aborted, by reason (asyncrl_env_errors_total; the job went on)
-        self.summary["env_errors"] = {
-            r: int(self.m.registry.get_sample_value("asyncrl_env_errors_total", {"reason": r}) or 0)
-            for r in ENV_ERROR_REASONS}
+        self.summary["env_errors"] = self._env_errors()
         self.summary["buffer"] = vars(self.buffer.counts).copy()
         self.summary["buffer"]["groups_in_flight_at_end"] = in_flight
         self.summary["buffer"]["groups_left_unused"] = self.buffer.ready
         # interrupt-sync: groups whose members are still suspended in their workers when the run ends
         self.summary["buffer"]["groups_suspended_at_end"] = self.buffer.running
+
+    def _env_errors(self) -> dict[str, int]:
+        """``asyncrl_env_errors_total`` by reason, as counted so far."""
+        return {r: int(self.m.registry.get_sample_value("asyncrl_env_errors_total", {"reason": r}) or 0)
+                for r in ENV_ERROR_REASONS}
+
+    def _env_errors_total(self) -> int:
+        return sum(self._env_errors().values())
 
     def _gauges(self) -> None:
         self.m.buffer_ready.set(self.buffer.ready)

@@ -13,7 +13,8 @@ Over each *report window* (the steps since the last successful report) it aggreg
   staleness ratio ``r_s`` the PPO clip stopped);
 - ``maxStaleness`` = the largest version gap of a trained token in the window;
 
-and over the run (this driver process): ``ewmaResets`` (total), ``policyVersion``, and the last
+and over the run (this driver process): ``ewmaResets`` (total), ``envErrors`` (episodes the environment's code
+aborted, total), ``policyVersion``, and the last
 checkpoint and the last Hugging Face export (``checkpoint.exportEverySteps``), each with its version. Only applied steps count (a non-finite step's update was skipped),
 the same steps the Prometheus counters of :func:`~.accounting.count_correction` count.
 
@@ -129,6 +130,7 @@ class StatusReporter:
         self.window = ReportWindow()
         self.policy_version = 0
         self.ewma_resets = 0
+        self.env_errors = 0
         self.last_checkpoint: str | None = None
         self.last_checkpoint_version: int | None = None
         self.last_export: str | None = None
@@ -161,6 +163,7 @@ class StatusReporter:
         self.policy_version = int(record["version"])
         self.window.add(record)
         self.ewma_resets += int(bool(record.get("ewma_reset", 0)))
+        self.env_errors = int(record.get("env_errors", self.env_errors))  # a running total
         if record.get("checkpoint"):
             self.last_checkpoint = str(record["checkpoint"])
             self.last_checkpoint_version = self.policy_version
@@ -172,7 +175,7 @@ class StatusReporter:
         """The summary a report sent now would carry."""
         return TrainingSummary(
             policy_version=self.policy_version, keep_ratio=self.window.keep_ratio,
-            clip_fraction=self.window.clip_fraction, ewma_resets=self.ewma_resets,
+            clip_fraction=self.window.clip_fraction, ewma_resets=self.ewma_resets, env_errors=self.env_errors,
             max_staleness=self.window.max_staleness, sync_phase=self.sync_phase,
             sync_phase_since=self.sync_phase_since, last_checkpoint=self.last_checkpoint,
             last_checkpoint_version=self.last_checkpoint_version, last_export=self.last_export,
