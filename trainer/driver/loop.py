@@ -260,6 +260,8 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
     (reusing a cached warm start)."""
     import ray
 
+    from asyncrl.rollout.envs.binding import has_demonstrations
+
     spec = job.spec
     ckpt_dir = run.checkpoint_dir(spec.checkpoint.dir)
     # The newest checkpoint that verifies (sizes, checksums, driver state); broken newer ones are set
@@ -272,7 +274,7 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
         version = ray.get(hosts.actor.load_checkpoint.remote(str(latest.path)))
         summary["resumed_from"] = str(latest.path)
         state = point.state
-    elif options.warm_start and spec.train.warm_start_steps > 0:
+    elif options.warm_start and spec.train.warm_start_steps > 0 and has_demonstrations(spec.task):
         summary["warm_start"] = _warm_start(hosts, spec.train.warm_start_steps,
                                             options.warm_start_dir or run.warm_start_dir, options, on_warm)
         version = 0
