@@ -29,6 +29,19 @@ RESOURCE_DRIVER: Final = "driver"
 RESOURCE_ROLLOUT: Final = "rollout"
 RESOURCE_ACTOR: Final = "actor"
 RESOURCE_OLD_LOGITS: Final = "oldlogits"
+# Actor pod i advertises {RESOURCE_ACTOR: g, actor_pod_resource(i): g} (g = max(gpusPerReplica, 1)): one
+# unit per rank process it hosts, so rank r = i*g + j asks for {actor_pod_resource(i): 1} and lands on pod i.
+ACTOR_POD_RESOURCE_PREFIX: Final = "actor-"
+
+
+def actor_pod_resource(index: int) -> str:
+    """The Ray resource only actor pod ``index`` advertises (``actor-0``, ``actor-1``, ...)."""
+    return f"{ACTOR_POD_RESOURCE_PREFIX}{index}"
+
+
+# Ray would give each rank's worker process only its own GPU in CUDA_VISIBLE_DEVICES; with this set
+# every rank sees all of the pod's GPUs (NCCL's peer-to-peer paths) and picks LOCAL_RANK = its Ray GPU id.
+ENV_RAY_NOSET_CUDA_VISIBLE_DEVICES: Final = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 # ---------------------------------------------------------------- environment of the job's pods
 ENV_JOB_NAME: Final = "ASYNCRL_JOB_NAME"

@@ -4,6 +4,7 @@ The operator (``asyncrl.operator``) turns these into pods; ``asyncrl run`` (loca
 placement fields. Quantities (``cpu``, ``memory``) are Kubernetes quantity strings.
 """
 
+import re
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -32,6 +33,13 @@ from asyncrl.api.pod_security import (
 )
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+# A device plugin's extended resource: <domain>/<name> (Kubernetes wants whole numbers, request = limit).
+_DEVICE_RESOURCE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_GPU = "nvidia.com/gpu"
+EXTRA_RESOURCE_MESSAGE = (
+    "resources.extra holds device-plugin resources as <domain>/<name>: count >= 1, e.g. {rdma/hca: 1}; the "
+    "GPUs are gpusPerReplica, not nvidia.com/gpu here"
+)
 
 # Environment names the operator sets itself (asyncrl.api.constants, Ray's own); a pod override
 # may not shadow them.
@@ -70,6 +78,21 @@ class Resources(SpecModel):
 
     cpu: str = Field(default="4", pattern=_QUANTITY, description="CPU request, e.g. '4' or '500m'.")
     memory: str = Field(default="32Gi", pattern=_QUANTITY, description="Memory request and limit, e.g. '32Gi'.")
+    extra: dict[str, int] = Field(
+        default_factory=dict, max_length=16,
+        description="Device-plugin resources per pod, request = limit, e.g. {'rdma/hca': 1} for RDMA (GPUs are "
+        "gpusPerReplica).",
+        json_schema_extra=on_field(CelRule(f"self.all(k, k.matches('{_DEVICE_RESOURCE}') && k != '{_GPU}' && "
+                                           "self[k] >= 1)", EXTRA_RESOURCE_MESSAGE)),
+    )
+
+    @field_validator("extra")
+    @classmethod
+    def _device_resources(cls, v: dict[str, int]) -> dict[str, int]:
+        if bad := sorted(f"{k}: {n}" for k, n in v.items()
+                         if not re.match(_DEVICE_RESOURCE, k) or k == _GPU or n < 1):
+            raise ValueError(f"{EXTRA_RESOURCE_MESSAGE} (got {', '.join(bad)})")
+        return v
 
 
 class Toleration(SpecModel):

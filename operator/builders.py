@@ -161,9 +161,16 @@ def _env(job: JobRef, role: Role, index: int, extra: dict[str, str], user: list[
     ]
 
 
-def _ray_resources(*resources: str) -> str:
-    """The ``ray start --resources`` JSON: one unit of each role resource this pod advertises."""
-    return json.dumps({r: 1 for r in resources})
+def _ray_resources(*resources: str, units: int = 1) -> str:
+    """The ``ray start --resources`` JSON: ``units`` of each role resource this pod advertises."""
+    return json.dumps({r: units for r in resources})
+
+
+def actor_ray_resources(index: int, gpus_per_replica: int) -> str:
+    """Actor pod ``index``: one unit of ``actor`` and of ``actor-<index>`` per rank process it hosts
+    (``g = max(gpusPerReplica, 1)``: one per GPU, one on a CPU pod), so the driver's rank
+    ``r = index*g + j`` asks for ``{"actor-<index>": 1}`` (and a GPU) and lands on this pod."""
+    return _ray_resources(C.RESOURCE_ACTOR, C.actor_pod_resource(index), units=max(gpus_per_replica, 1))
 
 
 def _command(job: JobRef, role: Role, gpus: int, cpu: str, memory: str, ray_resources: str) -> list[str]:
@@ -232,6 +239,8 @@ def _pod(
     requests: dict[str, str] = {"cpu": resources.cpu, "memory": memory}
     if gpus:
         limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(gpus)
+    for device, count in sorted(resources.extra.items()):  # device-plugin resources (RDMA HCAs, ...)
+        limits[device] = requests[device] = str(count)
     mounts: list[dict[str, Any]] = [
         {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": C.SHM_MOUNT},
@@ -349,9 +358,12 @@ def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, 
         C.ENV_DATA_PARALLEL: str(actor.data_parallel),
         C.ENV_WORLD_SIZE: str(actor.world_size),
     }
+    # Every rank of a GPU pod sees all the pod's GPUs (NCCL within the node); its device is its Ray GPU id.
+    rank_env = {C.ENV_RAY_NOSET_CUDA_VISIBLE_DEVICES: "1"} if actor.gpus_per_replica else {}
     for i in range(actor.replicas):
         add(Role.ACTOR, i, gpus=actor.gpus_per_replica, resources=actor.resources, memory=actor.resources.memory,
-            overrides=actor.template, ray_resources=_ray_resources(C.RESOURCE_ACTOR), extra_env=actor_env)
+            overrides=actor.template, ray_resources=actor_ray_resources(i, actor.gpus_per_replica),
+            extra_env={**actor_env, **rank_env})
 
     if spec.old_logits.strategy is OldLogitStrategy.DEDICATED:
         for i in range(spec.old_logits.dedicated.replicas):

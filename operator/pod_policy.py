@@ -154,17 +154,20 @@ def gang_metadata(gang: GangScheduler, group: str) -> tuple[dict[str, str], dict
 
 
 def total_requests(pods: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """Sum of the main containers' requests of ``pods`` (cpu, memory, GPUs): a PodGroup's minResources."""
-    millis = mem = gpus = 0
+    """Sum of the main containers' requests of ``pods`` (cpu, memory, GPUs and other device-plugin
+    resources such as RDMA HCAs): a PodGroup's minResources."""
+    millis = mem = 0
+    devices: dict[str, int] = {}
     for pod in pods:
         for c in pod["spec"]["containers"]:
             req = c.get("resources", {}).get("requests", {})
             millis += cpu_millis(req.get("cpu", "0"))
             mem += quantity_bytes(req.get("memory", "0"))
-            gpus += int(req.get(GPU_RESOURCE, "0"))
+            for name, count in req.items():
+                if name not in ("cpu", "memory"):
+                    devices[name] = devices.get(name, 0) + int(count)
     out = {"cpu": f"{millis}m", "memory": mebibytes(mem)}
-    if gpus:
-        out[GPU_RESOURCE] = str(gpus)
+    out.update({name: str(n) for name, n in sorted(devices.items())})
     return out
 
 
