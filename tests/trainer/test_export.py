@@ -269,3 +269,21 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_said(tmp_path: Path, capsys:
     assert f"{newest} skipped:" in captured.err
     assert main(["export", str(newest), "--out", str(tmp_path / "o2")]) == 2  # asked for by name: refused
     assert "export another checkpoint folder" in capsys.readouterr().err
+
+
+def test_the_final_export_reaches_the_status_and_the_console() -> None:
+    from asyncrl.trainer.driver.console import format_summary
+    from asyncrl.trainer.driver.status_reporter import StatusReporter
+    from tests.trainer.test_driver_status_reporter import step
+
+    patches: list[dict] = []
+    reporter = StatusReporter(patches.append)
+    reporter(step(1, checkpoint="/ckpt/step-000001"))
+    reporter(step(2, export="/ckpt/exports/step-000002"))
+    assert reporter.flush()
+    training = patches[-1]["status"]["training"]
+    assert (training["lastExport"], training["lastExportVersion"]) == ("/ckpt/exports/step-000002", 2)
+    assert (training["lastCheckpoint"], training["lastCheckpointVersion"]) == ("/ckpt/step-000001", 1)
+    text = format_summary({"job": "j", "status": "succeeded", "export": {"path": "/ckpt/exports/step-000002",
+                                                                         "version": 2}})
+    assert "exported: /ckpt/exports/step-000002 (version 2;" in text
