@@ -35,6 +35,7 @@ from typing import Any, Literal
 import torch
 
 from asyncrl.api.job import AsyncRLJob, AsyncRLJobSpec
+from asyncrl.api.model_arch import ModelArch
 
 ExportDtype = Literal["float32", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -163,7 +164,7 @@ def resolve_checkpoint(path: Path, job: AsyncRLJob | None) -> Resolved:
 class ModelFiles:
     """What the job's model is, for the export: its architecture, tokenizer, and source folder (if any)."""
 
-    arch: Any  # the actor's architecture (asyncrl.api.model_arch)
+    arch: ModelArch  # the actor's architecture
     tokenizer: Any  # asyncrl.rollout.tokenizer.Tokenizer
     source: Path | None  # spec.model.weights when it names a folder
     temperature: float  # spec.task.temperature: the policy was trained at it
@@ -212,14 +213,7 @@ def hf_config(files: ModelFiles, dtype: ExportDtype) -> tuple[dict[str, Any], st
         config = json.loads((files.source / "config.json").read_text())
         origin = "source folder"
     else:
-        to_hf = getattr(files.arch, "to_hf_config", None)  # the family table's, where it exists
-        if to_hf is not None:
-            config = dict(to_hf(dtype))
-        else:
-            from asyncrl.trainer.megatron.convert import llama_config
-
-            config = llama_config(files.arch).to_dict()
-            config["architectures"] = ["LlamaForCausalLM"]
+        config = files.arch.to_hf_config(dtype)  # the family table's (asyncrl.api.model_arch)
         for key, value in (("eos_token_id", tok.eos_id), ("pad_token_id", tok.pad_id),
                            ("bos_token_id", getattr(tok, "bos_id", None))):
             if config.get(key) is None:
@@ -289,7 +283,7 @@ def write_hf_folder(hf: Mapping[str, torch.Tensor], files: ModelFiles, out: Path
     if dtype not in DTYPES:
         raise ExportError(f"export dtype {dtype!r} is not supported; valid: {', '.join(DTYPES)}")
     torch_dtype = DTYPES[dtype]
-    tied = bool(getattr(files.arch, "tie_embeddings", False))
+    tied = files.arch.tie_embeddings
     tensors = {k: v for k, v in hf.items() if not (tied and k == "lm_head.weight")}
     _check_names(tensors, files.arch)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -416,7 +410,7 @@ def _total_bytes(tensors: Mapping[str, torch.Tensor], dtype: torch.dtype) -> int
     return sum(t.numel() for t in tensors.values()) * dtype.itemsize
 
 
-def _check_names(tensors: Mapping[str, torch.Tensor], arch: Any) -> None:
+def _check_names(tensors: Mapping[str, torch.Tensor], arch: ModelArch) -> None:
     """Every tensor the architecture's HF checkpoint has, with its shape, and nothing else (one error)."""
     from asyncrl.api.model_arch import hf_param_shapes
 
