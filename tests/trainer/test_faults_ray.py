@@ -61,6 +61,7 @@ def test_an_unauthenticated_attach_to_a_local_run_is_refused(tmp_path: Path) -> 
         assert "REFUSED" in out and ("Authentication" in out or "Unauthenticated" in out), out[-3000:]
 
 
+@pytest.mark.slow  # a Ray start and stop: about 25 s on 2 loaded cores
 def test_after_a_local_ray_no_process_of_it_remains_and_its_folder_is_gone() -> None:
     import ray
 
