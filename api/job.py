@@ -451,6 +451,19 @@ class AsyncRLJobSpec(SpecModel):
         return self
 
     @model_validator(mode="after")
+    def _layout_fits_the_model(self) -> "AsyncRLJobSpec":
+        m = self.actor.megatron
+        if m.tensor_parallel == m.pipeline_parallel == m.expert_parallel == 1:
+            return self
+        from asyncrl.api.model_arch import known_arch, parallel_problems  # model_arch imports this module
+
+        arch = known_arch(self.model)
+        if arch is not None:
+            raise_all([("actor.megatron", f"{p} (spec.model)")
+                       for p in parallel_problems(arch, m.tensor_parallel, m.pipeline_parallel, m.expert_parallel)])
+        return self
+
+    @model_validator(mode="after")
     def _minibatches_fit_the_batch(self) -> "AsyncRLJobSpec":
         rows = self.train.prompts_per_step * self.task.group_size
         if self.train.minibatches > rows:

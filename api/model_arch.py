@@ -392,6 +392,37 @@ def folder_problems(spec: ModelSpec) -> list[str]:
     return out
 
 
+def parallel_problems(arch: ModelArch, tp: int, pp: int = 1, ep: int = 1) -> list[str]:
+    """What in ``arch`` cannot be split ``tp``-way (tensor), ``pp``-way (pipeline), ``ep``-way (experts):
+    megatron shards heads, KV heads and the vocabulary over TP (it does not pad), layers over PP and
+    routed experts over EP. A vocabulary of 0 (the tokenizer's, not known yet) is not checked."""
+    out = []
+    fix = "set spec.actor.megatron.tensorParallel to a common divisor"
+    for what, n in (("numAttentionHeads", arch.num_attention_heads), ("numKeyValueHeads", arch.num_key_value_heads),
+                    ("vocabSize", arch.vocab_size)):
+        if n and n % tp:
+            out.append(f"{what} {n} is not divisible by tensorParallel {tp}: {fix} "
+                       f"(heads {arch.num_attention_heads}, KV heads {arch.num_key_value_heads}, "
+                       f"vocab {arch.vocab_size or 'from the tokenizer'})")
+    if arch.num_layers % pp:
+        out.append(f"numLayers {arch.num_layers} is not divisible by pipelineParallel {pp}: set pipelineParallel "
+                   f"to a divisor of {arch.num_layers}")
+    if ep > 1 and (not arch.num_experts or arch.num_experts % ep):
+        out.append(f"numExperts {arch.num_experts} is not divisible by expertParallel {ep}: set expertParallel "
+                   f"to a divisor of the routed experts (1 for a dense model)")
+    return out
+
+
+def known_arch(spec: ModelSpec) -> ModelArch | None:
+    """The architecture ``asyncrl validate`` can see without torch: the weights folder's ``config.json``
+    when readable here, else the preset with its overrides; None when neither resolves."""
+    try:
+        cfg = folder_config(spec.weights) if spec.weights is not None else None
+        return arch_from_hf_config(cfg) if cfg is not None else _from_preset(spec)
+    except ValueError:
+        return None  # reported by the model's own checks
+
+
 def resolve_arch(spec: ModelSpec, vocab_size: int, max_sequence_length: int | None = None) -> ModelArch:
     """The architecture of ``spec.model``: its weights folder's ``config.json`` when it has one, else
     the preset with its size overrides.
@@ -427,5 +458,6 @@ def resolve_arch(spec: ModelSpec, vocab_size: int, max_sequence_length: int | No
 
 __all__ = [
     "ARCHITECTURES", "FAMILIES", "PRESETS", "ArchitectureError", "Family", "FamilyInfo", "LlamaArch", "ModelArch",
-    "arch_from_hf_config", "family_of", "folder_config", "folder_problems", "hf_param_shapes", "resolve_arch",
+    "arch_from_hf_config", "family_of", "folder_config", "folder_problems", "hf_param_shapes", "known_arch",
+    "parallel_problems", "resolve_arch",
 ]

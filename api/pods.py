@@ -51,9 +51,23 @@ ENV_SOURCE_MESSAGE = (
     "an env entry needs exactly one of value and valueFrom, e.g. value: '1', or "
     "valueFrom: {secretKeyRef: {name: my-secret, key: token}}"
 )
-ONE_ACTOR_MESSAGE = (
-    "the driver runs one actor process: set actor.replicas: 1, actor.gpusPerReplica: 0 or 1 and "
-    "megatron.tensorParallel/pipelineParallel: 1 (a later release runs more)"
+PIPELINE_PARALLEL_MESSAGE = (
+    "pipeline parallelism is refused: the actor's token_logprobs forward does not run under megatron's pipeline "
+    "schedule; set actor.megatron.pipelineParallel: 1 and scale out with tensorParallel and actor.replicas "
+    "(data parallel)"
+)
+EXPERT_PARALLEL_CPU_MESSAGE = (
+    "expert parallelism is refused on CPU actor pods: megatron-core 0.16.1's CPU expert dispatch gives wrong "
+    "expert gradients (unexplained); set actor.megatron.expertParallel: 1 or run the actor on GPUs "
+    "(actor.gpusPerReplica >= 1)"
+)
+TP_DIVIDES_GPUS_MESSAGE = (
+    "actor.megatron.tensorParallel must divide actor.gpusPerReplica (a tensor-parallel group stays inside one "
+    "pod); set tensorParallel to a divisor of gpusPerReplica"
+)
+MP_DIVIDES_WORLD_MESSAGE = (
+    "actor.megatron.tensorParallel x expertParallel must divide the actor's ranks (actor.replicas x "
+    "max(gpusPerReplica, 1); a CPU pod runs one rank); raise actor.replicas or lower the parallel sizes"
 )
 ENGINES = ("transformers", "vllm")  # every one has a backend (asyncrl.rollout.engine.make_engine)
 ROLLOUT_GPUS_MESSAGE = (
@@ -295,50 +309,84 @@ class RolloutSpec(SpecModel):
         return self
 
 
-_ONE = on_field(CelRule("self <= 1", ONE_ACTOR_MESSAGE))
+def actor_layout_problems(replicas: int, gpus: int, tp: int, pp: int, ep: int) -> list[tuple[str, str]]:
+    """What cannot work in an actor layout: ``(path below spec.actor, message)`` for every problem.
 
-
-def _one_actor_process(v: int) -> int:
-    if v > 1:
-        raise ValueError(f"{ONE_ACTOR_MESSAGE} (got {v})")
-    return v
+    ``replicas x max(gpus, 1)`` ranks (one per GPU; a CPU pod runs one rank): TP must divide ``gpus`` on a
+    GPU pod, ``TP x EP`` the ranks; PP > 1 and EP > 1 on CPU are refused with the reason.
+    """
+    world = replicas * max(gpus, 1)
+    out: list[tuple[str, str]] = []
+    if pp > 1:
+        out.append(("megatron.pipelineParallel", f"{PIPELINE_PARALLEL_MESSAGE} (got {pp})"))
+    if ep > 1 and gpus == 0:
+        out.append(("megatron.expertParallel", f"{EXPERT_PARALLEL_CPU_MESSAGE} (got {ep} with gpusPerReplica 0)"))
+    if gpus > 0 and gpus % tp:
+        out.append(("megatron.tensorParallel", f"{TP_DIVIDES_GPUS_MESSAGE} (got tensorParallel {tp} with "
+                                               f"gpusPerReplica {gpus})"))
+    elif world % (tp * ep):
+        out.append(("megatron.tensorParallel", f"{MP_DIVIDES_WORLD_MESSAGE} (got tensorParallel {tp} x "
+                                               f"expertParallel {ep} = {tp * ep} with {replicas} x "
+                                               f"{max(gpus, 1)} = {world} ranks)"))
+    return out
 
 
 class MegatronSpec(SpecModel):
     """Megatron model parallelism of the actor; data parallelism is what remains."""
 
     tensor_parallel: int = Field(
-        default=1, ge=1, le=64, description="Tensor-model-parallel size (1: the driver runs one actor process).",
-        json_schema_extra=_ONE,
+        default=1, ge=1, le=64,
+        description="Tensor-model-parallel size: divides gpusPerReplica on GPU pods (the actor's ranks on CPU) "
+        "and the model's heads, KV heads and vocabulary.",
     )
     pipeline_parallel: int = Field(
-        default=1, ge=1, le=64, description="Pipeline-model-parallel size (1: the driver runs one actor process).",
-        json_schema_extra=_ONE,
+        default=1, ge=1, le=64, description="Pipeline-model-parallel size: 1 (see the refusal's reason).",
+        json_schema_extra=on_field(CelRule("self <= 1", PIPELINE_PARALLEL_MESSAGE)),
+    )
+    expert_parallel: int = Field(
+        default=1, ge=1, le=64,
+        description="Expert-model-parallel size of a MoE model (GPU actor pods only; 1 on CPU).",
     )
 
-    _one_process = field_validator("tensor_parallel", "pipeline_parallel")(_one_actor_process)
+
+_TP = "(has(self.megatron) && has(self.megatron.tensorParallel) ? self.megatron.tensorParallel : 1)"
+_EP = "(has(self.megatron) && has(self.megatron.expertParallel) ? self.megatron.expertParallel : 1)"
+_GPUS = "(has(self.gpusPerReplica) ? self.gpusPerReplica : 1)"
+_REPLICAS = "(has(self.replicas) ? self.replicas : 1)"
 
 
 class ActorSpec(SpecModel):
-    """``spec.actor``: the trainer (Megatron actor); the driver runs exactly one actor process today."""
+    """``spec.actor``: the trainer (Megatron actor): ``replicas x max(gpusPerReplica, 1)`` ranks."""
 
     replicas: int = Field(
-        default=1, ge=1, le=MAX_ACTOR_REPLICAS, description="Actor pods (nodes); 1 (the driver runs one actor process).",
-        json_schema_extra=_ONE,
+        default=1, ge=1, le=MAX_ACTOR_REPLICAS, description="Actor pods (nodes); data parallelism is what the "
+        "ranks leave over tensor parallelism.",
     )
     gpus_per_replica: int = Field(
-        default=1, ge=0, le=16, description="GPUs per actor pod: 0 (CPU) or 1 (the driver runs one actor process).",
-        json_schema_extra=_ONE,
+        default=1, ge=0, le=16, description="GPUs per actor pod, one rank each; 0 = a CPU pod running one rank.",
     )
     megatron: MegatronSpec = Field(default_factory=MegatronSpec, description="Model parallelism.")
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of an actor pod.")
     template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
 
-    _one_process = field_validator("replicas", "gpus_per_replica")(_one_actor_process)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(f"{_EP} <= 1 || {_GPUS} > 0", EXPERT_PARALLEL_CPU_MESSAGE, ".megatron.expertParallel"),
+        CelRule(f"{_GPUS} == 0 || {_GPUS} % {_TP} == 0", TP_DIVIDES_GPUS_MESSAGE, ".megatron.tensorParallel"),
+        CelRule(f"({_GPUS} > 0 && {_GPUS} % {_TP} != 0) || "
+                f"({_REPLICAS} * ({_GPUS} > 0 ? {_GPUS} : 1)) % ({_TP} * {_EP}) == 0",
+                MP_DIVIDES_WORLD_MESSAGE, ".megatron.tensorParallel"),
+    )
+
+    @model_validator(mode="after")
+    def _layout_can_work(self) -> "ActorSpec":
+        m = self.megatron
+        raise_all(actor_layout_problems(self.replicas, self.gpus_per_replica, m.tensor_parallel,
+                                        m.pipeline_parallel, m.expert_parallel))
+        return self
 
     @property
     def world_size(self) -> int:
-        """Actor processes: one per GPU, one per pod on CPU."""
+        """Actor ranks: one per GPU, one per pod on CPU."""
         return self.replicas * max(self.gpus_per_replica, 1)
 
     @property

@@ -56,11 +56,14 @@ from asyncrl.api.old_logits import (
 from asyncrl.api.paths import CHECKPOINT_DIR_MESSAGE
 from asyncrl.api.pods import (
     ENV_SOURCE_MESSAGE,
+    EXPERT_PARALLEL_CPU_MESSAGE,
     MASK_GUARD_ORDER_MESSAGE,
-    ONE_ACTOR_MESSAGE,
+    MP_DIVIDES_WORLD_MESSAGE,
+    PIPELINE_PARALLEL_MESSAGE,
     RESERVED_ENV_MESSAGE,
     RESERVED_VOLUME_MESSAGE,
     ROLLOUT_GPUS_MESSAGE,
+    TP_DIVIDES_GPUS_MESSAGE,
 )
 from asyncrl.operator.pod_policy import merge as deep_merge  # the operator's own override merge
 
@@ -277,7 +280,7 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("audit-every-negative", {"correction": {"audit": {"everyNSteps": -1}}},
              "spec.correction.audit.everyNSteps", "greater than or equal to 0"),
     BadInput("eval-settings-without-every-steps", {"eval": {"prompts": 8}}, "spec.eval", EVAL_UNUSED_MESSAGE),
-    # ---- what the driver runs: one actor process, one device per rollout worker
+    # ---- what the driver runs: one device per rollout worker
     BadInput("rollout-two-gpus", {"rollout": {"gpusPerReplica": 2}}, "spec.rollout.gpusPerReplica",
              ROLLOUT_GPUS_MESSAGE),
     BadInput("vllm-two-gpus", {"rollout": {"engine": "vllm", "gpusPerReplica": 2}}, "spec.rollout.gpusPerReplica",
@@ -287,12 +290,15 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("training-side-memory-with-snapshot",
              {**EXACT, "oldLogits": {"strategy": "snapshot"}, "rollout": {"trainingSideMemory": "32Gi"}},
              "spec.rollout.trainingSideMemory", TRAINING_SIDE_MEMORY_FRAGMENT),
-    BadInput("actor-two-replicas", {"actor": {"replicas": 2}}, "spec.actor.replicas", ONE_ACTOR_MESSAGE),
-    BadInput("actor-two-gpus", {"actor": {"gpusPerReplica": 2}}, "spec.actor.gpusPerReplica", ONE_ACTOR_MESSAGE),
-    BadInput("tensor-parallel-two", {"actor": {"megatron": {"tensorParallel": 2}}},
-             "spec.actor.megatron.tensorParallel", ONE_ACTOR_MESSAGE),
-    BadInput("pipeline-parallel-two", {"actor": {"megatron": {"pipelineParallel": 2}}},
-             "spec.actor.megatron.pipelineParallel", ONE_ACTOR_MESSAGE),
+    # ---- actor layouts that cannot work (api/pods.py actor_layout_problems)
+    BadInput("tensor-parallel-not-dividing-gpus", {"actor": {"gpusPerReplica": 3, "megatron": {"tensorParallel": 2}}},
+             "spec.actor.megatron.tensorParallel", TP_DIVIDES_GPUS_MESSAGE),
+    BadInput("tensor-parallel-over-cpu-ranks", {"actor": {"replicas": 3, "megatron": {"tensorParallel": 2}}},
+             "spec.actor.megatron.tensorParallel", MP_DIVIDES_WORLD_MESSAGE),
+    BadInput("expert-parallel-on-cpu", {"actor": {"replicas": 2, "megatron": {"expertParallel": 2}}},
+             "spec.actor.megatron.expertParallel", EXPERT_PARALLEL_CPU_MESSAGE),
+    BadInput("pipeline-parallel-two", {"actor": {"replicas": 2, "megatron": {"pipelineParallel": 2}}},
+             "spec.actor.megatron.pipelineParallel", PIPELINE_PARALLEL_MESSAGE),
     # ---- other cross-field rules
     BadInput("gqa-heads", {"model": {"numAttentionHeads": 6, "numKeyValueHeads": 4}}, "spec.model", GQA_MESSAGE),
     BadInput("mask-guard-order", {"monitoring": {"maskGuard": {"warnKeepRatio": 0.5, "criticalKeepRatio": 0.8}}},
