@@ -167,13 +167,13 @@ def dataset_problems(spec: DatasetSpec) -> list[str]:
     return check_rows(rows, where, spec, spec.path)
 
 
-def local_check(spec: DatasetSpec | None) -> tuple[list[str], str | None]:
-    """What ``asyncrl validate`` says of ``spec.task.dataset``: its problems when the file is on this
-    machine, else a note (a path in the job's volume or image is checked when the job starts)."""
+def local_check(spec: DatasetSpec | None, *, must_exist: bool = False) -> tuple[list[str], str | None]:
+    """What ``asyncrl validate`` says of ``spec.task.dataset``: its problems when the file is here (or
+    ``must_exist``, ``--local``), else a warning (a path in the job's volume or image is checked at start)."""
     if spec is None:
         return [], None
-    if not Path(spec.path).exists():
-        return [], (f"note: {FIELD}.path {spec.path} is not found from here (a relative path is taken from the working "
-                    "directory), so its rows were not checked; the job "
-                    "checks it at start (every rollout worker reads it)")
+    if not must_exist and not Path(spec.path).exists():
+        return [], (f"warning: {FIELD}.path: {spec.path}: no such file here (a relative path is taken from the "
+                    "working directory), so its rows were not checked (asyncrl run here would refuse it; a cluster "
+                    "job reads the file in its rollout pods and checks it at start; --local makes this an error)")
     return dataset_problems(spec), None

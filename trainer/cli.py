@@ -36,14 +36,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                     print(f"{path}: {text}", file=sys.stderr)
                 failed += 1
                 continue
-            data_problems, note = local_check(job.spec.task.dataset)
+            data_problems, warning = local_check(job.spec.task.dataset, must_exist=args.local)
             for problem in data_problems:
                 print(f"{path}: {problem}", file=sys.stderr)
             if data_problems:
                 failed += 1
                 continue
-            if note:
-                print(f"{path}: {note}")
+            if warning:
+                print(f"{path}: {warning}", file=sys.stderr)
             print(f"{path}: AsyncRLJob {job.metadata.name} is valid")
     return 1 if failed else 0
 

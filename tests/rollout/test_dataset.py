@@ -234,9 +234,11 @@ def test_asyncrl_validate_checks_a_dataset_it_can_read(tmp_path: Path, capsys: p
     assert "no row has the field 'solution'" in err
     (tmp_path / "elsewhere.yaml").write_text(job % "/data/in-the-volume.jsonl")
     assert main(["validate", "elsewhere.yaml"]) == 0  # not readable here: checked when the job starts
-    out = capsys.readouterr().out
-    assert "note: spec.task.dataset.path /data/in-the-volume.jsonl is not found from here" in out
-    assert "AsyncRLJob ds is valid" in out
+    both = capsys.readouterr()
+    assert "warning: spec.task.dataset.path: /data/in-the-volume.jsonl: no such file here" in both.err
+    assert "AsyncRLJob ds is valid" in both.out
+    assert main(["validate", "--local", "elsewhere.yaml"]) == 1  # for a run on this machine: an error
+    assert "/data/in-the-volume.jsonl: no such file; give an existing JSONL" in capsys.readouterr().err
 
 
 def test_docs_tasks_name_every_dataset_and_reward_service_field() -> None:
