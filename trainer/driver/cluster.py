@@ -385,7 +385,10 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
         print(f"asyncrl driver: {exc}", file=sys.stderr)
         return 3
     except StartupCheckError as exc:  # permanent: the job's engines disagree with its actor (the message says why)
-        print(f"asyncrl driver: job {job.metadata.name}: {exc}", file=sys.stderr)
+        log.warning("%s", exc)
+        # one line: the pod's last log line is its termination message, which the operator quotes (InvalidSpec)
+        one_line = "; ".join(line.strip() for line in str(exc).splitlines())
+        print(f"asyncrl driver: job {job.metadata.name}: {one_line}", file=sys.stderr)
         return StartupCheckError.exit_code
     except Exception as exc:  # noqa: BLE001 -- the pod's exit code and log carry it to the operator
         # One line with the original error (errno, path and bytes free for a full disk): the pod's last
