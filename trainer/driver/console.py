@@ -33,15 +33,17 @@ def format_summary(summary: dict[str, Any]) -> str:
                         f"{summary.get('eval_last_version')}, {len(summary.get('eval_curve') or [])} evaluations)")
     warm = summary.get("warm_start")
     if warm:
-        how = "reused from the run directory" if warm.get("cached") else f"{warm.get('seconds')} s"
+        how = ("reused from the run directory" if warm.get("cached") else
+               "stopped by SIGTERM, not cached" if warm.get("interrupted") else f"{warm.get('seconds')} s")
         lines.insert(1, f"  warm start: {warm.get('steps')} supervised steps ({how})")
     elif summary.get("resumed_from"):
         lines.insert(1, f"  resumed from {summary['resumed_from']}")
     for notice in summary.get("notices") or []:  # a checkpoint skipped, a torn log line repaired
         lines.append(f"  note: {notice}")
     if summary.get("status") == "preempted":
-        lines.append(f"  stopped by SIGTERM at version {summary.get('final_version')}; final checkpoint: "
-                     f"{summary.get('final_checkpoint', 'the newest one already held it')} (a rerun resumes there)")
+        version = (summary.get("stopped") or {}).get("version", summary.get("final_version"))
+        saved = summary.get("final_checkpoint") or "none needed (nothing trained since the last one)"
+        lines.append(f"  stopped by SIGTERM at version {version}; final checkpoint: {saved} (a rerun resumes there)")
     probe = summary.get("startup_check")
     if probe:  # the start-up discrepancy probe, one engine per line
         for e in probe.get("engines", []):

@@ -168,7 +168,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                 if on_start is not None:
                     on_start({**summary, "total_steps": total_steps})
                 # --- warm start or resume --------------------------------------------------
-                version, driver_state = _warm_or_resume(hosts, job, run, options, summary, on_warm)
+                version, driver_state = _warm_or_resume(hosts, job, run, options, summary, on_warm, stop)
                 summary["start_version"] = version
                 if job.spec.correction.startup_check.enabled:  # refuses (exit 2) before any step
                     startup_check(hosts, job.spec, version, summary, metrics)
@@ -234,8 +234,9 @@ def _model_load(hosts: HostHandles, summary: dict[str, Any]) -> None:
 
 
 def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions,
-                on_warm: WarmCallback | None, chunk: int = 25) -> dict[str, Any]:
-    """Supervised warm start in chunks (progress), cached in ``cache`` for a rerun."""
+                on_warm: WarmCallback | None, chunk: int = 25, sigterm: StopRequest | None = None) -> dict[str, Any]:
+    """Supervised warm start in chunks (progress), cached in ``cache`` for a rerun; SIGTERM ends it after
+    the chunk in progress, uncached (a rerun does it again: it fits no grace period otherwise)."""
     import ray
 
     if ray.get(hosts.actor.load_warm_start.remote(str(cache))):
@@ -248,13 +249,15 @@ def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions
         losses += ray.get(hosts.actor.warm_start.remote(start, stop, total, threads))
         if on_warm is not None:
             on_warm(stop, total, losses[-1])
+        if sigterm is not None and sigterm.requested and stop < total:
+            return {"cached": False, "steps": stop, "interrupted": True}
     ray.get(hosts.actor.save_warm_start.remote(str(cache)))
     return {"cached": False, "steps": total, "seconds": round(time.monotonic() - t0, 2),
             "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
 
 
 def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: RunOptions,
-                    summary: dict[str, Any], on_warm: WarmCallback | None
+                    summary: dict[str, Any], on_warm: WarmCallback | None, sigterm: StopRequest | None = None
                     ) -> tuple[int, recovery.DriverState | None]:
     """Resume from the newest checkpoint (with the driver's state saved beside it), else warm-start
     (reusing a cached warm start)."""
@@ -276,7 +279,8 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
         state = point.state
     elif options.warm_start and spec.train.warm_start_steps > 0 and has_demonstrations(spec.task):
         summary["warm_start"] = _warm_start(hosts, spec.train.warm_start_steps,
-                                            options.warm_start_dir or run.warm_start_dir, options, on_warm)
+                                            options.warm_start_dir or run.warm_start_dir, options, on_warm,
+                                            sigterm=sigterm)
         version = 0
     else:
         version = 0
