@@ -35,3 +35,43 @@ def test_the_dataset_example_runs_two_steps(tmp_path: Path) -> None:
     evals = [r for r in records if "eval_version" in r]
     assert [r["eval_version"] for r in evals] == [0, 2]  # everySteps 10: at the start and at the last version
     assert all(r["eval_prompts"] == 10 for r in evals)  # 10 of the 13 held-out capitals
+
+
+def test_a_resumed_dataset_job_trains_no_row_twice(tmp_path: Path) -> None:
+    """Two steps with a checkpoint, then a resumed run to four, on 400 rows (one epoch: rollout runs at
+    most a few dozen groups ahead), so a replayed prompt would repeat a row: every trained group's row
+    and every (worker, group index) is distinct, and the resumed groups come after the saved cursors."""
+    import yaml
+
+    from asyncrl.api.validation import validate_job
+    from asyncrl.trainer.driver.loop import RunOptions, run_job
+    from asyncrl.trainer.driver.ray_env import local_ray
+
+    data = tmp_path / "many.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Capital of country {i}?", "answer": f"city {i}"}) + "\n"
+                            for i in range(400)))
+    doc = yaml.safe_load((ROOT / "examples" / "dataset.yaml").read_text())
+    doc["spec"]["task"]["dataset"]["path"] = str(data)
+    doc["spec"]["task"]["pythonPath"] = [str(ROOT / "examples" / "tasks")]
+    doc["spec"]["checkpoint"] = {"everySteps": 2}
+    doc["spec"]["eval"] = {"everySteps": 0}
+    job = validate_job(doc)
+    groups: list[list[tuple[str, str]]] = [[], []]  # (group id "w<i>-g<k>", row id) of every trained group
+    summaries = []
+    for attempt, steps in enumerate((2, 4)):
+        def keep(batch, version, attempt=attempt) -> None:
+            groups[attempt].extend((g[0].group_id, g[0].info["id"]) for g in batch)
+
+        with local_ray(num_cpus=2):
+            result = run_job(job, RunOptions(run_dir=tmp_path / "run", steps=steps, port=0), on_batch=keep)
+        assert result.summary["status"] == "succeeded" and result.summary["final_version"] == steps
+        summaries.append(result.summary)
+    cursors = summaries[1]["resume"]["cursors"]  # each worker's cursor at the checkpoint of version 2
+    assert len(groups[0]) == 2 * 8 and len(groups[1]) == 2 * 8
+    trained = groups[0] + groups[1]
+    rows = [r for _, r in trained]
+    assert len(set(rows)) == len(rows), [r for r in rows if rows.count(r) > 1]
+    assert len({g for g, _ in trained}) == len(trained)
+    for gid, _ in groups[1]:  # the resumed run only trains groups started after the checkpoint
+        w, k = gid.removeprefix("w").split("-g")
+        assert int(k) >= cursors[int(w)], (gid, cursors)
