@@ -25,7 +25,7 @@ Why it is written this way:
 5. Masks are 0/1 floats and scratch buffers are reused (:mod:`.indicators`); ``log r_s`` and
    ``log r_d`` share one ``[2, B, T]`` buffer so their NaN guard, clamp, ``expm1``, sums and
    extremes are one kernel each; metrics come from counts the loss already has (per-row clip
-   counts for per-sequence advantages, extremes in one min-max reduction). ``bench/correction.py``
+   counts for per-sequence advantages, extremes in one min and one max reduction). ``bench/correction.py``
    compares forward + backward with a bare autograd PPO-clip loss (``docs/results.md``).
 """
 

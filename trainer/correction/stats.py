@@ -368,13 +368,14 @@ def compute_stats(
     # r - 1 = -(r_s - 1) / r_s keeps the expm1 precision for small |log r_s| in fp32 (k3 of KL(pi_theta || pi_ref)).
     k3_div = torch.div(ratios_m1[0], ratios[0], out=scratch[0]).sum()
 
-    # Extremes in log space, both ratios in one min-max reduction: every invalid token takes its
+    # Extremes in log space, both ratios in one min and one max reduction: every invalid token takes its
     # ratio's mean over the valid tokens, which lies between their extremes (up to the rounding of
     # one division), so it never wins; with no valid token all are 0, i.e. a ratio of 1.
     means = (log_sums / n.clamp(min=1.0)).view(2, 1, 1)
     invalid = torch.mul(valid, -1.0, out=scratch[1]).add_(1.0)  # [B, T] 1 - valid
     ratio_sums = ratios_m1.sum(dim=(1, 2))  # [rs_m1_sum, rd_m1_sum], before logs changes below
-    lo, hi = torch.aminmax(logs.addcmul_(invalid, means).view(2, -1), dim=1)  # logs is not read after this
+    pushed = logs.addcmul_(invalid, means).view(2, -1)  # logs is not read after this
+    lo, hi = pushed.amin(dim=1), pushed.amax(dim=1)  # (aminmax with a dim is 30x slower on CPU)
     raw = torch.cat([
         torch.stack([
             n, n_tok.clamp(max=1.0).sum(), mask_count, keep.sum(), disc.below, disc.above,
