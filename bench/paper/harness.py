@@ -122,7 +122,7 @@ def job_doc(cfg: Config, scale: Scale, seed: int) -> dict[str, Any]:
     }
     if cfg.old_logits is not None:
         spec["oldLogits"] = dict(cfg.old_logits)
-    name = f"paper-{cfg.name}-s{seed}".lower().replace("_", "-")
+    name = f"paper-{cfg.key()}-s{seed}"  # an RFC 1035 label, whatever the configuration's display name
     return {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": name}, "spec": spec}
 
 

@@ -44,7 +44,8 @@ def main() -> int:
 
     js = Path(tempfile.mkdtemp(prefix="asyncrl-paper-cost-")) / "cost.json"
     argv = ["--ws", str(h.W_PAPER), "--json", str(js), "--replicas", "1"]
-    argv += ["--quick", "--ws", "1"] if args.quick else ["--steps", str(args.steps or 10)]
+    # The warm start only has to produce a policy that samples tool calls: the cost is per step.
+    argv += ["--quick", "--ws", "1"] if args.quick else ["--steps", str(args.steps or 10), "--warm-start-steps", "20"]
     old_logits.main(argv)
     data = json.loads(js.read_text())
     rows_in = {r["strategy"]: r for r in data["rows"]}
@@ -80,8 +81,10 @@ def main() -> int:
                for t in data["targets"]]
     body = table + "\n" + "\n".join([f"- {t6}", f"- {ratio}", *targets]) + "\n"
     cfg = data["config"]
+    shown = [a for i, a in enumerate(argv) if a != "--json" and (i == 0 or argv[i - 1] != "--json")]
     path = h.write_outputs(out, "system_cost", body, [
-        f"bench/old_logits.py {' '.join(argv[:-2] if args.quick else argv)} (json path omitted)",
+        *h.describe(h.QUICK if args.quick else h.FULL, started)[:1],
+        f"runs: bench/old_logits.py {' '.join(shown)}",
         f"{cfg['steps']} steps x {cfg['prompts']} prompts x {cfg['group']} samples, task {cfg['task']}, "
         f"one weight copy {weight / 2**20:.3f} MiB", *h.describe(h.QUICK if args.quick else h.FULL, started)[1:]])
     _figure(out / "system_cost.png", rows_in, base, weight)
