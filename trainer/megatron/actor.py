@@ -53,7 +53,7 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.old_logits import OldLogitsSpec
 from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.megatron import compat
+from asyncrl.trainer.megatron import compat, parallel
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
 from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
@@ -108,6 +108,7 @@ class ActorSettings:
     epochs: int = 1  # train.epochs: passes over a batch
     micro_batch_tokens: int = 0  # train.microBatchTokens: padded tokens per forward (0: the whole minibatch)
     group_size: int = 1  # task.groupSize: rows of a GRPO group (kept under one update when it fits)
+    layout: parallel.Layout = parallel.Layout()  # this rank in the actor group (one process: the default)
 
     @classmethod
     def from_spec(
@@ -203,6 +204,37 @@ class SftStepMetrics:
     seconds: float
 
 
+@dataclass
+class _Held:
+    """The reference a batch's updates train against (stage 1 of :meth:`MegatronActor.train_step`)."""
+
+    scored: torch.Tensor | None  # [B, T] the provider's own forwards (None: it has none)
+    theta0: torch.Tensor | None  # [B, T] logp_theta at arrival (None: nothing reads it)
+    held: torch.Tensor | None  # [B, T] logp_ref of every update (None: fused, computed per micro-batch)
+    seen: torch.Tensor  # [B, T] logp_ref as the updates saw it (the audit compares it)
+
+
+@dataclass
+class _Tally:
+    """What the updates of one batch did (stage 2), for the report."""
+
+    reference_seconds: float = 0.0
+    records: list[CorrectionStats[torch.Tensor]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    norms: list[float] = field(default_factory=list)
+    skipped: int = 0
+    micro: int = 0
+    loss_last: float = math.nan
+    grad_last: float = math.nan
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+
+
+# A rank that trained no row this batch (fewer rows than DP ranks): zero counts, the neutral extremes.
+_NO_TOKENS = CorrectionStats(**{f.name: 1.0 if f.name in ("rd_min", "rd_max", "rs_min", "rs_max") else 0.0
+                                for f in dataclasses.fields(CorrectionStats)})
+
+
 class MegatronActor:
     """The policy being trained. Build with :meth:`from_spec`; one instance per process."""
 
@@ -213,7 +245,10 @@ class MegatronActor:
         self.auditor: Auditor | None = self._new_auditor()
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
-        self.runtime = compat.init_megatron(settings.seed, device=settings.device)
+        lay = settings.layout
+        self.runtime = compat.init_megatron(settings.seed, device=settings.device, tp=lay.tp, pp=lay.pp, ep=lay.ep,
+                                            init_method=lay.init_method, rank=lay.rank, world=lay.world)
+        self.dp_rank, self.dp_size = parallel.dp_rank_size()
         gpt = build_gpt_model(settings.arch, use_cpu_initialization=self.runtime.use_cpu_initialization,
                               random_init=settings.init_weights is None)  # a folder overwrites every weight
         self._gpt = gpt.to(self.runtime.device)
@@ -303,6 +338,9 @@ class MegatronActor:
         """One rollout batch: ``epochs x minibatches`` optimizer updates against the reference held since
         the batch arrived, then one new version (see the module docstring).
 
+        Every rank of the actor group calls this with the same global batch (SPMD); each DP rank trains a
+        token-balanced share of every minibatch and every rank returns the same report (global figures).
+
         Args:
             batch: the step's batch (``[B, T]`` fields).
             live_versions: every version a not-yet-trained token may still reference after this step
@@ -310,22 +348,37 @@ class MegatronActor:
                 these plus the version live after the step and release the rest at once. None: keep
                 the newest ``oldLogits.snapshot.maxVersions`` (0 = ``W + 1``) versions.
         """
-        from asyncrl.trainer.correction import correction_loss
-
         s = self.settings
         batch = batch.to(self.runtime.device)
         version = self.version  # the version the batch meets
-        B, T = batch.shape
-        plan = update_rows(B, minibatches=s.minibatches, epochs=s.epochs, seed=s.seed, version=version,
-                           group_size=s.group_size)
-        # One update: the gradient forward runs under the arrival weights, so its detached output *is* the
-        # arrival-time logp_theta (current, linear, loglinear, own-version exact tokens): no extra forward.
-        fused = len(plan) == 1
+        plan = update_rows(batch.shape[0], minibatches=s.minibatches, epochs=s.epochs, seed=s.seed,
+                           version=version, group_size=s.group_size)
         audited = self.auditor is not None and self.auditor.due(version)
         t0 = time.perf_counter()
         if self.auditor is not None:
             self.auditor.before_step(self)
-        # 1. The held reference: every provider forward and logp_ref now, before the first update.
+        ref = self._hold_reference(batch, version, fused=len(plan) == 1 and self.dp_size == 1, audited=audited)
+        tally = _Tally(reference_seconds=time.perf_counter() - t0)
+        for rows in plan:
+            self._update(batch, rows, version, ref, tally)
+        stepped = self._advance_version(tally)
+        stats = self._batch_stats(tally)
+        t3 = time.perf_counter()
+        audit = self._audit(batch, version, ref, audited)
+        audit_seconds = time.perf_counter() - t3 if audit else 0.0
+        self._retain(live_versions)
+        reset = self._observe_update(batch, stepped, in_bounds_ratio(stats))
+        return self._report(batch, tally, stats, stepped, reset, audit, audit_seconds, len(plan))
+
+    # -- the stages of train_step, in order
+    def _hold_reference(self, batch: TrainBatch, version: int, *, fused: bool, audited: bool) -> "_Held":
+        """Stage 1: the provider's own forwards and, unless ``fused``, ``logp_ref`` of the whole batch now,
+        before the first update (every rank scores the whole batch, so all hold the same reference).
+
+        ``fused`` (one update, one rank): the gradient forward runs under the arrival weights, so its
+        detached output *is* the arrival-time logp_theta: ``logp_ref`` is computed per micro-batch there."""
+        s = self.settings
+        B, T = batch.shape
         arrival_chunks = micro_batches(torch.arange(B), T, s.micro_batch_tokens)
         scored = self._score(batch, arrival_chunks)
         theta0: torch.Tensor | None = None  # [B, T] logp_theta at arrival (when something reads it)
@@ -339,100 +392,133 @@ class MegatronActor:
             held = self.old_logits.logp_ref(batch, stand_in, version, scored).detach()
         elif audited:
             theta0 = torch.full_like(batch.logp_mu, math.nan)  # filled from the gradient forward(s)
-        ref_seen = held if held is not None else torch.full_like(batch.logp_mu, math.nan)
-        t1 = time.perf_counter()
+        seen = held if held is not None else torch.full_like(batch.logp_mu, math.nan)
+        return _Held(scored=scored, theta0=theta0, held=held, seen=seen)
 
-        # 2. The updates: micro-batch forwards whose gradients accumulate, one optimizer step each.
-        records: list[CorrectionStats[torch.Tensor]] = []
-        losses: list[float] = []
-        norms: list[float] = []
-        skipped = micro = 0
-        loss_last = grad_last = math.nan
-        forward_s = backward_s = 0.0
-        for rows in plan:
-            self._optimizer.zero_grad()
-            chunks = micro_batches(rows, T, s.micro_batch_tokens)
-            share = LossShare(batch.loss_mask[rows], s.correction.loss_aggregation) if len(chunks) > 1 else None
-            loss_u, finite = 0.0, True
-            for chunk in chunks:
-                ta = time.perf_counter()
-                sub = select_rows(batch, chunk)
-                logp_theta = self._logprobs(sub.tokens, s.temperature)  # [b, T] with grad
-                if held is not None:
-                    logp_ref = held[chunk]
-                else:
-                    logp_ref = self.old_logits.logp_ref(
-                        sub, logp_theta, version, None if scored is None else scored[chunk]
-                    )
-                    ref_seen[chunk] = logp_ref
-                    if theta0 is not None:
-                        theta0[chunk] = logp_theta.detach()
-                result = correction_loss(
-                    logp_theta, logp_ref, sub.logp_mu, sub.advantages, sub.loss_mask, s.correction,
-                    turn_ids=sub.turn_ids,
-                )
-                records.append(result.metrics)
-                loss = result.loss if share is None else share(result.loss, result.metrics)
-                value = float(loss.detach())  # one sync per micro-batch: a non-finite loss stops the update
-                micro += 1
-                tb = time.perf_counter()
-                forward_s += tb - ta
-                if not math.isfinite(value):
-                    loss_u, finite = value, False
-                    break
-                loss.backward()
-                loss_u += value
-                backward_s += time.perf_counter() - tb
-            loss_last, grad_last = loss_u, math.nan
-            if not finite:
-                self.nonfinite_loss_total += 1
-                skipped += 1
-                log.warning(
-                    "non-finite loss %s at version %d (reference %s): update skipped; minibatch %s",
-                    loss_u, version, self.reference.value, select_rows(batch, rows).summary(),
-                )
-                continue
-            losses.append(loss_u)
+    def _update(self, batch: TrainBatch, rows: torch.Tensor, version: int, ref: "_Held", tally: "_Tally") -> None:
+        """Stage 2, one optimizer update: this DP rank's share of the minibatch ``rows`` ``[b]`` in
+        micro-batches whose gradients accumulate, the loss over the minibatch's global denominator, then
+        clip and step. A non-finite loss on any rank stops the update on every rank before backward."""
+        s = self.settings
+        self._optimizer.zero_grad()
+        chunks = self._my_chunks(batch, rows)
+        # The minibatch's (global) denominator when the loss is split over micro-batches or ranks; megatron's
+        # DDP averages gradients over DP, so each rank's share is scaled by DP to sum to the minibatch's loss.
+        split = len(chunks) > 1 or self.dp_size > 1
+        share = LossShare(batch.loss_mask[rows], s.correction.loss_aggregation) if split else None
+        loss_u, finite = 0.0, True
+        for chunk in chunks:
+            ta = time.perf_counter()
+            loss = self._micro_loss(batch, chunk, version, ref, share, tally) if len(chunk) else None
+            value = float(loss.detach()) if loss is not None else 0.0  # one sync per micro-batch
+            tally.micro += 1 if loss is not None else 0
             tb = time.perf_counter()
-            outcome = self._optimizer.step()
-            backward_s += time.perf_counter() - tb
-            grad_last = outcome.grad_norm
-            if outcome.stepped:
-                norms.append(outcome.grad_norm)
-            else:
-                self.nonfinite_grad_total += 1
-                skipped += 1
-                log.warning(
-                    "non-finite gradient norm %s at version %d: update skipped; minibatch %s",
-                    outcome.grad_norm, version, select_rows(batch, rows).summary(),
-                )
-        # 3. One version per batch, after all its updates (rollout receives it; maxStaleness counts it).
-        stepped = bool(norms)
+            tally.forward_s += tb - ta
+            if not parallel.all_finite(value):  # every rank takes the same branch
+                loss_u, finite = (value if not math.isfinite(value) else math.nan), False
+                break
+            if loss is not None:
+                (loss * self.dp_size if self.dp_size > 1 else loss).backward()
+            loss_u += value
+            tally.backward_s += time.perf_counter() - tb
+        tally.loss_last, tally.grad_last = loss_u, math.nan
+        if not finite:
+            self.nonfinite_loss_total += 1
+            tally.skipped += 1
+            log.warning("non-finite loss %s at version %d (reference %s): update skipped; minibatch %s",
+                        loss_u, version, self.reference.value, select_rows(batch, rows).summary())
+            return
+        loss_u = parallel.dp_sum([loss_u])[0]  # the minibatch's loss (each rank holds a share)
+        tally.loss_last = loss_u
+        tally.losses.append(loss_u)
+        tb = time.perf_counter()
+        outcome = self._optimizer.step()  # the norm is global: every rank steps or skips alike
+        tally.backward_s += time.perf_counter() - tb
+        tally.grad_last = outcome.grad_norm
+        if outcome.stepped:
+            tally.norms.append(outcome.grad_norm)
+        else:
+            self.nonfinite_grad_total += 1
+            tally.skipped += 1
+            log.warning("non-finite gradient norm %s at version %d: update skipped; minibatch %s",
+                        outcome.grad_norm, version, select_rows(batch, rows).summary())
+
+    def _my_chunks(self, batch: TrainBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """This rank's micro-batches of ``rows``, padded with empty ones to the most any DP rank has, so
+        that every rank runs the same number of collectives (the finite flag) in each update."""
+        T, per_tokens = batch.shape[1], self.settings.micro_batch_tokens
+        if self.dp_size == 1:
+            return micro_batches(rows, T, per_tokens)
+        shares = [parallel.dp_share(rows, batch.loss_mask, r, self.dp_size) for r in range(self.dp_size)]
+        counts = [len(micro_batches(x, T, per_tokens)) if len(x) else 0 for x in shares]
+        mine = micro_batches(shares[self.dp_rank], T, per_tokens) if len(shares[self.dp_rank]) else []
+        empty = rows[:0]
+        return mine + [empty] * (max(max(counts), 1) - len(mine))
+
+    def _micro_loss(self, batch: TrainBatch, chunk: torch.Tensor, version: int, ref: "_Held",
+                    share: "LossShare | None", tally: "_Tally") -> torch.Tensor:
+        """The gradient forward of the rows ``chunk`` and their share of the minibatch's loss."""
+        from asyncrl.trainer.correction import correction_loss
+
+        s = self.settings
+        sub = select_rows(batch, chunk)
+        logp_theta = self._logprobs(sub.tokens, s.temperature)  # [b, T] with grad
+        if ref.held is not None:
+            logp_ref = ref.held[chunk]
+        else:  # fused: one update on one rank, so the arrival weights are the live ones
+            logp_ref = self.old_logits.logp_ref(sub, logp_theta, version,
+                                                None if ref.scored is None else ref.scored[chunk])
+            ref.seen[chunk] = logp_ref
+            if ref.theta0 is not None:
+                ref.theta0[chunk] = logp_theta.detach()
+        result = correction_loss(logp_theta, logp_ref, sub.logp_mu, sub.advantages, sub.loss_mask, s.correction,
+                                 turn_ids=sub.turn_ids)
+        tally.records.append(result.metrics)
+        return result.loss if share is None else share(result.loss, result.metrics)
+
+    def _advance_version(self, tally: "_Tally") -> bool:
+        """Stage 3: one version per batch, after all its updates, if any applied (the same on every rank)."""
+        stepped = bool(tally.norms)
         if stepped:
             self.version += 1
-        stats = sum_stats(records).to_floats()  # one device sync for every count of every update
-        correction = stats.record()
-        bounds_ratio = in_bounds_ratio(stats)
-        t3 = t4 = time.perf_counter()
-        audit: dict[str, float] = {}
-        if audited and self.auditor is not None and theta0 is not None:
-            # After the updates: the exact forwards read the stored snapshots only; compared at arrival.
-            audit = self.auditor.run(batch, self, version, theta0, ref_seen, s.correction).record()
-            t4 = time.perf_counter()
+        return stepped
+
+    def _batch_stats(self, tally: "_Tally") -> CorrectionStats[float]:
+        """The correction counts of every micro-batch of every update, summed over the DP ranks."""
+        local = sum_stats(tally.records).to_floats() if tally.records else _NO_TOKENS
+        return parallel.reduce_stats(local)
+
+    def _audit(self, batch: TrainBatch, version: int, ref: "_Held", audited: bool) -> dict[str, float]:
+        """Stage 4: on an audited step, the exact forwards over the stored snapshots, compared at arrival
+        (the whole batch on every rank: the same figures everywhere)."""
+        if not audited or self.auditor is None or ref.theta0 is None:
+            return {}
+        return self.auditor.run(batch, self, version, ref.theta0, ref.seen, self.settings.correction).record()
+
+    def _retain(self, live_versions: Collection[int] | None) -> None:
+        """Stage 5: the snapshot stores keep ``live_versions`` plus the version now live."""
         if live_versions is not None:
             keep = {int(v) for v in live_versions} | {self.version}
             for holder in self._version_holders():
                 holder.retain(keep)
-        reset = ""
-        if stepped:
-            reset = self.old_logits.observe_update(batch, self, bounds_ratio)
-            if self.auditor is not None:
-                self.auditor.after_update(self)
-            if reset:
-                self.ewma_resets_total += 1
-                log.info("%s reference reset to the current weights at version %d (%s)",
-                         self.reference.value, self.version, reset)
+
+    def _observe_update(self, batch: TrainBatch, stepped: bool, bounds_ratio: float) -> str:
+        """Stage 6: the provider (and the audit) observe the new version; the EWMA reset reason or ""."""
+        if not stepped:
+            return ""
+        reset = self.old_logits.observe_update(batch, self, bounds_ratio)
+        if self.auditor is not None:
+            self.auditor.after_update(self)
+        if reset:
+            self.ewma_resets_total += 1
+            log.info("%s reference reset to the current weights at version %d (%s)",
+                     self.reference.value, self.version, reset)
+        return reset
+
+    def _report(self, batch: TrainBatch, tally: "_Tally", stats: CorrectionStats[float], stepped: bool, reset: str,
+                audit: dict[str, float], audit_seconds: float, updates: int) -> TrainStepMetrics:
         resident = [h.resident() for h in self._version_holders()]
+        losses, norms = tally.losses, tally.norms
         return TrainStepMetrics(
             version=self.version,
             reference=self.reference.value,
@@ -445,21 +531,21 @@ class MegatronActor:
             ewma_reset=bool(reset),
             ewma_reset_reason=reset,
             ewma_resets_total=self.ewma_resets_total,
-            reference_seconds=t1 - t0,
-            forward_seconds=forward_s,
-            backward_seconds=backward_s,
-            correction=correction,
+            reference_seconds=tally.reference_seconds,
+            forward_seconds=tally.forward_s,
+            backward_seconds=tally.backward_s,
+            correction=stats.record(),
             snapshot_versions=sum(r.versions for r in resident),
             snapshot_bytes=sum(r.nbytes for r in resident),
-            audit_seconds=t4 - t3,
+            audit_seconds=audit_seconds,
             audit=audit,
-            updates=len(plan),
+            updates=updates,
             updates_applied=len(norms),
-            updates_skipped=skipped,
-            micro_batches=micro,
-            loss_last=loss_last,
-            grad_norm_last=grad_last,
-            in_bounds_ratio=bounds_ratio,
+            updates_skipped=tally.skipped,
+            micro_batches=tally.micro,
+            loss_last=tally.loss_last,
+            grad_norm_last=tally.grad_last,
+            in_bounds_ratio=in_bounds_ratio(stats),
         )
 
     def _score(self, batch: TrainBatch, chunks: list[torch.Tensor]) -> torch.Tensor | None:
@@ -490,15 +576,22 @@ class MegatronActor:
         t0 = time.perf_counter()
         tokens, loss_mask = tokens.to(self.runtime.device), loss_mask.to(self.runtime.device)
         self._optimizer.zero_grad()
-        logp = self._logprobs(tokens, 1.0)  # [B, T]; supervised targets, no sampling temperature
-        n = int(loss_mask.sum())
-        loss = -(logp * loss_mask).sum() / max(n, 1)
-        value, grad_norm, stepped = float(loss.detach()), math.nan, False
-        if not math.isfinite(value):
+        n = int(loss_mask.sum())  # the global denominator (every rank holds the whole batch)
+        rows = parallel.dp_share(torch.arange(tokens.shape[0]), loss_mask, self.dp_rank, self.dp_size)
+        loss: torch.Tensor | None = None
+        if len(rows):
+            logp = self._logprobs(tokens[rows], 1.0)  # [b, T]; supervised targets, no sampling temperature
+            loss = -(logp * loss_mask[rows]).sum() / max(n, 1)
+        local = float(loss.detach()) if loss is not None else 0.0
+        grad_norm, stepped = math.nan, False
+        if not parallel.all_finite(local):  # every rank skips together
+            value = local if not math.isfinite(local) else math.nan
             self.nonfinite_loss_total += 1
             log.warning("non-finite SFT loss %s at version %d: step skipped", value, self.version)
         else:
-            loss.backward()
+            value = parallel.dp_sum([local])[0]
+            if loss is not None:
+                (loss * self.dp_size if self.dp_size > 1 else loss).backward()
             outcome = self._optimizer.step()
             grad_norm, stepped = outcome.grad_norm, outcome.stepped
             if stepped:
@@ -552,8 +645,9 @@ class MegatronActor:
         Tied architectures list ``lm_head.weight`` as the same tensor as ``model.embed_tokens.weight``,
         so ``LlamaForCausalLM.load_state_dict(..., strict=True)`` accepts it.
         """
+        owners = dict(self._gpt.named_parameters())  # TP shards are gathered whole (a collective per shard)
         own = {
-            k: v.detach().to("cpu", torch.float32).clone()
+            k: (parallel.full_of(owners[k]) if k in owners else v.detach()).to("cpu", torch.float32).clone()
             for k, v in self._gpt.state_dict().items()
             if not k.endswith("_extra_state")
         }

@@ -10,7 +10,7 @@ smallest shim that was measured to work (``shared/reference/feasibility.md`` §2
    the CPU;
 2. the RNG tracker is megatron's *inference* tracker (public API): its ``fork()`` is a null
    context, so dropout (0 here anyway) uses the ordinary CPU generator;
-3. a gloo process group of world size 1, then ``initialize_model_parallel(1, 1)``;
+3. a gloo process group (the actor's ranks, or a private one of size 1), then ``initialize_model_parallel(tp, pp)``;
 4. a ``torch.optim.AdamW`` over the DDP wrapper's ``main_grad`` buffers instead of megatron's
    optimizer (see :class:`MainGradAdamW` for why);
 5. (CPU or GPU without TransformerEngine) the MoE router's missing ``te_general_gemm`` global.
@@ -27,6 +27,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
+
+from asyncrl.trainer.megatron.parallel import Layout, clip_grads
 
 _RUNTIME: "MegatronRuntime | None" = None
 
@@ -45,8 +47,18 @@ class MegatronRuntime:
         return self.on_cpu
 
 
-def init_megatron(seed: int = 0, *, device: Literal["auto", "cpu", "cuda"] = "auto") -> MegatronRuntime:
-    """Set up torch.distributed and megatron's parallel state for TP = PP = 1; idempotent.
+def init_megatron(
+    seed: int = 0,
+    *,
+    device: Literal["auto", "cpu", "cuda"] = "auto",
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    init_method: str | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> MegatronRuntime:
+    """Set up torch.distributed and megatron's parallel state (``tp x pp x ep``, DP = the rest); idempotent.
 
     A second call in the same process re-seeds megatron's RNG tracker and returns the same
     runtime; the process group and the parallel state are created only once (megatron's parallel
@@ -57,7 +69,12 @@ def init_megatron(seed: int = 0, *, device: Literal["auto", "cpu", "cuda"] = "au
         device: ``auto`` = the runtime already set up in this process, else CUDA when available,
             else the CPU shim; ``cpu`` forces the shim even on a CUDA host (the CPU test suite);
             asking for a kind other than the one already set up raises (it cannot change in-process).
+        tp, pp, ep: tensor, pipeline and expert model-parallel sizes (:class:`parallel.Layout` checks them).
+        init_method: the group's rendezvous (``tcp://ip:port``, :func:`parallel.rendezvous` on rank 0);
+            None with ``world == 1``: a private one-process group (or a launcher's ``env://``).
+        rank, world: this process's rank in the actor's ``world`` ranks.
     """
+    layout = Layout(tp=tp, pp=pp, ep=ep, rank=rank, world=world, init_method=init_method)
     global _RUNTIME
     if _RUNTIME is not None:
         if device != "auto" and (device == "cpu") != _RUNTIME.on_cpu:
@@ -82,10 +99,11 @@ def init_megatron(seed: int = 0, *, device: Literal["auto", "cpu", "cuda"] = "au
             dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
             torch.cuda.set_device(dev)
         if not dist.is_initialized():
-            _init_process_group(backend)
+            _init_process_group(backend, layout)
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=1, pipeline_model_parallel_size=1
+                tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+                expert_model_parallel_size=layout.ep,
             )
         _RUNTIME = MegatronRuntime(device=dev, on_cpu=on_cpu, backend=backend)
 
@@ -111,8 +129,15 @@ def _moe_without_transformer_engine() -> None:
         moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
 
 
-def _init_process_group(backend: str) -> None:
-    """A launcher's group (``torchrun`` sets ``MASTER_ADDR``/``WORLD_SIZE``) or a private one of size 1."""
+def _init_process_group(backend: str, layout: Layout) -> None:
+    """The actor group's (``layout.init_method``), a launcher's (``torchrun`` sets ``MASTER_ADDR``/
+    ``WORLD_SIZE``) or a private one of size 1."""
+    if layout.init_method is not None:
+        from datetime import timedelta
+
+        dist.init_process_group(backend, init_method=layout.init_method, rank=layout.rank,
+                                world_size=layout.world, timeout=timedelta(seconds=600))
+        return
     if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend, init_method="env://")
         return
@@ -210,8 +235,9 @@ class MainGradAdamW:
         for p in self._params:
             p.grad = p.main_grad  # type: ignore[attr-defined]  # set by megatron's DDP
         max_norm = self._max_grad_norm if self._max_grad_norm is not None else math.inf
-        # One sync point: the norm decides whether the update is applied at all.
-        norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+        # One sync point: the norm decides whether the update is applied at all. Model-parallel aware
+        # (TP shards summed over the group, replicated grads once): the same global norm on every rank.
+        norm = clip_grads(self._params, max_norm)
         if not math.isfinite(norm):
             return StepOutcome(grad_norm=norm, stepped=False)
         self._opt.step()

@@ -38,6 +38,7 @@ import torch
 
 from asyncrl.api.model_arch import ModelArch, hf_param_shapes
 from asyncrl.trainer.megatron.hf_folder import HFFolder, load_hf
+from asyncrl.trainer.megatron.parallel import shard_of
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -205,10 +206,11 @@ def load_folder_into(gpt: torch.nn.Module, arch: ModelArch, folder: HFFolder) ->
     Returns the number of bytes copied. Every parameter must be written: a left-over one is an error.
     """
     params = {k: v for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
+    owners = dict(gpt.named_parameters())  # their tensor-parallel attributes (a TP rank keeps its slice)
     done, nbytes = set(), 0
     with torch.no_grad():
         for name, tensor in iter_hf_to_megatron(folder, arch):
-            params[name].copy_(tensor)
+            params[name].copy_(shard_of(owners.get(name, params[name]), tensor))
             done.add(name)
             nbytes += params[name].numel() * params[name].element_size()
             del tensor
