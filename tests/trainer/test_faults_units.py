@@ -180,3 +180,29 @@ def test_driver_local_refuses_gpus_this_machine_lacks_with_the_fix(tmp_path: Pat
         err = capsys.readouterr().err
         assert "asyncrl driver --local: spec.actor.gpusPerReplica: 1" in err and "0 GPU(s)" in err, err
         assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------ session folders of killed runs
+
+def test_session_folders_of_killed_runs_are_swept_and_live_or_new_ones_kept(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from asyncrl.trainer.driver.ray_env import sweep_stale_sessions
+
+    old, new, busy = (tmp_path / f"asyncrl-ray-{n}" for n in ("old", "new", "busy"))
+    for d in (old, new, busy):
+        (d / "r").mkdir(parents=True)
+    hour_ago = time.time() - 3600
+    for d in (old, busy):
+        os.utime(d, (hour_ago, hour_ago))
+    # a live process that names its folder, as Ray's gcs_server and raylet do (--session-dir=...)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"--session-dir={busy}/r"])
+    try:
+        assert sweep_stale_sessions(tmp_path) == [old]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not old.exists() and new.is_dir() and busy.is_dir()

@@ -13,7 +13,7 @@
   nobody else can reach them through the private parent.
 - Cleanup: after ``ray.shutdown()`` every process this Ray started (the raylet's agents and workers
   outlive it by up to minutes otherwise) is waited for, then terminated by pid, and the session
-  folder is removed.
+  folder is removed; folders that killed runs left (no cleanup ran) are swept when a run starts.
 - ``RAY_USAGE_STATS_ENABLED=0`` and ``include_dashboard=False``: no phone-home, ~1 GiB less RAM.
 - Logical ``num_cpus``: the job's processes ask for fractional CPUs, so the budget is a count of
   processes Ray may place, while each process caps its own torch threads (see ``hosts.py``).
@@ -139,6 +139,37 @@ def reap(procs: Mapping[int, int], *, grace_s: float = 5.0, term_s: float = 3.0)
     return signalled
 
 
+def sweep_stale_sessions(root: Path | None = None, *, min_age_s: float = 600.0) -> list[Path]:
+    """Remove ``asyncrl-ray-*`` folders of this user that a killed run left (SIGKILL, OOM: no cleanup ran):
+    older than ``min_age_s`` and named by no live process's command line (Ray's gcs_server and raylet
+    name their session folder there). Returns what was removed."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    now = time.time()
+    candidates = []
+    for d in root.glob(PREFIX + "*"):
+        try:
+            st = d.lstat()
+        except OSError:
+            continue
+        if d.is_dir() and not d.is_symlink() and st.st_uid == os.getuid() and now - st.st_mtime > min_age_s:
+            candidates.append(d)
+    if not candidates:
+        return []
+    in_use: set[Path] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        in_use.update(d for d in candidates if str(d).encode() in cmd)
+    removed = [d for d in candidates if d not in in_use]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    if removed:
+        log.info("removed %d session folder(s) of killed runs: %s", len(removed), ", ".join(map(str, removed)))
+    return removed
+
+
 # ------------------------------------------------------------------------- the local Ray
 
 @contextlib.contextmanager
@@ -154,6 +185,7 @@ def local_ray(num_cpus: int, *, quiet: bool = True, resources: Mapping[str, floa
         yield False
         return
     _configure_env()
+    sweep_stale_sessions()
     parent = Path(tempfile.mkdtemp(prefix=PREFIX))  # 0700: Ray's shared folders stay private below it
     before = descendants()
     with _run_token():
