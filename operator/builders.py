@@ -3,7 +3,8 @@
 No API calls, no clock and no randomness here (the job's Ray token comes in from the caller);
 ``tests/operator/test_builders.py`` checks them without a server. The job's pods form one Ray
 cluster: the driver pod runs the Ray head and the job driver; rollout, actor and old-logit pods join
-it as workers with a custom Ray resource named after their role. Hardening, gang scheduling, the
+it as workers with a custom Ray resource named after their role (actor pod ``i`` one unit of ``actor`` and
+of ``actor-<i>`` per rank it hosts: :func:`actor_ray_resources`). Hardening, gang scheduling, the
 NetworkPolicy and the /dev/shm rule are in :mod:`asyncrl.operator.pod_policy`.
 
 Start-up order, as KubeRay's: a worker pod's init container (``asyncrl probe gcs``) waits until the
