@@ -102,7 +102,7 @@ class RolloutWorker:
         self.seed = seed
         self.tokenizer: Tokenizer = task_tokenizer(model, task) if tokenizer is None else tokenizer
         self.arch: LlamaArch = resolve_arch(
-            model, self.tokenizer.vocab_size, context_length(self.binding, task, self.tokenizer)
+            model, self.tokenizer.vocab_size, context_length(task, self.tokenizer)
         )
         if engine is None:
             rollout = rollout or RolloutSpec()
