@@ -57,6 +57,7 @@ from asyncrl.api.paths import CHECKPOINT_DIR_MESSAGE
 from asyncrl.api.pods import (
     ENV_SOURCE_MESSAGE,
     EXPERT_PARALLEL_CPU_MESSAGE,
+    EXTRA_RESOURCE_MESSAGE,
     MASK_GUARD_ORDER_MESSAGE,
     MP_DIVIDES_WORLD_MESSAGE,
     PIPELINE_PARALLEL_MESSAGE,
@@ -290,6 +291,11 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("training-side-memory-with-snapshot",
              {**EXACT, "oldLogits": {"strategy": "snapshot"}, "rollout": {"trainingSideMemory": "32Gi"}},
              "spec.rollout.trainingSideMemory", TRAINING_SIDE_MEMORY_FRAGMENT),
+    # ---- device-plugin resources (RDMA): GPUs are gpusPerReplica, counts are whole and >= 1
+    BadInput("extra-resources-gpu", {"actor": {"resources": {"extra": {"nvidia.com/gpu": 8}}}},
+             "spec.actor.resources.extra", EXTRA_RESOURCE_MESSAGE),
+    BadInput("extra-resources-zero", {"rollout": {"resources": {"extra": {"rdma/hca": 0}}}},
+             "spec.rollout.resources.extra", EXTRA_RESOURCE_MESSAGE),
     # ---- actor layouts that cannot work (api/pods.py actor_layout_problems)
     BadInput("tensor-parallel-not-dividing-gpus", {"actor": {"gpusPerReplica": 3, "megatron": {"tensorParallel": 2}}},
              "spec.actor.megatron.tensorParallel", TP_DIVIDES_GPUS_MESSAGE),
