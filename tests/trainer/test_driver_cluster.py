@@ -230,7 +230,7 @@ def test_sigterm_unwinds_with_a_final_report(tmp_path: Path, apiserver: Any) -> 
                              "--local", "--port", "0"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: jobs.status("tiny").get("training"), timeout=90, interval=0.2,
+        wait_for(lambda: jobs.status("tiny").get("training"), timeout=240, interval=0.2,
                  message="the first status report")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
