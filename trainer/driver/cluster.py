@@ -64,9 +64,9 @@ class ClusterTimeoutError(RuntimeError):
 # ------------------------------------------------------------------------- pure: what is missing
 
 def required_roles(spec: AsyncRLJobSpec) -> dict[str, int]:
-    """Role resource units the job needs: one ``rollout`` per worker, one ``actor`` (the driver
-    starts one actor process; further actor pods serve megatron's own parallel ranks)."""
-    return {C.RESOURCE_ROLLOUT: spec.rollout.replicas, C.RESOURCE_ACTOR: 1}
+    """Role resource units the job needs: one ``rollout`` per worker, one ``actor`` per actor rank
+    (``replicas x max(gpusPerReplica, 1)``: an actor pod advertises one unit per rank it runs)."""
+    return {C.RESOURCE_ROLLOUT: spec.rollout.replicas, C.RESOURCE_ACTOR: spec.actor.world_size}
 
 
 def missing_roles(nodes: Sequence[Mapping[str, Any]], required: Mapping[str, int]) -> dict[str, tuple[int, int]]:

@@ -8,8 +8,10 @@ stores them once and readers map them zero-copy (reference/feasibility.md §1.2)
 - :class:`RolloutHost`: a :class:`~asyncrl.rollout.worker.RolloutWorker`. A *threaded* actor
   (``max_concurrency=2``): ``update_weights`` runs on a second thread while ``generate`` runs,
   which is how a weight update reaches a generating worker (partial rollout).
-- :class:`ActorHost`: a :class:`~asyncrl.trainer.megatron.actor.MegatronActor` with its warm
-  start, train step, weights and checkpoints.
+- :class:`ActorHost`: one rank of the :class:`~asyncrl.trainer.megatron.actor.MegatronActor` with its
+  warm start, train step, weights and checkpoints; :class:`ActorGroup` holds the
+  ``actor.replicas x max(gpusPerReplica, 1)`` ranks behind one handle (every call fans out, the driver
+  reads rank 0).
 """
 
 import logging
@@ -157,18 +159,28 @@ class RolloutHost:
 class ActorHost:
     """The Megatron actor process."""
 
-    def __init__(self, spec_json: dict[str, Any], threads: int, work_dir: str | None = None) -> None:
+    def __init__(self, spec_json: dict[str, Any], threads: int, work_dir: str | None = None, *,
+                 rank: int = 0, init_method: str | None = None) -> None:
         _limit_threads(threads)
         self.threads = threads
+        from dataclasses import replace
+
         from asyncrl.rollout.envs.binding import task_tokenizer
-        from asyncrl.trainer.megatron.actor import MegatronActor
+        from asyncrl.trainer.megatron.actor import ActorSettings, MegatronActor
+        from asyncrl.trainer.megatron.parallel import Layout
 
         self.spec = AsyncRLJobSpec.model_validate(spec_json)
         self.tokenizer = task_tokenizer(self.spec.model, self.spec.task)  # the rollout workers resolve the same one
         self.pad = self.tokenizer.pad_id
-        self.actor = MegatronActor.from_spec(self.spec, self.tokenizer.vocab_size, num_threads=threads,
-                                             max_sequence_length=_context(self.spec, self.tokenizer),
-                                             work_dir=work_dir)
+        a = self.spec.actor
+        self.rank, self.world = rank, a.world_size
+        if work_dir is not None and rank > 0:  # snapshot files of ranks sharing a host must not collide
+            work_dir = str(Path(work_dir) / f"rank{rank}")
+        settings = ActorSettings.from_spec(self.spec, self.tokenizer.vocab_size, num_threads=threads,
+                                           max_sequence_length=_context(self.spec, self.tokenizer), work_dir=work_dir)
+        layout = Layout(tp=a.megatron.tensor_parallel, pp=a.megatron.pipeline_parallel, ep=a.megatron.expert_parallel,
+                        rank=rank, world=self.world, init_method=init_method)
+        self.actor = MegatronActor(replace(settings, layout=layout))
 
     def pad_id(self) -> int:
         return self.pad
@@ -226,7 +238,7 @@ class ActorHost:
     def save_warm_start(self, cache_dir: str) -> None:
         """RL starts at version 0: warm-start steps are not policy versions."""
         self.actor.version = 0
-        self.actor.save_checkpoint(cache_dir)
+        self.save_checkpoint(cache_dir)
 
     def train_step(self, batch: dict[str, np.ndarray], version: int,
                    live_versions: list[int] | None = None) -> tuple[dict[str, Any], Weights | None]:
@@ -257,8 +269,10 @@ class ActorHost:
             stats["batch_summary"] = tb.summary()
         return stats, (self.weights() if out.stepped else None)
 
-    def weights(self) -> Weights:
-        return {k: v.numpy() for k, v in self.actor.hf_state_dict().items()}
+    def weights(self) -> Weights | None:
+        """HF-named weights (rank 0; the other ranks take part in the TP gather and return None)."""
+        full = self.actor.hf_state_dict()
+        return {k: v.numpy() for k, v in full.items()} if self.rank == 0 else None
 
     def score(self, tokens: np.ndarray, temperature: float) -> np.ndarray:
         """No-grad ``logp_theta`` ``[B, T]`` of right-padded ``tokens`` ``[B, T]`` under the current weights at
@@ -268,7 +282,14 @@ class ActorHost:
         return self.actor.logprobs(torch.from_numpy(np.ascontiguousarray(tokens)), temperature=temperature).cpu().numpy()
 
     def save_checkpoint(self, path: str) -> None:
-        self.actor.save_checkpoint(path)
+        """Rank 0 writes the whole state; under data parallelism alone every rank holds the same one."""
+        if self.actor.settings.layout.tp > 1:
+            raise NotImplementedError(
+                f"checkpoints of a tensor-parallel actor (tensorParallel {self.actor.settings.layout.tp}) need "
+                "sharded checkpoints, not in this build: run with tensorParallel 1 or checkpoint.everyNSteps 0"
+            )
+        if self.rank == 0:
+            self.actor.save_checkpoint(path)
 
     def load_checkpoint(self, path: str) -> int:
         self.actor.load_checkpoint(path)
@@ -277,6 +298,95 @@ class ActorHost:
     def close(self) -> None:
         """Release what outlives the process otherwise (snapshot files of a private folder)."""
         self.actor.close()
+
+
+class ActorGroup:
+    """The actor's ranks behind one handle: ``group.method.remote(*args)`` calls ``method`` on every rank
+    with the same arguments (SPMD: the ranks meet in their collectives) and returns rank 0's object
+    ref(s); ``group.method.options(num_returns=2).remote(...)`` likewise. Arguments go into the object
+    store once for all ranks. An error of another rank surfaces at the next call (or :meth:`check`)."""
+
+    def __init__(self, ranks: list[Any]) -> None:
+        if not ranks:
+            raise ValueError("an actor group needs at least one rank")
+        self.ranks = ranks
+        self._others: list[Any] = []  # refs of ranks > 0 not yet seen finished
+
+    def __getattr__(self, name: str) -> "_GroupMethod":
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _GroupMethod(self, name, {})
+
+    def check(self) -> None:
+        """Raise the error of any rank > 0 whose call already finished with one."""
+        import ray
+
+        if not self._others:
+            return
+        done, self._others = ray.wait(self._others, num_returns=len(self._others), timeout=0)
+        if done:
+            ray.get(done)
+
+    def _call(self, name: str, opts: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        import ray
+
+        self.check()
+        if len(self.ranks) > 1:  # one copy in the object store for every rank
+            args = tuple(a if isinstance(a, ray.ObjectRef) else ray.put(a) for a in args)
+            kwargs = {k: v if isinstance(v, ray.ObjectRef) else ray.put(v) for k, v in kwargs.items()}
+        refs = [getattr(r, name).options(**opts).remote(*args, **kwargs) for r in self.ranks]
+        for extra in refs[1:]:
+            self._others.extend(extra if isinstance(extra, list) else [extra])
+        return refs[0]
+
+
+@dataclass(frozen=True)
+class _GroupMethod:
+    group: ActorGroup
+    name: str
+    opts: dict[str, Any]
+
+    def options(self, **opts: Any) -> "_GroupMethod":
+        return _GroupMethod(self.group, self.name, {**self.opts, **opts})
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.group._call(self.name, self.opts, args, kwargs)
+
+
+def _rendezvous_here() -> str:
+    from asyncrl.trainer.megatron.parallel import rendezvous
+
+    return rendezvous()
+
+
+def start_actor_group(spec: AsyncRLJobSpec, actor_cls: Any, opts: dict[str, Any], threads: int,
+                      work_dir: str | None, placement: Placement) -> Any:
+    """The actor's ``replicas x max(gpusPerReplica, 1)`` ranks, one Ray actor each: rank ``r = i*g + j`` on
+    actor pod ``i`` (its ``actor-<i>`` resource, so ranks map to pods deterministically and a TP group
+    stays inside a pod); rank 0 picks the TCP rendezvous. One rank: the plain handle, as always."""
+    spec_json = spec.model_dump(mode="json", by_alias=True)
+    world, per_pod = spec.actor.world_size, max(spec.actor.gpus_per_replica, 1)
+    if world == 1:
+        return actor_cls.options(**opts, max_concurrency=1).remote(spec_json, threads, work_dir)
+
+    def rank_opts(r: int) -> dict[str, Any]:
+        if placement != "cluster":
+            return opts
+        pod = C.actor_pod_resource(r // per_pod)
+        return {**opts, "num_gpus": 1 if spec.actor.gpus_per_replica else 0,
+                "resources": {C.RESOURCE_ACTOR: 1, pod: 1}}
+
+    import ray
+
+    # A task on rank 0's pod picks the address (its node, a free port) before any rank starts: every rank's
+    # constructor joins the process group, so all must know it up front.
+    finder: Any = ray.remote(_rendezvous_here)
+    pinned = {k: v for k, v in rank_opts(0).get("resources", {}).items() if k != C.RESOURCE_ACTOR}
+    init_method = ray.get(finder.options(num_cpus=0, resources=pinned).remote())
+    ranks = [actor_cls.options(**rank_opts(r), max_concurrency=1).remote(spec_json, threads, work_dir, rank=r,
+                                                                         init_method=init_method)
+             for r in range(world)]
+    return ActorGroup(ranks)
 
 
 @dataclass
@@ -317,7 +427,8 @@ class HostHandles:
     def kill(self) -> None:
         import ray
 
-        for h in [self.actor, *self.rollout]:
+        ranks = self.actor.ranks if isinstance(self.actor, ActorGroup) else [self.actor]
+        for h in [*ranks, *self.rollout]:
             ray.kill(h)
 
 
@@ -344,7 +455,7 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
                                         "resources": {C.RESOURCE_ROLLOUT: 1}}
     else:
         actor_opts = rollout_opts = {"num_cpus": n_procs_cpus}
-    actor = actor_cls.options(**actor_opts, max_concurrency=1).remote(spec_json, actor_threads, work_dir)
+    actor = start_actor_group(spec, actor_cls, actor_opts, actor_threads, work_dir, placement)
 
     def new_rollout(i: int) -> Any:
         return rollout_cls.options(**rollout_opts, max_concurrency=2).remote(spec_json, i, rollout_threads)
