@@ -147,8 +147,11 @@ def test_model_is_immutable_and_other_edits_pass() -> None:
     old = job_manifest(model={"preset": "tiny-llama"})
     errors = validator.validate(job_manifest(model={"preset": "small-llama"}), old=old)
     assert errors == ['spec.model: Invalid value: "object": ' + MODEL_IMMUTABLE_MESSAGE]
-    # the same model spelled out or left to its defaults is no change (the server defaults model: {})
-    assert validator.validate(job_manifest(), old=old) == []
-    assert validator.validate(job_manifest(train={"steps": 10}), old=old) == []
+    # the same model spelled out again, or left to its defaults both times, is no change (the server defaults
+    # model: {}); preset has no server default (a weights folder's config.json decides the architecture), so
+    # dropping a spelled-out preset is a change the server refuses, as dropping any other model field is
+    assert validator.validate(job_manifest(model={"preset": "tiny-llama"}, train={"steps": 10}), old=old) == []
+    assert validator.validate(job_manifest(train={"steps": 10}), old=job_manifest()) == []
+    assert validator.validate(job_manifest(), old=old) != []
     # created without a model section: adding a different one later is still a change
     assert validator.validate(job_manifest(model={"preset": "small-llama"}), old=job_manifest()) != []
