@@ -271,6 +271,8 @@ class ActorHost:
 
     def weights(self) -> Weights | None:
         """HF-named weights (rank 0; the other ranks take part in the TP gather and return None)."""
+        if self.rank != 0 and self.actor.settings.layout.tp == 1:
+            return None  # no collective to join
         full = self.actor.hf_state_dict()
         return {k: v.numpy() for k, v in full.items()} if self.rank == 0 else None
 
