@@ -31,6 +31,7 @@ from asyncrl.api.pod_security import (
     reserved_label_cel,
     restricted_problems,
 )
+from asyncrl.api.weight_sync import WeightSyncSpec
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 # A device plugin's extended resource: <domain>/<name> (Kubernetes wants whole numbers, request = limit).
@@ -368,6 +369,8 @@ class ActorSpec(SpecModel):
         default=1, ge=0, le=16, description="GPUs per actor pod, one rank each; 0 = a CPU pod running one rank.",
     )
     megatron: MegatronSpec = Field(default_factory=MegatronSpec, description="Model parallelism.")
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="How each new version's "
+                                        "weights reach rollout: transport and bucket size.")
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of an actor pod.")
     template: PodOverrides = Field(default_factory=PodOverrides, description="Pod-template overrides.")
 

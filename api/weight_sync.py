@@ -7,14 +7,16 @@ The weights travel as HF-named tensors cast to the wire dtype, packed in flat bu
   latest version's bucket refs. CPU, local runs and the default.
 - ``broadcast``: a ``torch.distributed`` collective group (NCCL on GPU, gloo on CPU), source rank
   plus every receiver; the bytes cross once per version whatever the number of workers.
-- ``disk``: HF safetensors per version on shared storage, written atomically, the newest ``diskKeep``.
+- ``disk``: HF safetensors per version on shared storage, written atomically, the newest N kept.
 """
 
 from enum import StrEnum
+from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrl.api.base import SpecModel
+from asyncrl.api.cel import CelRule, raise_all
 
 
 class WeightTransport(StrEnum):
@@ -25,8 +27,20 @@ class WeightTransport(StrEnum):
     DISK = "disk"
 
 
+DRIVER_TRANSPORTS = (WeightTransport.OBJECT_STORE,)  # what the job driver runs today
+NOT_WIRED_MESSAGE = (
+    "weightSync.transport: the job driver runs objectStore in this build (broadcast and disk exist in "
+    "asyncrl.trainer.weightsync and are measured by bench/scale.py, not yet wired into the driver); "
+    "set transport: objectStore"
+)
+
+
 class WeightSyncSpec(SpecModel):
     """``spec.actor.weightSync``."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule("!has(self.transport) || self.transport == 'objectStore'", NOT_WIRED_MESSAGE, ".transport"),
+    )
 
     transport: WeightTransport = Field(
         default=WeightTransport.OBJECT_STORE,
@@ -34,9 +48,12 @@ class WeightSyncSpec(SpecModel):
         "group: NCCL on GPU, gloo on CPU) or disk (HF safetensors per version on shared storage).",
     )
     bucket_mib: int = Field(
-        default=512, ge=1, le=16384, description="Bucket size in MiB (slime, AReaL and ROLL use 512-1024); a "
+        default=512, ge=1, alias="bucketMiB", le=16384, description="Bucket size in MiB (slime, AReaL and ROLL use 512-1024); a "
         "larger tensor travels in a bucket of its own.",
     )
-    disk_keep: int = Field(
-        default=2, ge=1, le=100, description="Versions kept on disk by the disk transport (newest first).",
-    )
+
+    @model_validator(mode="after")
+    def _driver_runs_it(self) -> "WeightSyncSpec":
+        if self.transport not in DRIVER_TRANSPORTS:
+            raise_all([("transport", f"{NOT_WIRED_MESSAGE} (got {self.transport.value})")])
+        return self
