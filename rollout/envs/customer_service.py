@@ -172,8 +172,8 @@ class CustomerService:
             self.calls += 1
             if self.calls > self.max_tool_calls:
                 return Turn(done=True, reason=f"more than {self.max_tool_calls} tool calls")
-            if msg.malformed or not msg.tool_calls:
-                return Turn(_response(f"error: {msg.malformed[0] if msg.malformed else 'bad call'}"))
+            if msg.malformed or not msg.tool_calls:  # short: the details (msg.malformed) would echo the bad text
+                return Turn(_response("error: malformed call"))
             call = msg.tool_calls[0]
             return Turn(_response(self._run(call.name, dict(call.arguments))))
         if msg.content.rstrip().endswith("?") and not self.nudged:  # the scripted user answers once

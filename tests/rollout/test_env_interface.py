@@ -149,7 +149,7 @@ def test_customer_service_reward_is_the_database_state() -> None:
         assert not ep.success and ep.reward == 0.0, kind
     # a malformed call is an observation the environment scores (an error response), never an exception
     env, ep = _play(s.to_sample(), ['<tool_call>{"name": "orders"<eos>', "<eos>"])
-    assert "<tool_response>error: call 0: <tool_call> without </tool_call></tool_response>" in T.decode(ep.tokens)
+    assert "<tool_response>error: malformed call</tool_response>" in T.decode(ep.tokens)
     assert ep.done and not ep.success and env.calls == 1
 
 
