@@ -22,6 +22,7 @@ Semantics every backend keeps:
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -194,6 +195,14 @@ class BoundaryWeightSwap:
     _generating: bool
     _pending: tuple[Any, int] | None
     counters: Any
+    # Seconds generation stood still installing weights (``_apply`` under the lock): the sync's pause,
+    # apart from the transfer and the private copy made while generation still runs.
+    apply_seconds: float = 0.0
+
+    def _timed_apply(self, weights: Any, version: int) -> None:
+        t0 = time.perf_counter()
+        self._apply(weights, version)
+        self.apply_seconds += time.perf_counter() - t0
 
     def _copy(self, state_dict: Mapping[str, torch.Tensor]) -> Any:
         raise NotImplementedError
@@ -210,14 +219,14 @@ class BoundaryWeightSwap:
                     "at a token boundary"
                 )
             self._pending = None
-            self._apply(weights, version)
+            self._timed_apply(weights, version)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         weights = self._copy(state_dict)
         with self._lock:
             if not self._generating:
                 self._pending = None
-                self._apply(weights, version)
+                self._timed_apply(weights, version)
                 return
             if self._pending is not None:
                 self.counters.updates_superseded += 1
@@ -230,7 +239,7 @@ class BoundaryWeightSwap:
                 return False
             weights, version = self._pending
             self._pending = None
-            self._apply(weights, version)
+            self._timed_apply(weights, version)
             return True
 
 

@@ -16,8 +16,7 @@ stores them once and readers map them zero-copy (reference/feasibility.md §1.2)
 
 import logging
 import time
-import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -50,15 +49,6 @@ def _limit_threads(n: int) -> None:
         pass
 
 
-def _to_torch(weights: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    import torch
-
-    with warnings.catch_warnings():
-        # Arrays from the object store are read-only; the engine copies them into its parameters.
-        warnings.simplefilter("ignore", UserWarning)
-        return {k: torch.from_numpy(v) for k, v in weights.items()}
-
-
 class RolloutHost:
     """One rollout worker process."""
 
@@ -71,22 +61,35 @@ class RolloutHost:
         self.worker = RolloutWorker(self.spec.task, self.spec.model, self.spec.async_, worker_index=worker_index,
                                     seed=self.spec.train.seed, rollout=self.spec.rollout,
                                     workers=self.spec.rollout.replicas)
-        self._weights: Weights | None = None  # the last version received (interrupt-sync scores under it)
+        self._weights: Any = None  # the last version's HF tensors received (interrupt-sync scores under them)
+        self._paused_reported = 0.0  # the engine's apply_seconds already reported by update_weights
         self._scorer: Any = None  # the training-side SegmentScorer, built on the first interrupt-sync window
 
     def generate(self, n_groups: int) -> list[Any]:
         return self.worker.generate(n_groups)
 
-    def update_weights(self, weights: Weights, version: int) -> float:
-        """Load (first time, worker idle) or hand over (thread-safe) new weights; returns seconds."""
+    def update_weights(self, weights: Any, version: int) -> dict[str, float]:
+        """Load (first time, worker idle) or hand over (thread-safe) new weights: a weight-sync handle
+        (``weightsync.objectstore.BucketRefs``: the buckets are pulled here) or an HF dict of arrays.
+
+        Returns ``transfer_s`` (buckets pulled and reassembled, generation running meanwhile),
+        ``handover_s`` (the engine's private copy), ``pause_s`` (generation stopped installing weights since
+        the last call: this version when applied at once, else the boundary swaps of earlier versions)
+        and ``bytes``."""
+        from asyncrl.trainer.weightsync.objectstore import receive
+
+        engine = self.worker.engine
+        got = receive(weights)
         t0 = time.perf_counter()
-        state = _to_torch(weights)
         if self.worker.version < 0:
-            self.worker.load_weights(state, version)
+            self.worker.load_weights(got.state, version)
         else:
-            self.worker.update_weights(state, version)
-        self._weights = weights  # a zero-copy view of the object store's arrays
-        return time.perf_counter() - t0
+            self.worker.update_weights(got.state, version)
+        handover = time.perf_counter() - t0
+        self._weights = got.state  # views of the object store's buckets (interrupt-sync scores under them)
+        pause = float(getattr(engine, "apply_seconds", 0.0)) - self._paused_reported
+        self._paused_reported += pause
+        return {"transfer_s": got.transfer_s, "handover_s": handover, "pause_s": pause, "bytes": float(got.nbytes)}
 
     def evaluate(self, problems: list[Any], version: int, temperature: float, seed: int, first: int) -> list[Any]:
         """One sample of each held-out problem under ``version`` (``RolloutWorker.evaluate``); the driver
@@ -241,9 +244,9 @@ class ActorHost:
         self.save_checkpoint(cache_dir)
 
     def train_step(self, batch: dict[str, np.ndarray], version: int,
-                   live_versions: list[int] | None = None) -> tuple[dict[str, Any], Weights | None]:
-        """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (flat stats, new weights or
-        None when the step was skipped). ``live_versions``: the versions untrained tokens may still
+                   live_versions: list[int] | None = None) -> tuple[dict[str, Any], Any]:
+        """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (flat stats, the new weights'
+        sync handle or None when the step was skipped). ``live_versions``: the versions untrained tokens may still
         carry after this step (weight snapshots of every other version are released)."""
         from asyncrl.trainer.megatron.batch import TrainBatch
 
@@ -267,7 +270,11 @@ class ActorHost:
         }
         if not out.stepped:
             stats["batch_summary"] = tb.summary()
-        return stats, (self.weights() if out.stepped else None)
+            return stats, None
+        t0 = time.perf_counter()
+        handle = self.weight_handle()
+        stats["weights_publish_s"] = round(time.perf_counter() - t0, 4)  # gather, convert, cast, pack, put
+        return stats, handle
 
     def weights(self) -> Weights | None:
         """HF-named weights (rank 0; the other ranks take part in the TP gather and return None)."""
@@ -275,6 +282,13 @@ class ActorHost:
             return None  # no collective to join
         full = self.actor.hf_state_dict()
         return {k: v.numpy() for k, v in full.items()} if self.rank == 0 else None
+
+    def weight_handle(self) -> Any:
+        """This version's weights for rollout through ``actor.weightSync``: bucket refs in the object store
+        (rank 0; the other ranks join the TP gathers and return None)."""
+        from asyncrl.trainer.weightsync.actor_side import publish_actor
+
+        return publish_actor(self.actor, self.spec, rank=self.rank, tp=self.actor.settings.layout.tp)
 
     def score(self, tokens: np.ndarray, temperature: float) -> np.ndarray:
         """No-grad ``logp_theta`` ``[B, T]`` of right-padded ``tokens`` ``[B, T]`` under the current weights at
@@ -399,7 +413,7 @@ class HostHandles:
     rollout: list[Any]
     pad_id: int
     new_rollout: Callable[[int], Any] | None = None  # worker index -> a started RolloutHost handle
-    weights: Any = None  # the object ref of the weights rollout holds now (a replacement loads them)
+    weights: Any = None  # ref of the sync handle (bucket refs) rollout holds now (a replacement loads it)
     spawn_dedicated: Callable[[int], Any] | None = None  # replica -> a DedicatedScorer handle (dedicated)
 
     def replace_rollout(self, i: int) -> Any:

@@ -285,7 +285,7 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
         version = 0
     else:
         version = 0
-    hosts.weights = hosts.actor.weights.remote()
+    hosts.weights = hosts.actor.weight_handle.remote()  # bucket refs (spec.actor.weightSync)
     ray.get([w.update_weights.remote(hosts.weights, version) for w in hosts.rollout])
     return int(version), state
 
@@ -576,6 +576,8 @@ class _Loop:
         self.hosts.weights = weights_ref
         record.update(self.stage.sync_weights(self, weights_ref, self.version))
         self.m.weight_sync_duration.observe(record["sync_s"])
+        self.m.weight_sync_transfer.observe(record.get("sync_transfer_s", 0.0))
+        self.m.weight_sync_pause.observe(record.get("sync_pause_s", 0.0))
         self.m.policy_version.set(self.version)
         self.m.optimizer_steps.inc()
         if self.version % self.spec.checkpoint.every_steps == 0 or self.version == self.total_steps:
@@ -612,11 +614,12 @@ class _Loop:
 
     def _export(self) -> dict[str, Any]:
         """The current version as an HF folder in ``<checkpoint dir>/exports`` (``checkpoint.exportEverySteps``),
-        from the weights rollout just received; the newest ``exportKeep`` are kept."""
+        from the actor's fp32 weights; the newest ``exportKeep`` are kept."""
         import ray
 
+        # The actor's fp32 weights (rollout's may be bf16 on the wire: actor.weightSync).
         result = export.export_weights(
-            ray.get(self.hosts.weights), export.model_files(self.spec),
+            ray.get(self.hosts.actor.weights.remote()), export.model_files(self.spec),
             self.run_dir.checkpoint_dir(self.spec.checkpoint.dir), self.version,
             job_name=str(self.summary.get("job")), keep=self.spec.checkpoint.export_keep)
         self.summary["export"] = result.record()  # the newest: at the end, the final export

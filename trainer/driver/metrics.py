@@ -127,6 +127,14 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("weight_sync_duration", "histogram", "asyncrl_weight_sync_duration_seconds",
               "Wall time from new weights to every rollout worker having acknowledged them.",
               buckets=_SYNC_BUCKETS),
+    MetricDef("weight_sync_transfer", "histogram", "asyncrl_weight_sync_transfer_seconds",
+              "Per weight sync, the slowest rollout worker's time pulling and reassembling the version's "
+              "buckets (actor.weightSync); generation keeps running meanwhile.",
+              buckets=_SYNC_BUCKETS),
+    MetricDef("weight_sync_pause", "histogram", "asyncrl_weight_sync_pause_seconds",
+              "Per weight sync, the slowest rollout worker's time with generation stopped for new weights: "
+              "installing them at a token boundary (interruptSync: the whole interrupt-to-resume window).",
+              buckets=_SYNC_BUCKETS),
     MetricDef("rollout_idle", "counter", "asyncrl_rollout_idle_seconds_total",
               "Worker-seconds rollout workers spent without a generate call (blocked by staleness capacity).",
               ratio="rollout idle ratio = rollout_idle / rollout_worker"),

@@ -75,8 +75,8 @@ class Stage:
     def sync_weights(self, loop: "_Loop", weights: Any, version: int) -> dict[str, float]:
         """Hand ``version``'s weights to every rollout worker; returns timings for the step record."""
         t0 = time.monotonic()
-        loop.on_every_worker(lambda w: w.update_weights.remote(weights, version))
-        return {"sync_s": round(time.monotonic() - t0, 4)}
+        outs = loop.on_every_worker(lambda w: w.update_weights.remote(weights, version))
+        return {"sync_s": round(time.monotonic() - t0, 4), **sync_parts(outs)}
 
     def summary(self) -> dict[str, Any]:
         return {}
@@ -125,6 +125,18 @@ class SnapshotStage(Stage):
             live -= self.given_up
             self._drop(loop)
         return {"live_versions": sorted(live)}
+
+
+def sync_parts(outs: list[Any]) -> dict[str, float]:
+    """The slowest worker's ``RolloutHost.update_weights`` parts: ``sync_transfer_s`` (buckets pulled,
+    generation running), ``sync_pause_s`` (generation stopped installing weights) and ``sync_bytes``
+    (one worker's payload). A replaced worker (None) is left out."""
+    got = [o for o in outs if isinstance(o, dict)]
+    if not got:
+        return {}
+    return {"sync_transfer_s": round(max(float(o["transfer_s"]) for o in got), 4),
+            "sync_pause_s": round(max(float(o["pause_s"]) for o in got), 4),
+            "sync_bytes": max(float(o["bytes"]) for o in got)}
 
 
 def live_versions(loop: "_Loop") -> set[int]:
@@ -228,15 +240,18 @@ class InterruptSyncStage(Stage):
                 self.times.scorer_load_s += float(out["scorer_load_s"])
             return n
 
+        parts: list[Any] = []
         try:
             timed("interrupt", interrupt)
             self.times.tokens_scored += timed("score", score)
-            timed("update", lambda: ray.get([w.update_weights.remote(weights, version) for w in workers]))
+            parts = timed("update", lambda: ray.get([w.update_weights.remote(weights, version) for w in workers]))
             timed("resume", lambda: ray.get([w.sync_resume.remote() for w in workers]))
         finally:
             self._phase(loop, "idle")
         self.times.syncs += 1
-        return {"sync_s": round(sum(took.values()), 4),
+        # Generation stands still from interrupt to resume: the whole window is this strategy's pause.
+        return {"sync_s": round(sum(took.values()), 4), **sync_parts(parts),
+                "sync_pause_s": round(sum(took.values()), 4),
                 **{f"sync_{p}_s": round(s, 4) for p, s in took.items()}}
 
     def summary(self) -> dict[str, Any]:

@@ -155,8 +155,10 @@ def _materialise(weights: PushedWeights) -> HfWeights:
     if isinstance(weights, list):
         import ray
 
-        ref: Any = weights[0]  # an ObjectRef of the version's HF weights
-        return cast(HfWeights, ray.get(ref))
+        from asyncrl.trainer.weightsync.objectstore import receive
+
+        ref: Any = weights[0]  # an ObjectRef of the version's weight-sync handle (or HF weights)
+        return cast(HfWeights, receive(ray.get(ref)).state)
     if callable(weights):
         return weights()
     return weights

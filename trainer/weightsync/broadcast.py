@@ -51,8 +51,11 @@ def open_group(host: str, port: int, rank: int, world: int, *, src: int = 0, bac
         raise ValueError(f"weight sync (broadcast): rank {rank} and src {src} must be in [0, {world})")
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world, rank == 0, timeout=timeout)
+    pg: Any
     if backend == "nccl":
-        pg = dist.ProcessGroupNCCL(store, rank, world)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        pg = dist.ProcessGroupNCCL(store, rank, world, opts)
         dev = device or torch.device("cuda", torch.cuda.current_device())
     elif backend == "gloo":
         pg = dist.ProcessGroupGloo(store, rank, world, timeout)
