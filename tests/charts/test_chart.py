@@ -190,7 +190,8 @@ def test_alert_and_dashboard_plug_in_points(helm: str, tmp_path: Path) -> None:
                   "--set", "grafanaDashboards.enabled=true", chart=chart)
     (rule,) = by_kind(docs, "PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kps"
-    assert rule["spec"]["groups"][0]["rules"][0]["alert"] == "AsyncRLJobFailed"
+    (jobs_group,) = [g for g in rule["spec"]["groups"] if g["name"] == "asyncrl-jobs"]  # beside the chart's own
+    assert jobs_group["rules"][0]["alert"] == "AsyncRLJobFailed"
     dashboards = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     (cm,) = [d for d in dashboards if "overview.json" in d["data"]]  # beside the chart's own asyncrl.json
     assert json.loads(cm["data"]["overview.json"])["uid"] == "asyncrl"
