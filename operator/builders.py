@@ -178,11 +178,26 @@ def _command(job: JobRef, role: Role, gpus: int, cpu: str, memory: str, ray_reso
     if role is Role.DRIVER:
         return ["asyncrl", "driver", "--spec", f"{SPEC_DIR}/{SPEC_FILE}"]
     # What the pod holds, as KubeRay passes it: Ray would otherwise count the node's CPUs and memory.
-    return [
+    ray_start = [
         "ray", "start", "--block", f"--address={_gcs_address(job)}",
         f"--num-cpus={pod_policy.ray_num_cpus(cpu)}", f"--memory={quantity_bytes(memory)}",
         f"--num-gpus={gpus}", f"--resources={ray_resources}", "--disable-usage-stats",
     ]
+    if role is Role.ACTOR:
+        return [*ACTOR_SIGTERM_SHELL, *ray_start]
+    return ray_start
+
+
+# A gang-wide SIGTERM (preemption, drain) reaches every pod at once, but the driver's final checkpoint needs
+# the actor ranks alive: the actor pod's PID 1 is this shell, which keeps SIGTERM from ``ray start`` (the
+# runtime signals PID 1 only) and waits; the pod ends when its raylet exits (the head is gone) or at the
+# grace period's SIGKILL (runPolicy.terminationGracePeriodSeconds).
+ACTOR_SIGTERM_SCRIPT = (
+    '"$@" & pid=$!; '
+    "trap 'echo \"SIGTERM: the actor keeps running until the driver has written its final checkpoint\"' TERM; "
+    'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || exit "$rc"; done'
+)
+ACTOR_SIGTERM_SHELL = ["sh", "-c", ACTOR_SIGTERM_SCRIPT, "actor-pod"]
 
 
 def _probes(job: JobRef, role: Role) -> dict[str, Any]:

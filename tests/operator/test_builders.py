@@ -416,3 +416,26 @@ def test_every_pod_gets_the_jobs_termination_grace_period() -> None:
     assert {p.manifest["spec"]["terminationGracePeriodSeconds"] for p in build().pods.values()} == {300}
     d = build(runPolicy={"terminationGracePeriodSeconds": 900})
     assert {p.manifest["spec"]["terminationGracePeriodSeconds"] for p in d.pods.values()} == {900}
+
+
+def test_actor_pod_defers_sigterm_until_its_ray_exits() -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from asyncrl.operator.builders import ACTOR_SIGTERM_SHELL
+
+    d = build(actor={"gpusPerReplica": 0})
+    actor = container(d, "j-actor-0")["command"]
+    assert actor[:len(ACTOR_SIGTERM_SHELL)] == ACTOR_SIGTERM_SHELL
+    assert actor[len(ACTOR_SIGTERM_SHELL):][:3] == ["ray", "start", "--block"]
+    assert container(d, "j-rollout-0")["command"][:3] == ["ray", "start", "--block"]  # rollout pods end at once
+    # The real shell: SIGTERM to PID 1 (the shell) leaves the child running; the pod ends with the child's code.
+    child = "import time; time.sleep(2.0); print('child finished', flush=True); raise SystemExit(3)"
+    proc = subprocess.Popen([*ACTOR_SIGTERM_SHELL, sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 3, out
+    assert "SIGTERM: the actor keeps running" in out and "child finished" in out
