@@ -22,6 +22,7 @@ same temperature-scaled distribution, so the actor must divide its logits by ``T
 import gc
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -244,12 +245,7 @@ class HFEngine(BoundaryEngine):
                 wait_any(rows, 0.05)
                 fresh = self._settle_waiting(rows, max_new_tokens)
                 keep = [i for i, e in enumerate(rows) if not e.done]
-                if len(keep) < len(rows):
-                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-                    if cache is not None and keep:
-                        cache.batch_select_indices(idx)
-                    attn, last_pos = attn[idx], last_pos[idx]
-                    rows, fresh = [rows[i] for i in keep], [fresh[i] for i in keep]
+                rows, fresh, attn, last_pos = self._compact(keep, rows, fresh, attn, last_pos, cache)
                 continue
             version = self._version
             try:
@@ -297,12 +293,20 @@ class HFEngine(BoundaryEngine):
             keep, fresh = self._advance(
                 rows, sampled.squeeze(1).tolist(), sampled_logp.tolist(), version, max_new_tokens
             )
-            if len(keep) < len(rows):
-                idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-                if cache is not None and keep:
-                    cache.batch_select_indices(idx)
-                attn, last_pos = attn[idx], last_pos[idx]
-                rows, fresh = [rows[i] for i in keep], [fresh[i] for i in keep]
+            rows, fresh, attn, last_pos = self._compact(keep, rows, fresh, attn, last_pos, cache)
+
+    def _compact(
+        self, keep: list[int], rows: list[Episode], fresh: list[bool], attn: torch.Tensor, last_pos: torch.Tensor,
+        cache: Any,
+    ) -> tuple[list[Episode], list[bool], torch.Tensor, torch.Tensor]:
+        """Drop the finished rows from the batch: ``keep`` indexes the rows that go on; ``attn`` [B, L] and
+        ``last_pos`` [B] and the KV cache (batch dimension) are cut to them."""
+        if len(keep) == len(rows):
+            return rows, fresh, attn, last_pos
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        if cache is not None and keep:
+            cache.batch_select_indices(idx)
+        return [rows[i] for i in keep], [fresh[i] for i in keep], attn[idx], last_pos[idx]
 
     def _advance(
         self, rows: list[Episode], tokens: list[int], logps: list[float], version: int, max_new_tokens: int

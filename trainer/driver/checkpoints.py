@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncrl.trainer.driver import recovery
+from asyncrl.trainer.driver import faults, recovery
 from asyncrl.trainer.megatron.checkpoint import META_FILE, CheckpointError, verify_checkpoint
 
 log = logging.getLogger(__name__)
@@ -157,14 +157,4 @@ def prune(root: Path, keep: int) -> list[Path]:
 def sweep_temporaries(root: Path) -> list[Path]:
     """Remove what interrupted writes left under ``root`` (``.step-N.tmp-PID``, ``.step-N.old-PID``,
     ``driver-N.json.tmp``). Called when a run starts, before anything writes there."""
-    removed: list[Path] = []
-    if not root.is_dir():
-        return removed
-    for p in root.iterdir():
-        if _TEMPORARY.match(p.name):
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-            removed.append(p)
-    return removed
+    return faults.remove_matching(root, _TEMPORARY)

@@ -8,6 +8,7 @@ and the log all carry what an operator needs to act on it.
 
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -45,3 +46,19 @@ def describe(exc: BaseException) -> str:
             text += "; free space there (or point the run directory / checkpoint.dir elsewhere) and rerun: it resumes"
         return text
     return f"{type(cause).__name__}: {cause}"
+
+
+def remove_matching(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
+    """Remove the files and folders directly in ``folder`` whose names match ``pattern`` (what interrupted
+    writes left behind: temporaries swept when a run starts); returns them."""
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    for p in folder.iterdir():
+        if pattern.match(p.name):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed

@@ -22,11 +22,12 @@ import logging
 import math
 import os
 import re
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from asyncrl.trainer.driver import faults
 
 log = logging.getLogger(__name__)
 
@@ -163,17 +164,7 @@ class RunDir:
 
 def sweep_temporaries(folder: Path) -> list[Path]:
     """Remove the run directory's temporary files and folders left in ``folder``; returns them."""
-    removed: list[Path] = []
-    if not folder.is_dir():
-        return removed
-    for p in folder.iterdir():
-        if _TEMPORARY.match(p.name):
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-            removed.append(p)
-    return removed
+    return faults.remove_matching(folder, _TEMPORARY)
 
 
 def _atomic_write(target: Path, data: bytes, tmp: Path | None = None) -> None:
