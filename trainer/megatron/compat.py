@@ -146,12 +146,18 @@ def _init_process_group(backend: str, layout: Layout) -> None:
     dist.init_process_group(backend, init_method=f"file://{rendezvous}", world_size=1, rank=0)
 
 
-def wrap_ddp(model: Any) -> Any:
-    """Wrap a megatron module in megatron's DDP (grads accumulate into fp32 ``param.main_grad``)."""
+def wrap_ddp(model: Any, *, distributed_optimizer: bool = False) -> Any:
+    """Wrap a megatron module in megatron's DDP (grads accumulate into fp32 ``param.main_grad``).
+
+    ``distributed_optimizer``: lay the grad buffers out for megatron's ``DistributedOptimizer``
+    (GPU only, pair it with ``OptimizerSettings(distributed_optimizer=True)``); the CPU shim refuses it.
+    """
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
+    if distributed_optimizer and _require_runtime().on_cpu:
+        raise RuntimeError(_CPU_ONLY_PLAIN)
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer
     )
     return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
 
@@ -187,12 +193,24 @@ class OptimizerSettings:
     betas: tuple[float, float] = (0.9, 0.99)
     eps: float = 1e-8
     max_grad_norm: float | None = 1.0  # None = no clipping (the norm is still measured)
+    # GPU only (megatron's optimizer; the CPU shim refuses them): bf16 params with fp32 main params,
+    # and megatron's DistributedOptimizer (optimizer state sharded over DP; needs wrap_ddp(distributed_optimizer=True)).
+    bf16: bool = False
+    distributed_optimizer: bool = False
+
+
+_CPU_ONLY_PLAIN = (
+    "bf16 params and megatron's distributed optimizer need megatron's own optimizer, which runs on CUDA only; "
+    "on the CPU shim use OptimizerSettings(bf16=False, distributed_optimizer=False) and wrap_ddp(model)"
+)
 
 
 def make_optimizer(ddp_model: Any, settings: OptimizerSettings) -> ActorOptimizer:
     """The actor's optimizer: megatron's on a GPU, :class:`MainGradAdamW` on the CPU."""
     runtime = _require_runtime()
     if runtime.on_cpu:
+        if settings.bf16 or settings.distributed_optimizer:
+            raise RuntimeError(_CPU_ONLY_PLAIN)
         return MainGradAdamW(ddp_model, settings)
     return MegatronAdam(ddp_model, settings)
 
@@ -254,6 +272,8 @@ class MegatronAdam:
     """megatron's own optimizer (``get_megatron_optimizer``), used unchanged on a GPU.
 
     Clipping is megatron's (``clip_grad``); a non-finite gradient makes megatron skip the update.
+    ``settings.bf16``: the model's params are bf16 and megatron keeps fp32 main params;
+    ``settings.distributed_optimizer``: megatron's ``DistributedOptimizer`` (``bench/gpu_check.sh`` runs it).
     Not exercised by the CPU test suite (marker ``gpu``).
     """
 
@@ -269,7 +289,9 @@ class MegatronAdam:
             adam_beta2=settings.betas[1],
             adam_eps=settings.eps,
             clip_grad=settings.max_grad_norm or 0.0,
-            use_distributed_optimizer=False,
+            bf16=settings.bf16,
+            params_dtype=torch.bfloat16 if settings.bf16 else torch.float32,
+            use_distributed_optimizer=settings.distributed_optimizer,
         )
         self._ddp = ddp_model
         self._opt = get_megatron_optimizer(config, [ddp_model])
