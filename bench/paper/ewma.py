@@ -12,7 +12,6 @@ Writes ``ewma.md`` (final held-out success, AUC, keep ratio mean and minimum, re
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,23 +41,14 @@ def resets(run: dict) -> list[int]:
 
 def main() -> int:
     args = h.parser(__doc__.splitlines()[0]).parse_args()
-    scale, out = h.scale_from(args), h.out_dir(args)
-    started = time.monotonic()
     cfgs = grid()
-    runner = h.Runner(scale, out, fresh=args.fresh)
-    try:
-        results = runner.results(cfgs)
-    finally:
-        runner.close()
+    scale, out, started, results = h.run_experiment(args, cfgs)
     header = ["ewma", "final held-out success", "AUC", "keep ratio mean", "keep ratio min", "resets per run",
               "reset versions (seed 0)"]
     rows = []
     for c in cfgs:
         runs = results[c.name]
-        m = [h.curve_metrics(r, scale.level) for r in runs]
-        keep = [h.step_series(r, "keep_ratio")[1] for r in runs]
-        rows.append([c.name, h.fmt([x["final"] for x in m]), h.fmt([x["auc"] for x in m]),
-                     h.fmt([sum(k) / len(k) for k in keep], 4), h.fmt([min(k) for k in keep], 4),
+        rows.append([c.name, *h.success_and_keep(runs, scale.level),
                      h.fmt([float(len(resets(r))) for r in runs], 1), str(resets(runs[0])) or "-"])
     table = h.markdown_table(header, rows)
     path = h.write_outputs(out, "ewma", table, [f"seeds: {list(scale.seeds)}", *h.describe(scale, started)])

@@ -342,6 +342,26 @@ def out_dir(args: argparse.Namespace) -> Path:
     return args.out / ("quick" if args.quick else "full")
 
 
+def run_experiment(args: argparse.Namespace, cfgs: Sequence[Config]
+                   ) -> tuple[Scale, Path, float, dict[str, list[dict[str, Any]]]]:
+    """One experiment command's scale, output folder, start time and every config's runs (one per seed)."""
+    scale, out = scale_from(args), out_dir(args)
+    started = time.monotonic()
+    runner = Runner(scale, out, fresh=args.fresh)
+    try:
+        return scale, out, started, runner.results(cfgs)
+    finally:
+        runner.close()
+
+
+def success_and_keep(runs: Sequence[Mapping[str, Any]], level: float) -> list[str]:
+    """The columns final held-out success, AUC, keep ratio mean and keep ratio min, each over the seeds."""
+    m = [curve_metrics(r, level) for r in runs]
+    keep = [step_series(r, "keep_ratio")[1] for r in runs]
+    return [fmt([x["final"] for x in m]), fmt([x["auc"] for x in m]),
+            fmt([sum(k) / len(k) for k in keep], 4), fmt([min(k) for k in keep], 4)]
+
+
 def write_outputs(out: Path, name: str, table: str, header_lines: Sequence[str]) -> Path:
     """``<out>/<name>.md``: the command, the scale and the table."""
     out.mkdir(parents=True, exist_ok=True)

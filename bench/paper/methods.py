@@ -14,7 +14,6 @@ versions and training-loop seconds to the success level, loop seconds; mean ± s
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,13 +23,7 @@ import harness as h  # noqa: E402
 
 def main() -> int:
     args = h.parser(__doc__.splitlines()[0]).parse_args()
-    scale, out = h.scale_from(args), h.out_dir(args)
-    started = time.monotonic()
-    runner = h.Runner(scale, out, fresh=args.fresh)
-    try:
-        results = runner.results(h.METHODS)
-    finally:
-        runner.close()
+    scale, out, started, results = h.run_experiment(args, h.METHODS)
     header = ["method", "W", "final held-out success", "AUC (eval curve)",
               f"versions to {scale.level:.0%}", f"loop s to {scale.level:.0%}", "loop s"]
     rows = []

@@ -13,7 +13,6 @@ mean and minimum keep ratio, mean clip fraction; mean ± std over seeds) and ``t
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,25 +38,15 @@ def grid() -> list[h.Config]:
 
 def main() -> int:
     args = h.parser(__doc__.splitlines()[0]).parse_args()
-    scale, out = h.scale_from(args), h.out_dir(args)
-    started = time.monotonic()
     cfgs = grid()
-    runner = h.Runner(scale, out, fresh=args.fresh)
-    try:
-        results = runner.results(cfgs)
-    finally:
-        runner.close()
+    scale, out, started, results = h.run_experiment(args, cfgs)
     header = ["exact (snapshot)", "final held-out success", "AUC", "keep ratio mean", "keep ratio min",
               "clip fraction mean"]
     rows = []
     for c in cfgs:
         runs = results[c.name]
-        m = [h.curve_metrics(r, scale.level) for r in runs]
-        keep = [h.step_series(r, "keep_ratio")[1] for r in runs]
         clip = [h.step_series(r, "clip_or_reject_frac")[1] for r in runs]
-        rows.append([c.name, h.fmt([x["final"] for x in m]), h.fmt([x["auc"] for x in m]),
-                     h.fmt([sum(k) / len(k) for k in keep], 4), h.fmt([min(k) for k in keep], 4),
-                     h.fmt([sum(k) / len(k) for k in clip], 4)])
+        rows.append([c.name, *h.success_and_keep(runs, scale.level), h.fmt([sum(k) / len(k) for k in clip], 4)])
     table = h.markdown_table(header, rows)
     path = h.write_outputs(out, "thresholds", table, [f"seeds: {list(scale.seeds)}", *h.describe(scale, started)])
     groups = {c.name: results[c.name] for c in cfgs}
