@@ -19,6 +19,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rollout": ("kopf", "kubernetes", "megatron", "asyncrl.trainer", "asyncrl.operator"),
     "trainer": ("kopf", "asyncrl.operator"),
     "operator": ("torch", "ray", "megatron", "transformers", "asyncrl.trainer", "asyncrl.rollout"),
+    # inside trainer: megatron (primitives) <- oldlogits <- actor <- driver
+    "trainer/megatron": ("asyncrl.trainer.oldlogits", "asyncrl.trainer.actor", "asyncrl.trainer.driver"),
+    "trainer/oldlogits": ("asyncrl.trainer.actor", "asyncrl.trainer.driver"),
 }
 
 

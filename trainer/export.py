@@ -174,7 +174,7 @@ def model_files(spec: AsyncRLJobSpec) -> ModelFiles:
     """Resolve the job's model as the actor does (the same arch, vocabulary and context length)."""
     from asyncrl.rollout.envs.binding import context_length, task_tokenizer
     from asyncrl.rollout.tokenizer import weights_folder
-    from asyncrl.trainer.megatron.actor import ActorSettings
+    from asyncrl.trainer.actor.megatron_actor import ActorSettings
 
     tokenizer = task_tokenizer(spec.model, spec.task)  # what the actor host resolves (trainer/driver/hosts.py)
     context = context_length(spec.task, tokenizer)

@@ -95,6 +95,6 @@ def test_a_bad_import_path_names_the_field_and_the_fix(path: str, fragment: str)
 
 def test_the_missing_module_message_names_the_python_path_fix() -> None:
     with pytest.raises(ImportPathError) as info:
-        import_object("my_reward:score", python_path=["examples/no-such-folder"])
+        import_object("never_imported_reward:score", python_path=["examples/no-such-folder"])
     text = str(info.value)
     assert "no-such-folder" in text and "spec.task.pythonPath" in text and "PYTHONPATH" in text

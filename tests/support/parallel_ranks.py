@@ -45,7 +45,7 @@ def _batch(actor: Any) -> Any:
 def _rank_main(rank: int, world: int, tp: int, init_method: str | None, out: str, cfg: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     from asyncrl.api.job import AsyncRLJobSpec
-    from asyncrl.trainer.megatron.actor import ActorSettings, MegatronActor
+    from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
     from asyncrl.trainer.megatron.parallel import Layout
 
     spec = AsyncRLJobSpec.model_validate(cfg["job"])

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.actor import MegatronActor
 from asyncrl.trainer.megatron.batch import TrainBatch
 
 VOCAB = 40
@@ -176,7 +176,7 @@ def test_nonfinite_loss_stops_the_step(monkeypatch, caplog) -> None:
     batch = _batch(actor)
     monkeypatch.setattr(correction, "correction_loss", poisoned)
     before = _params(actor)
-    with caplog.at_level(logging.WARNING, logger="asyncrl.trainer.megatron.actor"):
+    with caplog.at_level(logging.WARNING, logger="asyncrl.trainer.actor.megatron_actor"):
         m = actor.train_step(batch)
     assert not m.stepped and m.version == 0 and m.nonfinite_loss_total == 1
     assert all(torch.equal(b, p) for b, p in zip(before, actor._params, strict=True))

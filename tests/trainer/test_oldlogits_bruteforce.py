@@ -14,8 +14,8 @@ import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
+from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.actor import MegatronActor
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits import MissingSnapshotError
 from asyncrl.trainer.oldlogits.retention import live_versions

@@ -12,8 +12,8 @@ from asyncrl.api.job import AsyncRLJobSpec, AsyncSpec, ModelSpec, TaskSpec
 from asyncrl.rollout.hf_model import build_model
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.rollout.worker import RolloutWorker
+from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.actor import ActorSettings, MegatronActor
 from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings, SegmentScorer
 
 VOCAB = 40

@@ -18,8 +18,8 @@ from asyncrl.rollout.envs.registry import get_task
 from asyncrl.rollout.models import MARKER, pull
 from asyncrl.rollout.smollm import smollm2_arch
 from asyncrl.rollout.tokenizer import HFTokenizer, tokenizer_for
+from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.actor import MegatronActor
 from asyncrl.trainer.megatron.convert import hf_to_megatron, load_hf
 from asyncrl.trainer.megatron.logprobs import full_logits
 from asyncrl.trainer.megatron.model import build_gpt_model

@@ -16,9 +16,9 @@ from asyncrl.rollout.envs.registry import get_task, max_sequence_length
 from asyncrl.rollout.hf_engine import HFEngine
 from asyncrl.rollout.tokenizer import TOKENIZER
 from asyncrl.rollout.worker import RolloutWorker
+from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.driver import startup_probe as sp
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.actor import MegatronActor
 
 SPEC = AsyncRLJobSpec.model_validate({
     "model": {"preset": "tiny-llama", "hiddenSize": 64, "numLayers": 1, "ffnHiddenSize": 128},

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.correction import correction_loss
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.actor import MegatronActor
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.update import (
     in_bounds_ratio,
@@ -175,7 +175,7 @@ def test_micro_batches_accumulate_to_the_gradient_of_one_forward(reference: str,
 
 
 def test_one_update_costs_no_extra_forward_for_current(monkeypatch: pytest.MonkeyPatch) -> None:
-    import asyncrl.trainer.megatron.actor as actor_module
+    import asyncrl.trainer.actor.megatron_actor as actor_module
 
     forwards: list[int] = []
     real = actor_module.token_logprobs

@@ -12,7 +12,7 @@ so that with a constant ``beta``, ``theta_prox^(t) = sum_k beta^(t-k) theta^(k) 
 ``theta_prox = theta``, ``total = 1``.
 
 Update point: once per **policy version** (after all ``epochs x minibatches`` optimizer updates of a
-batch, :meth:`asyncrl.trainer.megatron.actor.MegatronActor.train_step`), not per optimizer update. Why:
+batch, :meth:`asyncrl.trainer.actor.megatron_actor.MegatronActor.train_step`), not per optimizer update. Why:
 
 1. ``theta_prox`` stands in for the policies that *sampled* the tokens, and only versions sample
    (rollout never sees the weights between the updates of one batch);

@@ -41,7 +41,7 @@ from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer import export
 from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.driver import checkpoints, faults, recovery
+from asyncrl.trainer.driver import checkpoints, faults, recovery, weight_delivery
 from asyncrl.trainer.driver.accounting import (
     count_correction,
     count_eval,
@@ -285,8 +285,7 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
         version = 0
     else:
         version = 0
-    hosts.weights = hosts.actor.weight_handle.remote()  # bucket refs (spec.actor.weightSync)
-    ray.get([w.update_weights.remote(hosts.weights, version) for w in hosts.rollout])
+    weight_delivery.initial(hosts, int(version))
     return int(version), state
 
 
@@ -481,7 +480,7 @@ class _Loop:
         log.warning("rollout worker %d died (%s); replacing it at version %d", i, _cause(exc), self.version)
         worker = self.hosts.replace_rollout(i)
         ray.get(worker.set_prompt_cursor.remote(self.cursors[i]))
-        ray.get(worker.update_weights.remote(self.hosts.weights, self.version))
+        weight_delivery.to_replacement(self.hosts, worker, self.version)
         self.m.worker_replacements.labels("rollout").inc()
         self.idle_since[i] = time.monotonic()
 

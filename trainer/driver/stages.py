@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.old_logits import OldLogitStrategy
 from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer.driver import weight_delivery
 from asyncrl.trainer.driver.accounting import set_sync_phase
 from asyncrl.trainer.driver.staleness import Group
 
@@ -75,7 +76,7 @@ class Stage:
     def sync_weights(self, loop: "_Loop", weights: Any, version: int) -> dict[str, float]:
         """Hand ``version``'s weights to every rollout worker; returns timings for the step record."""
         t0 = time.monotonic()
-        outs = loop.on_every_worker(lambda w: w.update_weights.remote(weights, version))
+        outs = weight_delivery.to_every_worker(loop.hosts, loop.on_every_worker, weights, version)
         return {"sync_s": round(time.monotonic() - t0, 4), **sync_parts(outs)}
 
     def summary(self) -> dict[str, Any]:
@@ -244,7 +245,7 @@ class InterruptSyncStage(Stage):
         try:
             timed("interrupt", interrupt)
             self.times.tokens_scored += timed("score", score)
-            parts = timed("update", lambda: ray.get([w.update_weights.remote(weights, version) for w in workers]))
+            parts = timed("update", lambda: weight_delivery.to_workers(loop.hosts, workers, weights, version))
             timed("resume", lambda: ray.get([w.sync_resume.remote() for w in workers]))
         finally:
             self._phase(loop, "idle")

@@ -1,5 +1,5 @@
 """The update step's pure parts: which rows each optimizer update trains, its micro-batches, and the
-sums of the correction counts over them (:meth:`asyncrl.trainer.megatron.actor.MegatronActor.train_step`).
+sums of the correction counts over them (:meth:`asyncrl.trainer.actor.megatron_actor.MegatronActor.train_step`).
 
 One rollout batch of ``B`` rows makes ``epochs x minibatches`` optimizer updates and **one** policy
 version (``api/job.py`` ``TrainSpec``):

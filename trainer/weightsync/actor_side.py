@@ -23,7 +23,7 @@ def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
 
 
 def publish_actor(actor: Any, spec: AsyncRLJobSpec, *, rank: int, tp: int) -> objectstore.BucketRefs | None:
-    """``actor``'s (a :class:`~asyncrl.trainer.megatron.actor.MegatronActor`) current version as bucket refs
+    """``actor``'s (a :class:`~asyncrl.trainer.actor.megatron_actor.MegatronActor`) current version as bucket refs
     in the object store (rank 0), None on the other ranks."""
     if rank != 0 and tp == 1:
         return None  # no collective to join

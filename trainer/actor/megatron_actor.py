@@ -44,7 +44,7 @@ import math
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -52,10 +52,10 @@ from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.old_logits import OldLogitsSpec
+from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat, parallel
 from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
 from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
@@ -67,7 +67,7 @@ from asyncrl.trainer.megatron.update import (
     sum_stats,
     update_rows,
 )
-from asyncrl.trainer.oldlogits import OldLogitProvider, ProviderSettings, make_provider, provider_key
+from asyncrl.trainer.oldlogits import OldLogitProvider, ProviderSettings, make_provider
 from asyncrl.trainer.oldlogits.audit import Auditor
 from asyncrl.trainer.oldlogits.protocol import VersionRetention
 from asyncrl.trainer.oldlogits.registry import reads_logp_theta
@@ -660,64 +660,11 @@ class MegatronActor:
 
     def save_checkpoint(self, directory: str) -> None:
         """Model, optimizer, version, old-logit provider state (EWMA weights, snapshots) and counters;
-        atomic (temporary folder, then rename)."""
-        state = {
-            "model": {k: v for k, v in self._gpt.state_dict().items() if not k.endswith("_extra_state")},
-            "optimizer": self._optimizer.state_dict(),
-            "old_logits": {
-                "provider": provider_key(self.reference, self.settings.old_logits),
-                "state": self.old_logits.state_dict(),
-                "audit": self.auditor.state_dict() if self.auditor is not None else None,
-            },
-            "version": self.version,
-            "counters": {
-                "nonfinite_loss_total": self.nonfinite_loss_total,
-                "nonfinite_grad_total": self.nonfinite_grad_total,
-                "ewma_resets_total": self.ewma_resets_total,
-            },
-        }
-        meta = {
-            "version": self.version,
-            "reference": self.reference.value,
-            "arch": dataclasses.asdict(self.settings.arch),
-        }
-        write_checkpoint(directory, state, meta)
+        atomic (:func:`asyncrl.trainer.actor.checkpoint_io.save_actor`)."""
+        save_actor(self, directory)
 
     def load_checkpoint(self, directory: str, *, old_logits: bool = True) -> None:
-        """Restore everything :meth:`save_checkpoint` wrote (the architecture must match).
+        """Restore everything :meth:`save_checkpoint` wrote (:func:`asyncrl.trainer.actor.checkpoint_io.load_actor`).
 
-        ``old_logits=False`` (a warm start) leaves the old-logit provider fresh: it starts from the
-        weights RL starts with, whatever reference wrote the checkpoint.
-        """
-        state, meta = read_checkpoint(directory)
-        arch = dataclasses.asdict(self.settings.arch)
-        if meta["arch"] != arch:
-            raise ValueError(f"checkpoint {directory} has architecture {meta['arch']}, this actor has {arch}")
-        self._gpt.load_state_dict(
-            {k: v.to(self.runtime.device) for k, v in state["model"].items()}, strict=True
-        )
-        self._optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
-        self.close()  # the old stores' versions (and files) are replaced
-        self.old_logits = self._new_provider()
-        self.auditor = self._new_auditor()
-        if old_logits:
-            self._load_provider_state(directory, state)
-        for name, value in state["counters"].items():
-            setattr(self, name, int(value))
-
-    def _load_provider_state(self, directory: str, state: dict[str, Any]) -> None:
-        key = provider_key(self.reference, self.settings.old_logits)
-        saved = state.get("old_logits")
-        if saved is None:  # written before the old-logit providers: only an EWMA state was kept
-            if state.get("ewma") is not None and self.reference is ReferencePolicy.EWMA:
-                self.old_logits.load_state_dict({"ewma": state["ewma"]})
-            return
-        if saved["provider"] != key:
-            raise ValueError(
-                f"checkpoint {directory} holds the state of old-logit provider {saved['provider']!r}, this "
-                f"actor runs {key!r}; resume with the job's own correction.reference and oldLogits.strategy"
-            )
-        self.old_logits.load_state_dict(saved["state"])
-        if self.auditor is not None and saved.get("audit") is not None:
-            self.auditor.load_state_dict(saved["audit"])
+        ``old_logits=False`` (a warm start) leaves the old-logit provider fresh."""
+        load_actor(self, directory, old_logits=old_logits)

@@ -1,0 +1,6 @@
+"""The training actor: :class:`~asyncrl.trainer.actor.megatron_actor.MegatronActor` composes the
+megatron-core primitives (``trainer/megatron``) with the old-logit providers (``trainer/oldlogits``).
+
+Direction: ``megatron`` <- ``oldlogits`` <- ``actor`` (neither lower package imports this one).
+Submodules import torch and megatron; this package module imports nothing heavy.
+"""

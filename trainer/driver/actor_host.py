@@ -1,0 +1,164 @@
+"""One rank of the actor as a Ray actor: :class:`ActorHost` wraps a
+:class:`~asyncrl.trainer.actor.megatron_actor.MegatronActor` with its warm start, train step, weights and
+checkpoints. Tensors cross processes as numpy arrays (Ray stores them once, readers map them zero-copy).
+"""
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.driver.host_common import limit_threads, task_context
+from asyncrl.trainer.driver.warm import warm_start_lr
+
+log = logging.getLogger(__name__)
+
+Weights = dict[str, np.ndarray]
+
+
+class ActorHost:
+    """The Megatron actor process."""
+
+    def __init__(self, spec_json: dict[str, Any], threads: int, work_dir: str | None = None, *,
+                 rank: int = 0, init_method: str | None = None) -> None:
+        limit_threads(threads)
+        self.threads = threads
+        from dataclasses import replace
+
+        from asyncrl.rollout.envs.binding import task_tokenizer
+        from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
+        from asyncrl.trainer.megatron.parallel import Layout
+
+        self.spec = AsyncRLJobSpec.model_validate(spec_json)
+        self.tokenizer = task_tokenizer(self.spec.model, self.spec.task)  # the rollout workers resolve the same one
+        self.pad = self.tokenizer.pad_id
+        a = self.spec.actor
+        self.rank, self.world = rank, a.world_size
+        if work_dir is not None and rank > 0:  # snapshot files of ranks sharing a host must not collide
+            work_dir = str(Path(work_dir) / f"rank{rank}")
+        settings = ActorSettings.from_spec(self.spec, self.tokenizer.vocab_size, num_threads=threads,
+                                           max_sequence_length=task_context(self.spec, self.tokenizer), work_dir=work_dir)
+        layout = Layout(tp=a.megatron.tensor_parallel, pp=a.megatron.pipeline_parallel, ep=a.megatron.expert_parallel,
+                        rank=rank, world=self.world, init_method=init_method)
+        self.actor = MegatronActor(replace(settings, layout=layout))
+
+    def pad_id(self) -> int:
+        return self.pad
+
+    def model_load(self) -> dict[str, Any] | None:
+        """How loading ``spec.model.weights`` went (seconds, peak RSS, ...); None for a random init."""
+        report = self.actor.load_report
+        return None if report is None else report.record()
+
+    def load_warm_start(self, cache_dir: str) -> bool:
+        """Load a cached warm start (True) or report there is none (False)."""
+        from asyncrl.trainer.megatron.checkpoint import CheckpointError, verify_checkpoint
+
+        cache = Path(cache_dir)
+        if not (cache / "meta.json").exists():  # the actor writes checkpoints atomically
+            return False
+        try:
+            verify_checkpoint(cache)  # sizes and checksums: a damaged cache is redone, not loaded
+        except CheckpointError as exc:
+            logging.getLogger(__name__).warning("%s; running the warm start again", exc)
+            return False
+        self.actor.load_checkpoint(str(cache), old_logits=False)  # the provider starts from these weights
+        self.actor.version = 0
+        return True
+
+    def warm_start(self, start: int, stop: int, total: int, threads: int, batch_size: int = 128) -> list[float]:
+        """Supervised steps ``[start, stop)`` of ``total`` on generated demonstrations; their losses.
+
+        Called in chunks so the driver can show progress. Runs with ``threads`` torch threads
+        (nothing else computes meanwhile: rollout waits for the first weights), then returns to
+        the actor's own budget and ``train.learningRate``.
+        """
+        import random
+
+        import torch
+
+        from asyncrl.rollout.envs.demos import demonstrations, pad_batch
+
+        if start == 0:
+            self._demo_rng = random.Random(self.spec.train.seed)
+        losses = []
+        torch.set_num_threads(threads)
+        try:
+            for step in range(start, stop):
+                self.actor.set_learning_rate(warm_start_lr(step, total))
+                demos = demonstrations(self.spec.task.name, batch_size, self._demo_rng,
+                                       max_tool_calls=self.spec.task.max_tool_calls, tokenizer=self.tokenizer)
+                b = pad_batch(demos, pad_id=self.pad)
+                losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
+        finally:
+            torch.set_num_threads(self.threads)
+            self.actor.set_learning_rate(self.spec.train.learning_rate)
+        return losses
+
+    def save_warm_start(self, cache_dir: str) -> None:
+        """RL starts at version 0: warm-start steps are not policy versions."""
+        self.actor.version = 0
+        self.save_checkpoint(cache_dir)
+
+    def train_step(self, batch: dict[str, np.ndarray], version: int,
+                   live_versions: list[int] | None = None) -> tuple[dict[str, Any], Any]:
+        """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (flat stats, the new weights'
+        sync handle or None when the step was skipped). ``live_versions``: the versions untrained tokens may still
+        carry after this step (weight snapshots of every other version are released)."""
+        from asyncrl.trainer.driver.step_report import step_record
+        from asyncrl.trainer.megatron.batch import TrainBatch
+
+        if self.actor.version != version:
+            raise RuntimeError(f"driver expected actor version {version}, actor is at {self.actor.version}")
+        tb = TrainBatch.from_numpy(batch)
+        kwargs = {} if live_versions is None else {"live_versions": live_versions}
+        out = self.actor.train_step(tb, **kwargs)
+        stats = step_record(out)
+        if not out.stepped:
+            stats["batch_summary"] = tb.summary()
+            return stats, None
+        t0 = time.perf_counter()
+        handle = self.weight_handle()
+        stats["weights_publish_s"] = round(time.perf_counter() - t0, 4)  # gather, convert, cast, pack, put
+        return stats, handle
+
+    def weights(self) -> Weights | None:
+        """HF-named weights (rank 0; the other ranks take part in the TP gather and return None)."""
+        if self.rank != 0 and self.actor.settings.layout.tp == 1:
+            return None  # no collective to join
+        full = self.actor.hf_state_dict()
+        return {k: v.numpy() for k, v in full.items()} if self.rank == 0 else None
+
+    def weight_handle(self) -> Any:
+        """This version's weights for rollout through ``actor.weightSync``: bucket refs in the object store
+        (rank 0; the other ranks join the TP gathers and return None)."""
+        from asyncrl.trainer.weightsync.actor_side import publish_actor
+
+        return publish_actor(self.actor, self.spec, rank=self.rank, tp=self.actor.settings.layout.tp)
+
+    def score(self, tokens: np.ndarray, temperature: float) -> np.ndarray:
+        """No-grad ``logp_theta`` ``[B, T]`` of right-padded ``tokens`` ``[B, T]`` under the current weights at
+        ``temperature`` (the start-up discrepancy probe)."""
+        import torch
+
+        return self.actor.logprobs(torch.from_numpy(np.ascontiguousarray(tokens)), temperature=temperature).cpu().numpy()
+
+    def save_checkpoint(self, path: str) -> None:
+        """Every rank calls this (SPMD): :func:`asyncrl.trainer.actor.checkpoint_io.save_rank` decides what
+        each rank writes."""
+        from asyncrl.trainer.actor.checkpoint_io import save_rank
+
+        save_rank(self.actor, path, rank=self.rank)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Every rank calls this (SPMD); returns the checkpoint's version."""
+        from asyncrl.trainer.actor.checkpoint_io import load_rank
+
+        return load_rank(self.actor, path, rank=self.rank)
+
+    def close(self) -> None:
+        """Release what outlives the process otherwise (snapshot files of a private folder)."""
+        self.actor.close()
