@@ -1,22 +1,26 @@
 """``spec.actor.weightSync``: how a new version's weights leave the actor for rollout (and scorers).
 
 The weights travel as HF-named tensors cast to the wire dtype, packed in flat buckets
-(``bucketMiB``), through one of three transports (reference/distributed-actor.md §3):
+(``bucketMiB``), through one of three transports (reference/distributed-actor.md §3), all run by the
+job driver (``asyncrl.trainer.driver.weight_delivery``):
 
-- ``objectStore``: one Ray object per bucket; a late joiner (a replaced rollout worker) reads the
-  latest version's bucket refs. CPU, local runs and the default.
-- ``broadcast``: a ``torch.distributed`` collective group (NCCL on GPU, gloo on CPU), source rank
-  plus every receiver; the bytes cross once per version whatever the number of workers.
-- ``disk``: HF safetensors per version on shared storage, written atomically, the newest N kept.
+- ``objectStore``: one Ray object per bucket; every receiver pulls the version's bucket refs. CPU,
+  local runs and the default.
+- ``broadcast``: a ``torch.distributed`` collective group (NCCL when every member has a GPU, gloo
+  otherwise) of the actor's source rank, every rollout worker and every dedicated old-logit scorer,
+  formed once; the bytes leave the actor once per version whatever the number of receivers. A late
+  joiner (a replaced worker or scorer) takes the current version from the object store and the group
+  is formed again before the next version.
+- ``disk``: HF safetensors per version on shared storage (the checkpoint volume in a cluster, which
+  must then be ReadWriteMany: the rollout pods mount it too), written atomically; the versions a
+  receiver may still load are kept, older ones pruned.
 """
 
 from enum import StrEnum
-from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from asyncrl.api.base import SpecModel
-from asyncrl.api.cel import CelRule, raise_all
 
 
 class WeightTransport(StrEnum):
@@ -27,33 +31,23 @@ class WeightTransport(StrEnum):
     DISK = "disk"
 
 
-DRIVER_TRANSPORTS = (WeightTransport.OBJECT_STORE,)  # what the job driver runs today
-NOT_WIRED_MESSAGE = (
-    "weightSync.transport: the job driver runs objectStore in this build (broadcast and disk exist in "
-    "asyncrl.trainer.weightsync and are measured by bench/scale.py, not yet wired into the driver); "
-    "set transport: objectStore"
+DISK_NEEDS_VOLUME_MESSAGE = (
+    "actor.weightSync.transport: disk in a cluster needs checkpoint.volumeClaimName (a ReadWriteMany claim the "
+    "actor, rollout and old-logit pods all mount: each pod's own disk is not shared); set the claim, or use "
+    "transport: broadcast or objectStore"
 )
 
 
 class WeightSyncSpec(SpecModel):
     """``spec.actor.weightSync``."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule("!has(self.transport) || self.transport == 'objectStore'", NOT_WIRED_MESSAGE, ".transport"),
-    )
-
     transport: WeightTransport = Field(
         default=WeightTransport.OBJECT_STORE,
         description="objectStore (Ray objects, one per bucket), broadcast (a torch.distributed collective "
-        "group: NCCL on GPU, gloo on CPU) or disk (HF safetensors per version on shared storage).",
+        "group: NCCL on GPU, gloo on CPU; late joiners via the object store) or disk (HF safetensors per "
+        "version on shared storage: the checkpoint volume in a cluster, ReadWriteMany).",
     )
     bucket_mib: int = Field(
         default=512, ge=1, alias="bucketMiB", le=16384, description="Bucket size in MiB (slime, AReaL and ROLL use 512-1024); a "
         "larger tensor travels in a bucket of its own.",
     )
-
-    @model_validator(mode="after")
-    def _driver_runs_it(self) -> "WeightSyncSpec":
-        if self.transport not in DRIVER_TRANSPORTS:
-            raise_all([("transport", f"{NOT_WIRED_MESSAGE} (got {self.transport.value})")])
-        return self

@@ -268,8 +268,11 @@ def _pod(
     # Only a shared volume makes checkpoints survive a gang restart: without one the driver keeps
     # its local run directory and a restart starts over (ASYNCRL_CHECKPOINT_DIR stays unset).
     checkpoint_env: dict[str, str] = {}
-    if spec.checkpoint.volume_claim_name and role in (Role.DRIVER, Role.ACTOR):
-        checkpoint_env[C.ENV_CHECKPOINT_DIR] = CHECKPOINT_MOUNT
+    # weightSync.transport disk: the receivers read the versions from the same volume (ReadWriteMany).
+    reads_weights = spec.actor.weight_sync.transport == "disk" and role in (Role.ROLLOUT, Role.OLD_LOGIT)
+    if spec.checkpoint.volume_claim_name and (role in (Role.DRIVER, Role.ACTOR) or reads_weights):
+        if not reads_weights:
+            checkpoint_env[C.ENV_CHECKPOINT_DIR] = CHECKPOINT_MOUNT
         mounts.append({"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT})
         volumes.append(
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim_name}}

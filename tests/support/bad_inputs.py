@@ -66,7 +66,6 @@ from asyncrl.api.pods import (
     ROLLOUT_GPUS_MESSAGE,
     TP_DIVIDES_GPUS_MESSAGE,
 )
-from asyncrl.api.weight_sync import NOT_WIRED_MESSAGE
 from asyncrl.operator.pod_policy import merge as deep_merge  # the operator's own override merge
 
 # A small job that runs on CPU pods (every case starts from it).
@@ -306,8 +305,6 @@ BAD_INPUTS: list[BadInput] = [
              "spec.actor.megatron.expertParallel", EXPERT_PARALLEL_CPU_MESSAGE),
     BadInput("pipeline-parallel-two", {"actor": {"replicas": 2, "megatron": {"pipelineParallel": 2}}},
              "spec.actor.megatron.pipelineParallel", PIPELINE_PARALLEL_MESSAGE),
-    BadInput("weight-sync-disk-not-in-driver", {"actor": {"weightSync": {"transport": "disk"}}},
-             "spec.actor.weightSync.transport", NOT_WIRED_MESSAGE),
     BadInput("weight-sync-bucket-zero", {"actor": {"weightSync": {"bucketMiB": 0}}},
              "spec.actor.weightSync.bucketMiB", "greater than or equal to 1"),
     # ---- other cross-field rules

@@ -44,6 +44,9 @@ class ActorHost:
         layout = Layout(tp=a.megatron.tensor_parallel, pp=a.megatron.pipeline_parallel, ep=a.megatron.expert_parallel,
                         rank=rank, world=self.world, init_method=init_method)
         self.actor = MegatronActor(replace(settings, layout=layout))
+        from asyncrl.trainer.weightsync.actor_side import ActorSync
+
+        self._sync = ActorSync(self.spec, rank, layout.tp, self.spec.actor.weight_sync.transport)
 
     def pad_id(self) -> int:
         return self.pad
@@ -132,12 +135,43 @@ class ActorHost:
         full = self.actor.hf_state_dict()
         return {k: v.numpy() for k, v in full.items()} if self.rank == 0 else None
 
-    def weight_handle(self) -> Any:
-        """This version's weights for rollout through ``actor.weightSync``: bucket refs in the object store
-        (rank 0; the other ranks join the TP gathers and return None)."""
-        from asyncrl.trainer.weightsync.actor_side import publish_actor
+    # ------------------------------------------------------------------ weight sync (actor.weightSync)
+    def configure_sync(self, disk_root: str | None, disk_keep: int) -> None:
+        """Every rank, once, from the driver: where the disk transport writes and how many versions stay."""
+        self._sync.disk_root, self._sync.disk_keep = disk_root, disk_keep
 
-        return publish_actor(self.actor, self.spec, rank=self.rank, tp=self.actor.settings.layout.tp)
+    def weight_handle(self, transport: str | None = None) -> Any:
+        """This version's weights for rollout through ``actor.weightSync`` (or ``transport``): bucket refs
+        in the object store, a version folder on disk, or a broadcast handle whose bytes :meth:`send_weights`
+        sends (rank 0; the other ranks join the TP gathers and return None)."""
+        from asyncrl.api.weight_sync import WeightTransport
+
+        return self._sync.publish(self.actor, None if transport is None else WeightTransport(transport))
+
+    def sync_endpoint(self) -> tuple[str, int]:
+        """A free ``(address, port)`` on this node for the broadcast group's store (rank 0 serves it)."""
+        from asyncrl.trainer.megatron.parallel import rendezvous
+
+        host, port = rendezvous().removeprefix("tcp://").rsplit(":", 1)
+        return host, int(port)
+
+    def open_sync_group(self, host: str, port: int, world: int, backend: str, timeout_s: float) -> None:
+        """Join the broadcast group as its source (rank 0 of the group; actor ranks > 0 are not members)."""
+        from asyncrl.trainer.weightsync.broadcast import open_group
+
+        if self.rank == 0:
+            self._sync.group = None  # the previous group (if any) is dropped first
+            self._sync.group = open_group(host, port, 0, world, backend=backend,  # type: ignore[arg-type]
+                                          timeout_s=timeout_s)
+
+    def send_weights(self, version: int) -> dict[str, Any]:
+        """Broadcast ``version`` to the group (every rank: the TP gathers); rank 0's ``{"bytes", "send_s"}``
+        or ``{"error"}`` when a member was gone."""
+        return self._sync.send(self.actor, version)
+
+    def weights_for_joiner(self, version: int) -> Any:
+        """``version`` as object-store bucket refs for a receiver outside the broadcast group (rank 0)."""
+        return self._sync.for_joiner(self.actor, version)
 
     def score(self, tokens: np.ndarray, temperature: float) -> np.ndarray:
         """No-grad ``logp_theta`` ``[B, T]`` of right-padded ``tokens`` ``[B, T]`` under the current weights at

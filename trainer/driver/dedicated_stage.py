@@ -14,13 +14,16 @@ stage connects both to the loop:
   has its exact ``pi_old`` and the scorers trail by at most ``maxLagVersions`` (the wait is counted:
   ``asyncrl_oldlogits_wait_seconds_total``); tokens of ``v`` itself are scored by the actor's own
   forward (:class:`~asyncrl.trainer.oldlogits.precomputed.PrecomputedProvider`);
-- every new version is published to the scorers with the same object reference rollout receives.
+- every new version is published to the scorers with the same handle rollout receives (under
+  ``weightSync.transport: broadcast`` the scorers are members of the group and receive the bytes with
+  rollout, :mod:`~asyncrl.trainer.driver.weight_delivery`).
 """
 
 import time
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer.driver import weight_delivery
 from asyncrl.trainer.driver.stages import Stage
 from asyncrl.trainer.driver.staleness import Group
 
@@ -50,7 +53,11 @@ class DedicatedStage(Stage):
         spawn = loop.hosts.spawn_dedicated or dedicated_spawner(self.spec, n_procs_cpus=1.0, threads=1)
         self.plan = DedicatedPlan(replicas=d.replicas, max_lag_versions=d.max_lag_versions, start_version=loop.version)
         self.fleet = DedicatedFleet(self.plan, [spawn(i) for i in range(d.replicas)], spawn)
-        self.fleet.weights[loop.version] = loop.hosts.weights
+        # Under broadcast the scorers join the weight-sync group (formed again before the next version) and
+        # take the current version from the object store meanwhile.
+        weight_delivery.join(loop.hosts, self.fleet.handles)
+        self.fleet.copies_from_peers = weight_delivery.broadcasts(loop.hosts)
+        self.fleet.weights[loop.version] = weight_delivery.for_joiner(loop.hosts, loop.version)
         self.fleet.dispatch()
 
     # ---------------------------------------------------------------- what happened
@@ -104,7 +111,9 @@ class DedicatedStage(Stage):
 
     def sync_weights(self, loop: "_Loop", weights: Any, version: int) -> dict[str, float]:
         out = super().sync_weights(loop, weights, version)
-        self.fleet.publish(version, weights)
+        # hosts.weights: this version's handle (under broadcast the scorers already hold it, or -- when they
+        # missed it -- its object-store copy)
+        self.fleet.publish(version, loop.hosts.weights)
         return out
 
     def summary(self) -> dict[str, Any]:

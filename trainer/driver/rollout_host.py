@@ -6,10 +6,13 @@ runs, which is how a weight update reaches a generating worker (partial rollout)
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.driver.host_common import limit_threads
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.weightsync.objectstore import Received
 
 log = logging.getLogger(__name__)
 
@@ -29,32 +32,79 @@ class RolloutHost:
         self._weights: Any = None  # the last version's HF tensors received (interrupt-sync scores under them)
         self._paused_reported = 0.0  # the engine's apply_seconds already reported by update_weights
         self._scorer: Any = None  # the training-side SegmentScorer, built on the first interrupt-sync window
+        self._group: Any = None  # weightsync.broadcast.SyncGroup once the driver formed one (transport broadcast)
 
     def generate(self, n_groups: int) -> list[Any]:
         return self.worker.generate(n_groups)
 
     def update_weights(self, weights: Any, version: int) -> dict[str, float]:
         """Load (first time, worker idle) or hand over (thread-safe) new weights: a weight-sync handle
-        (``weightsync.objectstore.BucketRefs``: the buckets are pulled here) or an HF dict of arrays.
+        (``objectstore.BucketRefs``: the buckets are pulled here; ``disk.DiskVersion``: the version's file
+        is read; ``actor_side.BroadcastVersion``: the buckets arrive in this worker's broadcast group) or an
+        HF dict of arrays.
 
-        Returns ``transfer_s`` (buckets pulled and reassembled, generation running meanwhile),
-        ``handover_s`` (the engine's private copy), ``pause_s`` (generation stopped installing weights since
-        the last call: this version when applied at once, else the boundary swaps of earlier versions)
-        and ``bytes``."""
+        Returns ``transfer_s`` (buckets taken off the transport and reassembled, generation running
+        meanwhile), ``handover_s`` (the engine's private copy), ``pause_s`` (generation stopped installing
+        weights since the last call: this version when applied at once, else the boundary swaps of earlier
+        versions) and ``bytes``; ``{"failed": reason}`` when the broadcast group broke (a member died: the
+        driver sends this version through the object store and forms the group again)."""
+        from asyncrl.trainer.weightsync.actor_side import BroadcastVersion
         from asyncrl.trainer.weightsync.objectstore import receive
 
         engine = self.worker.engine
-        got = receive(weights)
+        if isinstance(weights, BroadcastVersion):
+            taken = self._receive_broadcast(weights)
+            if isinstance(taken, str):
+                return {"failed": taken}  # type: ignore[dict-item]
+            got = taken
+        else:
+            got = receive(weights)
+        if got.version is not None and got.version != version:
+            raise RuntimeError(f"weight sync: worker {self.worker.worker_index} was handed version {got.version} "
+                               f"as version {version}")
         t0 = time.perf_counter()
         if self.worker.version < 0:
             self.worker.load_weights(got.state, version)
         else:
             self.worker.update_weights(got.state, version)
         handover = time.perf_counter() - t0
-        self._weights = got.state  # views of the object store's buckets (interrupt-sync scores under them)
+        # Interrupt-sync scores the outgoing version with the training-side model from host memory: views of
+        # the object store's buckets, of the file read, or of the broadcast buckets (copied off the GPU under
+        # NCCL, so the engine's device memory can be released while the scorer runs).
+        self._weights = _on_host(got.state) if self._keeps_host_copy else got.state
         pause = float(getattr(engine, "apply_seconds", 0.0)) - self._paused_reported
         self._paused_reported += pause
         return {"transfer_s": got.transfer_s, "handover_s": handover, "pause_s": pause, "bytes": float(got.nbytes)}
+
+    @property
+    def _keeps_host_copy(self) -> bool:
+        from asyncrl.trainer.weightsync.actor_side import needs_training_precision
+
+        return needs_training_precision(self.spec)
+
+    # ------------------------------------------------------------------ broadcast group (weightSync)
+    def ping_sync(self) -> bool:
+        """The driver checks every member answers before it forms the broadcast group."""
+        return True
+
+    def open_sync_group(self, host: str, port: int, rank: int, world: int, backend: str, timeout_s: float) -> None:
+        """Join (again) the weight-sync broadcast group as ``rank`` of ``world`` (the actor is rank 0)."""
+        from asyncrl.trainer.weightsync.broadcast import open_group
+
+        self._group = None  # the previous group is dropped first
+        self._group = open_group(host, port, rank, world, backend=backend,  # type: ignore[arg-type]
+                                 timeout_s=timeout_s)
+
+    def _receive_broadcast(self, handle: Any) -> "Received | str":
+        from asyncrl.trainer.weightsync.broadcast import receive_version
+
+        if self._group is None:
+            return f"worker {self.worker.worker_index} is in no broadcast group"
+        try:
+            return receive_version(self._group, handle.version)
+        except Exception as exc:  # noqa: BLE001 -- the group broke (a member died): the driver recovers
+            self._group = None
+            return f"{type(exc).__name__}: {exc}"
 
     def evaluate(self, problems: list[Any], version: int, temperature: float, seed: int, first: int) -> list[Any]:
         """One sample of each held-out problem under ``version`` (``RolloutWorker.evaluate``); the driver
@@ -122,3 +172,8 @@ class RolloutHost:
 
     def stats(self) -> dict[str, Any]:
         return vars(self.worker.stats()).copy()
+
+
+def _on_host(state: dict[str, Any]) -> dict[str, Any]:
+    """``state``'s tensors in host memory (no copy for those already there)."""
+    return {k: v.cpu() for k, v in state.items()}

@@ -65,6 +65,48 @@ class DedicatedScorer:
         self._queued: dict[int, PushedWeights] = {}
         self._busy = self._score_s = self._load_s = 0.0
         self._calls = self._advances = 0
+        self._group: Any = None  # weightsync.broadcast.SyncGroup (transport broadcast), formed by the driver
+        self._received: dict[int, HfWeights] = {}  # versions that arrived by broadcast, held in host memory
+
+    # ---------------------------------------------------------------- broadcast (actor.weightSync)
+    def ping_sync(self) -> bool:
+        """The driver checks every member answers before it forms the broadcast group."""
+        return True
+
+    def open_sync_group(self, host: str, port: int, rank: int, world: int, backend: str, timeout_s: float) -> None:
+        """Join (again) the weight-sync broadcast group as ``rank`` of ``world`` (the actor is rank 0)."""
+        from asyncrl.trainer.weightsync.broadcast import open_group
+
+        self._group = None
+        self._group = open_group(host, port, rank, world, backend=backend,  # type: ignore[arg-type]
+                                 timeout_s=timeout_s)
+
+    def receive_broadcast(self, version: int) -> dict[str, float]:
+        """Take ``version`` off the broadcast group into host memory (used when the plan advances to it; the
+        driver pushes its handle as for any transport). ``{"transfer_s", "bytes"}`` or ``{"failed": why}``."""
+        from asyncrl.trainer.weightsync.broadcast import receive_version
+
+        if self._group is None:
+            return {"failed": "this scorer is in no broadcast group"}  # type: ignore[dict-item]
+        try:
+            got = receive_version(self._group, version)
+        except Exception as exc:  # noqa: BLE001 -- the group broke (a member died): the driver recovers
+            self._group = None
+            return {"failed": f"{type(exc).__name__}: {exc}"}  # type: ignore[dict-item]
+        if version > self.resident_version:  # older ones are never scored again
+            self._received[version] = {k: v.cpu() for k, v in got.state.items()}
+        return {"transfer_s": got.transfer_s, "bytes": float(got.nbytes)}
+
+    def export_version(self, version: int) -> Any:
+        """A version this scorer received by broadcast (queued or resident), as object-store bucket refs for a
+        respawned peer that was not in the group then; None when it does not hold it."""
+        from asyncrl.trainer.weightsync.buckets import pack_buckets
+        from asyncrl.trainer.weightsync.objectstore import publish
+
+        state = self._received.get(version)
+        if state is None:
+            return None
+        return publish(pack_buckets(state.items(), version=version, bucket_bytes=512 * 2**20))
 
     # ---------------------------------------------------------------- versions
     @property
@@ -97,11 +139,15 @@ class DedicatedScorer:
                 f"{sorted(self._queued)}, resident {self.resident_version}"
             )
         t0 = time.perf_counter()
-        weights = _materialise(self._queued.pop(version))
+        received = self._received.get(version)  # kept while resident: a respawned peer may need it
+        weights = received if received is not None else _materialise(self._queued[version])
+        self._queued.pop(version, None)
         self.scorer.load(weights, version)
         del weights
         for v in [v for v in self._queued if v < version]:
             del self._queued[v]
+        for v in [v for v in self._received if v < version]:
+            del self._received[v]
         seconds = time.perf_counter() - t0
         self._load_s += seconds
         self._busy += seconds
@@ -140,7 +186,7 @@ class DedicatedScorer:
         return DedicatedState(
             resident_version=self.resident_version,
             queued_versions=tuple(sorted(self._queued)),
-            queued_host_bytes=sum(_host_bytes(w) for w in self._queued.values()),
+            queued_host_bytes=sum(_host_bytes(w) for w in [*self._queued.values(), *self._received.values()]),
             busy_seconds=self._busy,
             score_seconds=self._score_s,
             load_seconds=self._load_s,
@@ -155,10 +201,17 @@ def _materialise(weights: PushedWeights) -> HfWeights:
     if isinstance(weights, list):
         import ray
 
+        from asyncrl.trainer.weightsync.actor_side import BroadcastVersion
         from asyncrl.trainer.weightsync.objectstore import receive
 
         ref: Any = weights[0]  # an ObjectRef of the version's weight-sync handle (or HF weights)
-        return cast(HfWeights, receive(ray.get(ref)).state)
+        handle = ray.get(ref)
+        if handle is None or isinstance(handle, BroadcastVersion):
+            raise RuntimeError(
+                "dedicated scorer: a version broadcast before this scorer joined the group is held by no live peer "
+                "(a respawn under weightSync.transport broadcast with every scorer lost); use transport objectStore "
+                "or more oldLogits.dedicated.replicas")
+        return cast(HfWeights, receive(handle).state)
     if callable(weights):
         return weights()
     return weights
@@ -186,6 +239,9 @@ class DedicatedFleet:
         self.handles = list(handles)
         self.respawn = respawn
         self.weights: dict[int, Any] = {}  # version -> ObjectRef of its HF weights (numpy)
+        # weightSync.transport broadcast: the versions live only in the scorers; a respawned one gets the
+        # versions it needs from a live peer (DedicatedScorer.export_version) through the object store.
+        self.copies_from_peers = False
         self._pending: dict[Any, tuple[int, int | None]] = {}  # ref -> (replica, request id or None)
         self.replaced = 0
 
@@ -250,5 +306,10 @@ class DedicatedFleet:
         except Exception:  # noqa: BLE001 -- already gone
             pass
         self.handles[replica] = self.respawn(replica)
+        if self.copies_from_peers:
+            peers = [h for r, h in enumerate(self.handles) if r != replica]
+            for v in [v for v in self.weights if v >= self.plan.resident]:
+                if peers:
+                    self.weights[v] = peers[0].export_version.remote(v)
         self.plan.replica_replaced(replica)
         self.replaced += 1

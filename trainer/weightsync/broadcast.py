@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.trainer.weightsync.buckets import Bucket, BucketManifest, unpack_bucket
+from asyncrl.trainer.weightsync.objectstore import Received
 
 Backend = Literal["gloo", "nccl"]
 
@@ -91,6 +92,22 @@ def send(group: SyncGroup, buckets: Iterable[Bucket]) -> tuple[int, float]:
         nbytes += sum(e.nbytes for e in b.manifest.entries)
     _send_manifest(group, None)
     return nbytes, time.perf_counter() - t0
+
+
+def receive_version(group: SyncGroup, version: int) -> Received:
+    """Receive one version and say how long it took (the receiver's generation keeps running meanwhile);
+    buckets of another version than ``version`` are an error (the driver and the source disagree)."""
+    t0 = time.perf_counter()
+    state, versions, nbytes = {}, set(), 0
+    while (manifest := _receive_manifest(group)) is not None:
+        data = torch.empty(manifest.nbytes, dtype=torch.uint8, device=group.device)
+        group._bcast(data)
+        versions.add(manifest.version)
+        nbytes += sum(e.nbytes for e in manifest.entries)
+        state |= unpack_bucket(manifest, data)
+    if versions != {version}:
+        raise RuntimeError(f"weight sync (broadcast): expected version {version}, received buckets of {sorted(versions)}")
+    return Received(state, version, time.perf_counter() - t0, nbytes)
 
 
 def receive(group: SyncGroup) -> dict[str, torch.Tensor]:

@@ -1,0 +1,141 @@
+"""``actor.weightSync.transport`` broadcast and disk in the real job (``asyncrl`` driver, local Ray, real
+processes): the job finishes, rollout generates under the new versions, a worker replaced mid-run under
+broadcast gets the current version and the group takes it in, the dedicated scorers and interrupt-sync
+receive by broadcast and still recover the exact ``pi_old``."""
+
+import copy
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.api.validation import validate_job
+from asyncrl.api.weight_sync import WeightTransport
+from asyncrl.trainer.driver.loop import RunOptions, run_job
+from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.weight_delivery import disk_keep
+from asyncrl.trainer.weightsync import disk
+
+JOB: dict[str, Any] = {
+    "apiVersion": "asyncrl.io/v1alpha1",
+    "kind": "AsyncRLJob",
+    "metadata": {"name": "ws-job"},
+    "spec": {
+        "async": {"maxStaleness": 1},
+        "task": {"name": "calculator", "groupSize": 2, "maxNewTokens": 12},
+        "train": {"steps": 3, "promptsPerStep": 2, "warmStartSteps": 0},
+        "rollout": {"replicas": 2},
+        "monitoring": {"enabled": False},
+    },
+}
+RD_TOLERANCE = 1e-3  # fp32 engine vs fp32 megatron, every token scored under its own version (test_e2e_exact)
+
+
+def _job(transport: str, **spec: Any) -> dict[str, Any]:
+    job = copy.deepcopy(JOB)
+    job["metadata"]["name"] = f"ws-{transport.lower()}"
+    job["spec"]["actor"] = {"weightSync": {"transport": transport, "bucketMiB": 1}}  # many buckets per version
+    job["spec"].update(spec)
+    return job
+
+
+class _Versions:
+    """The versions rollout stamped on the tokens of every batch the actor trained on."""
+
+    def __init__(self) -> None:
+        self.seen: list[set[int]] = []
+
+    def __call__(self, groups: list[Any], version: int) -> None:
+        self.seen.append({v for g in groups for t in g for v in t.sampled_versions})
+
+
+def _run(job: dict[str, Any], run_dir: Path, **kw: Any) -> tuple[Any, _Versions]:
+    versions = _Versions()
+    with local_ray(num_cpus=2):
+        result = run_job(validate_job(job), RunOptions(run_dir=run_dir), on_batch=versions, **kw)
+    assert result.summary["status"] == "succeeded", result.summary
+    return result, versions
+
+
+def _check_learned_and_synced(result: Any, versions: _Versions, steps: int) -> None:
+    applied = [r for r in result.steps if "version" in r]
+    assert [r["version"] for r in applied] == list(range(1, steps + 1))
+    for r in applied:
+        assert r["sync_bytes"] > 0 and r["sync_transfer_s"] >= 0 and r["sync_pause_s"] >= 0, r
+    # Rollout took the new versions: the later batches hold tokens generated after version 0.
+    assert max(max(s) for s in versions.seen) >= 1, versions.seen
+
+
+def test_spec_accepts_every_transport() -> None:
+    for t in WeightTransport:
+        assert validate_job(_job(t.value)).spec.actor.weight_sync.transport is t
+    dedicated = validate_job(_job("disk", correction={"reference": "exact"},
+                                  oldLogits={"strategy": "dedicated", "dedicated": {"maxLagVersions": 2}})).spec
+    assert disk_keep(dedicated) == 2 + 2 + 1  # newest + being written + maxLagVersions + W
+    assert disk_keep(validate_job(_job("disk")).spec) == 2
+
+
+@pytest.mark.slow  # a 3-step job on local Ray: ~1 min on loaded cores
+def test_broadcast_job_finishes_and_rollout_follows_the_versions(tmp_path: Path) -> None:
+    result, versions = _run(_job("broadcast"), tmp_path / "run")
+    _check_learned_and_synced(result, versions, 3)
+
+
+@pytest.mark.slow
+def test_disk_job_finishes_and_keeps_only_the_loadable_versions(tmp_path: Path) -> None:
+    result, versions = _run(_job("disk"), tmp_path / "run")
+    _check_learned_and_synced(result, versions, 3)
+    root = tmp_path / "run" / "checkpoints" / "weight-sync"
+    assert disk.versions(root) == [2, 3]  # keep 2: the newest and the one before
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp")]
+
+
+def _rollout_pids() -> list[int]:
+    from tests.trainer.test_driver_faults import _rollout_pids as pids
+
+    return pids()
+
+
+@pytest.mark.slow  # a worker killed mid-run and replaced: ~1.5 min
+def test_broadcast_replaced_worker_gets_the_current_version_and_joins_the_group(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    killed: list[int] = []
+
+    def on_step(r: Any) -> None:  # a step's event (its version: None until applied)
+        version = r.get("version") if isinstance(r, dict) else getattr(r, "version", None)
+        if version == 1 and not killed:
+            pids = _rollout_pids()
+            assert len(pids) == 2, pids
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
+
+    caplog.set_level(logging.INFO, logger="asyncrl.trainer.driver.weight_delivery")
+    result, versions = _run(_job("broadcast", train={"steps": 4, "promptsPerStep": 2, "warmStartSteps": 0}),
+                            tmp_path / "run", on_step=on_step)
+    assert killed and result.summary["worker_replacements"] == 1, result.summary
+    _check_learned_and_synced(result, versions, 4)
+    assert "broadcast group formed again" in caplog.text  # the replacement joined before a later version
+
+
+def _exact(transport: str, strategy: str) -> dict[str, Any]:
+    return _job(transport, correction={"reference": "exact"}, oldLogits={"strategy": strategy},
+                model={"rolloutDtype": "float32"})
+
+
+@pytest.mark.slow  # dedicated scorers beside rollout in the group: ~1.5 min
+@pytest.mark.parametrize("strategy", ["dedicated", "interruptSync"])
+def test_exact_pi_old_when_weights_arrive_by_broadcast(tmp_path: Path, strategy: str) -> None:
+    result, versions = _run(_exact("broadcast", strategy), tmp_path / "run")
+    _check_learned_and_synced(result, versions, 3)
+    for r in result.steps:
+        assert r["reference"] == "exact" and r["keep_ratio"] == 1.0, r
+        # every token scored under its own version: r_d = pi_old / mu_old is 1 up to kernel rounding
+        assert abs(r["rd_min"] - 1.0) < RD_TOLERANCE and abs(r["rd_max"] - 1.0) < RD_TOLERANCE, r
+    if strategy == "dedicated":
+        d = result.summary["dedicated"]
+        assert d["scored_tokens"] > 0 and d["latest_version"] == 3, d
+    else:
+        assert result.summary["interrupt_sync"]["syncs"] == 3
