@@ -124,7 +124,7 @@ def resolve_checkpoint(path: Path, job: AsyncRLJob | None) -> Resolved:
     ``job`` (``--job``) overrides the run's own ``job.yaml``.
     """
     from asyncrl.trainer.driver import checkpoints
-    from asyncrl.trainer.megatron.checkpoint import STATE_FILE, CheckpointError, verify_checkpoint
+    from asyncrl.trainer.megatron.checkpoint import META_FILE, CheckpointError, verify_checkpoint
 
     path = path.expanduser()
     if not path.exists():
@@ -137,7 +137,7 @@ def resolve_checkpoint(path: Path, job: AsyncRLJob | None) -> Resolved:
                 "trained with: asyncrl export CHECKPOINT --job JOB.yaml --out DIR"
             )
         job = load_job(job_file)
-    if (path / STATE_FILE).is_file():
+    if (path / META_FILE).is_file():  # a checkpoint folder (sharded, or the former single actor.pt)
         return Resolved(path, job)
     configured = Path(job.spec.checkpoint.dir)  # relative: inside the run directory (a cluster: its volume)
     roots = [path, configured if configured.is_absolute() else path / configured]
@@ -187,11 +187,12 @@ def checkpoint_weights(checkpoint: Path, files: ModelFiles) -> tuple[dict[str, t
     """HF-named tensors and the policy version of an actor checkpoint (architecture checked)."""
     import dataclasses
 
-    from asyncrl.trainer.megatron.checkpoint import CheckpointError, read_checkpoint
+    from asyncrl.trainer.actor.checkpoint_io import model_state
+    from asyncrl.trainer.megatron.checkpoint import CheckpointError
     from asyncrl.trainer.megatron.convert import megatron_to_hf
 
     try:
-        state, meta = read_checkpoint(checkpoint)
+        model, meta = model_state(str(checkpoint), files.arch)
     except CheckpointError as exc:
         raise ExportError(f"{exc}; export another checkpoint folder (asyncrl export RUN_DIR takes the newest "
                           "that verifies)") from exc
@@ -201,7 +202,6 @@ def checkpoint_weights(checkpoint: Path, files: ModelFiles) -> tuple[dict[str, t
             f"{checkpoint}: the checkpoint's architecture {meta.get('arch')} is not the job's {want}; pass the "
             "job it was trained with (--job)"
         )
-    model = {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}
     return megatron_to_hf(model, files.arch), int(meta["version"])
 
 

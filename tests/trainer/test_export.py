@@ -261,7 +261,7 @@ def test_each_family_exports_to_a_folder_transformers_loads_with_the_actors_logi
 def test_a_corrupt_newest_checkpoint_is_skipped_and_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run, _ = _run_dir(tmp_path, _job(tmp_path), versions=(1, VERSION))
     newest = run / "checkpoints" / f"step-{VERSION:06d}"
-    with open(newest / "actor.pt", "r+b") as f:  # a torn write: the recorded size no longer matches
+    with open(newest / "common.pt", "r+b") as f:  # a torn write: the recorded size no longer matches
         f.truncate(100)
     assert main(["export", str(run), "--out", str(tmp_path / "out"), "--quiet"]) == 0
     captured = capsys.readouterr()

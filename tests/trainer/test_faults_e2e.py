@@ -69,7 +69,7 @@ def test_a_truncated_checkpoint_and_a_torn_log_line_resume_from_the_last_good_on
     good_cursors = json.loads((ckpts / "driver-000002.json").read_text())["cursors"]
     # the damage: the newest checkpoint cut short (a copy or a disk that lost its tail), and a record torn
     # by a kill mid-write
-    actor = ckpts / "step-000004" / "actor.pt"
+    actor = ckpts / "step-000004" / "__0_0.distcp"  # rank 0's shards of the sharded folder
     actor.write_bytes(actor.read_bytes()[: actor.stat().st_size // 3])
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "reward_mean": 0.')
@@ -77,7 +77,7 @@ def test_a_truncated_checkpoint_and_a_torn_log_line_resume_from_the_last_good_on
     code, out = _run(job, run_dir, "--steps", "6")
     # before: "PytorchStreamReader failed reading zip archive" on every resume, no path named
     assert code == 0, out[-4000:]
-    assert f"checkpoint {ckpts / 'step-000004'} skipped: actor.pt has" in out, out[-4000:]
+    assert f"checkpoint {ckpts / 'step-000004'} skipped: __0_0.distcp has" in out, out[-4000:]
     assert f"resuming from {ckpts / 'step-000002'} (version 2), the newest verified checkpoint" in out
     assert "line 5 was torn" in out and str(run_dir / "metrics.jsonl") in out
     s = _summary(run_dir)

@@ -1,15 +1,24 @@
 """The actor's checkpoint: what :class:`~asyncrl.trainer.actor.megatron_actor.MegatronActor` writes and
-reads back (model, optimizer, version, the old-logit provider's state and the counters).
+reads back (model, optimizer, version, the old-logit provider's and the audit's state, the counters).
 
-The folder format (atomic rename, ``meta.json`` with every file's checksum, written last) is
-:mod:`asyncrl.trainer.megatron.checkpoint`; this module decides what goes into it.
+One format for every layout, one process included: a sharded folder written by all ranks and sealed by
+rank 0 (:mod:`asyncrl.trainer.megatron.sharded_checkpoint`), so a checkpoint resumes at another TP/DP
+layout. Tensors that belong to a parameter (Adam's moments, the EWMA ``theta_prox``, every resident
+snapshot version, the audit's snapshots) are sharded like it; the rest is saved once. Resident snapshot
+versions are kept (resharded on load), so a resumed run scores every token under its own version as
+before. Folders of the former single-file format (``actor.pt``) still load, at any layout: their full
+tensors are cut to this rank's shards.
 """
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from asyncrl.api.correction import ReferencePolicy
-from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
+from asyncrl.trainer.megatron import sharded_checkpoint
+from asyncrl.trainer.megatron.checkpoint import read_checkpoint
 from asyncrl.trainer.oldlogits import provider_key
 
 if TYPE_CHECKING:
@@ -19,30 +28,52 @@ COUNTERS = ("nonfinite_loss_total", "nonfinite_grad_total", "ewma_resets_total")
 
 
 def save_rank(actor: "MegatronActor", directory: str, *, rank: int) -> None:
-    """One rank's share of a group checkpoint (every rank calls this): rank 0 writes the whole state;
-    under data parallelism alone every rank holds the same one."""
-    tp = actor.settings.layout.tp
-    if tp > 1:
-        raise NotImplementedError(
-            f"checkpoints of a tensor-parallel actor (tensorParallel {tp}) need sharded checkpoints, not in "
-            "this build: run with tensorParallel 1 or checkpoint.everyNSteps 0"
-        )
-    if rank == 0:
-        save_actor(actor, directory)
+    """One rank's share of a group checkpoint (every rank calls this, SPMD): its shards; rank 0 seals
+    the folder once every rank has written (``rank`` is the caller's, checked against the group's)."""
+    if rank != sharded_checkpoint.group_rank():
+        raise RuntimeError(f"save_rank(rank={rank}) on process-group rank {sharded_checkpoint.group_rank()}")
+    lay = actor.settings.layout
+    meta = {
+        "version": actor.version,
+        "reference": actor.reference.value,
+        "arch": dataclasses.asdict(actor.settings.arch),
+        "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.data_parallel, "world": lay.world},
+    }
+    sharded_checkpoint.save(directory, actor._gpt.sharded_state_dict(prefix=""), _extra(actor),
+                            actor.named_weights(), meta)
 
 
-def load_rank(actor: "MegatronActor", directory: str, *, rank: int) -> int:
-    """One rank's share of a group resume (every rank calls this); returns the restored version."""
-    load_actor(actor, directory)
+def load_rank(actor: "MegatronActor", directory: str, *, rank: int, old_logits: bool = True) -> int:
+    """One rank's share of a group resume (every rank calls this); returns the restored version.
+
+    ``old_logits=False`` (a warm start) leaves the old-logit provider fresh: it starts from the weights RL
+    starts with, whatever reference wrote the checkpoint."""
+    meta = sharded_checkpoint.verified(directory)  # every rank agrees, or every rank raises
+    arch = dataclasses.asdict(actor.settings.arch)
+    if meta.get("arch") != arch:
+        raise ValueError(f"checkpoint {directory} has architecture {meta.get('arch')}, this actor has {arch}")
+    if sharded_checkpoint.is_sharded(meta):
+        extra = sharded_checkpoint.load(directory, actor._gpt, actor.named_weights())
+    else:
+        extra = _single_file(actor, directory)
+    _restore(actor, directory, extra, old_logits=old_logits)
     return int(actor.version)
 
 
 def save_actor(actor: "MegatronActor", directory: str) -> None:
-    """Model, optimizer, version, old-logit provider state (EWMA weights, snapshots) and counters;
-    atomic (temporary folder, then rename)."""
-    state = {
-        "model": {k: v for k, v in actor._gpt.state_dict().items() if not k.endswith("_extra_state")},
-        "optimizer": actor._optimizer.state_dict(),
+    """:func:`save_rank` of a one-process actor (the same format)."""
+    save_rank(actor, directory, rank=0)
+
+
+def load_actor(actor: "MegatronActor", directory: str, *, old_logits: bool = True) -> None:
+    """:func:`load_rank` of a one-process actor."""
+    load_rank(actor, directory, rank=0, old_logits=old_logits)
+
+
+# ---------------------------------------------------------------- what goes in
+def _extra(actor: "MegatronActor") -> dict[str, Any]:
+    return {
+        "optimizer": _optimizer_state(actor),
         "old_logits": {
             "provider": provider_key(actor.reference, actor.settings.old_logits),
             "state": actor.old_logits.state_dict(),
@@ -51,34 +82,62 @@ def save_actor(actor: "MegatronActor", directory: str) -> None:
         "version": actor.version,
         "counters": {name: getattr(actor, name) for name in COUNTERS},
     }
-    meta = {
-        "version": actor.version,
-        "reference": actor.reference.value,
-        "arch": dataclasses.asdict(actor.settings.arch),
+
+
+def _torch_optimizer(actor: "MegatronActor") -> torch.optim.Optimizer | None:
+    inner = getattr(actor._optimizer, "_opt", None)  # compat.MainGradAdamW: a torch AdamW (the CPU shim)
+    return inner if isinstance(inner, torch.optim.Optimizer) else None
+
+
+def _param_names(opt: torch.optim.Optimizer, actor: "MegatronActor") -> list[str]:
+    """The parameter name of every optimizer index (torch numbers parameters in group order)."""
+    name_of = {id(p): n for n, p in actor.named_weights().items()}
+    return [name_of[id(p)] for g in opt.param_groups for p in g["params"]]
+
+
+def _optimizer_state(actor: "MegatronActor") -> dict[str, Any]:
+    """The optimizer's state keyed by parameter *name* (torch keys it by index), so its moments are owned
+    by their parameters (sharded like them) and the folder does not depend on the layout."""
+    opt = _torch_optimizer(actor)
+    if opt is None:  # megatron's own optimizer (GPU): its state as it is, one process only
+        if actor.settings.layout.world > 1:
+            raise NotImplementedError(
+                "checkpoints of megatron's own optimizer (GPU) across several ranks need its "
+                "sharded_state_dict, not wired in this build: run the group with checkpoint.everySteps 0"
+            )
+        return {"megatron": actor._optimizer.state_dict()}
+    names = _param_names(opt, actor)
+    osd = opt.state_dict()
+    return {
+        "state": {names[i]: state for i, state in osd["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]],
     }
-    write_checkpoint(directory, state, meta)
 
 
-def load_actor(actor: "MegatronActor", directory: str, *, old_logits: bool = True) -> None:
-    """Restore everything :func:`save_actor` wrote (the architecture must match).
+def _load_optimizer(actor: "MegatronActor", saved: dict[str, Any]) -> None:
+    if "megatron" in saved:
+        actor._optimizer.load_state_dict(saved["megatron"])
+        return
+    opt = _torch_optimizer(actor)
+    if opt is None:
+        raise ValueError("the checkpoint holds a torch optimizer's state; this actor runs megatron's optimizer")
+    index = {n: i for i, n in enumerate(_param_names(opt, actor))}
+    opt.load_state_dict({
+        "state": {index[n]: state for n, state in saved["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in saved["param_groups"]],
+    })
 
-    ``old_logits=False`` (a warm start) leaves the old-logit provider fresh: it starts from the
-    weights RL starts with, whatever reference wrote the checkpoint.
-    """
-    state, meta = read_checkpoint(directory)
-    arch = dataclasses.asdict(actor.settings.arch)
-    if meta["arch"] != arch:
-        raise ValueError(f"checkpoint {directory} has architecture {meta['arch']}, this actor has {arch}")
-    device = actor.runtime.device
-    actor._gpt.load_state_dict({k: v.to(device) for k, v in state["model"].items()}, strict=True)
-    actor._optimizer.load_state_dict(state["optimizer"])
-    actor.version = int(state["version"])
+
+# ---------------------------------------------------------------- what comes out
+def _restore(actor: "MegatronActor", directory: str, extra: dict[str, Any], *, old_logits: bool) -> None:
+    _load_optimizer(actor, extra["optimizer"])
+    actor.version = int(extra["version"])
     actor.close()  # the old stores' versions (and files) are replaced
     actor.old_logits = actor._new_provider()
     actor.auditor = actor._new_auditor()
     if old_logits:
-        _load_provider_state(actor, directory, state)
-    for name, value in state["counters"].items():
+        _load_provider_state(actor, directory, extra)
+    for name, value in extra["counters"].items():
         setattr(actor, name, int(value))
 
 
@@ -97,3 +156,67 @@ def _load_provider_state(actor: "MegatronActor", directory: str, state: dict[str
     actor.old_logits.load_state_dict(saved["state"])
     if actor.auditor is not None and saved.get("audit") is not None:
         actor.auditor.load_state_dict(saved["audit"])
+
+
+# ---------------------------------------------------------------- the single-file format (actor.pt)
+def _single_file(actor: "MegatronActor", directory: str) -> dict[str, Any]:
+    """Load a former ``actor.pt`` folder: the model now, the rest as :func:`_restore` reads it. Its tensors
+    are whole (written by one process): at TP > 1 each is cut to this rank's shard (``parallel.shard_of``)."""
+    from asyncrl.trainer.megatron.parallel import shard_of
+
+    state, _ = read_checkpoint(directory)
+    params = actor.named_weights()
+
+    def shard(name: str, full: torch.Tensor) -> torch.Tensor:
+        return shard_of(params[name], full)
+
+    device = actor.runtime.device
+    model = {k: (shard(k, v) if k in params else v).to(device) for k, v in state["model"].items()}
+    actor._gpt.load_state_dict(model, strict=True)
+    opt = _torch_optimizer(actor)
+    if opt is not None:  # index-keyed (torch's own state_dict): name it, then cut the moments
+        names = _param_names(opt, actor)
+        osd = state["optimizer"]
+        optimizer: dict[str, Any] = {
+            "state": {names[int(i)]: s for i, s in osd["state"].items()},
+            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in osd["param_groups"]],
+        }
+    else:
+        optimizer = {"megatron": state["optimizer"]}
+    rest = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+    return _map_owned({"optimizer": optimizer, **rest}, params, shard)
+
+
+def _map_owned(tree: Any, params: Mapping[str, torch.Tensor], fn: Callable[[str, torch.Tensor], torch.Tensor],
+               owner: str | None = None) -> Any:
+    """``tree`` with ``fn(parameter, tensor)`` applied to each tensor owned by a parameter (a key on its
+    path names the parameter, and the tensor has its full shape), the rule of
+    :func:`asyncrl.trainer.megatron.sharded_checkpoint.shard_tree`."""
+    if isinstance(tree, dict):
+        return {k: _map_owned(v, params, fn, k if isinstance(k, str) and k in params else owner)
+                for k, v in tree.items()}
+    if isinstance(tree, torch.Tensor) and owner is not None and tree.dim() == params[owner].dim() and tree.dim() > 0:
+        return fn(owner, tree)
+    return tree
+
+
+def model_state(directory: str, arch: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The whole megatron-named model tensors (CPU, no ``_extra_state``) and the marker of a checkpoint
+    folder of either format, read in this one process (``asyncrl export``): a sharded folder is resharded
+    to one rank (megatron is set up here at world 1 if it is not yet)."""
+    from asyncrl.trainer.megatron import compat
+    from asyncrl.trainer.megatron.checkpoint import CheckpointError
+    from asyncrl.trainer.megatron.model import build_gpt_model
+
+    meta = sharded_checkpoint.verified(directory)
+    want = dataclasses.asdict(arch)
+    if meta.get("arch") != want:  # before building a model the folder's tensors cannot fit
+        raise CheckpointError(directory, f"its architecture {meta.get('arch')} is not the job's {want}; pass "
+                                         "the job it was trained with")
+    if not sharded_checkpoint.is_sharded(meta):
+        state, meta = read_checkpoint(directory)
+        return {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}, meta
+    runtime = compat.init_megatron(0, device="cpu")
+    gpt = build_gpt_model(arch, use_cpu_initialization=runtime.use_cpu_initialization, random_init=False)
+    sharded_checkpoint.load_model(directory, gpt)
+    return {k: v.detach().cpu() for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}, meta

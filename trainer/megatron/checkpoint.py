@@ -79,39 +79,30 @@ def verify_checkpoint(directory: str | os.PathLike[str], *, checksums: bool = Tr
     return dict(meta)
 
 
-def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], meta: dict[str, Any]) -> Path:
-    """Write ``state`` (torch-serialisable: tensors, numbers, dicts, lists) and ``meta`` (JSON).
-
-    Returns the final folder. ``meta`` gains ``files`` (size and SHA-256 of ``actor.pt``).
-    """
-    import torch
-
+def temporary_folder(directory: str | os.PathLike[str], pid: int | None = None) -> Path:
+    """Where the folder ``directory`` is written before :func:`seal_folder` renames it into place:
+    ``.<name>.tmp-<pid>`` beside it (a group of ranks uses rank 0's pid, so all write into one folder)."""
     final = Path(directory)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    writing = final / STATE_FILE
-    try:
-        tmp.mkdir()
-        with open(tmp / STATE_FILE, "wb") as f:
-            torch.save(state, f)
-            f.flush()
+    return final.parent / f".{final.name}.tmp-{os.getpid() if pid is None else pid}"
+
+
+def seal_folder(tmp: Path, directory: str | os.PathLike[str], meta: dict[str, Any]) -> Path:
+    """Seal a folder whose files are all written: fsync and checksum every file under ``tmp``, write the
+    marker ``meta.json`` last (``meta`` plus ``files``), then rename ``tmp`` to ``directory`` (an existing
+    folder there is moved aside first and deleted after). Returns the final folder.
+
+    One process calls this (rank 0 of a group, after a barrier says every rank's files are on disk)."""
+    final = Path(directory)
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    records: dict[str, Any] = {}
+    for path in files:
+        with open(path, "rb") as f:  # writers that do not fsync (megatron's common.pt, metadata.json)
             os.fsync(f.fileno())
-        marker = {**meta, FILES_KEY: {STATE_FILE: file_record(tmp / STATE_FILE)}}
-        writing = final / META_FILE
-        with open(tmp / META_FILE, "w") as f:
-            json.dump(marker, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written behind
-        cause = _os_error(exc)
-        if cause is not None and (cause is not exc or cause.filename is None):
-            # torch.save turns a failed write into "RuntimeError: [enforce fail at inline_container.cc]
-            # unexpected pos": the OSError (ENOSPC) is only its context. Say the real error, with the file.
-            raise OSError(cause.errno, cause.strerror, str(writing)) from exc
-        raise
+        records[path.relative_to(tmp).as_posix()] = file_record(path)
+    with open(tmp / META_FILE, "w") as f:
+        json.dump({**meta, FILES_KEY: records}, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
     old = None
     if final.exists():
         old = final.parent / f".{final.name}.old-{os.getpid()}"
@@ -123,6 +114,48 @@ def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], m
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Write ``state`` (torch-serialisable: tensors, numbers, dicts, lists) as one file ``actor.pt`` and
+    ``meta`` (JSON): the single-file format (the actor writes sharded folders,
+    :mod:`asyncrl.trainer.megatron.sharded_checkpoint`; this stays for tests and the benchmark).
+
+    Returns the final folder. ``meta`` gains ``files`` (size and SHA-256 of ``actor.pt``).
+    """
+    import torch
+
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_folder(final)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    writing = final / STATE_FILE
+    try:
+        tmp.mkdir()
+        with open(tmp / STATE_FILE, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        writing = final / META_FILE
+        return seal_folder(tmp, final, meta)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written behind
+        err = disk_error(exc, writing)
+        if err is exc:
+            raise
+        raise err from exc
+
+
+def disk_error(exc: BaseException, writing: Path) -> BaseException:
+    """``exc`` as the error to raise: an ``OSError`` naming the file when a failed write hides one.
+
+    torch.save turns a failed write into "RuntimeError: [enforce fail at inline_container.cc] unexpected
+    pos": the OSError (ENOSPC) is only its context. Say the real error, with the file."""
+    cause = _os_error(exc)
+    if cause is not None and (cause is not exc or cause.filename is None):
+        return OSError(cause.errno, cause.strerror, str(writing))
+    return exc
 
 
 def read_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:

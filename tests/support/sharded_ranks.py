@@ -1,0 +1,91 @@
+"""Save and resume the real actor's sharded checkpoints across layouts (spawned gloo ranks).
+
+Used by ``tests/trainer/test_sharded_*.py``: every rank builds :class:`MegatronActor` at its place in the
+layout (the same initial weights at every layout: megatron's CPU init is TP-invariant), makes the fixed
+global batch of :mod:`tests.support.parallel_ranks` from them, then optionally resumes a checkpoint, trains,
+optionally saves one, trains on, and writes what it saw to ``out/rank<r>.pt``.
+"""
+
+import os
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from tests.support.parallel_ranks import VOCAB, _batch
+
+
+def _rank_main(rank: int, world: int, tp: int, init_method: str | None, out: str, cfg: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    from asyncrl.api.job import AsyncRLJobSpec
+    from asyncrl.trainer.actor.checkpoint_io import load_rank, save_rank
+    from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
+    from asyncrl.trainer.megatron.parallel import Layout
+
+    spec = AsyncRLJobSpec.model_validate(cfg["job"])
+    settings = replace(ActorSettings.from_spec(spec, VOCAB), device="cpu",
+                       layout=Layout(tp=tp, rank=rank, world=world, init_method=init_method))
+    actor = MegatronActor(settings)
+    batch = _batch(actor)  # from the initial weights: the same batch at every layout and after a resume
+    result: dict[str, Any] = {"rank": rank, "dp": (actor.dp_rank, actor.dp_size)}
+    if cfg.get("load"):
+        result["loaded_version"] = load_rank(actor, cfg["load"], rank=rank)
+    steps = []
+
+    def train(n: int) -> None:
+        for _ in range(n):
+            m = actor.train_step(batch)
+            steps.append({"loss": m.loss, "grad_norm": m.grad_norm, "version": m.version,
+                          "ewma_resets": m.ewma_resets_total, "logp": actor.logprobs(batch.tokens)})
+
+    train(cfg.get("before", 0))
+    if cfg.get("save"):
+        save_rank(actor, cfg["save"], rank=rank)
+    train(cfg.get("after", 0))
+    result["steps"] = steps
+    result["weights"] = actor.hf_state_dict()  # gathered whole (a collective under TP)
+    result["mask"] = batch.loss_mask
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run_layout(world: int, tp: int, out: str, cfg: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
+    """Spawn ``world`` ranks (tensor parallel ``tp``, DP = the rest) running ``cfg``; their results.
+
+    ``cfg``: ``job`` (the spec), ``load`` (a checkpoint folder to resume first), ``before`` (steps),
+    ``save`` (a checkpoint folder to write), ``after`` (steps)."""
+    from asyncrl.trainer.megatron.parallel import rendezvous
+
+    os.makedirs(out, exist_ok=True)
+    init_method = rendezvous("127.0.0.1") if world > 1 else None
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_main, args=(r, world, tp, init_method, out, cfg)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    codes = [p.exitcode for p in procs]
+    if any(c != 0 for c in codes):
+        raise RuntimeError(f"ranks exited with {codes} (world {world}, tp {tp})")
+    return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+
+
+def step_diffs(ref: dict[str, Any], got: dict[str, Any], ref_steps: slice = slice(None)) -> dict[str, float]:
+    """Max |diff| of the steps ``got`` ran against ``ref``'s steps ``ref_steps`` (log-probs over the mask,
+    loss, grad norm) and of the final weights."""
+    mask = ref["mask"]
+    pairs = list(zip(ref["steps"][ref_steps], got["steps"], strict=True))
+    return {
+        "logp": max(float((a["logp"] - b["logp"])[mask].abs().max()) for a, b in pairs),
+        "loss": max(abs(a["loss"] - b["loss"]) for a, b in pairs),
+        "grad_norm": max(abs(a["grad_norm"] - b["grad_norm"]) for a, b in pairs),
+        "weights": max(float((ref["weights"][k] - got["weights"][k]).abs().max()) for k in ref["weights"]),
+    }

@@ -1,0 +1,250 @@
+"""Sharded, layout-independent checkpoint folders with megatron-core's ``dist_checkpointing``.
+
+Every rank of the actor group writes its own shards into one temporary folder (``torch_dist``: a
+``__<rank>_<n>.distcp`` per writer, ``common.pt`` and ``metadata.json`` from rank 0); after a barrier
+on the actor's process group rank 0 seals it (:func:`asyncrl.trainer.megatron.checkpoint.seal_folder`:
+checksums of every file, ``meta.json`` last, atomic rename). A folder is complete only when it verifies;
+the driver's fallback and ``.corrupt`` logic (:mod:`asyncrl.trainer.driver.checkpoints`) is unchanged.
+
+**Why it reshards.** Every tensor is saved as a ``ShardedTensor``: the local shard *and* its place in the
+global tensor (megatron's ``GPTModel.sharded_state_dict()``). Loading asks for the shards of the
+*current* layout and ``dist_checkpointing`` reads the pieces that cover them, so a folder written at
+TP=2 loads at TP=1, at DP=2 or at TP=2 again (``shared/reference/distributed-actor.md`` §5.3: exact).
+
+**Beyond the model** (the ``extra`` tree: optimizer state, the old-logit provider's and the audit's
+state, counters): a tensor is *owned* by a parameter when a key on its path names a trainable parameter
+and it has that parameter's local shape (Adam's ``exp_avg``/``exp_avg_sq``, the EWMA ``theta_prox``,
+each resident snapshot version). An owned tensor is saved with its parameter's sharding under the key
+``<path without the parameter>.<the parameter's checkpoint key>``; everything else (numbers, strings,
+Adam's scalar ``step``) goes into rank 0's ``common.pt`` and must be the same on every rank (it is:
+SPMD, reduced statistics). The owned tensors' places are recorded (the *manifest*, in ``common.pt``),
+so a loader can ask for them before it knows what the folder holds.
+
+Two shims make ``dist_checkpointing`` run here (:func:`checkpoint_shims`, beside the actor's others in
+:mod:`asyncrl.trainer.megatron.compat`).
+"""
+
+import dataclasses
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.trainer.megatron.checkpoint import (
+    CheckpointError,
+    seal_folder,
+    temporary_folder,
+    verify_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+
+FORMAT = "sharded"  # meta.json "format" of a folder written here (the single-file one has none)
+MANIFEST_KEY = "manifest"  # in common.pt: [[path..., parameter name], ...] of every owned tensor of ``extra``
+Path_ = tuple[Any, ...]  # keys from the root of ``extra`` to a leaf (str or int)
+
+
+def checkpoint_shims() -> None:
+    """What megatron's ``dist_checkpointing`` needs here (``shared/reference/distributed-actor.md`` §5.3).
+
+    - Without CUDA: its writer calls ``torch.cuda.synchronize()`` unconditionally
+      (``filesystem_async.py:230``, "Found no NVIDIA driver"); with no CUDA stream there is nothing to wait for.
+    - Everywhere: the writer's results queue is a ``spawn``-context ``Manager().Queue()`` made for its
+      *asynchronous* mode (a writer process outliving the call). The actor saves synchronously: the forked
+      writers report to the calling process, which puts the result on the queue and reads it back within
+      the same call, so a plain ``queue.Queue`` carries it. The manager costs a fresh interpreter per
+      process (5-8 s on the first save, measured) and crashes under a main module without a main guard.
+    """
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not torch.cuda.is_available():
+        torch.cuda.synchronize = _no_cuda_sync  # type: ignore[assignment]
+    if getattr(filesystem_async, "_results_queue", None) is None:
+        filesystem_async._results_queue = queue.Queue()  # type: ignore[attr-defined]
+
+
+def _no_cuda_sync(*_: Any, **__: Any) -> None:
+    return None
+
+
+def group_rank() -> int:
+    """This process's rank in the actor group (0 without a process group)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _owner(path: Path_, params: Mapping[str, torch.Tensor]) -> str | None:
+    """The parameter a leaf at ``path`` belongs to: the nearest key on the path that names one."""
+    for key in reversed(path):
+        if isinstance(key, str) and key in params:
+            return key
+    return None
+
+
+def _shard_key(path: Path_, owner: str, base: Any) -> str:
+    return ".".join([str(k) for k in path if k != owner] + [base.key])
+
+
+def shard_tree(tree: Any, params: Mapping[str, torch.Tensor], model_sd: Mapping[str, Any],
+               path: Path_ = ()) -> tuple[Any, list[list[Any]]]:
+    """``tree`` with every owned tensor replaced by a ``ShardedTensor`` (or factory) of its parameter's
+    sharding, and the manifest ``[[*path, parameter], ...]`` of those leaves."""
+    if isinstance(tree, dict):
+        out, manifest = {}, []
+        for k, v in tree.items():
+            out[k], sub = shard_tree(v, params, model_sd, (*path, k))
+            manifest += sub
+        return out, manifest
+    owner = _owner(path, params)
+    if isinstance(tree, torch.Tensor) and owner is not None and tree.shape == params[owner].shape:
+        base = model_sd[owner]
+        return dataclasses.replace(base, key=_shard_key(path, owner, base), data=tree.detach()), [[*path, owner]]
+    return tree, []
+
+
+def template(manifest: list[list[Any]], params: Mapping[str, torch.Tensor], model_sd: Mapping[str, Any]) -> dict:
+    """The sharded state dict that loads the owned tensors of ``manifest`` at this rank's layout (fresh
+    buffers shaped like this rank's parameter shards)."""
+    out: dict[Any, Any] = {}
+    for entry in manifest:
+        *path, owner = entry
+        if owner not in params:
+            raise CheckpointError("(sharded state)", f"it holds state of parameter {owner!r}, which this model lacks")
+        base = model_sd[owner]
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = dataclasses.replace(base, key=_shard_key(tuple(path), owner, base),
+                                             data=torch.empty_like(params[owner]))
+    return out
+
+
+def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: dict[str, Any],
+         params: Mapping[str, torch.Tensor], meta: dict[str, Any]) -> Path:
+    """Every rank calls this (SPMD): write ``model_sd`` (``GPTModel.sharded_state_dict()``) and ``extra``
+    into one temporary folder, then rank 0 seals it as ``directory`` once every rank has finished.
+
+    Returns the final folder (on every rank: it exists once this returns). ``meta`` is the marker's content
+    (``files`` and ``format`` are added)."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    checkpoint_shims()
+    final = Path(directory)
+    pid = [os.getpid()]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(pid, src=0)  # one temporary folder for the group: rank 0's name
+    tmp = temporary_folder(final, pid[0])
+    rank = group_rank()
+    if rank == 0:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    _barrier()  # the folder exists before any rank writes into it
+    sharded_extra, manifest = shard_tree(extra, params, model_sd)
+    state = {"model": dict(model_sd), "extra": sharded_extra, MANIFEST_KEY: manifest}
+    # One writer thread per rank (a forked process each in megatron's writer): the ranks share the cores.
+    strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
+    sealed: BaseException | None = None
+    try:
+        dist_checkpointing.save(state, str(tmp), sharded_strategy=strategy)
+        _barrier()  # every rank's shards are on disk before rank 0 seals the folder
+        if rank == 0:
+            try:
+                seal_folder(tmp, final, {**meta, "format": FORMAT})
+            except BaseException as exc:
+                sealed = exc
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if sealed is not None:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written behind
+    flag = [sealed is None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(flag, src=0)  # the other ranks return only once the folder is sealed
+    if sealed is not None:
+        raise sealed
+    if not flag[0]:
+        raise CheckpointError(final, "rank 0 could not seal the folder (its error is in rank 0's log)")
+    return final
+
+
+def is_sharded(meta: Mapping[str, Any]) -> bool:
+    """Whether a verified folder's marker says it was written here (else: the single ``actor.pt``)."""
+    return meta.get("format") == FORMAT
+
+
+def verified(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The marker of ``directory`` once every rank agrees it verifies (rank 0 checks the checksums, every
+    rank the files and sizes it sees); a :class:`CheckpointError` on every rank otherwise (none waits in a
+    collective another skipped)."""
+    rank = group_rank()
+    meta: dict[str, Any] | None = None
+    reason: str | None = None
+    try:
+        meta = verify_checkpoint(directory, checksums=rank == 0)
+    except CheckpointError as exc:
+        reason = f"rank {rank}: {exc.reason}"
+    reasons = [reason]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        reasons = [None] * dist.get_world_size()
+        dist.all_gather_object(reasons, reason)
+    bad = [r for r in reasons if r is not None]
+    if bad or meta is None:
+        raise CheckpointError(directory, "; ".join(r for r in bad if r is not None) or "does not verify")
+    return meta
+
+
+def load(directory: str | os.PathLike[str], gpt: torch.nn.Module, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """Every rank calls this (SPMD) on a folder that :func:`verified`: load the model's shards of this
+    rank's layout into ``gpt`` and return the ``extra`` tree as saved, its owned tensors resharded to this
+    layout."""
+    from megatron.core import dist_checkpointing
+
+    checkpoint_shims()
+    folder = str(directory)
+    try:
+        common = dist_checkpointing.load_common_state_dict(folder)
+        model_sd = gpt.sharded_state_dict(prefix="")  # type: ignore[operator]
+        want = {"model": model_sd, "extra": template(common[MANIFEST_KEY], params, model_sd)}
+        loaded = dist_checkpointing.load(want, folder)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- verified files that megatron cannot read: say which folder
+        raise CheckpointError(folder, f"dist_checkpointing cannot load it ({type(exc).__name__}: {exc})") from exc
+    _into(gpt, loaded["model"], folder)
+    return dict(loaded.get("extra", {}))
+
+
+def load_model(directory: str | os.PathLike[str], gpt: torch.nn.Module) -> None:
+    """Only the model's tensors of a (verified) sharded folder, at this process's layout (an export)."""
+    from megatron.core import dist_checkpointing
+
+    checkpoint_shims()
+    folder = str(directory)
+    try:
+        loaded = dist_checkpointing.load({"model": gpt.sharded_state_dict(prefix="")}, folder)  # type: ignore[operator]
+    except Exception as exc:  # noqa: BLE001 -- verified files that megatron cannot read: say which folder
+        raise CheckpointError(folder, f"dist_checkpointing cannot load it ({type(exc).__name__}: {exc})") from exc
+    _into(gpt, loaded["model"], folder)
+
+
+def _into(gpt: torch.nn.Module, model: Mapping[str, Any], folder: str) -> None:
+    missing, unexpected = gpt.load_state_dict(dict(model), strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise CheckpointError(folder, f"the model's tensors do not match: missing {missing[:5]}, unexpected "
+                                      f"{list(unexpected)[:5]}")
