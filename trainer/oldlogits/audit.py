@@ -17,15 +17,22 @@ trained tokens:
 
 The decisions come from the loss's own functions (:func:`~asyncrl.trainer.correction.discrepancy.
 discrepancy_weights`, :func:`~asyncrl.trainer.correction.clip.ppo_clip`), never re-derived here.
+
+With a data-parallel actor the seeded row choice is global (every rank draws the same rows), each DP rank
+scores its token-balanced share of them (:func:`~asyncrl.trainer.megatron.parallel.dp_share`) and the parts
+are reduced over the DP group: the counts add, the distances are taken over every rank's differences
+(gathered: a percentile does not add), so every rank reports what one process would.
 """
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from asyncrl.api.correction import CorrectionSpec, DiscrepancyMode
+from asyncrl.trainer.megatron import parallel
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits.protocol import Scorer
 from asyncrl.trainer.oldlogits.snapshot import StoreBacked, WeightSnapshots, score_exact
@@ -63,6 +70,28 @@ class AuditStats:
         return {PREFIX + k: v for k, v in out.items()}
 
 
+@dataclass(frozen=True)
+class AuditParts:
+    """What one rank's audited rows add to the step's audit (reduced over DP by :func:`merge_parts`)."""
+
+    diffs: Tensor  # [n] float64 |log pi_ref - log pi_old| of the audited tokens
+    mask_disagree_tokens: int
+    clip_disagree_tokens: int
+
+
+def merge_parts(parts: Sequence[AuditParts], *, rows: int, rows_unscorable: int) -> AuditStats:
+    """One audit from the parts of every rank (pure): counts add, the distances over all the differences."""
+    diff = torch.cat([p.diffs.reshape(-1).to(torch.float64).cpu() for p in parts]) if parts else torch.zeros(0)
+    n = int(diff.numel())
+    return AuditStats(
+        tokens=n, rows=rows, rows_unscorable=rows_unscorable,
+        abs_diff_mean=float(diff.mean()) if n else math.nan,
+        abs_diff_p99=float(torch.quantile(diff, 0.99)) if n else math.nan,
+        mask_disagree_tokens=sum(p.mask_disagree_tokens for p in parts),
+        clip_disagree_tokens=sum(p.clip_disagree_tokens for p in parts),
+    )
+
+
 def audit_stats(
     logp_theta: Tensor,
     logp_ref: Tensor,
@@ -76,7 +105,24 @@ def audit_stats(
     rows: int | None = None,
     rows_unscorable: int = 0,
 ) -> AuditStats:
-    """How far ``logp_ref`` is from the exact ``logp_old`` on these rows (pure; see the module docstring).
+    """How far ``logp_ref`` is from the exact ``logp_old`` on these rows (pure; see the module docstring and
+    :func:`audit_parts` for the arguments)."""
+    part = audit_parts(logp_theta, logp_ref, logp_old, logp_mu, advantages, loss_mask, spec, turn_ids=turn_ids)
+    return merge_parts([part], rows=loss_mask.shape[0] if rows is None else rows, rows_unscorable=rows_unscorable)
+
+
+def audit_parts(
+    logp_theta: Tensor,
+    logp_ref: Tensor,
+    logp_old: Tensor,
+    logp_mu: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    spec: CorrectionSpec,
+    *,
+    turn_ids: Tensor | None = None,
+) -> AuditParts:
+    """The differences and disagreement counts of these rows (pure; see the module docstring).
 
     Args:
         logp_theta: ``[b, T]`` current log-probs (detached inside).
@@ -107,10 +153,7 @@ def audit_stats(
         finite = torch.isfinite(theta + ref + old + mu + adv)
         valid_b = loss_mask & finite  # [b, T] the audited tokens
         valid = ind.from_bool(valid_b, dtype)
-        n = int(valid_b.sum())
         diff = (ref - old).abs()[valid_b]  # [n]
-        mean = float(diff.mean()) if n else math.nan
-        p99 = float(torch.quantile(diff, 0.99)) if n else math.nan
 
         def keep(logp: Tensor) -> Tensor:  # [b, T] 0/1: mode mask's keep of r_d = pi / mu (as the loss)
             log_rd = (logp - mu).nan_to_num(0.0, 0.0, 0.0).mul_(valid)
@@ -134,11 +177,7 @@ def audit_stats(
 
         mask_disagree = int((keep(ref) != keep(old)).logical_and_(valid_b).sum())
         clip_disagree = int((stopped(ref) != stopped(old)).logical_and_(valid_b).sum())
-    return AuditStats(
-        tokens=n, rows=shape[0] if rows is None else rows, rows_unscorable=rows_unscorable,
-        abs_diff_mean=mean, abs_diff_p99=p99,
-        mask_disagree_tokens=mask_disagree, clip_disagree_tokens=clip_disagree,
-    )
+    return AuditParts(diffs=diff, mask_disagree_tokens=mask_disagree, clip_disagree_tokens=clip_disagree)
 
 
 def audit_rows(loss_mask: Tensor, fraction: float, *, seed: int, version: int) -> Tensor:
@@ -187,7 +226,7 @@ class Auditor(StoreBacked):
         self, batch: TrainBatch, scorer: Scorer, version: int, logp_theta: Tensor, logp_ref: Tensor,
         spec: CorrectionSpec,
     ) -> AuditStats:
-        """Score the chosen rows exactly and compare.
+        """Score the chosen rows exactly and compare (under DP: this rank's share, reduced over the group).
 
         Args:
             batch: the step's batch; version: the version it met (chooses the rows).
@@ -202,13 +241,26 @@ class Auditor(StoreBacked):
         mask = batch.loss_mask[chosen].cpu()
         ok = (~mask | torch.isin(sampled, resident)).all(dim=1)  # [k] every trained token's version kept
         rows = chosen[ok].to(batch.tokens.device)
+        dp_rank, dp_size = parallel.dp_rank_size()
+        mine = parallel.dp_share(rows, batch.loss_mask, dp_rank, dp_size)  # every row when alone
         sub = replace(
-            batch, **{f: getattr(batch, f)[rows] for f in ("tokens", "loss_mask", "logp_mu", "versions",
+            batch, **{f: getattr(batch, f)[mine] for f in ("tokens", "loss_mask", "logp_mu", "versions",
                                                           "advantages", "turn_ids")}, logp_old=None,
         )
         logp_old = score_exact(self.store, scorer, sub.tokens, sub.versions, sub.loss_mask)
-        return audit_stats(
-            logp_theta[rows], logp_ref[rows], logp_old, sub.logp_mu, sub.advantages, sub.loss_mask, spec,
-            turn_ids=sub.turn_ids, rows=int(rows.numel()), rows_unscorable=int((~ok).sum()),
-        )
+        part = audit_parts(logp_theta[mine], logp_ref[mine], logp_old, sub.logp_mu, sub.advantages, sub.loss_mask,
+                           spec, turn_ids=sub.turn_ids)
+        return merge_parts(_gather_parts(part, dp_size), rows=int(rows.numel()), rows_unscorable=int((~ok).sum()))
+
+
+def _gather_parts(part: AuditParts, dp_size: int) -> list[AuditParts]:
+    """Every DP rank's part, in DP-rank order (the same list on every rank; no collective when alone)."""
+    if dp_size == 1:
+        return [part]
+    import torch.distributed as dist
+
+    local = AuditParts(part.diffs.detach().cpu(), part.mask_disagree_tokens, part.clip_disagree_tokens)
+    everyone: list[AuditParts | None] = [None] * dp_size
+    dist.all_gather_object(everyone, local, group=parallel.dp_group())
+    return [p for p in everyone if p is not None]
 

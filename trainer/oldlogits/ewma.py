@@ -6,11 +6,19 @@ once per version, after all the batch's updates (the controller's module docstri
 (decay, bias correction, resets) is :class:`asyncrl.trainer.correction.ewma.EwmaController`; this
 provider owns the controller, starts it from the weights RL starts with, feeds it every update and
 checkpoints it.
+
+With a sharded actor ``theta_prox`` is per shard (the fp32 copy of this rank's tensor-parallel shard, under
+its local names: the blend is elementwise, so exact per shard), and every rank must reset at the same
+versions, or the replicas' ``theta_prox`` would part. The statistics that decide it are global: the
+in-bounds ratio comes from the DP-reduced correction counts, the staleness from the whole batch (every rank
+holds it); :func:`same_on_every_rank` checks the decision anyway, since a rank that reset alone would train
+on a silently different reference.
 """
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 from asyncrl.api.correction import EwmaSpec, ReferencePolicy
@@ -19,6 +27,22 @@ from asyncrl.trainer.oldlogits.protocol import Scorer
 
 if TYPE_CHECKING:
     from asyncrl.trainer.correction.ewma import EwmaController
+
+
+def same_on_every_rank(flag: bool, what: str) -> None:
+    """Raise unless ``flag`` is the same on every rank of the actor group (one MIN all-reduce of
+    ``(flag, -flag)``; nothing in one process)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    buf = torch.tensor([float(flag), -float(flag)])
+    dist.all_reduce(buf, op=dist.ReduceOp.MIN)
+    if float(buf[0]) != -float(buf[1]):
+        raise RuntimeError(
+            f"{what}: rank {dist.get_rank()} decided {flag}, another rank the opposite; the decision must come "
+            "from DP-reduced statistics (parallel.reduce_stats) so that every rank keeps the same theta_prox"
+        )
 
 
 class EwmaProvider:
@@ -62,6 +86,7 @@ class EwmaProvider:
         if gaps.numel():
             ewma.observe_staleness(gaps.float().mean())
         report = ewma.update(scorer.named_weights(), keep_ratio)
+        same_on_every_rank(report.reset, f"the ewma reset at version {scorer.version} (in-bounds ratio {keep_ratio})")
         return str(report.reason) if report.reset else ""
 
     def state_dict(self) -> dict[str, Any]:

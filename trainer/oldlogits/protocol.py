@@ -112,10 +112,14 @@ class NoScoringNoState:
 
 @dataclass(frozen=True)
 class ResidentVersions:
-    """What a version store holds now: how many weight versions and their bytes (memory or disk)."""
+    """What a version store holds now: how many weight versions and their bytes (memory or disk).
+
+    ``shared_bytes``: of ``nbytes``, what this rank maps from the copy another data-parallel rank of its
+    node wrote (:mod:`.node_share`); the node holds the sum over its ranks of ``nbytes - shared_bytes``."""
 
     versions: int
     nbytes: int
+    shared_bytes: int = 0
 
 
 @runtime_checkable

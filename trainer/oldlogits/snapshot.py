@@ -19,6 +19,10 @@ Why each rule of the store:
    :class:`MissingSnapshotError` that says which happened: it is never scored under another version.
 4. ``device: disk`` keeps each version as one safetensors file in a work folder and loads it
    (memory-mapped) for each scoring; files are deleted on release and on :meth:`close`.
+5. With a sharded actor, one copy per (node, tensor/pipeline shard): the data-parallel replicas of a
+   node hold identical shards, so the lowest of them writes the version once and all map that file
+   (``device: cpu``: in ``/dev/shm``; :mod:`.node_share` has the rules). Alone (one process, DP=1) the
+   store keeps its private copy; under DP/TP every file name says its shard, so ranks never collide.
 """
 
 import os
@@ -27,6 +31,7 @@ import tempfile
 import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +40,7 @@ from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
 from asyncrl.trainer.megatron.batch import TrainBatch
+from asyncrl.trainer.oldlogits import node_share
 from asyncrl.trainer.oldlogits.protocol import ResidentVersions, Scorer
 
 SnapshotMedium = Literal["cpu", "disk"]
@@ -45,14 +51,33 @@ class MissingSnapshotError(LookupError):
     """A token carries a version whose weights were not kept."""
 
 
+@dataclass(frozen=True)
+class _Mapped:
+    """A version held as the node's shared file, mapped (rule 5): ``own`` when this rank wrote it."""
+
+    path: Path
+    tensors: dict[str, Tensor]
+    nbytes: int
+    own: bool
+
+
+def _tensor_bytes(tensors: Mapping[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 class WeightSnapshots:
     """Version -> a copy of the named parameters, in host memory or in safetensors files.
 
+    Under a data-parallel actor the DP replicas of a node keep one copy per version and shard between them
+    (rule 5): the placement is agreed at the first write, so every rank must record the same versions in
+    the same order (the actor's stages do: SPMD).
+
     Args:
         capacity: the most versions resident at once (hard cap, >= 1).
-        device: ``cpu`` (host memory) or ``disk`` (one safetensors file per version).
-        work_dir: the folder of the ``disk`` files (created if needed); None = a private temporary
-            folder, removed on :meth:`close`.
+        device: ``cpu`` (host memory; shared: a ``/dev/shm`` folder) or ``disk`` (one safetensors file per
+            version).
+        work_dir: the folder of the ``disk`` files (created if needed; ranks given the same folder on one
+            node share its files); None = a private temporary folder, removed on :meth:`close`.
     """
 
     def __init__(self, capacity: int, *, device: SnapshotMedium = "cpu", work_dir: str | None = None) -> None:
@@ -65,17 +90,44 @@ class WeightSnapshots:
             raise ValueError(f"oldLogits.snapshot.device {device!r} is not one of cpu, disk")
         self.capacity = capacity
         self.device: SnapshotMedium = device
-        self._store: OrderedDict[int, dict[str, Tensor] | Path] = OrderedDict()
+        self._work_dir = None if work_dir is None else Path(work_dir)
+        self._store: OrderedDict[int, dict[str, Tensor] | Path | _Mapped] = OrderedDict()
         self._given_up: OrderedDict[int, str] = OrderedDict()  # version -> why it is gone
-        self._dir: Path | None = None
+        self._dir: Path | None = None  # the folder of this store's own files (disk, alone)
         self._cleanup: weakref.finalize | None = None
-        if device == "disk":
-            if work_dir is None:
+        self._placed = False  # rule 5: decided at the first write (the process group exists by then)
+        self._shared: node_share.SharedPlace | None = None
+        self._suffix = ""  # of a private file's name: the rank under a group (ranks may share the folder)
+
+    def _place(self) -> None:
+        """Where this store's copies live (once, at the first write: a collective under DP, rule 5)."""
+        if self._placed:
+            return
+        self._placed = True
+        disk = self.device == "disk"
+        root = Path(tempfile.gettempdir()) if disk else node_share.memory_root()
+        self._shared = node_share.place(self._work_dir if disk else None, root)
+        self._suffix = node_share.private_suffix()
+        if self._shared is not None:
+            if self._shared.writer and self._shared.owns_folder:
+                self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._shared.folder), ignore_errors=True)
+        elif disk:
+            if self._work_dir is None:
                 self._dir = Path(tempfile.mkdtemp(prefix="asyncrl-snapshots-"))
                 self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._dir), ignore_errors=True)
             else:
-                self._dir = Path(work_dir)
+                self._dir = self._work_dir
                 self._dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def folder(self) -> Path | None:
+        """The folder of the version files: the node-shared one (rule 5), a disk store's own, or None (memory)."""
+        return self._shared.folder if self._shared is not None else self._dir
+
+    @property
+    def sharers(self) -> int:
+        """DP ranks on this node that share this store's copies (1: a private store)."""
+        return self._shared.sharers if self._shared is not None else 1
 
     # ---------------------------------------------------------------- what is resident
     @property
@@ -85,22 +137,31 @@ class WeightSnapshots:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the snapshots hold: host memory (``cpu``) or file sizes (``disk``)."""
+        """Bytes of the versions this rank reads: host memory (``cpu``) or file sizes (``disk``), whether
+        its own copy or the node's shared one (:attr:`shared_bytes` of them)."""
         total = 0
         for held in self._store.values():
             if isinstance(held, Path):
                 total += held.stat().st_size
+            elif isinstance(held, _Mapped):
+                total += held.nbytes
             else:
-                total += sum(t.numel() * t.element_size() for t in held.values())
+                total += _tensor_bytes(held)
         return total
 
+    @property
+    def shared_bytes(self) -> int:
+        """Of :attr:`nbytes`, the bytes mapped from a copy another rank of this node wrote (rule 5): the
+        node holds ``sum over its ranks of (nbytes - shared_bytes)``."""
+        return sum(h.nbytes for h in self._store.values() if isinstance(h, _Mapped) and not h.own)
+
     def resident(self) -> ResidentVersions:
-        return ResidentVersions(versions=len(self._store), nbytes=self.nbytes)
+        return ResidentVersions(versions=len(self._store), nbytes=self.nbytes, shared_bytes=self.shared_bytes)
 
     def path(self, version: int) -> Path | None:
-        """The file of ``version`` (``disk`` only; None when not resident or in memory)."""
+        """The file of ``version`` (``disk``, or a node-shared copy; None when not resident or in memory)."""
         held = self._store.get(version)
-        return held if isinstance(held, Path) else None
+        return held.path if isinstance(held, _Mapped) else held if isinstance(held, Path) else None
 
     # ---------------------------------------------------------------- record, release, read
     def record(self, version: int, params: Mapping[str, Tensor]) -> None:
@@ -108,22 +169,30 @@ class WeightSnapshots:
         oldest versions are given up."""
         if version in self._store:
             return
-        copy = {n: p.detach().to("cpu", copy=True).contiguous() for n, p in params.items()}
-        if self._dir is not None:
-            from safetensors.torch import save_file
-
-            path = self._dir / f"v{version}.safetensors"
-            tmp = path.with_suffix(".tmp")
-            save_file(copy, str(tmp))
-            os.replace(tmp, path)  # a crash never leaves a half-written version under its name
-            self._store[version] = path
+        self._place()
+        if self._shared is not None:
+            self._store[version] = self._record_shared(self._shared, version, params)
+        elif self._dir is not None:
+            self._store[version] = _save(self._dir / f"v{version}{self._suffix}.safetensors", _host_copy(params))
         else:
-            self._store[version] = copy
+            self._store[version] = _host_copy(params)
         self._given_up.pop(version, None)
         while len(self._store) > self.capacity:
             oldest = min(self._store)
             self._drop(oldest, f"was given up at the cap of {self.capacity} resident versions "
                                "(oldLogits.snapshot.maxVersions)")
+
+    def _record_shared(self, shared: node_share.SharedPlace, version: int, params: Mapping[str, Tensor]) -> _Mapped:
+        """Rule 5: the writer saves the node's copy, the DP group meets, every sharer maps the file."""
+        path = shared.file(version)
+        if shared.writer:
+            _save(path, _host_copy(params))
+        shared.barrier()  # every DP rank records the same versions in the same order (SPMD)
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path), device="cpu")  # memory-mapped: the node's pages, not a copy
+        nbytes = path.stat().st_size if self.device == "disk" else _tensor_bytes(tensors)
+        return _Mapped(path=path, tensors=tensors, nbytes=nbytes, own=shared.writer)
 
     def retain(self, keep: Collection[int]) -> list[int]:
         """Release every resident version not in ``keep`` (at once); returns the released ones."""
@@ -154,6 +223,8 @@ class WeightSnapshots:
         """The weights of ``version`` (``disk``: loaded memory-mapped from its file)."""
         self.check((version,))
         held = self._store[version]
+        if isinstance(held, _Mapped):
+            return held.tensors
         if isinstance(held, Path):
             from safetensors.torch import load_file
 
@@ -164,6 +235,8 @@ class WeightSnapshots:
         held = self._store.pop(version)
         if isinstance(held, Path):
             held.unlink(missing_ok=True)
+        elif isinstance(held, _Mapped) and held.own:
+            held.path.unlink(missing_ok=True)  # the readers' mappings stay valid until they drop them
         self._given_up[version] = why
         while len(self._given_up) > _GIVEN_UP_MEMORY:
             self._given_up.popitem(last=False)
@@ -192,6 +265,19 @@ class WeightSnapshots:
         self._given_up.clear()
         for v, weights in sorted(state["versions"].items()):
             self.record(int(v), weights)
+
+
+def _host_copy(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    return {n: p.detach().to("cpu", copy=True).contiguous() for n, p in params.items()}
+
+
+def _save(path: Path, tensors: dict[str, Tensor]) -> Path:
+    from safetensors.torch import save_file
+
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)  # a crash never leaves a half-written version under its name
+    return path
 
 
 def score_exact(store: WeightSnapshots, scorer: Scorer, tokens: Tensor, versions: Tensor, loss_mask: Tensor) -> Tensor:
