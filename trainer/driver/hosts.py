@@ -9,7 +9,8 @@ stores them once and readers map them zero-copy (reference/feasibility.md §1.2)
   while it generates);
 - :class:`~asyncrl.trainer.driver.actor_host.ActorHost`: one rank of the actor;
   :class:`~asyncrl.trainer.driver.actor_group.ActorGroup` holds the ``actor.replicas x
-  max(gpusPerReplica, 1)`` ranks behind one handle (every call fans out, the driver reads rank 0);
+  max(gpusPerReplica, 1)`` ranks behind one handle (every call fans out, the driver reads rank 0; a rank
+  that dies or raises ends the whole group within about a second: :class:`ActorRankError`);
 - :func:`dedicated_spawner`: the dedicated old-logit scorers.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from asyncrl.api import constants as C
 from asyncrl.api.job import AsyncRLJobSpec
-from asyncrl.trainer.driver.actor_group import ActorGroup, Placement, start_actor_group
+from asyncrl.trainer.driver.actor_group import ActorGroup, ActorRankError, Placement, start_actor_group
 from asyncrl.trainer.driver.actor_host import ActorHost
 from asyncrl.trainer.driver.host_common import task_context
 from asyncrl.trainer.driver.rollout_host import RolloutHost
@@ -33,7 +34,8 @@ class HostHandles:
     rollout: list[Any]
     pad_id: int
     new_rollout: Callable[[int], Any] | None = None  # worker index -> a started RolloutHost handle
-    weights: Any = None  # ref of the sync handle (bucket refs) rollout holds now (a replacement loads it)
+    weights: Any = None  # ref of the sync handle rollout holds now (bucket refs, a disk folder, a broadcast version)
+    sync: Any = None  # weight_delivery.Broadcast under weightSync.transport: broadcast (weight_delivery.setup)
     spawn_dedicated: Callable[[int], Any] | None = None  # replica -> a DedicatedScorer handle (dedicated)
 
     def replace_rollout(self, i: int) -> Any:
@@ -59,12 +61,22 @@ class HostHandles:
             ray.get(self.actor.close.remote(), timeout=30)
         except Exception:  # noqa: BLE001 -- a dead actor has nothing left to close
             pass
+        if isinstance(self.actor, ActorGroup):
+            self.actor.stop_watching()
+
+    def actor_failure(self, exc: BaseException) -> ActorRankError | None:
+        """The actor group's own failure behind ``exc`` (which rank died or raised, where, its error's
+        last line), or None when no rank failed (or the actor is one process)."""
+        return self.actor.failure_for(exc) if isinstance(self.actor, ActorGroup) else None
 
     def kill(self) -> None:
         import ray
 
-        ranks = self.actor.ranks if isinstance(self.actor, ActorGroup) else [self.actor]
-        for h in [*ranks, *self.rollout]:
+        if isinstance(self.actor, ActorGroup):
+            self.actor.kill()
+        else:
+            ray.kill(self.actor)
+        for h in self.rollout:
             ray.kill(h)
 
 

@@ -22,6 +22,11 @@ from torch import Tensor
 
 from asyncrl.trainer.correction.stats import CorrectionStats
 
+# The process group's timeout (Layout.collective_timeout_s): long enough for the slowest wait one rank has on
+# another inside a step or a checkpoint (a rank's share of a minibatch, rank 0 writing its shard), far below
+# torch's own 30 min (NCCL) / megatron's 10 min that a rank blocked by a dead peer would otherwise sit out.
+COLLECTIVE_TIMEOUT_S = 300.0
+
 _MIN_FIELDS = ("rd_min", "rs_min")
 _MAX_FIELDS = ("rd_max", "rs_max")
 
@@ -31,7 +36,10 @@ class Layout:
     """Where one rank sits: ``world`` ranks, ``tp x pp x ep`` model parallel, DP = the rest.
 
     ``init_method`` is the process-group rendezvous (``tcp://ip:port`` from :func:`rendezvous` on rank
-    0); None with ``world == 1`` = a private one-process group.
+    0); None with ``world == 1`` = a private one-process group. ``collective_timeout_s``: how long a rank
+    waits in the rendezvous or in one collective for the others (torch's ``init_process_group(timeout=)``).
+    It is only the backstop: the driver notices a dead or failed rank within about a second and kills the
+    group (``driver/actor_group.py``); this bounds the wait when nobody does (the driver itself gone).
     """
 
     tp: int = 1
@@ -40,6 +48,7 @@ class Layout:
     rank: int = 0
     world: int = 1
     init_method: str | None = None
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.world < 1 or not 0 <= self.rank < self.world:
@@ -49,6 +58,8 @@ class Layout:
                 f"tensor x pipeline x expert parallel {self.tp} x {self.pp} x {self.ep} does not divide the "
                 f"actor's {self.world} ranks"
             )
+        if self.collective_timeout_s <= 0:
+            raise ValueError(f"collective_timeout_s must be > 0 seconds, got {self.collective_timeout_s}")
         if self.world > 1 and self.init_method is None:
             raise ValueError(f"a group of {self.world} ranks needs init_method (rank 0's parallel.rendezvous())")
 
