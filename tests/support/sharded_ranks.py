@@ -42,6 +42,8 @@ def _rank_main(rank: int, world: int, tp: int, init_method: str | None, out: str
     train(cfg.get("before", 0))
     if cfg.get("save"):
         save_rank(actor, cfg["save"], rank=rank)
+    if cfg.get("save_single_file"):  # one process: the former actor.pt format, as it was written
+        single_file(actor, cfg["save_single_file"])
     train(cfg.get("after", 0))
     result["steps"] = steps
     result["weights"] = actor.hf_state_dict()  # gathered whole (a collective under TP)
@@ -52,6 +54,28 @@ def _rank_main(rank: int, world: int, tp: int, init_method: str | None, out: str
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def single_file(actor: Any, directory: str) -> None:
+    """A checkpoint as the actor wrote it before sharded folders (one ``actor.pt``, index-keyed optimizer)."""
+    import dataclasses
+
+    from asyncrl.trainer.actor.checkpoint_io import COUNTERS
+    from asyncrl.trainer.megatron.checkpoint import write_checkpoint
+    from asyncrl.trainer.oldlogits import provider_key
+
+    state = {
+        "model": {k: v for k, v in actor._gpt.state_dict().items() if not k.endswith("_extra_state")},
+        "optimizer": actor._optimizer.state_dict(),
+        "old_logits": {"provider": provider_key(actor.reference, actor.settings.old_logits),
+                       "state": actor.old_logits.state_dict(),
+                       "audit": actor.auditor.state_dict() if actor.auditor is not None else None},
+        "version": actor.version,
+        "counters": {name: getattr(actor, name) for name in COUNTERS},
+    }
+    meta = {"version": actor.version, "reference": actor.reference.value,
+            "arch": dataclasses.asdict(actor.settings.arch)}
+    write_checkpoint(directory, state, meta)
 
 
 def run_layout(world: int, tp: int, out: str, cfg: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
