@@ -41,6 +41,15 @@ class DiskSource(Source):
         return handle, time.perf_counter() - t0
 
 
+class DiskReceiver(Receiver):
+    def take_disk(self, handle: Any) -> tuple[float, float]:
+        from asyncrl.trainer.weightsync.disk import read_version
+
+        t0 = time.perf_counter()
+        state = read_version(handle)
+        return time.perf_counter() - t0, self._install(state)
+
+
 def rows_of(millions: int, args: argparse.Namespace, root: str) -> list[dict[str, Any]]:
     import ray
 
@@ -48,16 +57,16 @@ def rows_of(millions: int, args: argparse.Namespace, root: str) -> list[dict[str
 
     arch = arch_of(millions)
     src = ray.remote(DiskSource).options(num_cpus=0).remote(arch)
-    recv = [ray.remote(Receiver).options(num_cpus=0).remote(arch) for _ in range(args.receivers)]
+    recv = [ray.remote(DiskReceiver).options(num_cpus=0).remote(arch) for _ in range(args.receivers)]
     n = ray.get(src.n_params.remote())
     wire = sum(math.prod(s) for s in hf_shapes(arch).values()) * 2  # bf16
     port, world = _port(), args.receivers + 1
     ray.get([src.join.remote(port, world), *[r.join.remote(port, i + 1, world) for i, r in enumerate(recv)]])
 
-    def pulled(publish: Any) -> dict[str, float]:
+    def pulled(publish: Any, take: str = "take") -> dict[str, float]:
         t0 = time.perf_counter()
         handle, pub = ray.get(publish)
-        parts = ray.get([r.take.remote(handle) for r in recv])
+        parts = ray.get([getattr(r, take).remote(handle) for r in recv])
         return {"publish": pub, "transfer": max(p[0] for p in parts), "pause": max(p[1] for p in parts),
                 "total": time.perf_counter() - t0}
 
@@ -71,7 +80,7 @@ def rows_of(millions: int, args: argparse.Namespace, root: str) -> list[dict[str
     methods = {
         f"buckets {args.bucket_mib} MiB (object store)": lambda v: pulled(src.buckets.remote(args.bucket_mib, v)),
         f"broadcast gloo {args.bucket_mib} MiB": bcast,
-        "disk (safetensors per version)": lambda v: pulled(src.disk.remote(root, args.bucket_mib, v + 1)),
+        "disk (safetensors per version)": lambda v: pulled(src.disk.remote(root, args.bucket_mib, v + 1), "take_disk"),
     }
     rows = []
     for name, run in methods.items():

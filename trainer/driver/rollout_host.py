@@ -70,17 +70,20 @@ class RolloutHost:
         handover = time.perf_counter() - t0
         # Interrupt-sync scores the outgoing version with the training-side model from host memory: views of
         # the object store's buckets, of the file read, or of the broadcast buckets (copied off the GPU under
-        # NCCL, so the engine's device memory can be released while the scorer runs).
-        self._weights = _on_host(got.state) if self._keeps_host_copy else got.state
+        # NCCL, so the engine's device memory can be released while the scorer runs). Nobody else reads them:
+        # not kept (under NCCL they would hold a second copy of the model in device memory).
+        self._weights = _on_host(got.state) if self._scores_old_versions else None
         pause = float(getattr(engine, "apply_seconds", 0.0)) - self._paused_reported
         self._paused_reported += pause
         return {"transfer_s": got.transfer_s, "handover_s": handover, "pause_s": pause, "bytes": float(got.nbytes)}
 
     @property
-    def _keeps_host_copy(self) -> bool:
+    def _scores_old_versions(self) -> bool:
+        """Interrupt-sync: this worker scores ``pi_old`` under the version it holds (``sync_score``)."""
+        from asyncrl.api.old_logits import OldLogitStrategy
         from asyncrl.trainer.weightsync.actor_side import needs_training_precision
 
-        return needs_training_precision(self.spec)
+        return needs_training_precision(self.spec) and self.spec.old_logits.strategy is OldLogitStrategy.INTERRUPT_SYNC
 
     # ------------------------------------------------------------------ broadcast group (weightSync)
     def ping_sync(self) -> bool:

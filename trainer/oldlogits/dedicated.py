@@ -26,10 +26,13 @@ load 0.15-0.27 s for 513 MiB, one forward of 8 x 128 tokens 8.6 s.
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.oldlogits.segment_scorer import HfWeights, ScorerSettings, Segment, SegmentScorer
+
+if TYPE_CHECKING:
+    pass
 
 # A version's weights as pushed: a mapping (held here), a one-element list around a Ray ObjectRef
 # (fetched on advance), or a zero-argument callable returning the mapping (fetched on advance).
@@ -66,7 +69,7 @@ class DedicatedScorer:
         self._busy = self._score_s = self._load_s = 0.0
         self._calls = self._advances = 0
         self._group: Any = None  # weightsync.broadcast.SyncGroup (transport broadcast), formed by the driver
-        self._received: dict[int, HfWeights] = {}  # versions that arrived by broadcast, held in host memory
+        self._received: dict[int, dict[str, torch.Tensor]] = {}  # versions that arrived by broadcast (host memory)
 
     # ---------------------------------------------------------------- broadcast (actor.weightSync)
     def ping_sync(self) -> bool:

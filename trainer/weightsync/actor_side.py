@@ -115,13 +115,12 @@ class ActorSync:
         return {"bytes": nbytes, "send_s": seconds}
 
     def for_joiner(self, actor: Any, version: int) -> objectstore.BucketRefs | None:
-        """``version`` in the object store for a receiver outside the group (rank 0; None elsewhere):
-        from the kept buckets under broadcast, else freshly published (the actor must hold ``version``)."""
-        if self.transport is WeightTransport.BROADCAST and self.rank == 0 and self.kept_version == version:
-            return objectstore.publish(self.kept)
-        if int(actor.version) != version:
+        """``version`` in the object store for a receiver outside the broadcast group, from the buckets kept
+        since it was sent (rank 0; None on the others: no gathers, whatever the actor trains meanwhile)."""
+        if self.rank != 0:
+            return None
+        if self.kept_version != version:
             raise RuntimeError(
-                f"weight sync: a late joiner needs version {version}; the actor holds {int(actor.version)} "
-                f"and kept {self.kept_version}")
-        return self.publish(actor, WeightTransport.OBJECT_STORE)
-
+                f"weight sync (broadcast): a late joiner needs version {version}; the actor kept version "
+                f"{self.kept_version} (the driver sends every version before it hands it to a joiner)")
+        return objectstore.publish(self.kept)

@@ -98,7 +98,9 @@ def receive_version(group: SyncGroup, version: int) -> Received:
     """Receive one version and say how long it took (the receiver's generation keeps running meanwhile);
     buckets of another version than ``version`` are an error (the driver and the source disagree)."""
     t0 = time.perf_counter()
-    state, versions, nbytes = {}, set(), 0
+    state: dict[str, torch.Tensor] = {}
+    versions: set[int] = set()
+    nbytes = 0
     while (manifest := _receive_manifest(group)) is not None:
         data = torch.empty(manifest.nbytes, dtype=torch.uint8, device=group.device)
         group._bcast(data)
