@@ -220,6 +220,17 @@ class TaskSpec(SpecModel):
         raise_all(task_source_problems(self.dataset, self.reward, self.reward_service, self.environment))
         return self
 
+    @property
+    def label(self) -> str:
+        """What actually runs, for labels and logs: the environment's import path (``name`` is ignored
+        then), ``dataset:<path>+<reward import path or service url>``, or the built-in ``name``."""
+        if self.environment is not None:
+            return self.environment
+        if self.dataset is not None:
+            scorer = self.reward if self.reward is not None else getattr(self.reward_service, "url", "")
+            return f"dataset:{self.dataset.path}+{scorer}"
+        return self.name
+
 
 class TrainSpec(SpecModel):
     """``spec.train``: optimisation of the actor.

@@ -19,12 +19,14 @@ fresh seeded permutation (or file order when ``shuffle`` is false). Positions of
 cursor, so a resumed run continues each worker's stream and replays no prompt.
 """
 
+import functools
 import hashlib
 import json
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from asyncrl.api.dataset import DatasetSpec
@@ -76,7 +78,26 @@ class Dataset:
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:
-    """Read ``spec.path``, check every row and split them; a :class:`DatasetError` lists all problems."""
+    """Read ``spec.path``, check every row and split them; a :class:`DatasetError` lists all problems.
+
+    Read once per process: a rollout worker, the evaluator and the startup probe each bind the task,
+    so the checked dataset is cached by the file (resolved path, size, modification time) and the
+    spec; a file changed in between is read again. Rows are shared: samples hand out copies."""
+    path = Path(spec.path)
+    try:
+        st = path.resolve().stat()
+    except OSError:  # missing or unreadable: read_rows says which, with the fix
+        return _load_dataset(spec)
+    return _cached_dataset(str(path.resolve()), st.st_size, st.st_mtime_ns, spec.model_dump_json())
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_dataset(resolved: str, size: int, mtime_ns: int, spec_json: str) -> Dataset:
+    # (a DatasetError is not cached: lru_cache keeps only returned values)
+    return _load_dataset(DatasetSpec.model_validate_json(spec_json))
+
+
+def _load_dataset(spec: DatasetSpec) -> Dataset:
     rows, where = read_rows(spec.path, dataset_format(spec))
     problems = check_rows(rows, where, spec, spec.path)
     if problems:
