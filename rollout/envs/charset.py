@@ -2,7 +2,8 @@
 
 The math tasks' alphabet (``rollout/tokenizer.py`` :data:`~asyncrl.rollout.tokenizer.TOKENIZER`, 28
 ids) cannot spell a word; a model without its own tokenizer that runs any other environment (the
-customer-service task, a user's environment) uses :data:`TEXT_TOKENIZER`: one id per printable ASCII
+customer-service task with its words added, ``envs/cs_vocab.py``; a user's environment) uses
+:data:`TEXT_TOKENIZER`: one id per printable ASCII
 character, the math tags and the Hermes tool-call tags as single ids (a tiny model learns
 single-token tags far faster, ``reference/rl-on-cpu.md`` §6.3). Like the math alphabet it renders
 only the question of a chat (no system prompt, no examples, no tool schemas): a tiny model learns
