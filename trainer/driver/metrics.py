@@ -128,8 +128,9 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Wall time from new weights to every rollout worker having acknowledged them.",
               buckets=_SYNC_BUCKETS),
     MetricDef("weight_sync_transfer", "histogram", "asyncrl_weight_sync_transfer_seconds",
-              "Per weight sync, the slowest rollout worker's time pulling and reassembling the version's "
-              "buckets (actor.weightSync); generation keeps running meanwhile.",
+              "Per weight sync, the slowest rollout worker's time taking the version's buckets off the "
+              "transport (actor.weightSync: object-store pull, broadcast collective or file read) and "
+              "reassembling them; generation keeps running meanwhile.",
               buckets=_SYNC_BUCKETS),
     MetricDef("weight_sync_pause", "histogram", "asyncrl_weight_sync_pause_seconds",
               "Per weight sync, the slowest rollout worker's time with generation stopped for new weights: "
