@@ -19,9 +19,21 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rollout": ("kopf", "kubernetes", "megatron", "asyncrl.trainer", "asyncrl.operator"),
     "trainer": ("kopf", "asyncrl.operator"),
     "operator": ("torch", "ray", "megatron", "transformers", "asyncrl.trainer", "asyncrl.rollout"),
-    # inside trainer: megatron (primitives) <- oldlogits <- actor <- driver
-    "trainer/megatron": ("asyncrl.trainer.oldlogits", "asyncrl.trainer.actor", "asyncrl.trainer.driver"),
-    "trainer/oldlogits": ("asyncrl.trainer.actor", "asyncrl.trainer.driver"),
+    # inside trainer: correction (pure math) <- megatron (primitives) <- weightsync, oldlogits <- actor <- driver
+    # <- cli; export and cli are entry points nothing below them imports
+    "trainer/correction": ("megatron", "ray", "transformers", "asyncrl.rollout", *(
+        f"asyncrl.trainer.{p}" for p in ("megatron", "weightsync", "oldlogits", "actor", "driver", "export", "cli"))),
+    "trainer/megatron": tuple(f"asyncrl.trainer.{p}" for p in ("weightsync", "oldlogits", "actor", "driver",
+                                                               "export", "cli")),
+    "trainer/weightsync": tuple(f"asyncrl.trainer.{p}" for p in ("oldlogits", "actor", "driver", "export", "cli")),
+    "trainer/oldlogits": tuple(f"asyncrl.trainer.{p}" for p in ("actor", "driver", "export", "cli")),
+    # the actor is one process's model and optimizer: no Ray, no cluster, no rollout, nothing of the driver
+    "trainer/actor": ("ray", "kubernetes", "asyncrl.rollout",
+                      *(f"asyncrl.trainer.{p}" for p in ("driver", "export", "cli"))),
+    "trainer/driver": ("asyncrl.trainer.cli",),
+    # inside rollout: tasks and environments know no engine, worker or episode machinery (those use them)
+    "rollout/envs": ("ray", "vllm", *(f"asyncrl.rollout.{m}" for m in (
+        "engine", "hf_engine", "vllm_engine", "vllm_process", "vllm_server", "worker", "episode", "bench"))),
 }
 
 
@@ -33,6 +45,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append((node.lineno, node.module))
+            # ``from asyncrl.trainer import export`` imports the module asyncrl.trainer.export
+            found.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
     return found
 
 
@@ -45,3 +59,8 @@ def test_dependency_direction(folder: str) -> None:
         if any(name == f or name.startswith(f + ".") for f in FORBIDDEN[folder])
     ]
     assert bad == [], "\n".join(bad)
+
+
+def test_every_subpackage_of_trainer_and_rollout_has_a_direction() -> None:
+    subpackages = {f"{top}/{p.parent.name}" for top in ("trainer", "rollout") for p in (ROOT / top).glob("*/__init__.py")}
+    assert subpackages - set(FORBIDDEN) == set(), "give each subpackage its rule in FORBIDDEN"
