@@ -136,7 +136,7 @@ def _init_process_group(backend: str, layout: Layout) -> None:
         from datetime import timedelta
 
         dist.init_process_group(backend, init_method=layout.init_method, rank=layout.rank,
-                                world_size=layout.world, timeout=timedelta(seconds=600))
+                                world_size=layout.world, timeout=timedelta(seconds=layout.collective_timeout_s))
         return
     if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend, init_method="env://")
