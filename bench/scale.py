@@ -1,9 +1,11 @@
-"""Benchmark: scaling the actor out (issue 17): weight sync today; step time and checkpoints are hooks.
+"""Benchmark: scaling the actor out (issue 17): weight sync, step time DP=1 vs DP=2, checkpoints.
 
 Usage::
 
     nice -n 10 .venv/bin/python bench/scale.py [--sizes 10,35,100] [--receivers 2] [--bucket-mib 512,64]
-                                               [--repeats 2] [--json out.json]
+                                               [--repeats 2] [--quick] [--only SECTION,...] [--json out.json]
+
+``--quick``: one small size, small batches, one repeat (a smoke run of every section in about a minute).
 
 **Weight sync** (this file's part). A source process holds a Llama-shaped model's megatron parameters
 (random, fp32) at three sizes up to ~100M parameters; ``--receivers`` rollout-like processes take every
@@ -22,8 +24,17 @@ preallocated bf16 parameters, the time generation stands still), ``total`` (wall
 publish to every receiver done), wire bytes and GB/s = wire bytes / total. Median of ``--repeats`` after one
 discarded warm-up (the first call imports the converter in each process).
 
-**Step time DP=1 vs DP=2** and **checkpoint save/load sharded vs single file**: not measured here yet;
-:data:`SECTIONS` has their hooks (``None``): a function ``(args) -> list[dict]`` of rows per section.
+**Step time DP=1 vs DP=2** at a fixed global batch: the project's actor (:class:`MegatronActor`, the
+``--step-size`` shape, ``behavior`` reference, two minibatches) as one process and as two gloo ranks in Ray
+actors, each trains the same ``--step-batch`` rows (DP=2: a token-balanced half each). Columns: median
+seconds per ``train_step`` after one discarded warm-up, trained tokens/s, and the ratio to DP=1. On these
+2 shared cores DP=2 only shows the cost of the split and the all-reduces; on GPUs each rank has its own.
+
+**Checkpoint save/load** at the weight-sync sizes: one process holding the actor with Adam state (one
+update applied, so the moments exist), side by side: the sharded folder the actor writes
+(:mod:`asyncrl.trainer.actor.checkpoint_io`: megatron ``dist_checkpointing``, checksums, marker, rename)
+and the former single file (the same content as one ``torch.save``, :func:`write_checkpoint`). Columns:
+save and load seconds (load = verify + read + restore into the live model and optimizer), bytes on disk.
 
 The machine is shared and loaded: compare rows measured side by side in one run, not absolute times.
 """
@@ -238,11 +249,149 @@ def weight_sync_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-# section -> rows; None: a hook for another part of issue 17 (DP=1 vs DP=2 step time, sharded checkpoints)
+class Trainer:
+    """One rank of the actor (one process: world 1) training a fixed global batch."""
+
+    def __init__(self, millions: int, rank: int, world: int, init_method: str | None, threads: int) -> None:
+        import torch
+
+        from asyncrl.api.job import AsyncRLJobSpec
+        from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
+        from asyncrl.trainer.megatron.parallel import Layout
+
+        torch.set_num_threads(threads)
+        arch = arch_of(millions)
+        spec = AsyncRLJobSpec.model_validate({"correction": {"reference": "behavior"},
+                                              "train": {"minibatches": 2, "learningRate": 1e-5}})
+        settings = ActorSettings.from_spec(spec, arch.vocab_size)
+        self.actor = MegatronActor(replace(settings, arch=arch, device="cpu", num_threads=threads,
+                                           layout=Layout(rank=rank, world=world, init_method=init_method)))
+
+    def steps(self, rows: int, length: int, n: int) -> list[float]:
+        """Seconds of each of ``n`` train steps on one seeded ``[rows, length]`` batch (plus a warm-up)."""
+        import torch
+
+        from asyncrl.trainer.megatron.batch import TrainBatch
+
+        g = torch.Generator().manual_seed(0)
+        vocab = self.actor.settings.arch.vocab_size
+        tokens = torch.randint(0, vocab, (rows, length), generator=g)
+        mask = torch.zeros(rows, length, dtype=torch.bool)
+        mask[:, length // 4:] = True
+        logp_mu = self.actor.logprobs(tokens) * mask
+        versions = torch.where(mask, 0, -1)
+        adv = torch.linspace(-1, 1, rows)[:, None].expand(rows, length).contiguous()
+        batch = TrainBatch(tokens, mask, logp_mu, versions, adv, torch.where(mask, 0, -1))
+        out = []
+        for _ in range(n + 1):
+            t0 = time.perf_counter()
+            self.actor.train_step(batch)
+            out.append(time.perf_counter() - t0)
+        return out[1:]
+
+
+def step_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """DP=1 vs DP=2 at one global batch (``--step-batch``), the ``--step-size`` shape."""
+    import ray
+
+    from asyncrl.trainer.megatron.parallel import rendezvous
+
+    rows_, length = args.step_batch
+    out: list[dict[str, Any]] = []
+    base = None
+    for world in (1, 2):
+        init = rendezvous("127.0.0.1") if world > 1 else None
+        threads = max(1, 2 // world)  # the same 2 cores in all: 2 threads x 1 rank, 1 thread x 2 ranks
+        ranks = [ray.remote(Trainer).options(num_cpus=0).remote(args.step_size, r, world, init, threads)
+                 for r in range(world)]
+        times = ray.get([r.steps.remote(rows_, length, args.step_repeats) for r in ranks])
+        med = statistics.median(max(ts) for ts in zip(*times, strict=True))  # a step ends when its slowest rank does
+        base = base or med
+        tokens = rows_ * (length - length // 4)
+        out.append({"params_M": args.step_size, "layout": f"DP={world}", "global_batch": f"{rows_}x{length}",
+                    "step_s": round(med, 3), "tokens_per_s": round(tokens / med, 1),
+                    "vs_DP1": round(med / base, 2)})
+        print(json.dumps(out[-1]), flush=True)
+        for r in ranks:
+            ray.kill(r)
+    return out
+
+
+class Checkpointer:
+    """One process holding an actor with Adam state; saves and loads it in both formats."""
+
+    def __init__(self, millions: int) -> None:
+        self.trainer = Trainer(millions, 0, 1, None, 2)
+        self.trainer.steps(2, 16, 0)  # one update: the optimizer's moments exist
+
+    def run(self, work: str) -> list[dict[str, Any]]:
+        import dataclasses
+        import shutil
+        import tempfile
+
+        from asyncrl.trainer.actor.checkpoint_io import COUNTERS, load_actor, save_actor
+        from asyncrl.trainer.megatron.checkpoint import read_checkpoint, write_checkpoint
+
+        actor = self.trainer.actor
+        root = Path(tempfile.mkdtemp(prefix="scale-ckpt-", dir=work))
+
+        def single_save(d: Path) -> None:  # the former format: the same content, one torch.save
+            state = {"model": {k: v for k, v in actor._gpt.state_dict().items() if not k.endswith("_extra_state")},
+                     "optimizer": actor._optimizer.state_dict(), "version": actor.version,
+                     "counters": {n: getattr(actor, n) for n in COUNTERS}}
+            write_checkpoint(d, state, {"version": actor.version, "arch": dataclasses.asdict(actor.settings.arch)})
+
+        def single_load(d: Path) -> None:
+            state, _ = read_checkpoint(d)
+            actor._gpt.load_state_dict(state["model"], strict=True)
+            actor._optimizer.load_state_dict(state["optimizer"])
+
+        formats = {"sharded (dist_checkpointing)": (lambda d: save_actor(actor, str(d)),
+                                                    lambda d: load_actor(actor, str(d))),
+                   "single file (torch.save)": (single_save, single_load)}
+        rows = []
+        try:
+            for name, (save, load) in formats.items():
+                save(root / "warm")  # first call: imports, megatron's writer set-up
+                saves, loads = [], []
+                for i in range(2):
+                    d = root / f"{name[:6]}-{i}"
+                    t0 = time.perf_counter()
+                    save(d)
+                    saves.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    load(d)
+                    loads.append(time.perf_counter() - t0)
+                nbytes = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+                n = sum(p.numel() for p in actor._params)
+                rows.append({"params_M": round(n / 1e6, 1), "format": name, "save_s": round(min(saves), 3),
+                             "load_s": round(min(loads), 3), "MB": round(nbytes / 1e6, 1),
+                             "files": sum(1 for p in d.rglob("*") if p.is_file())})
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return rows
+
+
+def checkpoint_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import tempfile
+
+    import ray
+
+    rows: list[dict[str, Any]] = []
+    for millions in args.sizes:
+        holder = ray.remote(Checkpointer).options(num_cpus=0).remote(millions)
+        for row in ray.get(holder.run.remote(str(args.work or tempfile.gettempdir()))):
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        ray.kill(holder)
+    return rows
+
+
+# section -> rows
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]] | None] = {
     "weight sync": weight_sync_rows,
-    "step time DP=1 vs DP=2": None,
-    "checkpoint save/load sharded vs single file": None,
+    "step time DP=1 vs DP=2": step_rows,
+    "checkpoint save/load sharded vs single file": checkpoint_rows,
 }
 
 
@@ -260,16 +409,25 @@ def main() -> int:
     p.add_argument("--receivers", type=int, default=2)
     p.add_argument("--bucket-mib", type=lambda s: [int(x) for x in s.split(",")], default=[512, 64])
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--step-size", type=int, default=10, help="model of the step-time rows (M parameters)")
+    p.add_argument("--step-batch", type=lambda s: [int(x) for x in s.split("x")], default=[16, 256],
+                   help="global batch of the step-time rows, ROWSxLENGTH")
+    p.add_argument("--step-repeats", type=int, default=3)
+    p.add_argument("--work", type=Path, default=None, help="folder for the checkpoint rows (default: temp)")
+    p.add_argument("--only", type=lambda s: s.split(","), default=None,
+                   help=f"sections to run, by their first word: {[k.split()[0] for k in SECTIONS]}")
+    p.add_argument("--quick", action="store_true", help="one small size, small batches, one repeat")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    if args.quick:
+        args.sizes, args.repeats, args.step_batch, args.step_repeats = [10], 1, [8, 64], 1
 
     from asyncrl.trainer.driver.ray_env import local_ray
 
     out: dict[str, Any] = {}
     with local_ray(num_cpus=2):
         for name, section in SECTIONS.items():
-            if section is None:
-                print(f"\n## {name}: not measured by this build (hook in bench/scale.py SECTIONS)")
+            if section is None or (args.only is not None and name.split()[0] not in args.only):
                 continue
             rows = section(args)
             out[name] = rows

@@ -113,14 +113,15 @@ def shard_tree(tree: Any, params: Mapping[str, torch.Tensor], model_sd: Mapping[
     return tree, []
 
 
-def template(manifest: list[list[Any]], params: Mapping[str, torch.Tensor], model_sd: Mapping[str, Any]) -> dict:
+def template(manifest: list[list[Any]], params: Mapping[str, torch.Tensor], model_sd: Mapping[str, Any],
+             folder: str = "(sharded state)") -> dict:
     """The sharded state dict that loads the owned tensors of ``manifest`` at this rank's layout (fresh
     buffers shaped like this rank's parameter shards)."""
     out: dict[Any, Any] = {}
     for entry in manifest:
         *path, owner = entry
         if owner not in params:
-            raise CheckpointError("(sharded state)", f"it holds state of parameter {owner!r}, which this model lacks")
+            raise CheckpointError(folder, f"it holds state of parameter {owner!r}, which this model lacks")
         base = model_sd[owner]
         node = out
         for k in path[:-1]:
@@ -157,7 +158,7 @@ def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: 
     state = {"model": dict(model_sd), "extra": sharded_extra, MANIFEST_KEY: manifest}
     # One writer thread per rank (a forked process each in megatron's writer): the ranks share the cores.
     strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
-    sealed: BaseException | None = None
+    seal_error: BaseException | None = None
     try:
         dist_checkpointing.save(state, str(tmp), sharded_strategy=strategy)
         _barrier()  # every rank's shards are on disk before rank 0 seals the folder
@@ -165,18 +166,18 @@ def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: 
             try:
                 seal_folder(tmp, final, {**meta, "format": FORMAT})
             except BaseException as exc:
-                sealed = exc
+                seal_error = exc
     except BaseException:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if sealed is not None:
+    if seal_error is not None:
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written behind
-    flag = [sealed is None]
+    flag = [seal_error is None]
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(flag, src=0)  # the other ranks return only once the folder is sealed
-    if sealed is not None:
-        raise sealed
+    if seal_error is not None:
+        raise seal_error
     if not flag[0]:
         raise CheckpointError(final, "rank 0 could not seal the folder (its error is in rank 0's log)")
     return final
@@ -219,7 +220,7 @@ def load(directory: str | os.PathLike[str], gpt: torch.nn.Module, params: Mappin
     try:
         common = dist_checkpointing.load_common_state_dict(folder)
         model_sd = gpt.sharded_state_dict(prefix="")  # type: ignore[operator]
-        want = {"model": model_sd, "extra": template(common[MANIFEST_KEY], params, model_sd)}
+        want = {"model": model_sd, "extra": template(common[MANIFEST_KEY], params, model_sd, folder)}
         loaded = dist_checkpointing.load(want, folder)
     except CheckpointError:
         raise
