@@ -23,7 +23,7 @@ Printed per (strategy, W), each against the baseline run at the same W:
   and that time in units of the same step's gradient forward ("in fwds": measured back to back in one
   process, so the shared machine's load cancels; the targets use it);
 - extra resident memory: ewma one weight copy (the real :class:`EwmaController` holding this model's
-  weights, measured here), snapshot the stored versions' bytes (the actor's ``snapshot_bytes``), dedicated
+  weights, measured here), snapshot the stored versions' bytes (the actor's ``snapshot_resident_bytes``), dedicated
   its scorers' model, interruptSync the training-side model each rollout worker builds in its window;
 - switch latency, the time to make a version's weights usable for scoring: snapshot a functional call
   over stored tensors (no copy, ~0), dedicated the scorer's advance (load) time, interruptSync the
@@ -156,9 +156,10 @@ def measure(strategy: str, W: int, records: Sequence[Mapping[str, Any]], summary
     if strategy == "ewma":
         memory, memory_note = ewma_bytes, "EWMA weights (theta_prox)"
     elif strategy == "snapshot":
-        versions = [int(r.get("snapshot_versions", 0)) for r in applied]
+        # the resident count (lines written before it had its own name say snapshot_versions)
+        versions = [int(r.get("snapshot_resident_versions", r.get("snapshot_versions", 0))) for r in applied]
         resident_mean, resident_max = statistics.fmean(versions), max(versions)
-        memory = max(int(r.get("snapshot_bytes", 0)) for r in applied)
+        memory = max(int(r.get("snapshot_resident_bytes", r.get("snapshot_bytes", 0))) for r in applied)
         per_version = memory / max(1, resident_max)  # the actor's own count: one copy of its weights
         memory_note = f"stored versions (max); {per_version / weight_bytes:.3f} weight copies per version"
         switch, switch_note = 0.0, "functional call"
@@ -329,10 +330,14 @@ class Bench:
     def run(self, strategy: str, W: int, weight_bytes: int, ewma_bytes: int) -> RunRow:
         from asyncrl.api.validation import validate_job
         from asyncrl.trainer.driver.loop import RunOptions, run_job
+        from asyncrl.trainer.driver.step_report import StepReport
 
-        def progress(record: dict[str, Any]) -> None:
-            print(f"  {strategy} W={W} step {record['step']}: step {record['step_s']:.3f} s, "
-                  f"reference {record.get('actor_reference_s', 0.0):.3f} s, sync {record.get('sync_s', 0.0):.3f} s",
+        def progress(event: Any) -> None:  # on_step: a StepReport, or an evaluation's result (none here)
+            if not isinstance(event, StepReport):
+                return
+            sync = event.sync.seconds if event.sync is not None else 0.0
+            print(f"  {strategy} W={W} step {event.step}: step {event.step_s:.3f} s, "
+                  f"reference {event.actor.metrics.reference_seconds:.3f} s, sync {sync:.3f} s",
                   file=sys.stderr, flush=True)
 
         def warm(done: int, total: int, loss: float) -> None:

@@ -1,7 +1,6 @@
 """RBAC on the real API server: the driver's Role reaches its own job's status and nothing else; the
 operator's chart ClusterRole is enough for the operator and not more than it needs."""
 
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -9,10 +8,10 @@ import pytest
 from kubernetes.client import ApiException
 
 from asyncrl.api.status import TrainingSummary, training_patch
-from asyncrl.trainer.correction.stats import CorrectionStats
 from tests.support.apiserver import ApiServer
 from tests.support.jobs import Jobs, wait_for
 from tests.support.operator_proc import OPERATOR_NAMESPACE, RELEASE, OperatorProcess
+from tests.support.step_reports import step_report
 
 
 @pytest.fixture
@@ -41,8 +40,7 @@ def test_driver_role_patches_only_its_own_jobs_status(apiserver: ApiServer, jobs
 
     # the driver's real reporter, with the driver's real credentials
     reporter = StatusReporter(kubernetes_sender("job1", jobs.ns))
-    counts = {f.name: 0.0 for f in fields(CorrectionStats)} | {"valid_tokens": 100.0, "kept_tokens": 93.0}
-    reporter({"version": 7, **CorrectionStats(**counts).record(), "staleness_max": 2})  # a step record
+    reporter(step_report(7, valid=100.0, keep=0.93, staleness=2))  # an applied step's report
     assert reporter.flush() and reporter.failures == 0
     wait_for(lambda: jobs.status("job1").get("training", {}).get("policyVersion") == 7, message="report landed")
     assert jobs.status("job1")["training"]["keepPercent"] == 93.0

@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+import math
 import os
 
 import pytest
@@ -60,15 +61,13 @@ def test_behavior_step_updates_weights_and_version() -> None:
     batch = _batch(actor)
     before = _params(actor)
     m = actor.train_step(batch)
-    assert m.stepped and m.version == actor.version == 1 and m.reference == "behavior"
+    assert m.applied and m.version == actor.version == 1 and m.reference == "behavior"
     assert m.valid_tokens == B * (T - PROMPT) - 3
     # behavior: pi_ref = mu, so r_d = 1 exactly and nothing is rejected by the discrepancy mask.
-    assert m.correction["rd_min"] == m.correction["rd_max"] == 1.0
-    assert m.correction["keep_ratio"] == 1.0
+    assert m.correction.rd_min == m.correction.rd_max == 1.0
+    assert m.correction.keep_ratio == 1.0
     assert all(not torch.equal(b, p) for b, p in zip(before, actor._params, strict=True))
-    flat = m.as_dict()
-    assert flat["actor/reference"] == "behavior" and flat["actor/version"] == 1.0
-    assert "actor/correction/kl_k3" in flat
+    assert math.isfinite(m.correction.kl_k3) and m.audit is None  # typed: the driver flattens it for text
 
 
 def test_current_reference_is_the_pre_step_forward() -> None:
@@ -79,8 +78,8 @@ def test_current_reference_is_the_pre_step_forward() -> None:
     assert torch.equal(with_grad.detach(), explicit)  # bit-identical: the detached forward is that reference
     # logp_mu was recorded by these very weights, so r_d = pi_ref / mu = 1 and r_s = 1.
     m = actor.train_step(batch)
-    assert m.stepped and m.correction["rd_max"] == pytest.approx(1.0, abs=1e-6)
-    assert m.correction["rs_min"] == m.correction["rs_max"] == 1.0
+    assert m.applied and m.correction.rd_max == pytest.approx(1.0, abs=1e-6)
+    assert m.correction.rs_min == m.correction.rs_max == 1.0
 
 
 class _Spy:
@@ -138,7 +137,7 @@ def test_ewma_reference_forward_update_and_restore(monkeypatch) -> None:
     m = actor.train_step(batch)
     # theta_prox starts as the RL-start weights, so the first reference is the pre-step forward.
     assert torch.equal(spy.calls[-1]["ref"], spy.calls[-1]["theta"])
-    assert m.stepped and m.reference == "ewma" and not m.ewma_reset
+    assert m.applied and m.reference == "ewma" and not m.ewma_reset
     theta1 = _params(actor)
     # total: 0.5 * 1 + 1 = 1.5, theta_prox = (0.5 / 1.5) theta0 + theta1 / 1.5 = theta0 / 3 + 2 theta1 / 3.
     for name, p0, p1 in zip(actor._named, theta0, theta1, strict=True):
@@ -156,7 +155,7 @@ def test_ewma_resets_when_the_keep_ratio_stays_low() -> None:
     for step in range(3):
         # logp_mu far from the policy: |log r_d| ~ 3 > log 2, so the [0.5, 2] mask rejects most tokens.
         m = actor.train_step(_batch(actor, seed=20 + step, noise=3.0))
-        assert m.correction["keep_ratio"] < 0.8
+        assert m.correction.keep_ratio < 0.8
         resets.append((m.ewma_reset, m.ewma_reset_reason))
     assert resets == [(False, ""), (False, ""), (True, "keep_ratio_collapse")] and m.ewma_resets_total == 1
     for name, p in actor._named.items():
@@ -178,11 +177,11 @@ def test_nonfinite_loss_stops_the_step(monkeypatch, caplog) -> None:
     before = _params(actor)
     with caplog.at_level(logging.WARNING, logger="asyncrl.trainer.actor.megatron_actor"):
         m = actor.train_step(batch)
-    assert not m.stepped and m.version == 0 and m.nonfinite_loss_total == 1
+    assert not m.applied and m.version == 0 and m.nonfinite_loss_total == 1
     assert all(torch.equal(b, p) for b, p in zip(before, actor._params, strict=True))
     assert "non-finite loss" in caplog.text and "valid_tokens" in caplog.text
     monkeypatch.setattr(correction, "correction_loss", real)
-    assert actor.train_step(batch).stepped and actor.version == 1
+    assert actor.train_step(batch).applied and actor.version == 1
 
 
 def test_sft_step_learns_a_fixed_batch() -> None:
@@ -297,7 +296,7 @@ def test_policy_gradient_moves_logp_with_the_advantage_sign(reference: str) -> N
     batch = _batch(actor, noise=0.0)  # on-policy: r_d = 1, nothing rejected
     start = actor.logprobs(batch.tokens)
     for _ in range(4):
-        assert actor.train_step(batch).stepped
+        assert actor.train_step(batch).applied
     delta = ((actor.logprobs(batch.tokens) - start) * batch.loss_mask).sum(dim=1)  # [B]
     # Rows alternate A = +1 / -1: sampled tokens of positive rows gain log-prob, negative rows lose.
     assert torch.all(delta[0::2] > 0) and torch.all(delta[1::2] < 0), delta

@@ -71,7 +71,7 @@ def test_multi_version_batch_gets_each_tokens_own_version(monkeypatch) -> None:
     by_version = {}
     for v, seed in enumerate((10, 11)):
         by_version[v] = actor.logprobs(probe.tokens)
-        assert actor.train_step(_on_policy(actor, seed, v)).stepped
+        assert actor.train_step(_on_policy(actor, seed, v)).applied
     by_version[2] = actor.logprobs(probe.tokens)
     assert actor.version == 2
     assert not torch.equal(by_version[0], by_version[1])
@@ -91,8 +91,8 @@ def test_multi_version_batch_gets_each_tokens_own_version(monkeypatch) -> None:
     spy = _Spy(monkeypatch)
     m = actor.train_step(batch)
     torch.testing.assert_close(spy.refs[-1], expected, rtol=0.0, atol=1e-6)
-    assert m.reference == "exact" and m.correction["keep_ratio"] == 1.0
-    assert abs(m.correction["rd_max"] - 1.0) < 1e-5 and abs(m.correction["rd_min"] - 1.0) < 1e-5
+    assert m.reference == "exact" and m.correction.keep_ratio == 1.0
+    assert abs(m.correction.rd_max - 1.0) < 1e-5 and abs(m.correction.rd_min - 1.0) < 1e-5
     # The swaps restored the live weights before the update: the step moved from v2's weights.
     assert actor.version == 3
     # No live set: the newest W + 1 = 3 stay; v3 was recorded at the update (rollout receives it now).
@@ -134,7 +134,7 @@ def test_snapshots_survive_a_checkpoint(tmp_path) -> None:
     assert fresh.version == 2 and fresh.old_logits.store.versions == [1, 2]  # v2 recorded at its update
     for name, value in v1.items():
         assert torch.equal(fresh.old_logits.store.get(1)[name], value), name
-    assert fresh.train_step(probe).stepped  # a resumed run still scores tokens of the version before it
+    assert fresh.train_step(probe).applied  # a resumed run still scores tokens of the version before it
 
     warm = _actor(max_staleness=1)
     warm.load_checkpoint(str(tmp_path / "ckpt"), old_logits=False)  # a warm start: the provider starts fresh
@@ -204,7 +204,7 @@ def test_disk_snapshots_score_like_memory_and_clean_up(tmp_path) -> None:
         assert mm.loss == md.loss  # same weights, same pi_old whether the snapshot sat in memory or a file
     files = sorted(p.name for p in (tmp_path / "snapshots").iterdir())
     assert files == ["v1.safetensors", "v2.safetensors"]  # v0 released: its file is gone
-    assert md.snapshot_versions == 2 and md.snapshot_bytes == sum(
+    assert md.snapshot_resident_versions == 2 and md.snapshot_resident_bytes == sum(
         p.stat().st_size for p in (tmp_path / "snapshots").iterdir())
     probe = _on_policy(memory, 52, 1)
     disk.save_checkpoint(str(tmp_path / "ckpt"))

@@ -47,8 +47,8 @@ def _rows(snapshot_steps: list[float], ewma_steps: list[float], snapshot_ref: fl
     ewma = bench.measure("ewma", 3, _records([10, 11.5, 13, 14.5], ewma_steps, [ewma_ref] * 4), {}, WEIGHTS,
                          ewma_bytes, 2)
     snap = bench.measure("snapshot", 3, _records([10, 12, 13, 15], snapshot_steps, [snapshot_ref] * 4,
-                                                 snapshot_versions=[2, 4, 3, 3],
-                                                 snapshot_bytes=[2 * WEIGHTS, 4 * WEIGHTS, 3 * WEIGHTS, 3 * WEIGHTS]),
+                                                 snapshot_resident_versions=[2, 4, 3, 3],
+                                                 snapshot_resident_bytes=[2 * WEIGHTS, 4 * WEIGHTS, 3 * WEIGHTS, 3 * WEIGHTS]),
                          {}, WEIGHTS, WEIGHTS, 2)
     rows = [base, ewma, snap]
     bench.against_baseline(rows)

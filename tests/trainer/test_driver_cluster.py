@@ -294,7 +294,7 @@ def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
                 nodes = wait_for_roles(ray.nodes, required_roles(job.spec), timeout_s=90, interval_s=0.5)
                 assert missing_roles(nodes, {"driver": 1}) == {}
 
-                def on_step(record: dict[str, Any]) -> None:
+                def on_step(record: Any) -> None:  # a StepReport or an EvalResult
                     held.append(ray.available_resources())
                     reporter(record)
 

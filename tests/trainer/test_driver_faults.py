@@ -60,8 +60,8 @@ def _rollout_pids(title: str = "ray::RolloutHost") -> list[int]:
 def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(tmp_path: Path) -> None:
     killed: list[int] = []
 
-    def on_step(r: dict[str, Any]) -> None:
-        if r.get("version") == 2 and not killed:
+    def on_step(r: Any) -> None:  # a StepReport or an EvalResult
+        if getattr(r, "version", None) == 2 and not killed:
             pids = _rollout_pids()
             assert len(pids) == 2, pids
             os.kill(pids[0], signal.SIGKILL)
@@ -85,8 +85,8 @@ def test_kill_and_resume_continues_the_versions_without_replaying_prompts(tmp_pa
     first: list[str] = []
     second: list[str] = []
 
-    def stop_after_3(r: dict[str, Any]) -> None:
-        if r.get("version") == 3:
+    def stop_after_3(r: Any) -> None:
+        if getattr(r, "version", None) == 3:
             raise KeyboardInterrupt  # the job dies after the checkpoint at 2, with step 3 not saved
 
     with local_ray(num_cpus=2):
@@ -111,8 +111,8 @@ def test_a_killed_dedicated_scorer_is_replaced_and_nothing_is_lost(tmp_path: Pat
                            "train": {**JOB["spec"]["train"], "steps": 5}}}
     killed: list[int] = []
 
-    def on_step(r: dict[str, Any]) -> None:
-        if r.get("version") == 2 and not killed:
+    def on_step(r: Any) -> None:  # a StepReport or an EvalResult
+        if getattr(r, "version", None) == 2 and not killed:
             pids = _rollout_pids("ray::DedicatedScorer")
             assert len(pids) == 1, [Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0] for p in _rollout_pids("ray::")]
             os.kill(pids[0], signal.SIGKILL)

@@ -5,20 +5,21 @@ import datetime as dt
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from asyncrl.api.status import SYNC_PHASE_REPORT_AFTER_SECONDS, JobStatus, SyncPhase
-from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.metrics import SYNC_STATES
 from asyncrl.trainer.driver.status_reporter import StatusReporter, describe_failure, kubernetes_sender
+from asyncrl.trainer.driver.step_report import StepReport
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # tests.support lives at the repository root
     sys.path.insert(0, str(ROOT))
+
+from tests.support.step_reports import step_report  # noqa: E402
 
 WALL = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -32,13 +33,11 @@ class FakeClock:
 
 
 def step(version: int, valid: float = 100, keep: float = 1.0, clip_low: float = 0.0, clip_high: float = 0.0,
-         staleness: int = 0, **extra: Any) -> dict[str, Any]:
-    """A step record as the loop writes it: the correction counts (CorrectionStats.record()) and the rest."""
-    counts = {f.name: 0.0 for f in fields(CorrectionStats)}
-    counts |= {"valid_tokens": valid, "kept_tokens": valid * keep, "clip_low_tokens": valid * clip_low,
-               "clip_high_tokens": valid * clip_high}
-    return {"step": version, "version": version, **CorrectionStats(**counts).record(),
-            "staleness_max": staleness, "ewma_reset": 0, **extra}
+         staleness: int = 0, **extra: Any) -> StepReport:
+    """An applied step's report as the loop hands it to ``on_step`` (``checkpoint=``, ``ewma_reset=``, ...)."""
+    if "ewma_reset" in extra:
+        extra["ewma_reset"] = bool(extra["ewma_reset"])
+    return step_report(version, valid, keep, clip_low, clip_high, staleness, **extra)
 
 
 class Timers:
@@ -92,7 +91,7 @@ def test_window_aggregates_tokens_not_ratios() -> None:
     reporter(step(2, valid=100, keep=0.5, clip_low=0.1, staleness=1, checkpoint="/ckpt/step-000002"))
     clock.t += 5
     reporter(step(3, valid=300, keep=0.9, clip_high=0.2, staleness=2, ewma_reset=1))
-    reporter({"step": 4, "valid_tokens": 1000, "keep_ratio": 0.0, "staleness_max": 9})  # skipped: no "version"
+    reporter(step_report(4, valid=1000, keep=0.0, staleness=9, applied=False))  # not applied: not counted
     clock.t += 30
     reporter(step(5, valid=0))  # no valid tokens: adds nothing to the ratios
     training = sent[-1]["status"]["training"]
@@ -155,9 +154,9 @@ def test_a_phase_that_lasts_is_reported_although_the_throttle_is_closed() -> Non
     reporter, clock, sent = make(timers=timers)
     reporter(step(1))  # a report at once: the throttle is closed for 30 s
     clock.t += 2
-    reporter({"sync_phase": "Interrupt"})  # the loop's record at a phase change: no "version"
+    reporter.phase("Interrupt")  # the loop's record at a phase change: no "version"
     assert len(sent) == 1 and timers.live() == [SYNC_PHASE_REPORT_AFTER_SECONDS]
-    reporter({"sync_phase": "score"})  # the metric label reads the same; Interrupt was short: its timer is
+    reporter.phase("score")  # the metric label reads the same; Interrupt was short: its timer is
     # cancelled, Score's is armed
     assert timers.live() == [SYNC_PHASE_REPORT_AFTER_SECONDS]
     clock.t += SYNC_PHASE_REPORT_AFTER_SECONDS
@@ -169,7 +168,7 @@ def test_a_phase_that_lasts_is_reported_although_the_throttle_is_closed() -> Non
     JobStatus.model_validate({"training": training})
     # the return to Idle from a phase the server has seen is reported the same way (SyncStuck clears)
     for phase in ("Update", "Resume", "Idle"):
-        reporter({"sync_phase": phase})
+        reporter.phase(phase)
     assert len(timers.live()) == 1
     timers.fire()
     assert len(sent) == 3 and sent[-1]["status"]["training"]["syncPhase"] == "Idle"
@@ -182,7 +181,7 @@ def test_short_phases_ride_along_with_the_throttled_report() -> None:
     for v in (2, 3):  # two interrupt-sync updates, every phase shorter than 5 s
         for phase in ("Interrupt", "Score", "Update", "Resume", "Idle"):
             clock.t += 1
-            reporter({"sync_phase": phase})
+            reporter.phase(phase)
         timers.fire()  # only Idle's timer is live; the server never saw a phase other than Idle: nothing to send
         reporter(step(v))
     assert len(sent) == 1
@@ -190,7 +189,7 @@ def test_short_phases_ride_along_with_the_throttled_report() -> None:
     reporter(step(4))
     assert len(sent) == 2 and sent[-1]["status"]["training"]["syncPhase"] == "Idle"
     # a phase whose start the server has seen is not sent twice
-    reporter({"sync_phase": "Score"})
+    reporter.phase("Score")
     clock.t += 30
     reporter(step(5))  # the throttled report carries Score
     timers.fire()
@@ -200,7 +199,7 @@ def test_short_phases_ride_along_with_the_throttled_report() -> None:
 def test_a_failed_phase_report_is_retried_after_the_throttle_interval() -> None:
     timers = Timers()
     reporter, clock, _ = make(fail=True, timers=timers)
-    reporter({"sync_phase": "Score"})  # first call: an immediate (failing) report, then the timer
+    reporter.phase("Score")  # first call: an immediate (failing) report, then the timer
     assert reporter.failures == 1
     timers.fire()
     assert reporter.failures == 2 and timers.live() == [30.0]  # the API is down: again in 30 s, not in a loop
@@ -211,7 +210,7 @@ def test_the_default_timer_thread_reports_a_hanging_phase() -> None:
     sent: list[dict[str, Any]] = []
     reporter = StatusReporter(sent.append, phase_report_after=0.05)
     reporter(step(1))
-    reporter({"sync_phase": "Score"})  # then the loop hangs: nothing else calls the reporter
+    reporter.phase("Score")  # then the loop hangs: nothing else calls the reporter
     deadline = time.monotonic() + 10.0
     while len(sent) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)

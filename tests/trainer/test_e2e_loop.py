@@ -52,7 +52,7 @@ def run(ray_session, tmp_path_factory):
         scraped["url"] = info["metrics_url"]
 
     def on_step(record):
-        if record.get("version") == 2:  # scrape mid-run, while the loop is live
+        if getattr(record, "version", None) == 2:  # scrape mid-run, while the loop is live
             scraped["body"] = urllib.request.urlopen(scraped["url"], timeout=10).read().decode()
 
     result = run_job(job, RunOptions(run_dir=tmp_path_factory.mktemp("run"), port=0),

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.envs.registry import get_task
 from asyncrl.rollout.envs.split import is_heldout
+from asyncrl.trainer.driver.evaluation import EvalResult
 from asyncrl.trainer.driver.loop import RunOptions, run_job
 from asyncrl.trainer.driver.ray_env import local_ray
 
@@ -49,7 +50,7 @@ def run(request, tmp_path_factory):
         job["spec"]["correction"] = {"reference": "exact"}
         job["spec"]["oldLogits"] = {"strategy": "interruptSync"}
     trained: list[Any] = []
-    scraped: list[tuple[dict[str, Any], dict[str, float]]] = []
+    scraped: list[tuple[Any, dict[str, float]]] = []  # (StepReport or EvalResult, /metrics then)
     url: dict[str, str] = {}
 
     def on_batch(groups, version):
@@ -89,17 +90,17 @@ def test_evaluation_takes_no_admission_capacity_and_reports_what_it_saw(run):
     result, _, scraped = run
     evals = 0
     for i, (rec, now) in enumerate(scraped):  # (record, /metrics scraped when the record was written)
-        if "eval_version" not in rec:
+        if not isinstance(rec, EvalResult):
             continue
         evals += 1
-        assert now["asyncrl_eval_version"] == rec["eval_version"]
-        assert now["asyncrl_eval_success"] == pytest.approx(rec["eval_success"])
-        assert now["asyncrl_eval_reward"] == pytest.approx(rec["eval_reward"])
+        assert now["asyncrl_eval_version"] == rec.version
+        assert now["asyncrl_eval_success"] == pytest.approx(rec.success)
+        assert now["asyncrl_eval_reward"] == pytest.approx(rec.reward)
         assert now["asyncrl_eval_trajectories_total"] == PROMPTS * evals
-        assert now["asyncrl_policy_version"] == rec["eval_version"]  # it saw the version it reports
+        assert now["asyncrl_policy_version"] == rec.version  # it saw the version it reports
         if i > 0:  # right after the step that made this version
             step, then = scraped[i - 1]
-            assert step["version"] == rec["eval_version"]
+            assert step.version == rec.version
             # nothing was admitted during the evaluation: the capacity left is what the step left
             assert now["asyncrl_admission_capacity_groups"] == then["asyncrl_admission_capacity_groups"]
     assert evals == 4

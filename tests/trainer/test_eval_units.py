@@ -96,7 +96,7 @@ def test_record_metrics_and_summary() -> None:
     value = registry.get_sample_value
     assert (value("asyncrl_eval_success"), value("asyncrl_eval_reward"), value("asyncrl_eval_version")) == (1, 1, 8)
     assert (value("asyncrl_eval_seconds_total"), value("asyncrl_eval_trajectories_total")) == (2.0, 8)
-    steps = [{"step": v, "version": v, "success_rate": 0.1 * v, "reward_mean": 0.1 * v} for v in range(1, 9)]
+    steps = [{"step": v, "version": v, "applied": True, "success_rate": 0.1 * v, "reward_mean": 0.1 * v} for v in range(1, 9)]
     records = [EvalResult(0, 4, 1, 1.0, 9, 1.0, 0.0).record(1.0), *steps[:4], rec, *steps[4:],
                EvalResult(8, 4, 4, 4.0, 9, 0.5, 0.0).record(20.0)]
     s = summarise(records, wall_s=30.0)
@@ -112,7 +112,7 @@ def test_record_metrics_and_summary() -> None:
 def test_report_plots_the_evaluation(tmp_path) -> None:
     import matplotlib.image
 
-    steps = [{"step": v, "version": v, "success_rate": 0.1, "reward_mean": 0.1} for v in range(1, 5)]
+    steps = [{"step": v, "version": v, "applied": True, "success_rate": 0.1, "reward_mean": 0.1} for v in range(1, 5)]
     evals = [EvalResult(v, 4, v, float(v), 9, 0.1, 0.0).record(1.0) for v in (0, 2, 4)]
     with_eval, without = tmp_path / "a.png", tmp_path / "b.png"
     write_report([*steps, *evals], with_eval)

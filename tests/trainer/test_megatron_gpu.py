@@ -44,13 +44,13 @@ def test_actor_trains_and_exports_weights_on_cuda(cuda_runtime) -> None:
     tokens = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(0))
     loss_mask = torch.zeros(B, T, dtype=torch.bool)
     loss_mask[:, 4:] = True
-    assert actor.sft_step(tokens, loss_mask).stepped
+    assert actor.sft_step(tokens, loss_mask).applied
     logp_mu = actor.logprobs(tokens).cpu() * loss_mask
     versions = torch.where(loss_mask, actor.version, -1)
     advantages = torch.tensor([1.0, -1.0] * (B // 2))[:, None].expand(B, T).contiguous()
     turn_ids = torch.where(loss_mask, 0, -1)
     m = actor.train_step(TrainBatch(tokens, loss_mask, logp_mu, versions, advantages, turn_ids))
-    assert m.stepped and m.version == 2 and m.reference == "ewma"
+    assert m.applied and m.version == 2 and m.reference == "ewma"
 
     hf = LlamaForCausalLM(llama_config(actor.settings.arch)).eval()
     hf.load_state_dict(actor.hf_state_dict(), strict=True)

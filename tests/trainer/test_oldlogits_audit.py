@@ -9,10 +9,12 @@ import torch
 from asyncrl.api.correction import CorrectionSpec
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
+from asyncrl.trainer.driver.step_report import ActorStep, step_line
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits.audit import audit_rows, audit_stats
 from tests.support.bruteforce import brute_force_logp_old
+from tests.support.step_reports import step_report
 
 LN3 = math.log(3.0)
 
@@ -87,11 +89,12 @@ def test_actor_audits_every_nth_step_against_brute_force() -> None:
         theta = actor.logprobs(tokens) * loss_mask  # current: logp_ref = logp_theta of this step
         batch = TrainBatch(tokens, loss_mask, theta + 0.05 * loss_mask, versions, adv, torch.where(loss_mask, 0, -1))
         metrics.append(actor.train_step(batch, live_versions={v, v + 1}))
-    assert metrics[0].audit == {} and metrics[0].audit_seconds == 0.0  # step 0 makes version 1: not audited
+    assert metrics[0].audit is None and metrics[0].audit_seconds == 0.0  # step 0 makes version 1: not audited
     # The audit keeps the snapshots a cheap reference does not need: v1 and v2 after step 1.
     assert actor.auditor is not None and actor.auditor.store.versions == [1, 2]
-    assert metrics[1].snapshot_versions == 2
-    got = metrics[1].audit
+    assert metrics[1].snapshot_resident_versions == 2
+    assert metrics[1].audit is not None
+    got = metrics[1].audit.record()
     rows = audit_rows(loss_mask, 0.5, seed=5, version=1)
     assert got["audit_rows"] == 3.0 and got["audit_tokens"] == float(loss_mask[rows].sum())
     old = brute_force_logp_old(actor.settings.arch, weights, tokens[rows], versions[rows], loss_mask[rows])
@@ -100,6 +103,7 @@ def test_actor_audits_every_nth_step_against_brute_force() -> None:
     assert want["audit_abs_diff_mean"] > 1e-3  # the version-0 tokens really differ from current
     for name, value in want.items():
         assert got[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
-    flat = metrics[1].as_dict()
-    assert flat["actor/audit_abs_diff_p99"] == got["audit_abs_diff_p99"] and flat["actor/snapshot_versions"] == 2.0
-    assert dataclasses.replace(metrics[1], audit={}).as_dict().keys().isdisjoint({"actor/audit_tokens"})
+    line = step_line(step_report(2, actor=ActorStep(metrics[1], publish_seconds=0.01)))  # the metrics.jsonl line
+    assert line["audit_abs_diff_p99"] == got["audit_abs_diff_p99"] and line["snapshot_resident_versions"] == 2
+    unaudited = step_line(step_report(2, actor=ActorStep(dataclasses.replace(metrics[1], audit=None))))
+    assert unaudited.keys().isdisjoint({"audit_tokens"})

@@ -98,11 +98,11 @@ def test_snapshot_pi_old_equals_brute_force_while_retention_releases_versions() 
         nxt = batches.get(c + 1)
         live = live_versions(_trajectories(nxt) if nxt else [], [c], c, W)
         m = actor.train_step(dataclasses.replace(batch, logp_mu=expected), live_versions=live)
-        assert m.stepped and m.correction["keep_ratio"] == 1.0
-        assert abs(m.correction["rd_min"] - 1.0) < 1e-5 and abs(m.correction["rd_max"] - 1.0) < 1e-5, m
+        assert m.applied and m.correction.keep_ratio == 1.0
+        assert abs(m.correction.rd_min - 1.0) < 1e-5 and abs(m.correction.rd_max - 1.0) < 1e-5, m
         resident = sorted(live | {c + 1})
         assert actor.old_logits.store.versions == resident, (c, live)
-        assert (m.snapshot_versions, m.snapshot_bytes) == (len(resident), len(resident) * per_version_bytes)
+        assert (m.snapshot_resident_versions, m.snapshot_resident_bytes) == (len(resident), len(resident) * per_version_bytes)
     # After step 2 only versions 2 and 3 were live: fewer than W + 1 resident, and 0, 1 really gone.
     assert sorted(live_versions(_trajectories(batches[3]), [2], 2, W)) == [2, 3]
     with pytest.raises(MissingSnapshotError, match="version 1 was released"):

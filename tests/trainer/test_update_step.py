@@ -144,10 +144,10 @@ def test_one_version_per_batch_after_all_updates() -> None:
     before = _params(actor)
     m = actor.train_step(_batch(actor))
     assert (m.updates, m.updates_applied, m.updates_skipped, m.micro_batches) == (6, 6, 0, 6)
-    assert m.stepped and m.version == actor.version == 1
+    assert m.applied and m.version == actor.version == 1
     assert all(not torch.equal(b, p) for b, p in zip(before, actor._params, strict=True))
     # Correction counts are summed over the updates: 2 epochs see every valid token twice.
-    assert m.correction["valid_tokens"] == 2 * m.valid_tokens == 2 * (B * (T - PROMPT) - 3)
+    assert m.correction.valid_tokens == 2 * m.valid_tokens == 2 * (B * (T - PROMPT) - 3)
     assert math.isfinite(m.loss) and math.isfinite(m.loss_last) and m.grad_norm > 0 and m.grad_norm_last > 0
     assert actor.train_step(_batch(actor, seed=1)).version == 2
 
@@ -166,7 +166,7 @@ def test_micro_batches_accumulate_to_the_gradient_of_one_forward(reference: str,
     a, b = whole.train_step(batch), split.train_step(batch)
     assert (a.micro_batches, b.micro_batches) == (1, 6)
     assert math.isclose(a.loss, b.loss, rel_tol=1e-6) and math.isclose(a.grad_norm, b.grad_norm, rel_tol=1e-6)
-    assert a.correction == pytest.approx(b.correction, rel=1e-6, abs=1e-6)
+    assert a.correction.record() == pytest.approx(b.correction.record(), rel=1e-6, abs=1e-6)
     # The update's gradient (main_grad keeps it after the step, scaled by the same clip): one forward's,
     # to fp32 summation order. The weights after AdamW are not compared: its first step divides each
     # gradient by its own magnitude, which turns a 1e-12 difference on a 1e-9 gradient into a visible one.
@@ -224,7 +224,7 @@ def test_reference_is_held_from_arrival_and_the_clip_acts_within_the_batch(
     assert min(s.rs_min for s in later) < 1.0 < max(s.rs_max for s in later)  # r_s moved away from 1
     clipped = sum(s.clip_low_tokens + s.clip_high_tokens for s in later)
     assert clipped > 0, f"{reference}: the clip never acted within the batch"
-    assert m.correction["clip_low_tokens"] + m.correction["clip_high_tokens"] >= clipped
+    assert m.correction.clip_low_tokens + m.correction.clip_high_tokens >= clipped
 
 
 def test_a_non_finite_update_is_skipped_and_the_batch_still_makes_one_version(
@@ -234,11 +234,11 @@ def test_a_non_finite_update_is_skipped_and_the_batch_still_makes_one_version(
     _Calls(monkeypatch, nan_on=(1,))  # the second update's loss is NaN
     m = actor.train_step(_batch(actor))
     assert (m.updates, m.updates_applied, m.updates_skipped) == (3, 2, 1)
-    assert m.stepped and m.version == 1 and m.nonfinite_loss_total == 1 and math.isfinite(m.loss)
+    assert m.applied and m.version == 1 and m.nonfinite_loss_total == 1 and math.isfinite(m.loss)
     _Calls(monkeypatch, nan_on=(0, 1, 2))  # every update non-finite: no version, no new weights
     before = _params(actor)
     m = actor.train_step(_batch(actor, seed=1))
-    assert not m.stepped and m.version == 1 and m.updates_applied == 0 and m.nonfinite_loss_total == 1 + 3
+    assert not m.applied and m.version == 1 and m.updates_applied == 0 and m.nonfinite_loss_total == 1 + 3
     assert math.isnan(m.loss) and math.isnan(m.grad_norm)
     assert all(torch.equal(b, p) for b, p in zip(before, actor._params, strict=True))
 
@@ -260,9 +260,9 @@ def test_ewma_reset_fires_under_modes_that_reject_nothing(mode: str) -> None:
     actor = _actor("ewma", correction, minibatches=2)
     steps = [actor.train_step(_batch(actor, seed=s, noise=1.5)) for s in range(2)]
     for m in steps:
-        assert m.correction["keep_ratio"] == 1.0 and m.in_bounds_ratio < 0.8
+        assert m.correction.keep_ratio == 1.0 and m.in_bounds_ratio < 0.8
         assert m.in_bounds_ratio == pytest.approx(
-            1 - (m.correction["rd_below_tokens"] + m.correction["rd_above_tokens"]) / m.correction["valid_tokens"]
+            1 - (m.correction.rd_below_tokens + m.correction.rd_above_tokens) / m.correction.valid_tokens
         )
     assert [m.ewma_reset for m in steps] == [False, True] and steps[1].ewma_reset_reason == "keep_ratio_collapse"
 

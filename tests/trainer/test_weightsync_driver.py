@@ -10,7 +10,7 @@ import torch
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.hosts import RolloutHost
 from asyncrl.trainer.driver.ray_env import local_ray
-from asyncrl.trainer.driver.stages import sync_parts
+from asyncrl.trainer.driver.stages import sync_report
 from asyncrl.trainer.megatron.convert import hf_shapes
 from asyncrl.trainer.weightsync.buckets import pack_buckets
 from asyncrl.trainer.weightsync.objectstore import publish
@@ -53,5 +53,5 @@ def test_rollout_host_installs_bucketed_versions_and_a_late_joiner_matches(ray_l
     other = late.worker.engine.model.state_dict()
     assert all(torch.equal(other[k], model[k]) for k in hf)
 
-    parts = sync_parts([out, None, {"transfer_s": 9.0, "handover_s": 0.0, "pause_s": 0.0, "bytes": 1.0}])
-    assert parts["sync_transfer_s"] == 9.0 and parts["sync_pause_s"] == round(out["pause_s"], 4)  # slowest each
+    parts = sync_report(0.5, [out, None, {"transfer_s": 9.0, "handover_s": 0.0, "pause_s": 0.0, "bytes": 1.0}])
+    assert parts.transfer_seconds == 9.0 and parts.pause_seconds == out["pause_s"]  # the slowest of each

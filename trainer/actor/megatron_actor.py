@@ -31,33 +31,35 @@ ARCHITECTURE §3), after ``train.epochs x train.minibatches`` optimizer updates
 6. the provider observes the new version, once (``ewma``: the new weights, the batch's in-bounds
    ratio of ``r_d``, which may reset ``theta_prox`` to the current weights, paper §6.5, and the
    batch's mean staleness; ``snapshot`` and the audit: record the new version, which rollout
-   receives now).
+   receives now);
+7. the report (:class:`~asyncrl.trainer.actor.reports.TrainStepMetrics`, typed, flattened only where the
+   driver writes text): the correction counts summed over every micro-batch of every update (so fractions
+   are over ``epochs x`` the batch's tokens), loss and gradient norm as the mean over the updates and the
+   last one, and the counts of updates planned, applied and skipped.
 
-Metrics (:class:`TrainStepMetrics`): the correction counts summed over every micro-batch of every
-update (so fractions are over ``epochs x`` the batch's tokens), loss and gradient norm as the mean over
-the updates and the last one, and the counts of updates planned, applied and skipped.
+The settings are :mod:`asyncrl.trainer.actor.settings`, stage 1 is :mod:`asyncrl.trainer.actor.held_reference`,
+the reports and the updates' tally :mod:`asyncrl.trainer.actor.reports`, checkpoints
+:mod:`asyncrl.trainer.actor.checkpoint_io`.
 """
 
-import dataclasses
 import logging
 import math
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
-from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
+from asyncrl.api.correction import ReferencePolicy
 from asyncrl.api.job import AsyncRLJobSpec
-from asyncrl.api.model_arch import LlamaArch, resolve_arch
-from asyncrl.api.old_logits import OldLogitsSpec
 from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
+from asyncrl.trainer.actor.held_reference import HeldReference, hold_reference
+from asyncrl.trainer.actor.reports import NO_TOKENS, SftStepMetrics, TrainStepMetrics, UpdateTally
+from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat, parallel
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
-from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
+from asyncrl.trainer.megatron.logprobs import token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
 from asyncrl.trainer.megatron.update import (
     LossShare,
@@ -68,9 +70,10 @@ from asyncrl.trainer.megatron.update import (
     update_rows,
 )
 from asyncrl.trainer.oldlogits import OldLogitProvider, ProviderSettings, make_provider
-from asyncrl.trainer.oldlogits.audit import Auditor
+from asyncrl.trainer.oldlogits.audit import Auditor, AuditStats
 from asyncrl.trainer.oldlogits.protocol import VersionRetention
-from asyncrl.trainer.oldlogits.registry import reads_logp_theta
+
+__all__ = ["ActorSettings", "MegatronActor", "SftStepMetrics", "TrainStepMetrics"]
 
 log = logging.getLogger(__name__)
 
@@ -86,153 +89,6 @@ class _LogprobCall(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor, temperature: float, max_chunk_bytes: int) -> torch.Tensor:
         return token_logprobs(self.gpt, tokens, temperature=temperature, max_chunk_bytes=max_chunk_bytes)
-
-
-@dataclass(frozen=True)
-class ActorSettings:
-    """Everything the actor needs, adapted once from the job spec (:meth:`from_spec`)."""
-
-    arch: LlamaArch
-    correction: CorrectionSpec
-    optimizer: compat.OptimizerSettings
-    temperature: float = 1.0  # rollout sampling temperature; logp_theta uses the same
-    seed: int = 0
-    max_staleness: int = 2  # W (async.maxStaleness): EWMA decay auto, linear/loglinear gap bound
-    num_threads: int | None = None  # torch intra-op threads of this process (None: leave as is)
-    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES  # fp32 logits alive per log-prob chunk
-    init_weights: str | None = None  # folder of HF-named safetensors (None: random init)
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # compat.init_megatron: auto = CUDA if present
-    old_logits: OldLogitsSpec = OldLogitsSpec()  # exact old-logit strategy (reference: exact)
-    work_dir: str | None = None  # snapshot.device disk: folder of the snapshot files (None: private temp)
-    minibatches: int = 1  # train.minibatches: optimizer updates per pass over a batch
-    epochs: int = 1  # train.epochs: passes over a batch
-    micro_batch_tokens: int = 0  # train.microBatchTokens: padded tokens per forward (0: the whole minibatch)
-    group_size: int = 1  # task.groupSize: rows of a GRPO group (kept under one update when it fits)
-    layout: parallel.Layout = parallel.Layout()  # this rank in the actor group (one process: the default)
-
-    @classmethod
-    def from_spec(
-        cls,
-        spec: AsyncRLJobSpec,
-        vocab_size: int,
-        *,
-        num_threads: int | None = None,
-        max_sequence_length: int | None = None,
-        work_dir: str | None = None,
-    ) -> "ActorSettings":
-        arch = resolve_arch(spec.model, vocab_size, max_sequence_length)
-        optimizer = compat.OptimizerSettings(
-            lr=spec.train.learning_rate,
-            weight_decay=spec.train.weight_decay,
-            max_grad_norm=spec.train.max_grad_norm,
-        )
-        return cls(
-            arch=arch,
-            correction=spec.correction,
-            optimizer=optimizer,
-            temperature=spec.task.temperature,
-            seed=spec.train.seed,
-            max_staleness=spec.async_.max_staleness,
-            num_threads=num_threads,
-            init_weights=spec.model.weights,
-            old_logits=spec.old_logits,
-            work_dir=work_dir,
-            minibatches=spec.train.minibatches,
-            epochs=spec.train.epochs,
-            micro_batch_tokens=spec.train.micro_batch_tokens,
-            group_size=spec.task.group_size,
-        )
-
-
-@dataclass(frozen=True)
-class TrainStepMetrics:
-    """What one :meth:`MegatronActor.train_step` (one batch, one version) did. Counters (``*_total``) are
-    cumulative; per-update values are means over the batch's updates with their last value beside."""
-
-    version: int  # actor version after the step
-    reference: str  # which reference produced logp_ref (ARCHITECTURE §5: always said)
-    stepped: bool  # True: at least one update applied, so the version advanced (by one)
-    loss: float  # mean loss of the updates that computed a finite one (nan when none did)
-    grad_norm: float  # mean gradient norm (before clipping) of the applied updates; nan when none applied
-    valid_tokens: int  # loss_mask.sum()
-    nonfinite_loss_total: int
-    nonfinite_grad_total: int
-    ewma_reset: bool
-    ewma_reset_reason: str  # why the EWMA reference was reset this step ("" when it was not)
-    ewma_resets_total: int
-    reference_seconds: float  # the extra forward of the reference (0 when none)
-    forward_seconds: float
-    backward_seconds: float  # backward + clip + optimizer step
-    # CorrectionStats.record(): the loss's counts and sums with the fractions derived from them, keyed
-    # by the record's own names (CorrectionStats.from_record reads the counts back for the exporter).
-    correction: dict[str, float] = field(default_factory=dict)
-    snapshot_versions: int = 0  # weight versions resident after the step (snapshot strategy + audit)
-    snapshot_bytes: int = 0  # their bytes (host memory, or file sizes for snapshot.device disk)
-    audit_seconds: float = 0.0  # the audit's exact forwards and statistics (0 on non-audit steps)
-    # AuditStats.record() on an audited step (audit_tokens, audit_abs_diff_mean, ...); empty otherwise.
-    audit: dict[str, float] = field(default_factory=dict)
-    updates: int = 1  # optimizer updates planned for the batch: epochs x min(minibatches, rows)
-    updates_applied: int = 0  # of them, applied (finite loss and gradient norm)
-    updates_skipped: int = 0  # of them, skipped: non-finite loss or gradient norm (counted in *_total too)
-    micro_batches: int = 1  # gradient forwards of the step (over all updates)
-    loss_last: float = math.nan  # the last update's loss (nan when it stopped before)
-    grad_norm_last: float = math.nan  # the last update's gradient norm (nan when it stopped before backward)
-    in_bounds_ratio: float = 1.0  # share of the batch's valid tokens with r_d inside mask.bounds (EWMA reset)
-
-    def as_dict(self, prefix: str = "actor/") -> dict[str, float | str]:
-        """Flat ``{name: value}`` for logs; correction metrics under ``<prefix>correction/``, the audit's
-        under ``<prefix>`` with their own ``audit_`` names."""
-        out: dict[str, float | str] = {}
-        for f in dataclasses.fields(self):
-            if f.name not in ("correction", "audit"):
-                value = getattr(self, f.name)
-                out[prefix + f.name] = value if isinstance(value, str) else float(value)
-        out |= {f"{prefix}correction/{k}": v for k, v in self.correction.items()}
-        out |= {f"{prefix}{k}": v for k, v in self.audit.items()}
-        return out
-
-
-@dataclass(frozen=True)
-class SftStepMetrics:
-    """What one :meth:`MegatronActor.sft_step` did."""
-
-    version: int
-    stepped: bool
-    loss: float  # mean next-token cross-entropy over loss_mask tokens (nats)
-    grad_norm: float
-    valid_tokens: int
-    seconds: float
-
-
-@dataclass
-class _Held:
-    """The reference a batch's updates train against (stage 1 of :meth:`MegatronActor.train_step`)."""
-
-    scored: torch.Tensor | None  # [B, T] the provider's own forwards (None: it has none)
-    theta0: torch.Tensor | None  # [B, T] logp_theta at arrival (None: nothing reads it)
-    held: torch.Tensor | None  # [B, T] logp_ref of every update (None: fused, computed per micro-batch)
-    seen: torch.Tensor  # [B, T] logp_ref as the updates saw it (the audit compares it)
-
-
-@dataclass
-class _Tally:
-    """What the updates of one batch did (stage 2), for the report."""
-
-    reference_seconds: float = 0.0
-    records: list[CorrectionStats[torch.Tensor]] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    norms: list[float] = field(default_factory=list)
-    skipped: int = 0
-    micro: int = 0
-    loss_last: float = math.nan
-    grad_last: float = math.nan
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-
-
-# A rank that trained no row this batch (fewer rows than DP ranks): zero counts, the neutral extremes.
-_NO_TOKENS = CorrectionStats(**{f.name: 1.0 if f.name in ("rd_min", "rd_max", "rs_min", "rs_max") else 0.0
-                                for f in dataclasses.fields(CorrectionStats)})
 
 
 class MegatronActor:
@@ -357,80 +213,33 @@ class MegatronActor:
         t0 = time.perf_counter()
         if self.auditor is not None:
             self.auditor.before_step(self)
-        ref = self._hold_reference(batch, version, fused=len(plan) == 1 and self.dp_size == 1, audited=audited)
-        tally = _Tally(reference_seconds=time.perf_counter() - t0)
+        ref = hold_reference(self, batch, version, fused=len(plan) == 1 and self.dp_size == 1, audited=audited)
+        tally = UpdateTally(reference_seconds=time.perf_counter() - t0)
         for rows in plan:
             self._update(batch, rows, version, ref, tally)
-        stepped = self._advance_version(tally)
+        applied = self._advance_version(tally)
         stats = self._batch_stats(tally)
-        t3 = time.perf_counter()
+        t_audit = time.perf_counter()
         audit = self._audit(batch, version, ref, audited)
-        audit_seconds = time.perf_counter() - t3 if audit else 0.0
+        audit_seconds = time.perf_counter() - t_audit if audit is not None else 0.0
         self._retain(live_versions)
-        reset = self._observe_update(batch, stepped, in_bounds_ratio(stats))
-        return self._report(batch, tally, stats, stepped, reset, audit, audit_seconds, len(plan))
+        reset = self._observe_update(batch, applied, in_bounds_ratio(stats))
+        return self._report(batch, tally, stats, reset, audit, audit_seconds, len(plan))
 
-    # -- the stages of train_step, in order
-    def _hold_reference(self, batch: TrainBatch, version: int, *, fused: bool, audited: bool) -> "_Held":
-        """Stage 1: the provider's own forwards and, unless ``fused``, ``logp_ref`` of the whole batch now,
-        before the first update (every rank scores the whole batch, so all hold the same reference).
-
-        ``fused`` (one update, one rank): the gradient forward runs under the arrival weights, so its
-        detached output *is* the arrival-time logp_theta: ``logp_ref`` is computed per micro-batch there."""
-        s = self.settings
-        B, T = batch.shape
-        arrival_chunks = micro_batches(torch.arange(B), T, s.micro_batch_tokens)
-        scored = self._score(batch, arrival_chunks)
-        theta0: torch.Tensor | None = None  # [B, T] logp_theta at arrival (when something reads it)
-        held: torch.Tensor | None = None  # [B, T] logp_ref of every update
-        if not fused:
-            if audited or reads_logp_theta(self.reference, s.old_logits):
-                theta0 = torch.cat([self.logprobs(batch.tokens[c]) for c in arrival_chunks])
-            # NaN stand-in: a provider that read logp_theta without being listed in READS_THETA would show
-            # every token as non-finite (counted), never train on a wrong reference silently.
-            stand_in = theta0 if theta0 is not None else torch.full_like(batch.logp_mu, math.nan)
-            held = self.old_logits.logp_ref(batch, stand_in, version, scored).detach()
-        elif audited:
-            theta0 = torch.full_like(batch.logp_mu, math.nan)  # filled from the gradient forward(s)
-        seen = held if held is not None else torch.full_like(batch.logp_mu, math.nan)
-        return _Held(scored=scored, theta0=theta0, held=held, seen=seen)
-
-    def _update(self, batch: TrainBatch, rows: torch.Tensor, version: int, ref: "_Held", tally: "_Tally") -> None:
-        """Stage 2, one optimizer update: this DP rank's share of the minibatch ``rows`` ``[b]`` in
-        micro-batches whose gradients accumulate, the loss over the minibatch's global denominator, then
-        clip and step. A non-finite loss on any rank stops the update on every rank before backward."""
-        s = self.settings
+    # -- the stages of train_step, in order (stage 1: held_reference.hold_reference)
+    def _update(self, batch: TrainBatch, rows: torch.Tensor, version: int, ref: HeldReference, tally: UpdateTally) -> None:
+        """Stage 2, one optimizer update of the minibatch ``rows`` ``[b]``: accumulate the gradients of its
+        micro-batches, then clip and step; a non-finite loss (on any rank) or gradient norm skips it, counted."""
         self._optimizer.zero_grad()
-        chunks = self._my_chunks(batch, rows)
-        # The minibatch's (global) denominator when the loss is split over micro-batches or ranks; megatron's
-        # DDP averages gradients over DP, so each rank's share is scaled by DP to sum to the minibatch's loss.
-        split = len(chunks) > 1 or self.dp_size > 1
-        share = LossShare(batch.loss_mask[rows], s.correction.loss_aggregation) if split else None
-        loss_u, finite = 0.0, True
-        for chunk in chunks:
-            ta = time.perf_counter()
-            loss = self._micro_loss(batch, chunk, version, ref, share, tally) if len(chunk) else None
-            value = float(loss.detach()) if loss is not None else 0.0  # one sync per micro-batch
-            tally.micro += 1 if loss is not None else 0
-            tb = time.perf_counter()
-            tally.forward_s += tb - ta
-            if not parallel.all_finite(value):  # every rank takes the same branch
-                loss_u, finite = (value if not math.isfinite(value) else math.nan), False
-                break
-            if loss is not None:
-                (loss * self.dp_size if self.dp_size > 1 else loss).backward()
-            loss_u += value
-            tally.backward_s += time.perf_counter() - tb
-        tally.loss_last, tally.grad_last = loss_u, math.nan
-        if not finite:
+        loss = self._accumulate(batch, rows, version, ref, tally)
+        tally.loss_last, tally.grad_last = loss, math.nan
+        if not math.isfinite(loss):
             self.nonfinite_loss_total += 1
             tally.skipped += 1
             log.warning("non-finite loss %s at version %d (reference %s): update skipped; minibatch %s",
-                        loss_u, version, self.reference.value, select_rows(batch, rows).summary())
+                        loss, version, self.reference.value, select_rows(batch, rows).summary())
             return
-        loss_u = parallel.dp_sum([loss_u])[0]  # the minibatch's loss (each rank holds a share)
-        tally.loss_last = loss_u
-        tally.losses.append(loss_u)
+        tally.losses.append(loss)
         tb = time.perf_counter()
         outcome = self._optimizer.step()  # the norm is global: every rank steps or skips alike
         tally.backward_s += time.perf_counter() - tb
@@ -442,6 +251,33 @@ class MegatronActor:
             tally.skipped += 1
             log.warning("non-finite gradient norm %s at version %d: update skipped; minibatch %s",
                         outcome.grad_norm, version, select_rows(batch, rows).summary())
+
+    def _accumulate(self, batch: TrainBatch, rows: torch.Tensor, version: int, ref: HeldReference,
+                    tally: UpdateTally) -> float:
+        """This DP rank's share of the minibatch ``rows`` in micro-batches, forward and backward (gradients
+        accumulate), the loss over the minibatch's global denominator; returns the minibatch's loss (summed
+        over the ranks), or the first non-finite value (nan when another rank's was): then no backward ran
+        after it, on any rank."""
+        chunks = self._my_chunks(batch, rows)
+        # The minibatch's (global) denominator when the loss is split over micro-batches or ranks; megatron's
+        # DDP averages gradients over DP, so each rank's share is scaled by DP to sum to the minibatch's loss.
+        split = len(chunks) > 1 or self.dp_size > 1
+        share = LossShare(batch.loss_mask[rows], self.settings.correction.loss_aggregation) if split else None
+        total = 0.0
+        for chunk in chunks:
+            ta = time.perf_counter()
+            loss = self._micro_loss(batch, chunk, version, ref, share, tally) if len(chunk) else None
+            value = float(loss.detach()) if loss is not None else 0.0  # one sync per micro-batch
+            tally.micro += 1 if loss is not None else 0
+            tb = time.perf_counter()
+            tally.forward_s += tb - ta
+            if not parallel.all_finite(value):  # every rank takes the same branch
+                return value if not math.isfinite(value) else math.nan
+            if loss is not None:
+                (loss * self.dp_size if self.dp_size > 1 else loss).backward()
+            total += value
+            tally.backward_s += time.perf_counter() - tb
+        return parallel.dp_sum([total])[0]  # the minibatch's loss (each rank holds a share)
 
     def _my_chunks(self, batch: TrainBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """This rank's micro-batches of ``rows``, padded with empty ones to the most any DP rank has, so
@@ -455,8 +291,8 @@ class MegatronActor:
         empty = rows[:0]
         return mine + [empty] * (max(max(counts), 1) - len(mine))
 
-    def _micro_loss(self, batch: TrainBatch, chunk: torch.Tensor, version: int, ref: "_Held",
-                    share: "LossShare | None", tally: "_Tally") -> torch.Tensor:
+    def _micro_loss(self, batch: TrainBatch, chunk: torch.Tensor, version: int, ref: HeldReference,
+                    share: "LossShare | None", tally: UpdateTally) -> torch.Tensor:
         """The gradient forward of the rows ``chunk`` and their share of the minibatch's loss."""
         from asyncrl.trainer.correction import correction_loss
 
@@ -476,24 +312,23 @@ class MegatronActor:
         tally.records.append(result.metrics)
         return result.loss if share is None else share(result.loss, result.metrics)
 
-    def _advance_version(self, tally: "_Tally") -> bool:
+    def _advance_version(self, tally: UpdateTally) -> bool:
         """Stage 3: one version per batch, after all its updates, if any applied (the same on every rank)."""
-        stepped = bool(tally.norms)
-        if stepped:
+        if tally.applied:
             self.version += 1
-        return stepped
+        return tally.applied
 
-    def _batch_stats(self, tally: "_Tally") -> CorrectionStats[float]:
+    def _batch_stats(self, tally: UpdateTally) -> CorrectionStats[float]:
         """The correction counts of every micro-batch of every update, summed over the DP ranks."""
-        local = sum_stats(tally.records).to_floats() if tally.records else _NO_TOKENS
+        local = sum_stats(tally.records).to_floats() if tally.records else NO_TOKENS
         return parallel.reduce_stats(local)
 
-    def _audit(self, batch: TrainBatch, version: int, ref: "_Held", audited: bool) -> dict[str, float]:
+    def _audit(self, batch: TrainBatch, version: int, ref: HeldReference, audited: bool) -> AuditStats | None:
         """Stage 4: on an audited step, the exact forwards over the stored snapshots, compared at arrival
         (the whole batch on every rank: the same figures everywhere)."""
         if not audited or self.auditor is None or ref.theta0 is None:
-            return {}
-        return self.auditor.run(batch, self, version, ref.theta0, ref.seen, self.settings.correction).record()
+            return None
+        return self.auditor.run(batch, self, version, ref.theta0, ref.seen, self.settings.correction)
 
     def _retain(self, live_versions: Collection[int] | None) -> None:
         """Stage 5: the snapshot stores keep ``live_versions`` plus the version now live."""
@@ -502,9 +337,9 @@ class MegatronActor:
             for holder in self._version_holders():
                 holder.retain(keep)
 
-    def _observe_update(self, batch: TrainBatch, stepped: bool, bounds_ratio: float) -> str:
+    def _observe_update(self, batch: TrainBatch, applied: bool, bounds_ratio: float) -> str:
         """Stage 6: the provider (and the audit) observe the new version; the EWMA reset reason or ""."""
-        if not stepped:
+        if not applied:
             return ""
         reset = self.old_logits.observe_update(batch, self, bounds_ratio)
         if self.auditor is not None:
@@ -515,16 +350,16 @@ class MegatronActor:
                      self.reference.value, self.version, reset)
         return reset
 
-    def _report(self, batch: TrainBatch, tally: "_Tally", stats: CorrectionStats[float], stepped: bool, reset: str,
-                audit: dict[str, float], audit_seconds: float, updates: int) -> TrainStepMetrics:
+    def _report(self, batch: TrainBatch, tally: UpdateTally, stats: CorrectionStats[float], reset: str,
+                audit: AuditStats | None, audit_seconds: float, updates: int) -> TrainStepMetrics:
+        """Stage 7: the step's report (every rank returns the same: the figures are global)."""
         resident = [h.resident() for h in self._version_holders()]
-        losses, norms = tally.losses, tally.norms
         return TrainStepMetrics(
             version=self.version,
             reference=self.reference.value,
-            stepped=stepped,
-            loss=sum(losses) / len(losses) if losses else math.nan,
-            grad_norm=sum(norms) / len(norms) if norms else math.nan,
+            applied=tally.applied,
+            loss=tally.loss_mean,
+            grad_norm=tally.grad_norm_mean,
             valid_tokens=int(batch.loss_mask.sum()),
             nonfinite_loss_total=self.nonfinite_loss_total,
             nonfinite_grad_total=self.nonfinite_grad_total,
@@ -534,32 +369,19 @@ class MegatronActor:
             reference_seconds=tally.reference_seconds,
             forward_seconds=tally.forward_s,
             backward_seconds=tally.backward_s,
-            correction=stats.record(),
-            snapshot_versions=sum(r.versions for r in resident),
-            snapshot_bytes=sum(r.nbytes for r in resident),
+            correction=stats,
+            snapshot_resident_versions=sum(r.versions for r in resident),
+            snapshot_resident_bytes=sum(r.nbytes for r in resident),
             audit_seconds=audit_seconds,
             audit=audit,
             updates=updates,
-            updates_applied=len(norms),
+            updates_applied=len(tally.norms),
             updates_skipped=tally.skipped,
             micro_batches=tally.micro,
             loss_last=tally.loss_last,
             grad_norm_last=tally.grad_last,
             in_bounds_ratio=in_bounds_ratio(stats),
         )
-
-    def _score(self, batch: TrainBatch, chunks: list[torch.Tensor]) -> torch.Tensor | None:
-        """The provider's own forwards (``[B, T]`` or None) over the micro-batches ``chunks`` (consecutive
-        rows in order), so that ``train.microBatchTokens`` bounds these forwards too."""
-        if len(chunks) == 1:
-            return self.old_logits.score(batch, self)
-        parts = [self.old_logits.score(select_rows(batch, c), self) for c in chunks]
-        present = [p for p in parts if p is not None]
-        if not present:
-            return None
-        if len(present) != len(parts):
-            raise RuntimeError(f"old-logit provider {self.reference.value} scored some micro-batches and not others")
-        return torch.cat(present)
 
     def sft_step(self, tokens: torch.Tensor, loss_mask: torch.Tensor) -> SftStepMetrics:
         """One supervised step (warm start): mean cross-entropy of the ``loss_mask`` tokens.
@@ -583,7 +405,7 @@ class MegatronActor:
             logp = self._logprobs(tokens[rows], 1.0)  # [b, T]; supervised targets, no sampling temperature
             loss = -(logp * loss_mask[rows]).sum() / max(n, 1)
         local = float(loss.detach()) if loss is not None else 0.0
-        grad_norm, stepped = math.nan, False
+        grad_norm, applied = math.nan, False
         if not parallel.all_finite(local):  # every rank skips together
             value = local if not math.isfinite(local) else math.nan
             self.nonfinite_loss_total += 1
@@ -593,12 +415,12 @@ class MegatronActor:
             if loss is not None:
                 (loss * self.dp_size if self.dp_size > 1 else loss).backward()
             outcome = self._optimizer.step()
-            grad_norm, stepped = outcome.grad_norm, outcome.stepped
-            if stepped:
+            grad_norm, applied = outcome.grad_norm, outcome.stepped
+            if applied:
                 self.version += 1
             else:
                 self.nonfinite_grad_total += 1
-        return SftStepMetrics(self.version, stepped, value, grad_norm, n, time.perf_counter() - t0)
+        return SftStepMetrics(self.version, applied, value, grad_norm, n, time.perf_counter() - t0)
 
     # ---------------------------------------------------------------- old-logit provider
     def _new_provider(self) -> OldLogitProvider:

@@ -1,8 +1,9 @@
 """What the loop counts: rollouts and correction statistics into the metrics, steps into a summary.
 
-Plain functions over the catalogue's metrics (:mod:`.metrics`) and the per-step records. The
-correction loss's counts arrive as its own record (:class:`CorrectionStats`) and go into the
-counters as they are: nothing is divided and multiplied back.
+Plain functions over the catalogue's metrics (:mod:`.metrics`) and the actor's typed step report
+(:class:`~asyncrl.trainer.actor.reports.TrainStepMetrics`). The correction loss's counts arrive as its
+own record (:class:`CorrectionStats`) and go into the counters as they are: nothing is divided and
+multiplied back. :func:`summarise` reads the ``metrics.jsonl`` lines (a resumed run's earlier lines too).
 """
 
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.metrics import SYNC_STATES, TRAJECTORY_STATUSES, DriverMetrics
 
 if TYPE_CHECKING:
+    from asyncrl.trainer.actor.reports import TrainStepMetrics
     from asyncrl.trainer.driver.evaluation import EvalResult
 
 
@@ -69,21 +71,22 @@ def count_correction(m: DriverMetrics, stats: CorrectionStats[float], reference:
     m.kl_k3.set(stats.kl_k3_theta_ref)
 
 
-def count_old_logits(m: DriverMetrics, stats: dict[str, Any], reference: str) -> None:
-    """One applied step's snapshot residency and, on audited steps, the live audit's numbers."""
-    m.optimizer_updates.labels("applied").inc(float(stats.get("updates_applied", 0)))
-    m.optimizer_updates.labels("skipped").inc(float(stats.get("updates_skipped", 0)))
-    m.in_bounds_ratio.set(float(stats.get("in_bounds_ratio", 1.0)))
-    m.snapshot_versions.set(float(stats.get("snapshot_versions", 0)))
-    m.snapshot_bytes.set(float(stats.get("snapshot_bytes", 0)))
-    m.audit_seconds.labels(reference).inc(float(stats.get("actor_audit_s", 0.0)))
-    if "audit_tokens" not in stats:
+def count_old_logits(m: DriverMetrics, step: "TrainStepMetrics", reference: str) -> None:
+    """One applied step's updates, snapshot residency and, on audited steps, the live audit's numbers."""
+    m.optimizer_updates.labels("applied").inc(step.updates_applied)
+    m.optimizer_updates.labels("skipped").inc(step.updates_skipped)
+    m.in_bounds_ratio.set(step.in_bounds_ratio)
+    m.snapshot_versions.set(step.snapshot_resident_versions)  # the resident count (never the cap)
+    m.snapshot_bytes.set(step.snapshot_resident_bytes)
+    m.audit_seconds.labels(reference).inc(step.audit_seconds)
+    audit = step.audit
+    if audit is None:
         return
-    m.audit_abs_diff.labels(reference, "mean").set(float(stats["audit_abs_diff_mean"]))
-    m.audit_abs_diff.labels(reference, "p99").set(float(stats["audit_abs_diff_p99"]))
-    m.audit_tokens.labels(reference).inc(float(stats["audit_tokens"]))
-    m.audit_disagree_tokens.labels(reference, "mask").inc(float(stats["audit_mask_disagree_tokens"]))
-    m.audit_disagree_tokens.labels(reference, "clip").inc(float(stats["audit_clip_disagree_tokens"]))
+    m.audit_abs_diff.labels(reference, "mean").set(audit.abs_diff_mean)
+    m.audit_abs_diff.labels(reference, "p99").set(audit.abs_diff_p99)
+    m.audit_tokens.labels(reference).inc(audit.tokens)
+    m.audit_disagree_tokens.labels(reference, "mask").inc(audit.mask_disagree_tokens)
+    m.audit_disagree_tokens.labels(reference, "clip").inc(audit.clip_disagree_tokens)
 
 
 def count_ewma_reset(m: DriverMetrics, reason: str) -> None:
@@ -107,13 +110,13 @@ def success_rate(groups: Sequence[Sequence[Trajectory]]) -> float:
 
 
 def summarise(records: Sequence[dict[str, Any]], wall_s: float, window: int = 10) -> dict[str, Any]:
-    """Start/final success and reward (means over the first/last ``window`` applied steps), wall time,
+    """From the run's ``metrics.jsonl`` lines (a resumed log included, so read back as text): start/final success and reward (means over the first/last ``window`` applied steps), wall time,
     and the held-out evaluation's first/last success and curve (``eval_*``; None/empty without one)."""
 
     def mean(xs: list[float]) -> float | None:
         return round(sum(xs) / len(xs), 4) if xs else None
 
-    ok = [r for r in records if "version" in r]  # steps whose update was applied
+    ok = [r for r in records if r.get("applied") is True]  # metrics.jsonl lines of the applied steps
     evals = [r for r in records if "eval_version" in r]  # evaluations of the current policy, in order
     curve = [{"version": r["eval_version"], "success": round(r["eval_success"], 4),
               "reward": round(r["eval_reward"], 4), "seconds": r.get("eval_s"), "loop_s": round(t, 3)}

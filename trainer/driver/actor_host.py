@@ -6,13 +6,16 @@ checkpoints. Tensors cross processes as numpy arrays (Ray stores them once, read
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.driver.host_common import limit_threads, task_context
 from asyncrl.trainer.driver.warm import warm_start_lr
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.driver.step_report import ActorStep
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +110,11 @@ class ActorHost:
         self.save_checkpoint(cache_dir)
 
     def train_step(self, batch: dict[str, np.ndarray], version: int,
-                   live_versions: list[int] | None = None) -> tuple[dict[str, Any], Any]:
-        """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (flat stats, the new weights'
-        sync handle or None when the step was skipped). ``live_versions``: the versions untrained tokens may still
-        carry after this step (weight snapshots of every other version are released)."""
-        from asyncrl.trainer.driver.step_report import step_record
+                   live_versions: list[int] | None = None) -> tuple["ActorStep", Any]:
+        """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (the step's typed report, the new
+        weights' sync handle or None when no update applied). ``live_versions``: the versions untrained tokens
+        may still carry after this step (weight snapshots of every other version are released)."""
+        from asyncrl.trainer.driver.step_report import ActorStep
         from asyncrl.trainer.megatron.batch import TrainBatch
 
         if self.actor.version != version:
@@ -119,14 +122,11 @@ class ActorHost:
         tb = TrainBatch.from_numpy(batch)
         kwargs = {} if live_versions is None else {"live_versions": live_versions}
         out = self.actor.train_step(tb, **kwargs)
-        stats = step_record(out)
-        if not out.stepped:
-            stats["batch_summary"] = tb.summary()
-            return stats, None
+        if not out.applied:
+            return ActorStep(out, batch_summary=tb.summary()), None
         t0 = time.perf_counter()
         handle = self.weight_handle()
-        stats["weights_publish_s"] = round(time.perf_counter() - t0, 4)  # gather, convert, cast, pack, put
-        return stats, handle
+        return ActorStep(out, publish_seconds=time.perf_counter() - t0), handle  # gather, convert, cast, pack, put
 
     def weights(self) -> Weights | None:
         """HF-named weights (rank 0; the other ranks take part in the TP gather and return None)."""

@@ -379,7 +379,7 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
                 warm_start_dir=None if ckpt is None else ckpt / "warm_start",
                 checkpoint_base=None if ckpt is None else Path(os.environ[C.ENV_CHECKPOINT_DIR]),
             )
-            on_phase = None if reporter is None else (lambda p: reporter({"sync_phase": p.capitalize()}))
+            on_phase = None if reporter is None else reporter.phase
             result = run_job(job, run_options, on_step=reporter, on_phase=on_phase)
     except ClusterTimeoutError as exc:
         print(f"asyncrl driver: {exc}", file=sys.stderr)

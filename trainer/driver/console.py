@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.api.job import AsyncRLJob
+from asyncrl.trainer.driver.evaluation import EvalResult
 from asyncrl.trainer.driver.faults import describe
-from asyncrl.trainer.driver.loop import RunOptions, RunResult, default_run_dir, run_job
+from asyncrl.trainer.driver.gang_restart import run_with_restarts
+from asyncrl.trainer.driver.loop import LoopEvent, RunOptions, RunResult, default_run_dir
 from asyncrl.trainer.driver.startup_probe import StartupCheckError
 
 
@@ -88,21 +90,22 @@ def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = Fal
 
     postfix: dict[str, Any] = {"eval": "-"}  # the last held-out evaluation stays beside the training numbers
 
-    def on_step(r: dict[str, Any]) -> None:
+    def on_step(event: LoopEvent) -> None:
         nonlocal bar
-        if "eval_version" in r:  # an evaluation record (spec.eval): no step was taken
-            postfix["eval"] = f"{r['eval_success']:.2f}@v{r['eval_version']}"
+        if isinstance(event, EvalResult):  # an evaluation (spec.eval): no step was taken
+            postfix["eval"] = f"{event.success:.2f}@v{event.version}"
             if bar is not None:
                 bar.set_postfix(postfix, refresh=True)
             return
         if bar is None and not quiet:
-            bar = tqdm(total=total, initial=r["step"] - 1, desc=job.metadata.name, unit="step",
+            bar = tqdm(total=total, initial=event.step - 1, desc=job.metadata.name, unit="step",
                        file=sys.stderr, dynamic_ncols=True)
         if bar is not None:
-            postfix.update(reward=f"{r.get('reward_mean', 0):.2f}", success=f"{r.get('success_rate', 0):.2f}",
-                           keep=f"{r.get('keep_ratio', 1.0):.3f}", v=r.get("version", "-"))
+            postfix.update(reward=f"{event.reward_mean:.2f}", success=f"{event.success_rate:.2f}",
+                           keep=f"{event.actor.metrics.correction.keep_ratio:.3f}",
+                           v=event.version if event.version is not None else "-")
             bar.set_postfix(postfix, refresh=False)
-            if r.get("version") is not None:
+            if event.applied:
                 bar.update(1)
 
     if not quiet:
@@ -114,7 +117,11 @@ def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = Fal
     error: str | None = None
     began = time.time()
     try:
-        result = run_job(job, options, on_step=on_step, on_start=on_start, on_warm=on_warm)
+        # the actor gang failing (a rank died or raised) restarts the run from its checkpoint, as the operator does
+        result = run_with_restarts(job, options, on_step=on_step, on_start=on_start, on_warm=on_warm,
+                                   on_restart=lambda n, exc: print(
+                                       f"\n{exc.line}: restarting the gang from the last complete checkpoint "
+                                       f"({n}/{job.spec.run_policy.backoff_limit})", file=sys.stderr))
     except KeyboardInterrupt:
         code = 130
     except StartupCheckError as exc:  # the engines' log-probs do not match the actor's: a configuration error

@@ -28,7 +28,8 @@ from asyncrl.trainer.driver.stages import Stage
 from asyncrl.trainer.driver.staleness import Group
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.driver.loop import _Loop
+    from asyncrl.trainer.driver.loop_view import LoopView
+    from asyncrl.trainer.driver.step_report import WeightSync
 
 
 class DedicatedStage(Stage):
@@ -44,7 +45,7 @@ class DedicatedStage(Stage):
         self.waits = 0
         self._replaced_seen = 0
 
-    def start(self, loop: "_Loop") -> None:
+    def start(self, loop: "LoopView") -> None:
         from asyncrl.trainer.driver.hosts import dedicated_spawner
         from asyncrl.trainer.oldlogits.dedicated import DedicatedFleet
         from asyncrl.trainer.oldlogits.dedicated_plan import DedicatedPlan
@@ -61,10 +62,10 @@ class DedicatedStage(Stage):
         self.fleet.dispatch()
 
     # ---------------------------------------------------------------- what happened
-    def admitted(self, loop: "_Loop", ref: Any, version: int) -> None:
+    def admitted(self, loop: "LoopView", ref: Any, version: int) -> None:
         self.plan.admitted(ref, version)
 
-    def returned(self, loop: "_Loop", ref: Any, trajs: list[Trajectory]) -> None:
+    def returned(self, loop: "LoopView", ref: Any, trajs: list[Trajectory]) -> None:
         unscorable = self.plan.returned(ref, trajs)
         if unscorable:  # the plan's admission rule was broken: a bug, never trained with a wrong pi_old
             raise RuntimeError(
@@ -73,7 +74,7 @@ class DedicatedStage(Stage):
             )
         self.fleet.dispatch()
 
-    def released(self, loop: "_Loop", trajs: list[Trajectory]) -> None:
+    def released(self, loop: "LoopView", trajs: list[Trajectory]) -> None:
         self.plan.released(t.traj_id for t in trajs)
 
     # ---------------------------------------------------------------- the loop's waits
@@ -83,13 +84,13 @@ class DedicatedStage(Stage):
     def owns(self, ref: Any) -> bool:
         return self.fleet is not None and self.fleet.owns(ref)
 
-    def collect(self, loop: "_Loop", ref: Any) -> None:
+    def collect(self, loop: "LoopView", ref: Any) -> None:
         self.fleet.collect(ref)
         if self.fleet.replaced > self._replaced_seen:
             loop.m.worker_replacements.labels("oldlogits").inc(self.fleet.replaced - self._replaced_seen)
             self._replaced_seen = self.fleet.replaced
 
-    def before_train(self, loop: "_Loop", groups: list[Group]) -> None:
+    def before_train(self, loop: "LoopView", groups: list[Group]) -> None:
         trajs = [t for g in groups for t in g]
         t0 = time.monotonic()
         gate = self.plan.gate(trajs, loop.version)
@@ -106,10 +107,10 @@ class DedicatedStage(Stage):
         loop.m.oldlogits_lag.set(gate.lag)
         loop.step_extra["dedicated_wait_s"] = round(took, 4)
 
-    def trained(self, loop: "_Loop", groups: list[Group]) -> None:
+    def trained(self, loop: "LoopView", groups: list[Group]) -> None:
         self.released(loop, [t for g in groups for t in g])
 
-    def sync_weights(self, loop: "_Loop", weights: Any, version: int) -> dict[str, float]:
+    def sync_weights(self, loop: "LoopView", weights: Any, version: int) -> "WeightSync":
         out = super().sync_weights(loop, weights, version)
         # hosts.weights: this version's handle (under broadcast the scorers already hold it, or -- when they
         # missed it -- its object-store copy)

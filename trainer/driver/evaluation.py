@@ -35,7 +35,7 @@ from asyncrl.rollout.envs.interface import Sample
 from asyncrl.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.driver.loop import _Loop
+    from asyncrl.trainer.driver.loop_view import LoopView
 
 # The engines sample (temperature > 0 is their contract): greedy is sampling at this temperature. A
 # logit gap of 0.01 then makes the runner-up exp(-10) ~ 5e-5 as likely, so only exact ties (possible in
@@ -121,7 +121,7 @@ class Evaluator:
             return False
         return version % self.every == 0 or version == last_version
 
-    def run(self, loop: "_Loop") -> EvalResult:
+    def run(self, loop: "LoopView") -> EvalResult:
         """Pause admission, drain, evaluate on every worker, resume (see the module docstring)."""
         import ray
 
@@ -152,7 +152,7 @@ class Evaluator:
                 try:
                     trajs.extend(ray.get(ref))
                 except ray.exceptions.RayActorError as exc:  # replaced; it holds this version's weights
-                    loop._replace_rollout(i, exc)
+                    loop.replace_rollout(i, exc)
                     loop.idle_since.pop(i, None)
                     todo[i] = shares(len(self.problems), n)[i]
         finally:

@@ -40,7 +40,6 @@ from asyncrl.api.job import AsyncRLJob
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer import export
-from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver import checkpoints, faults, recovery, weight_delivery
 from asyncrl.trainer.driver.accounting import (
     count_correction,
@@ -53,7 +52,7 @@ from asyncrl.trainer.driver.accounting import (
     summarise,
 )
 from asyncrl.trainer.driver.batch import assemble_batch, token_staleness
-from asyncrl.trainer.driver.evaluation import Evaluator
+from asyncrl.trainer.driver.evaluation import EvalResult, Evaluator
 from asyncrl.trainer.driver.hosts import HostHandles, Placement, start_hosts
 from asyncrl.trainer.driver.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
 from asyncrl.trainer.driver.ray_env import local_ray
@@ -61,6 +60,7 @@ from asyncrl.trainer.driver.rundir import RunDir, sweep_temporaries, write_repor
 from asyncrl.trainer.driver.stages import PhaseCallback, Stage, make_stage
 from asyncrl.trainer.driver.staleness import Group, StalenessBuffer, check_staleness
 from asyncrl.trainer.driver.startup_probe import startup_check
+from asyncrl.trainer.driver.step_report import ActorStep, StepReport, step_line
 from asyncrl.trainer.driver.termination import StopRequest, install_sigterm_handler
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class RunOptions:
     warm_start_dir: Path | None = None  # where the warm start is cached (default <run-dir>/warm_start)
     checkpoint_base: Path | None = None  # a relative checkpoint.dir lives here (a cluster: the job's volume)
     placement: Placement = "local"  # "cluster": hosts go on the pods' role resources (hosts.start_hosts)
+    restarts: tuple[str, ...] = ()  # why each earlier attempt of this run failed (gang_restart.run_with_restarts)
 
 
 @dataclass
@@ -89,11 +90,12 @@ class RunResult:
 
     run_dir: Path
     summary: dict[str, Any]
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # the metrics.jsonl lines (a resumed log included)
     metrics_url: str | None = None
 
 
-StepCallback = Callable[[dict[str, Any]], None]
+LoopEvent = StepReport | EvalResult  # what on_step receives, typed (metrics.jsonl holds them flattened)
+StepCallback = Callable[[LoopEvent], None]
 BatchCallback = Callable[[list[Group], int], None]  # (groups about to train, actor version)
 WarmCallback = Callable[[int, int, float], None]  # (warm-start steps done, total, last loss)
 
@@ -114,7 +116,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     """Run ``job`` (already validated) on a local Ray; returns the summary and per-step records.
 
     ``on_start`` gets the summary so far (metrics URL, run directory) once the workers are up,
-    ``on_step`` every step record, ``on_batch`` every batch right before the actor trains on it,
+    ``on_step`` every step's :class:`StepReport` and every :class:`EvalResult` (typed), ``on_batch`` every batch right before the actor trains on it,
     ``on_warm`` the warm start's progress, ``on_phase`` every interrupt-sync phase change
     (``idle``, ``interrupt``, ``score``, ``update``, ``resume``).
     """
@@ -133,7 +135,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     metrics = create_metrics(registry)
     metrics.job.info({
         "name": job.metadata.name, "reference": spec.correction.reference.value,
-        "max_staleness": str(spec.async_.max_staleness), "task": spec.task.name,
+        "max_staleness": str(spec.async_.max_staleness), "task": spec.task.label,  # what runs, not the ignored name
     })
     set_job_gauges(metrics, spec)
     server: MetricsServer | None = None
@@ -142,8 +144,10 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     summary: dict[str, Any] = {
         "job": job.metadata.name, "run_dir": str(run.path), "status": "running",
         "max_staleness": spec.async_.max_staleness, "reference": spec.correction.reference.value,
-        "metrics_url": None,
+        "metrics_url": None, "restarts": len(options.restarts),
     }
+    if options.restarts:  # gang restarts before this attempt (gang_restart), counted once each
+        summary["restart_causes"] = list(options.restarts)
     records: list[dict[str, Any]] = []
     hosts: HostHandles | None = None
     stop = StopRequest()  # SIGTERM (preemption, drain): stop cleanly, checkpoint, exit 0
@@ -166,6 +170,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                                     work_dir=str(run.path / "snapshots") if options.placement == "local" else None)
                 summary["startup_s"] = round(time.monotonic() - started, 2)
                 _model_load(hosts, summary)
+                weight_delivery.setup(hosts, spec, run.checkpoint_dir(spec.checkpoint.dir), options.placement)
                 if on_start is not None:
                     on_start({**summary, "total_steps": total_steps})
                 # --- warm start or resume --------------------------------------------------
@@ -182,6 +187,12 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                              started=started, stage=make_stage(job.spec, on_phase), stop=stop)
                 loop.restore(driver_state)
                 loop.run(total_steps)
+            except Exception as exc:
+                # A rank of an actor group died or raised: say which, not rank 0's "killed" (asked while Ray is up)
+                own = hosts.actor_failure(exc) if hosts is not None else None
+                if own is None or own is exc:
+                    raise
+                raise own from exc
             finally:
                 restore_sigterm()
                 if hosts is not None:
@@ -300,7 +311,6 @@ class _Loop:
         self.version = version
         self.on_step, self.on_batch = on_step, on_batch
         self.records, self.summary, self.started = records, summary, started
-        self.first_record = len(records)
         self.W = spec.async_.max_staleness
         B = spec.train.prompts_per_step
         # Members of a group may come back in different calls once interrupt-sync interrupts them.
@@ -317,7 +327,10 @@ class _Loop:
         self.m.policy_version.set(version)
         self.cursors = [0] * n  # groups requested from each worker over the run (its prompt cursor)
         self.replacements = 0
-        self.step_extra: dict[str, Any] = {}  # what the stage adds to the next step record
+        self.step_extra: dict[str, float] = {}  # what the stage adds to the next step's report
+        self.reports: list[StepReport] = []  # this session's steps
+        # versions already evaluated (a resumed run's log says which; read back from its lines once)
+        self.evaluated: set[int] = {int(r["eval_version"]) for r in records if "eval_version" in r}
         self.evaluator = Evaluator(spec)
         self.paused = False  # an evaluation runs: no training generate call is admitted
         self.stop = stop or StopRequest()  # SIGTERM: admit nothing more, checkpoint, leave
@@ -378,7 +391,7 @@ class _Loop:
         if ref in extra:
             return ref
         if ref in self.pending:
-            self._collect(ref)
+            self.collect(ref)
             self._admit()
         else:
             self.stage.collect(self, ref)
@@ -394,15 +407,14 @@ class _Loop:
         self.m.trainer_seconds.inc(working)
         self.m.rollout_worker.inc(working * len(self.hosts.rollout))
         value = self.m.registry.get_sample_value
-        mine = self.records[self.first_record:]  # this session's steps (a resumed log holds earlier ones)
         self.summary["loop"] = {
             "wall_s": round(wall, 3),
             "eval_s": round(self.evaluator.seconds, 3),
             "trainer_idle_s": round(value("asyncrl_trainer_idle_seconds_total") or 0.0, 3),
             "rollout_idle_s": round(value("asyncrl_rollout_idle_seconds_total") or 0.0, 3),
             "rollout_worker_s": round(value("asyncrl_rollout_worker_seconds_total") or 0.0, 3),
-            "train_s": round(sum(r.get("step_s", 0.0) + r.get("sync_s", 0.0) for r in mine), 3),
-            "trajectories_trained": sum(r.get("trajectories", 0) for r in mine if "version" in r),
+            "train_s": round(sum(r.step_s + (r.sync.seconds if r.sync else 0.0) for r in self.reports), 3),
+            "trajectories_trained": sum(r.trajectories for r in self.reports if r.applied),
         }
 
     def _stop_checkpoint(self) -> None:
@@ -437,7 +449,7 @@ class _Loop:
             self.stage.admitted(self, ref, self.version)
         self._gauges()
 
-    def _collect(self, ref: Any) -> None:
+    def collect(self, ref: Any) -> None:
         """One generate call came back: count it and put its groups in the buffer."""
         import ray
 
@@ -453,7 +465,7 @@ class _Loop:
             self.buffer.abort(reserved)
             self.stage.returned(self, ref, [])
             if self.hosts.rollout[i] is worker:  # not yet replaced (a weight sync may have found it first)
-                self._replace_rollout(i, exc)
+                self.replace_rollout(i, exc)
             return
         except Exception as exc:  # noqa: BLE001 -- reported with the task and trajectories it hit
             self.m.rollout_errors.inc()
@@ -464,7 +476,7 @@ class _Loop:
         self.buffer.put(trajs, reserved)
         self.stage.returned(self, ref, trajs)
 
-    def _replace_rollout(self, i: int, exc: BaseException) -> None:
+    def replace_rollout(self, i: int, exc: BaseException) -> None:
         """Start a new rollout worker ``i`` in place of a dead one: same index, the dead one's prompt
         cursor (its in-flight groups were counted as aborted and their slots freed), the current weights."""
         import ray
@@ -495,7 +507,7 @@ class _Loop:
             try:
                 out.append(ray.get(ref))
             except ray.exceptions.RayActorError as exc:
-                self._replace_rollout(i, exc)
+                self.replace_rollout(i, exc)
                 out.append(None)
         return out
 
@@ -533,68 +545,68 @@ class _Loop:
         # whole point of async.
         while self.wait_any(stats_ref) is not stats_ref:
             pass
-        stats: dict[str, Any] = ray.get(stats_ref)
+        actor: ActorStep = ray.get(stats_ref)
+        out = actor.metrics
         self.stage.trained(self, groups)
         step_s = time.monotonic() - t0
         self.m.step_duration.observe(step_s)
         reference = self.spec.correction.reference.value
-        self.m.reference_seconds.labels(reference).inc(float(stats.get("actor_reference_s", 0.0)))
+        self.m.reference_seconds.labels(reference).inc(out.reference_seconds)
         rewards = [t.reward for g in groups for t in g]  # one per batch row
-        record: dict[str, Any] = {
-            "step": self.version + 1, "wall_s": round(time.monotonic() - self.started, 3),
-            "reward_mean": sum(rewards) / len(rewards), "success_rate": success_rate(groups),
-            "staleness_mean": float(gaps.float().mean()) if gaps.numel() else 0.0,
-            "staleness_max": worst, "trajectories": len(rewards),
-            "partial_frac": sum(t.is_partial for g in groups for t in g) / max(1, len(rewards)),
-            "step_s": round(step_s, 4),
-            "env_errors": self._env_errors_total(),  # episodes the environment's code aborted so far
-            **stats,
-            **self.step_extra,
-        }
+        report = StepReport(
+            step=self.version + 1, wall_s=time.monotonic() - self.started,
+            reward_mean=sum(rewards) / len(rewards), success_rate=success_rate(groups),
+            staleness_mean=float(gaps.float().mean()) if gaps.numel() else 0.0,
+            staleness_max=worst, trajectories=len(rewards),
+            partial_frac=sum(t.is_partial for g in groups for t in g) / max(1, len(rewards)),
+            step_s=step_s,
+            env_errors=self._env_errors_total(),  # episodes the environment's code aborted so far
+            actor=actor, stage_extra=self.step_extra,
+        )
         self.step_extra = {}
-        if not stats.get("applied", True):
-            # Non-finite loss: the actor skipped the update; the record carries its batch_summary.
+        if not out.applied:
+            # Non-finite loss: the actor skipped the update; the report carries its batch summary.
             # No version came of these groups: their admission slots are free again.
             self.buffer.step_skipped(len(groups))
             self.m.nonfinite_losses.inc()
-            self.m.optimizer_updates.labels("skipped").inc(float(stats.get("updates_skipped", 0)))
+            self.m.optimizer_updates.labels("skipped").inc(out.updates_skipped)
             self.consecutive_nonfinite += 1
-            self._record(record)
+            line = self._record(report)
             if self.consecutive_nonfinite >= 3:
-                raise NonFiniteLossError(f"3 consecutive non-finite losses at version {self.version}: {record}")
+                raise NonFiniteLossError(f"3 consecutive non-finite losses at version {self.version}: {line}")
             return
         self.consecutive_nonfinite = 0
         for g in gaps.tolist():
             self.m.token_staleness.observe(g)
-        # The actor's step record carries the loss's CorrectionStats.record() under the record's own names.
-        count_correction(self.m, CorrectionStats.from_record(stats), reference, int(batch.loss_mask.sum()))
-        count_ewma_reset(self.m, str(stats.get("ewma_reset_reason", "")))
-        count_old_logits(self.m, stats, reference)
+        count_correction(self.m, out.correction, reference, int(batch.loss_mask.sum()))
+        count_ewma_reset(self.m, out.ewma_reset_reason)
+        count_old_logits(self.m, out, reference)
         self.version += 1
-        record["version"] = self.version
         self.hosts.weights = weights_ref
-        record.update(self.stage.sync_weights(self, weights_ref, self.version))
-        self.m.weight_sync_duration.observe(record["sync_s"])
-        self.m.weight_sync_transfer.observe(record.get("sync_transfer_s", 0.0))
-        self.m.weight_sync_pause.observe(record.get("sync_pause_s", 0.0))
+        sync = self.stage.sync_weights(self, weights_ref, self.version)
+        self.m.weight_sync_duration.observe(sync.seconds)
+        self.m.weight_sync_transfer.observe(sync.transfer_seconds or 0.0)
+        self.m.weight_sync_pause.observe(sync.pause_seconds or 0.0)
         self.m.policy_version.set(self.version)
         self.m.optimizer_steps.inc()
+        report = report.with_(sync=sync)
         if self.version % self.spec.checkpoint.every_steps == 0 or self.version == self.total_steps:
             # The last step is saved too: rerunning a finished job resumes there and has nothing to redo.
-            record["checkpoint"] = str(self._checkpoint())
+            report = report.with_(checkpoint=str(self._checkpoint()))
         if export.due(self.version, self.total_steps, self.spec.checkpoint.export_every_steps):
-            record.update(self._export())
-        self._record(record)
+            path, seconds = self._export()
+            report = report.with_(export=path, export_s=seconds)
+        self._record(report)
         self._evaluate_if_due()
 
     def _evaluate_if_due(self) -> None:
         """Evaluate the current version on the held-out prompts when ``spec.eval`` says so: one record."""
-        evaluated = {int(r["eval_version"]) for r in self.records if "eval_version" in r}
-        if not self.evaluator.due(self.version, self.total_steps, evaluated):
+        if not self.evaluator.due(self.version, self.total_steps, self.evaluated):
             return
         result = self.evaluator.run(self)
+        self.evaluated.add(result.version)
         count_eval(self.m, result)
-        self._record(result.record(time.monotonic() - self.started))
+        self._record(result)
 
     def _checkpoint(self) -> Path:
         import ray
@@ -611,7 +623,7 @@ class _Loop:
         recovery.prune(root, {c.version for c in checkpoints.all_complete(root)})
         return ckpt
 
-    def _export(self) -> dict[str, Any]:
+    def _export(self) -> tuple[str, float]:
         """The current version as an HF folder in ``<checkpoint dir>/exports`` (``checkpoint.exportEverySteps``),
         from the actor's fp32 weights; the newest ``exportKeep`` are kept."""
         import ray
@@ -622,15 +634,22 @@ class _Loop:
             self.run_dir.checkpoint_dir(self.spec.checkpoint.dir), self.version,
             job_name=str(self.summary.get("job")), keep=self.spec.checkpoint.export_keep)
         self.summary["export"] = result.record()  # the newest: at the end, the final export
-        return {"export": str(result.path), "export_s": round(result.seconds, 3)}
+        return str(result.path), round(result.seconds, 3)
 
-    def _record(self, record: dict[str, Any]) -> None:
-        record["dropped_groups_total"] = self.buffer.counts.groups_dropped_stale
-        self.records.append(record)
-        self.run_dir.append_step(record)
+    def _record(self, event: StepReport | EvalResult) -> dict[str, Any]:
+        """Write one event as a ``metrics.jsonl`` line (flattened here, once, with the buffer's running
+        total of stale-dropped groups) and hand it, typed, to ``on_step``; returns the line."""
+        wall = time.monotonic() - self.started
+        line = step_line(event) if isinstance(event, StepReport) else event.record(wall)
+        line["dropped_groups_total"] = self.buffer.counts.groups_dropped_stale
+        if isinstance(event, StepReport):
+            self.reports.append(event)
+        self.records.append(line)
+        self.run_dir.append_step(line)
         self._gauges()
         if self.on_step is not None:
-            self.on_step(record)
+            self.on_step(event)
+        return line
 
     def _drain(self) -> None:
         """Stop: in-flight generate calls are abandoned (Ray shutdown ends them) and counted as aborted."""

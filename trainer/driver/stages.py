@@ -16,6 +16,7 @@ Every other reference uses :class:`Stage` itself: nothing between rollout and th
 weight sync is a plain hand-over to every worker.
 """
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -27,9 +28,10 @@ from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver import weight_delivery
 from asyncrl.trainer.driver.accounting import set_sync_phase
 from asyncrl.trainer.driver.staleness import Group
+from asyncrl.trainer.driver.step_report import WeightSync
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.driver.loop import _Loop
+    from asyncrl.trainer.driver.loop_view import LoopView
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,7 @@ class Stage:
 
     name = "none"
 
-    def start(self, loop: "_Loop") -> None:
+    def start(self, loop: "LoopView") -> None:
         """Once, when the loop starts (after the warm start or resume, rollout holding its weights)."""
 
     def refs(self) -> list[Any]:
@@ -51,33 +53,33 @@ class Stage:
     def owns(self, ref: Any) -> bool:
         return False
 
-    def collect(self, loop: "_Loop", ref: Any) -> None:
+    def collect(self, loop: "LoopView", ref: Any) -> None:
         """One of :meth:`refs` finished."""
 
-    def admitted(self, loop: "_Loop", ref: Any, version: int) -> None:
+    def admitted(self, loop: "LoopView", ref: Any, version: int) -> None:
         """A generate call was admitted at actor ``version`` (its tokens are of ``version`` or newer)."""
 
-    def returned(self, loop: "_Loop", ref: Any, trajs: list[Trajectory]) -> None:
+    def returned(self, loop: "LoopView", ref: Any, trajs: list[Trajectory]) -> None:
         """A generate call came back with ``trajs`` (already in the staleness buffer)."""
 
-    def before_train(self, loop: "_Loop", groups: list[Group]) -> None:
+    def before_train(self, loop: "LoopView", groups: list[Group]) -> None:
         """Right before the actor trains on ``groups`` at ``loop.version`` (may wait)."""
 
-    def trained(self, loop: "_Loop", groups: list[Group]) -> None:
+    def trained(self, loop: "LoopView", groups: list[Group]) -> None:
         """The actor's step on ``groups`` returned (applied or skipped): they are never trained again."""
 
-    def released(self, loop: "_Loop", trajs: list[Trajectory]) -> None:
+    def released(self, loop: "LoopView", trajs: list[Trajectory]) -> None:
         """Trajectories dropped before training (stale, or the snapshot cap)."""
 
-    def step_kwargs(self, loop: "_Loop") -> dict[str, Any]:
+    def step_kwargs(self, loop: "LoopView") -> dict[str, Any]:
         """Extra keyword arguments of this step's ``ActorHost.train_step``."""
         return {}
 
-    def sync_weights(self, loop: "_Loop", weights: Any, version: int) -> dict[str, float]:
-        """Hand ``version``'s weights to every rollout worker; returns timings for the step record."""
+    def sync_weights(self, loop: "LoopView", weights: Any, version: int) -> WeightSync:
+        """Hand ``version``'s weights to every rollout worker; returns how it went, for the step's report."""
         t0 = time.monotonic()
         outs = weight_delivery.to_every_worker(loop.hosts, loop.on_every_worker, weights, version)
-        return {"sync_s": round(time.monotonic() - t0, 4), **sync_parts(outs)}
+        return sync_report(time.monotonic() - t0, outs)
 
     def summary(self) -> dict[str, Any]:
         return {}
@@ -107,7 +109,7 @@ class SnapshotStage(Stage):
     def _holds_given_up(self, group: Group) -> bool:
         return any(v in self.given_up for t in group for v in t.sampled_versions)
 
-    def _drop(self, loop: "_Loop") -> None:
+    def _drop(self, loop: "LoopView") -> None:
         dropped = loop.buffer.drop_where(self._holds_given_up)
         if dropped.groups:
             log.warning("snapshot cap %d: dropped %d groups holding versions %s whose weights were given up",
@@ -115,11 +117,11 @@ class SnapshotStage(Stage):
             loop.m.trajectories_dropped.labels("snapshot_cap").inc(dropped.trajectories)
             loop.m.tokens_dropped.labels("snapshot_cap").inc(dropped.sampled_tokens)
 
-    def returned(self, loop: "_Loop", ref: Any, trajs: list[Trajectory]) -> None:
+    def returned(self, loop: "LoopView", ref: Any, trajs: list[Trajectory]) -> None:
         if self.given_up:
             self._drop(loop)
 
-    def step_kwargs(self, loop: "_Loop") -> dict[str, Any]:
+    def step_kwargs(self, loop: "LoopView") -> dict[str, Any]:
         live = live_versions(loop) - self.given_up
         if self.cap and len(live) > self.cap:
             self.given_up.update(sorted(live)[: len(live) - self.cap])
@@ -128,19 +130,19 @@ class SnapshotStage(Stage):
         return {"live_versions": sorted(live)}
 
 
-def sync_parts(outs: list[Any]) -> dict[str, float]:
-    """The slowest worker's ``RolloutHost.update_weights`` parts: ``sync_transfer_s`` (buckets pulled,
-    generation running), ``sync_pause_s`` (generation stopped installing weights) and ``sync_bytes``
-    (one worker's payload). A replaced worker (None) is left out."""
+def sync_report(seconds: float, outs: list[Any]) -> WeightSync:
+    """A hand-over of ``seconds`` with the slowest worker's ``RolloutHost.update_weights`` parts: transfer
+    (buckets pulled, generation running), pause (generation stopped installing weights) and bytes (one
+    worker's payload). A replaced worker (None) is left out; with no answer at all the parts are None."""
     got = [o for o in outs if isinstance(o, dict)]
     if not got:
-        return {}
-    return {"sync_transfer_s": round(max(float(o["transfer_s"]) for o in got), 4),
-            "sync_pause_s": round(max(float(o["pause_s"]) for o in got), 4),
-            "sync_bytes": max(float(o["bytes"]) for o in got)}
+        return WeightSync(seconds)
+    return WeightSync(seconds, transfer_seconds=max(float(o["transfer_s"]) for o in got),
+                      pause_seconds=max(float(o["pause_s"]) for o in got),
+                      bytes=max(float(o["bytes"]) for o in got))
 
 
-def live_versions(loop: "_Loop") -> set[int]:
+def live_versions(loop: "LoopView") -> set[int]:
     """Versions a not-yet-trained token may still carry after this step (see :class:`SnapshotStage`)."""
     new = loop.version + 1
     floor = new - loop.W
@@ -195,12 +197,12 @@ class InterruptSyncStage(Stage):
         self.on_phase = on_phase
         self.times = SyncTimes()
 
-    def _phase(self, loop: "_Loop", phase: str) -> None:
+    def _phase(self, loop: "LoopView", phase: str) -> None:
         set_sync_phase(loop.m, phase)
         if self.on_phase is not None:
             self.on_phase(phase)
 
-    def sync_weights(self, loop: "_Loop", weights: Any, version: int) -> dict[str, float]:
+    def sync_weights(self, loop: "LoopView", weights: Any, version: int) -> WeightSync:
         import ray
 
         old = version - 1
@@ -222,7 +224,7 @@ class InterruptSyncStage(Stage):
             ray.get([w.sync_interrupt.remote(self.timeout) for w in workers])
             while loop.pending:  # held workers return promptly: collect what they finished
                 done, _ = ray.wait(list(loop.pending), num_returns=1)
-                loop._collect(done[0])
+                loop.collect(done[0])
 
         def score() -> int:
             todo = [t for g in loop.buffer.waiting() for t in g if t.unscored(old)]
@@ -251,9 +253,8 @@ class InterruptSyncStage(Stage):
             self._phase(loop, "idle")
         self.times.syncs += 1
         # Generation stands still from interrupt to resume: the whole window is this strategy's pause.
-        return {"sync_s": round(sum(took.values()), 4), **sync_parts(parts),
-                "sync_pause_s": round(sum(took.values()), 4),
-                **{f"sync_{p}_s": round(s, 4) for p, s in took.items()}}
+        window = sum(took.values())
+        return dataclasses.replace(sync_report(window, parts), pause_seconds=window, phases=dict(took))
 
     def summary(self) -> dict[str, Any]:
         t = self.times

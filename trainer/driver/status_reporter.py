@@ -1,17 +1,19 @@
-"""The in-job status reporter: step records -> a throttled ``status.training`` merge patch.
+"""The in-job status reporter: typed step reports -> a throttled ``status.training`` merge patch.
 
 The contract is :mod:`asyncrl.api.status`: the driver writes only ``status.training``, with a JSON
 merge patch (so the operator's fields are never touched), at most once every 30 s. Per-step
 numbers go to Prometheus; this is the summary a ``kubectl get asyncrljob`` reader sees.
 
-:class:`StatusReporter` is an ``on_step`` callback for :func:`~asyncrl.trainer.driver.loop.run_job`.
+:class:`StatusReporter` is an ``on_step`` callback for :func:`~asyncrl.trainer.driver.loop.run_job` (it
+reads the :class:`~asyncrl.trainer.driver.step_report.StepReport` fields, never a flattened line).
 Over each *report window* (the steps since the last successful report) it aggregates:
 
 - ``keepRatio`` = kept / valid tokens summed over the window's applied steps (a token-weighted
   ratio, not a mean of per-step ratios: a step with 10 tokens must not weigh like one with 1000);
 - ``clipFraction`` = clipped / valid tokens, clipped = low + high + dual clip (the tokens whose
   staleness ratio ``r_s`` the PPO clip stopped);
-- ``maxStaleness`` = the largest version gap of a trained token in the window;
+- ``maxStaleness`` = the largest version gap of a trained token in the window (the steps'
+  ``staleness_max``; the status field's name is the API's, not W);
 
 and over the run (this driver process): ``ewmaResets`` (total), ``envErrors`` (episodes the environment's code
 aborted, total), ``policyVersion``, and the last
@@ -22,8 +24,8 @@ Failures never stop training: an API error is logged once per report with the li
 counted (``failures``); the window is kept, so the next report covers the steps the failed one
 missed. :meth:`StatusReporter.flush` sends the final summary without the throttle.
 
-Interrupt-sync phases arrive as records ``{"sync_phase": "Score"}`` (no ``version``; the metric
-label ``"score"`` is read the same) at each phase change. A phase that hangs is exactly the one no later record will carry, so the throttle alone
+Interrupt-sync phases arrive through :meth:`StatusReporter.phase` (``"Score"``; the metric label
+``"score"`` is read the same) at each phase change (the loop's ``on_phase``). A phase that hangs is exactly the one no later record will carry, so the throttle alone
 could hold it back for good: each change arms a timer of ``phase_report_after`` seconds
 (:data:`~asyncrl.api.status.SYNC_PHASE_REPORT_AFTER_SECONDS`); if the phase is still current when
 it fires and the API server has not seen it, the summary is sent then, throttle or not (also the
@@ -51,7 +53,7 @@ from asyncrl.api.status import (
     rfc3339,
     training_patch,
 )
-from asyncrl.trainer.correction.stats import CorrectionStats
+from asyncrl.trainer.driver.step_report import StepReport
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +77,16 @@ class ReportWindow:
     valid_tokens: float = 0.0
     kept_tokens: float = 0.0
     clipped_tokens: float = 0.0
-    max_staleness: int = 0
+    staleness_max: int = 0  # the worst version gap of a trained token in the window (observed, not W)
     steps: int = 0
 
-    def add(self, record: dict[str, Any]) -> None:
-        """Add one applied step record (the loop's: the correction counts under ``CorrectionStats``'s names)."""
-        stats = CorrectionStats.from_record(record)
+    def add(self, report: StepReport) -> None:
+        """Add one applied step (its correction counts and its worst staleness)."""
+        stats = report.actor.metrics.correction
         self.valid_tokens += stats.valid_tokens
         self.kept_tokens += stats.kept_tokens
         self.clipped_tokens += stats.clip_low_tokens + stats.clip_high_tokens + stats.dual_clip_tokens
-        self.max_staleness = max(self.max_staleness, int(record.get("staleness_max", 0)))
+        self.staleness_max = max(self.staleness_max, report.staleness_max)
         self.steps += 1
 
     @property
@@ -141,34 +143,47 @@ class StatusReporter:
         self.failures = 0
         self.last_error: str | None = None
 
-    # -- the callback ---------------------------------------------------------------------------
-    def __call__(self, record: dict[str, Any]) -> None:
+    # -- the callbacks --------------------------------------------------------------------------
+    def __call__(self, event: object) -> None:
+        """``on_step``: a :class:`StepReport` (an evaluation's result is not a step: ignored)."""
         with self._lock:
-            self.observe(record)
-            now = self.clock()
-            if self.throttle.ready(now):
-                self._report(now)
+            self.observe(event)
+            self._report_if_ready()
 
-    def observe(self, record: dict[str, Any]) -> None:
-        """Fold one record into the window and the run totals (no I/O; a sync-phase change arms the timer)."""
-        if "sync_phase" in record:  # interrupt-sync phase change, when the loop reports one
-            phase = SyncPhase.parse(str(record["sync_phase"]))  # "Score" or the metric label "score"
-            if phase != self.sync_phase:
-                with self._lock:
-                    self.sync_phase, self.sync_phase_since = phase, rfc3339(self.wall())
-                    self._phase_changes += 1
-                    self._arm_phase_timer(self.phase_report_after)
-        if "version" not in record:  # a phase change, or a skipped (non-finite) step: not counted
+    def phase(self, phase: str) -> None:
+        """``on_phase``: the interrupt-sync phase changed (``"Score"`` or the metric label ``"score"``)."""
+        with self._lock:
+            self.observe_phase(phase)
+            self._report_if_ready()
+
+    def _report_if_ready(self) -> None:
+        now = self.clock()
+        if self.throttle.ready(now):
+            self._report(now)
+
+    def observe_phase(self, phase: str) -> None:
+        """Record a sync-phase change (no I/O; a change arms the timer)."""
+        parsed = SyncPhase.parse(phase)
+        if parsed != self.sync_phase:
+            with self._lock:
+                self.sync_phase, self.sync_phase_since = parsed, rfc3339(self.wall())
+                self._phase_changes += 1
+                self._arm_phase_timer(self.phase_report_after)
+
+    def observe(self, event: object) -> None:
+        """Fold one applied step into the window and the run totals (no I/O). A step not applied (its
+        updates skipped) and an evaluation are not counted."""
+        if not isinstance(event, StepReport) or event.version is None:
             return
-        self.policy_version = int(record["version"])
-        self.window.add(record)
-        self.ewma_resets += int(bool(record.get("ewma_reset", 0)))
-        self.env_errors = int(record.get("env_errors", self.env_errors))  # a running total
-        if record.get("checkpoint"):
-            self.last_checkpoint = str(record["checkpoint"])
+        self.policy_version = event.version
+        self.window.add(event)
+        self.ewma_resets += int(event.actor.metrics.ewma_reset)
+        self.env_errors = event.env_errors  # a running total
+        if event.checkpoint:
+            self.last_checkpoint = event.checkpoint
             self.last_checkpoint_version = self.policy_version
-        if record.get("export"):  # checkpoint.exportEverySteps: an HF folder of this version
-            self.last_export = str(record["export"])
+        if event.export:  # checkpoint.exportEverySteps: an HF folder of this version
+            self.last_export = event.export
             self.last_export_version = self.policy_version
 
     def summary(self) -> TrainingSummary:
@@ -176,7 +191,7 @@ class StatusReporter:
         return TrainingSummary(
             policy_version=self.policy_version, keep_ratio=self.window.keep_ratio,
             clip_fraction=self.window.clip_fraction, ewma_resets=self.ewma_resets, env_errors=self.env_errors,
-            max_staleness=self.window.max_staleness, sync_phase=self.sync_phase,
+            max_staleness=self.window.staleness_max, sync_phase=self.sync_phase,
             sync_phase_since=self.sync_phase_since, last_checkpoint=self.last_checkpoint,
             last_checkpoint_version=self.last_checkpoint_version, last_export=self.last_export,
             last_export_version=self.last_export_version, reported_at=rfc3339(self.wall()),
