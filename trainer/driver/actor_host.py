@@ -61,17 +61,19 @@ class ActorHost:
 
     def load_warm_start(self, cache_dir: str) -> bool:
         """Load a cached warm start (True) or report there is none (False)."""
-        from asyncrl.trainer.megatron.checkpoint import CheckpointError, verify_checkpoint
+        from asyncrl.trainer.actor.checkpoint_io import load_rank
+        from asyncrl.trainer.megatron.checkpoint import CheckpointError
+        from asyncrl.trainer.megatron.sharded_checkpoint import verified
 
         cache = Path(cache_dir)
         if not (cache / "meta.json").exists():  # the actor writes checkpoints atomically
             return False
         try:
-            verify_checkpoint(cache)  # sizes and checksums: a damaged cache is redone, not loaded
+            verified(cache)  # sizes and checksums, agreed by every rank: a damaged cache is redone, not loaded
         except CheckpointError as exc:
             logging.getLogger(__name__).warning("%s; running the warm start again", exc)
             return False
-        self.actor.load_checkpoint(str(cache), old_logits=False)  # the provider starts from these weights
+        load_rank(self.actor, str(cache), rank=self.rank, old_logits=False)  # the provider starts from these weights
         self.actor.version = 0
         return True
 
