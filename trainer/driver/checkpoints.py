@@ -2,7 +2,9 @@
 
 The actor writes each folder atomically (a temporary sibling renamed into place) with a marker
 ``meta.json`` that records the size and SHA-256 of its files
-(:mod:`asyncrl.trainer.megatron.checkpoint`); the driver names, verifies, chooses and prunes folders.
+(:mod:`asyncrl.trainer.megatron.checkpoint`): every rank of the actor group writes its shards into the
+sibling and rank 0 seals it (:mod:`asyncrl.trainer.megatron.sharded_checkpoint`), so one folder resumes at
+any TP/DP layout. The driver names, verifies, chooses and prunes folders.
 
 A checkpoint is complete only when it verifies: its marker parses, every recorded file has its
 recorded size and checksum, and the driver's state beside it (``driver-<version>.json``,
