@@ -31,8 +31,8 @@ WORDS: tuple[str, ...] = (
     "placed", "shipped", "delivered", "cancelled", "refunded",  # order statuses
     "ok", "error: ", "no ", "is ", "malformed call",  # tool responses
 )
-# The scenario's ids (envs/customer_service.draw_scenario: users u1-u9, orders o10-o99), one id each.
-IDS: tuple[str, ...] = tuple(f"u{i}" for i in range(1, 10)) + tuple(f"o{i}" for i in range(10, 100))
+# The scenario's ids (envs/customer_service.draw_scenario: users u1-u9, orders o1-o9), one id each.
+IDS: tuple[str, ...] = tuple(f"u{i}" for i in range(1, 10)) + tuple(f"o{i}" for i in range(1, 10))
 CS_PIECES: tuple[str, ...] = JSON_PIECES + WORDS + IDS
 
 
@@ -71,4 +71,4 @@ class PieceTokenizer(TextTokenizer):
 
 
 CS_TOKENIZER = PieceTokenizer(pieces=TEXT_TOKENIZER.pieces + CS_PIECES)
-"""Tokenizer of the built-in customer-service task with a tiny preset (vocabulary 109 + 29 + 99 = 237)."""
+"""Tokenizer of the built-in customer-service task with a tiny preset (vocabulary 109 + 29 + 18 = 156)."""

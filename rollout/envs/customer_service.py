@@ -15,6 +15,10 @@ turn ends at ``</tool_call>`` (a stop string) and the tool's answer is forced in
 ending in ``?``, gets the scripted user's one reply: the request again). As τ-bench scores, the
 reward is 1 when the database's final state equals the goal's (the target order changed as asked,
 nothing else changed), else 0; a malformed call gets an error response and uses up a call.
+
+A model without its own tokenizer (the tiny presets) reads and writes this task through
+``envs/cs_vocab.py``: the text alphabet plus the task's words and ids as single tokens, as a real
+vocabulary has them (with ids spelled in digits the tiny model's warm start never got a call right).
 """
 
 import json
@@ -84,7 +88,7 @@ def draw_scenario(rng: random.Random) -> Scenario:
     intent = rng.choice(tuple(INTENTS))
     n = rng.randint(2, 3)
     products = rng.sample(PRODUCTS, n)
-    ids = rng.sample(range(10, 100), n)
+    ids = rng.sample(range(1, 10), n)  # o1-o9: one token each with the task's vocabulary (envs/cs_vocab.py)
     k = rng.randrange(n)
     orders = tuple(
         (f"o{ids[i]}", products[i], INTENTS[intent][0] if i == k else rng.choice(STATUSES)) for i in range(n)
@@ -190,8 +194,10 @@ class CustomerService:
 
 # ---- warm-start demonstrations (envs/demos.py plays them through the environment) -------------------
 # Kinds, in the spirit of the math tasks' mix: the right calls; a wrong but listed order; the other
-# intent's tool; an order id guessed without the lookup; the target's id with one digit miscopied.
-DEMO_MIX = {"good": 0.4, "wrong_order": 0.2, "wrong_tool": 0.1, "guess": 0.15, "miscopy": 0.15}
+# intent's tool; an order id guessed without the lookup; the target's id miscopied (a neighbour id).
+# Every id a demonstration writes after the lookup is copied from the context except a miscopy's (a
+# near id), so the warm start learns to copy ids before RL teaches which listed order is the one.
+DEMO_MIX = {"good": 0.5, "wrong_order": 0.2, "wrong_tool": 0.1, "guess": 0.15, "miscopy": 0.05}
 
 
 def call_text(name: str, **arguments: str) -> str:
@@ -212,10 +218,9 @@ def agent_turns(s: Scenario, kind: str, rng: random.Random) -> list[str]:
     if kind == "wrong_tool":
         return [lookup, call_text("refund" if tool == "cancel" else "cancel", order=target), "<eos>"]
     if kind == "guess":
-        return [call_text(tool, order=f"o{rng.randint(10, 99)}"), "<eos>"]
-    if kind == "miscopy":
-        d = rng.randrange(1, 3)  # one of the two digits
-        digits = [c for c in "0123456789" if c != target[d] and not (d == 1 and c == "0")]
-        bad = target[:d] + rng.choice(digits) + target[d + 1:]
+        return [call_text(tool, order=f"o{rng.randint(1, 9)}"), "<eos>"]
+    if kind == "miscopy":  # a neighbour of the target's id (o1-o9)
+        k = int(target[1:])
+        bad = f"o{rng.choice([d for d in (k - 1, k + 1) if d >= 1])}"
         return [lookup, call_text(tool, order=bad), "<eos>"]
     raise ValueError(f"unknown customer-service demo kind {kind!r}; valid: {', '.join(DEMO_MIX)}")

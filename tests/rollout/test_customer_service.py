@@ -25,7 +25,7 @@ from asyncrl.rollout.envs.interface import AssistantMessage, ToolCall
 from asyncrl.rollout.envs.toolcalls import parse_hermes
 
 T = CS_TOKENIZER
-S = Scenario("u3", (("o31", "lamp", "placed"), ("o47", "mug", "delivered"), ("o52", "pen", "placed")),
+S = Scenario("u3", (("o3", "lamp", "placed"), ("o4", "mug", "delivered"), ("o5", "pen", "placed")),
              "cancel", "lamp")
 
 
@@ -56,27 +56,27 @@ def _answer(env: CustomerService, msg: AssistantMessage) -> str:
 # ---- the database -----------------------------------------------------------------------------------
 def test_tools_change_the_database_only_as_their_rules_allow() -> None:
     env = _env()
-    assert _answer(env, _call("orders", user="u3")) == "o31 lamp placed;o47 mug delivered;o52 pen placed"
+    assert _answer(env, _call("orders", user="u3")) == "o3 lamp placed;o4 mug delivered;o5 pen placed"
     assert _answer(env, _call("orders", user="u9")) == "error: no user u9"
     env = _env()
-    assert _answer(env, _call("refund", order="o31")) == "error: o31 is placed"  # refund needs delivered
-    assert _answer(env, _call("cancel", order="o47")) == "error: o47 is delivered"  # cancel needs placed
-    assert _answer(env, _call("cancel", order="o99")) == "error: no order o99"
-    assert {o: r[2] for o, r in env.db.items()} == {"o31": "placed", "o47": "delivered", "o52": "placed"}
-    assert _answer(env, _call("cancel", order="o31")) == "ok"
-    assert _answer(env, _call("cancel", order="o31")) == "error: o31 is cancelled"  # not twice
-    assert _answer(env, _call("refund", order="o47")) == "ok"
-    assert {o: r[2] for o, r in env.db.items()} == {"o31": "cancelled", "o47": "refunded", "o52": "placed"}
+    assert _answer(env, _call("refund", order="o3")) == "error: o3 is placed"  # refund needs delivered
+    assert _answer(env, _call("cancel", order="o4")) == "error: o4 is delivered"  # cancel needs placed
+    assert _answer(env, _call("cancel", order="o9")) == "error: no order o9"
+    assert {o: r[2] for o, r in env.db.items()} == {"o3": "placed", "o4": "delivered", "o5": "placed"}
+    assert _answer(env, _call("cancel", order="o3")) == "ok"
+    assert _answer(env, _call("cancel", order="o3")) == "error: o3 is cancelled"  # not twice
+    assert _answer(env, _call("refund", order="o4")) == "ok"
+    assert {o: r[2] for o, r in env.db.items()} == {"o3": "cancelled", "o4": "refunded", "o5": "placed"}
 
 
 def test_reward_is_the_final_state_matching_the_goal() -> None:
-    env = _env()  # the goal: o31 (lamp) cancelled, nothing else changed
-    _answer(env, _call("cancel", order="o31"))
+    env = _env()  # the goal: o3 (lamp) cancelled, nothing else changed
+    _answer(env, _call("cancel", order="o3"))
     done = env.step(_end("Done."))
     assert done.done and done.reward == 1.0 and done.success
     env = _env()  # the goal's change and one more: the state differs from the goal's
-    _answer(env, _call("cancel", order="o31"))
-    _answer(env, _call("cancel", order="o52"))
+    _answer(env, _call("cancel", order="o3"))
+    _answer(env, _call("cancel", order="o5"))
     done = env.step(_end())
     assert done.done and done.reward == 0.0 and not done.success
     env = _env()  # nothing done
@@ -94,26 +94,26 @@ def test_a_question_gets_the_scripted_users_request_once() -> None:
 def test_malformed_calls_become_an_error_observation_and_use_up_calls() -> None:
     env = _env(calls=4)
     for text in ('<tool_call>{"name": "orders"</tool_call>', '<tool_call>{"arguments": {}}</tool_call>',
-                 '<tool_call>{"name":"cancel","arguments":{"order":"o31"}}'):  # bad JSON, no name, unclosed
+                 '<tool_call>{"name":"cancel","arguments":{"order":"o3"}}'):  # bad JSON, no name, unclosed
         content, calls, bad = parse_hermes(text)
         assert bad and not calls, text
         assert _answer(env, AssistantMessage(text, content, calls, bad, "</tool_call>", eos=False)) == (
             "error: malformed call")
-    assert _answer(env, AssistantMessage("x", "", (ToolCall("delete", {"order": "o31"}),))) == "error: no tool delete"
-    last = env.step(_call("cancel", order="o31"))  # the fifth call of at most 4
+    assert _answer(env, AssistantMessage("x", "", (ToolCall("delete", {"order": "o3"}),))) == "error: no tool delete"
+    last = env.step(_call("cancel", order="o3"))  # the fifth call of at most 4
     assert last.done and last.reward == 0.0 and last.reason == "more than 4 tool calls"
-    assert env.db["o31"][2] == "placed"
+    assert env.db["o3"][2] == "placed"
 
 
 # ---- the tokenizer -------------------------------------------------------------------------------------
 def test_cs_tokenizer_appends_to_the_text_alphabet_and_round_trips() -> None:
     n = TEXT_TOKENIZER.vocab_size
     assert T.pieces[:n] == TEXT_TOKENIZER.pieces and T.vocab_size == n + len(CS_PIECES)  # old ids unchanged
-    call = call_text("cancel", order="o31")
+    call = call_text("cancel", order="o3")
     ids = T.encode(call)
-    # <tool_call> {"name":" cancel ","arguments":{" order ":" o31 "}} </tool_call>
+    # <tool_call> {"name":" cancel ","arguments":{" order ":" o3 "}} </tool_call>
     assert [T.decode([i]) for i in ids] == ["<tool_call>", '{"name":"', "cancel", '","arguments":{"', "order",
-                                           '":"', "o31", '"}}', "</tool_call>"]
+                                           '":"', "o3", '"}}', "</tool_call>"]
     # a model that spells the skeleton out char by char writes the same text: the same parsed call
     spelled = [TEXT_TOKENIZER.token_id(c) if c in TEXT_TOKENIZER.pieces else T.token_id(c) for c in call[11:-12]]
     assert T.decode([T.token_id("<tool_call>"), *spelled, T.token_id("</tool_call>")]) == call
@@ -134,13 +134,13 @@ def test_the_task_binds_its_tokenizer_for_a_model_without_one() -> None:
 def test_a_good_demonstration_replays_with_reward_1_and_trains_exactly_the_assistant_tokens() -> None:
     rng = random.Random(0)
     turns = agent_turns(S, "good", rng)
-    assert turns == [call_text("orders", user="u3"), call_text("cancel", order="o31"), "<eos>"]
+    assert turns == [call_text("orders", user="u3"), call_text("cancel", order="o3"), "<eos>"]
     ad = TurnAdapter("customer-service", CustomerService(), S.to_sample(), T)
     prompt = ad.reset()
     ep = replay(ad, prompt, [T.eos_token if t == "<eos>" else t for t in turns])
     assert ep.done and ep.success and ep.reward == 1.0
     # expected: prompt, turn 1, its forced response, turn 2, its forced response, the end of turn
-    resp1 = T.encode("<tool_response>o31 lamp placed;o47 mug delivered;o52 pen placed</tool_response>")
+    resp1 = T.encode("<tool_response>o3 lamp placed;o4 mug delivered;o5 pen placed</tool_response>")
     resp2 = T.encode("<tool_response>ok</tool_response>")
     parts = [(prompt, False), (T.encode(turns[0]), True), (resp1, False), (T.encode(turns[1]), True),
              (resp2, False), ([T.eos_id], True)]
@@ -152,12 +152,17 @@ def test_a_good_demonstration_replays_with_reward_1_and_trains_exactly_the_assis
 def test_demonstrations_of_every_kind_end_and_only_good_ones_succeed() -> None:
     rng = random.Random(3)
     samples = ScenarioSamples()
+    wins = dict.fromkeys(DEMO_MIX, 0)
     for kind in DEMO_MIX:
-        for i in range(30):
+        for i in range(60):
             s = Scenario.from_sample(samples.train(0, i, rng))
             ad = TurnAdapter("customer-service", CustomerService(), s.to_sample(), T)
             ep = replay(ad, ad.reset(), [T.eos_token if t == "<eos>" else t for t in agent_turns(s, kind, rng)])
-            assert ep.done and ep.success == (kind == "good"), (kind, T.decode(ep.tokens))
+            assert ep.done, (kind, T.decode(ep.tokens))
+            wins[kind] += ep.success
+    # a guess without the lookup names the target by chance (1 of 9 ids); every other mistake never wins
+    assert wins["good"] == 60 and wins["wrong_order"] == wins["wrong_tool"] == wins["miscopy"] == 0
+    assert 1 <= wins["guess"] <= 15, wins
     demos = demonstrations("customer-service", 200, random.Random(0), tokenizer=T)
     assert all(len(t) == len(m) and not m[0] and m[-1] for t, m in demos)
     assert max(len(t) for t, _ in demos) <= 80  # the task's words as single ids keep episodes short
