@@ -210,6 +210,7 @@ class ActorGroup:
                 if not ray.is_initialized():
                     return
                 log.debug("actor group watcher", exc_info=True)
+                self._closed.wait(self.poll_s)  # a transient Ray error: no busy loop
             if not self._watched:
                 self._closed.wait(self.poll_s)
 
