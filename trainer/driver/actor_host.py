@@ -40,8 +40,8 @@ class ActorHost:
         self.pad = self.tokenizer.pad_id
         a = self.spec.actor
         self.rank, self.world = rank, a.world_size
-        if work_dir is not None and rank > 0:  # snapshot files of ranks sharing a host must not collide
-            work_dir = str(Path(work_dir) / f"rank{rank}")
+        # Every rank gets the run's one snapshot folder: ranks on one node share a version's files
+        # (trainer/oldlogits/node_share.py names them by shard and node, so none collide).
         settings = ActorSettings.from_spec(self.spec, self.tokenizer.vocab_size, num_threads=threads,
                                            max_sequence_length=task_context(self.spec, self.tokenizer), work_dir=work_dir)
         layout = Layout(tp=a.megatron.tensor_parallel, pp=a.megatron.pipeline_parallel, ep=a.megatron.expert_parallel,
