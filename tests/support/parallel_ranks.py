@@ -5,6 +5,7 @@ layout, trains the same global batch for a few steps and writes its figures to `
 """
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -118,13 +119,15 @@ def _norm_probe(actor: Any, batch: Any) -> dict[str, float]:
     return {"stock": stock, "aware": aware}
 
 
-def run_ranks(world: int, tp: int, out: str, cfg: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
-    """Spawn ``world`` ranks (tensor parallel ``tp``, DP = the rest), wait, and return their results."""
+def spawn_ranks(target: Callable[..., None], extra: tuple[Any, ...], world: int, tp: int, out: str,
+                timeout: float, what: str = "") -> list[dict[str, Any]]:
+    """Spawn ``world`` processes ``target(rank, world, tp, init_method, out, *extra)`` (one TCP rendezvous),
+    wait up to ``timeout`` s, kill stragglers, and return each rank's ``rank<r>.pt`` in ``out``."""
     from asyncrl.trainer.megatron.parallel import rendezvous
 
     init_method = rendezvous("127.0.0.1") if world > 1 else None
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, world, tp, init_method, out, cfg)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, tp, init_method, out, *extra)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -134,8 +137,13 @@ def run_ranks(world: int, tp: int, out: str, cfg: dict[str, Any], timeout: float
             p.kill()
     codes = [p.exitcode for p in procs]
     if any(c != 0 for c in codes):
-        raise RuntimeError(f"ranks exited with {codes} (world {world}, tp {tp})")
+        raise RuntimeError(f"ranks exited with {codes} (world {world}, tp {tp}{what})")
     return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+
+
+def run_ranks(world: int, tp: int, out: str, cfg: dict[str, Any], timeout: float = 600.0) -> list[dict[str, Any]]:
+    """Spawn ``world`` ranks (tensor parallel ``tp``, DP = the rest), wait, and return their results."""
+    return spawn_ranks(_rank_main, (cfg,), world, tp, out, timeout)
 
 
 # ---------------------------------------------------------------- every correction route (test_parallel_routes.py)
@@ -264,20 +272,4 @@ def _routes_main(rank: int, world: int, tp: int, init_method: str | None, out: s
 def run_routes(world: int, tp: int, out: str, routes: list[str], work_dir: str,
                timeout: float = 900.0) -> list[dict[str, Any]]:
     """Spawn ``world`` ranks that train every one of ``routes`` for three steps in turn; their results."""
-    from asyncrl.trainer.megatron.parallel import rendezvous
-
-    init_method = rendezvous("127.0.0.1") if world > 1 else None
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_routes_main, args=(r, world, tp, init_method, out, routes, work_dir))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    codes = [p.exitcode for p in procs]
-    if any(c != 0 for c in codes):
-        raise RuntimeError(f"ranks exited with {codes} (world {world}, tp {tp}, routes {routes})")
-    return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+    return spawn_ranks(_routes_main, (routes, work_dir), world, tp, out, timeout, f", routes {routes}")

@@ -11,9 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
-from tests.support.parallel_ranks import VOCAB, _batch
+from tests.support.parallel_ranks import VOCAB, _batch, spawn_ranks
 
 
 def _rank_main(rank: int, world: int, tp: int, init_method: str | None, out: str, cfg: dict[str, Any]) -> None:
@@ -83,23 +82,8 @@ def run_layout(world: int, tp: int, out: str, cfg: dict[str, Any], timeout: floa
 
     ``cfg``: ``job`` (the spec), ``load`` (a checkpoint folder to resume first), ``before`` (steps),
     ``save`` (a checkpoint folder to write), ``after`` (steps)."""
-    from asyncrl.trainer.megatron.parallel import rendezvous
-
     os.makedirs(out, exist_ok=True)
-    init_method = rendezvous("127.0.0.1") if world > 1 else None
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, world, tp, init_method, out, cfg)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    codes = [p.exitcode for p in procs]
-    if any(c != 0 for c in codes):
-        raise RuntimeError(f"ranks exited with {codes} (world {world}, tp {tp})")
-    return [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+    return spawn_ranks(_rank_main, (cfg,), world, tp, out, timeout)
 
 
 def step_diffs(ref: dict[str, Any], got: dict[str, Any], ref_steps: slice = slice(None)) -> dict[str, float]:
