@@ -25,6 +25,7 @@ Two shims make ``dist_checkpointing`` run here (:func:`checkpoint_shims`, beside
 """
 
 import dataclasses
+import errno
 import logging
 import os
 import shutil
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 from asyncrl.trainer.megatron.checkpoint import (
     CheckpointError,
+    disk_error,
     seal_folder,
     temporary_folder,
     verify_checkpoint,
@@ -167,9 +169,12 @@ def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: 
                 seal_folder(tmp, final, {**meta, "format": FORMAT})
             except BaseException as exc:
                 seal_error = exc
-    except BaseException:
+    except BaseException as exc:
+        full = full_disk_error(exc, tmp, final)  # before the partial shards are removed: they hold the space
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
+        if full is not None:
+            raise full from exc
         raise
     if seal_error is not None:
         shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written behind
@@ -181,6 +186,30 @@ def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: 
     if not flag[0]:
         raise CheckpointError(final, "rank 0 could not seal the folder (its error is in rank 0's log)")
     return final
+
+
+def full_disk_error(exc: BaseException, folder: Path, name: Path) -> OSError | None:
+    """The ``OSError`` a failed shard write into ``folder`` hides, naming ``name`` (the checkpoint being
+    written); None when the failure was not the disk.
+
+    megatron writes shards in a forked process and reports only its text ("Worker failure: [enforce fail at
+    inline_container.cc] unexpected pos ..."): the ENOSPC is gone from the chain. An errno still in the chain
+    wins; otherwise a 1 MiB probe write into ``folder`` says whether the file system is full (or over quota)."""
+    err = disk_error(exc, name)
+    if isinstance(err, OSError) and err is not exc:
+        return err
+    probe = folder / ".space-probe"
+    try:
+        with open(probe, "wb") as f:
+            f.write(bytes(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as got:
+        if got.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(got.errno, got.strerror, str(name))
+    finally:
+        probe.unlink(missing_ok=True)
+    return None
 
 
 def is_sharded(meta: Mapping[str, Any]) -> bool:
