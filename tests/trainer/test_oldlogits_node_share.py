@@ -39,15 +39,18 @@ def _rank(rank: int, init_method: str, out: str, device: str, work_dir: str | No
     dist.barrier()
     seen["versions"], seen["resident"] = store.versions, vars(store.resident()).copy()
     seen["files"], seen["folder"] = _files(store.folder), str(store.folder)
+    dist.barrier()  # both listed before the writer deletes v1 (retain)
     seen["v2_ok"] = all(torch.equal(store.get(2)[k], t) for k, t in _weights(2).items())
     store.retain({2, 3})
     dist.barrier()
     seen["after_retain"] = _files(store.folder)
+    dist.barrier()  # both listed before the writer rewrites the files (load_state_dict)
     state = store.state_dict()  # what a checkpoint keeps: tensors, on every rank
     seen["state_ok"] = sorted(state["versions"]) == [2, 3] and torch.equal(state["versions"][3]["a"], _weights(3)["a"])
     store.load_state_dict(state)  # a resume, in lockstep: the writer rewrites, every rank maps again
     dist.barrier()
     seen["after_load"], seen["reloaded"] = _files(store.folder), vars(store.resident()).copy()
+    dist.barrier()  # both listed before the writer deletes them (close)
     store.close()
     dist.barrier()
     seen["after_close"] = _files(store.folder)
