@@ -276,6 +276,8 @@ def write_hf_folder(hf: Mapping[str, torch.Tensor], files: ModelFiles, out: Path
     """
     from safetensors.torch import save_file
 
+    from asyncrl.trainer.megatron.checkpoint import replace_folder
+
     t0 = time.monotonic()
     out = out.expanduser()
     if out.exists() and not overwrite:
@@ -324,16 +326,7 @@ def write_hf_folder(hf: Mapping[str, torch.Tensor], files: ModelFiles, out: Path
                                         "tokenizer": tokenizer_note, "config": config_source, **(provenance or {})})
         for f in tmp.iterdir():
             _fsync(f)
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            if old.exists():
-                shutil.rmtree(old)
-            os.rename(out, old)
-        os.rename(tmp, out)
-        _fsync(out.parent)
-        if old is not None:
-            shutil.rmtree(old)
+        replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

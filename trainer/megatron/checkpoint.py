@@ -103,6 +103,13 @@ def seal_folder(tmp: Path, directory: str | os.PathLike[str], meta: dict[str, An
         json.dump({**meta, FILES_KEY: records}, f, indent=2, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
+    replace_folder(tmp, final)
+    return final
+
+
+def replace_folder(tmp: Path, final: Path) -> None:
+    """Put the complete folder ``tmp`` in place as ``final`` (atomic rename; an existing ``final`` is moved
+    aside first and deleted once the new one is in place), then fsync the parent."""
     old = None
     if final.exists():
         old = final.parent / f".{final.name}.old-{os.getpid()}"
@@ -113,7 +120,6 @@ def seal_folder(tmp: Path, directory: str | os.PathLike[str], meta: dict[str, An
     _fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], meta: dict[str, Any]) -> Path:
