@@ -60,6 +60,7 @@ def _rank_main(rank: int, world: int, tp: int, init_method: str | None, out: str
     torch.set_num_threads(1)
     from asyncrl.api.job import AsyncRLJobSpec
     from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
+    from asyncrl.trainer.megatron import compat
     from asyncrl.trainer.megatron.parallel import Layout
 
     spec = AsyncRLJobSpec.model_validate(cfg["job"])
@@ -68,7 +69,8 @@ def _rank_main(rank: int, world: int, tp: int, init_method: str | None, out: str
                        layout=Layout(tp=tp, rank=rank, world=world, init_method=init_method))
     actor = MegatronActor(settings)
     batch = _batch(actor)
-    result: dict[str, Any] = {"rank": rank, "dp": (actor.dp_rank, actor.dp_size)}
+    result: dict[str, Any] = {"rank": rank, "dp": (actor.dp_rank, actor.dp_size),
+                              "optimizer": compat.optimizer_kind(actor._optimizer)}
     if cfg.get("norm_probe"):
         result["norms"] = _norm_probe(actor, batch)
     if cfg.get("nan_on_rank") == rank:
@@ -215,18 +217,28 @@ def _run_route(route: str, rank: int, world: int, tp: int, init_method: str | No
     base = _batch(actor)
     g = torch.Generator().manual_seed(12)  # behaviour noise: some tokens leave mask.bounds [0.5, 2]
     base = replace(base, logp_mu=(base.logp_mu + 0.4 * torch.randn(B, T, generator=g)) * base.loss_mask)
-    refs: list[torch.Tensor] = []
-    provider_ref = actor.old_logits.logp_ref
+    import asyncrl.trainer.actor.megatron_actor as actor_module
 
-    def seen(*args: Any, **kwargs: Any) -> torch.Tensor:
-        out = provider_ref(*args, **kwargs)
-        refs.append(out.detach().clone())
-        return out
+    held: list[Any] = []  # each step's HeldReference: what the loss saw (seen, [B, T]) and which rows this rank scored
+    real_hold = actor_module.hold_reference
 
-    actor.old_logits.logp_ref = seen  # type: ignore[method-assign]  # instrumentation: what the loss saw
+    def holding(*args: Any, **kwargs: Any) -> Any:
+        held.append(real_hold(*args, **kwargs))
+        return held[-1]
+
+    forwarded: list[tuple[int, int]] = []  # (rows, trained tokens) of every provider forward call this step
+    provider_score = actor.old_logits.score
+
+    def counted(batch: Any, scorer: Any) -> Any:
+        forwarded.append((int(batch.tokens.shape[0]), int(batch.loss_mask.sum())))
+        return provider_score(batch, scorer)
+
+    actor.old_logits.score = counted  # type: ignore[method-assign]  # instrumentation: the rows a rank forwards
+    actor_module.hold_reference = holding  # type: ignore[assignment]  # instrumentation: what the loss saw
     steps = []
     for step in range(3):
         batch = _route_batch(base, step)
+        forwarded.clear()
         m = actor.train_step(batch)
         store = getattr(actor.old_logits, "store", None) or getattr(actor.auditor, "store", None)
         resident = store.resident() if store is not None else None
@@ -238,10 +250,12 @@ def _run_route(route: str, rank: int, world: int, tp: int, init_method: str | No
             "pss": _smaps_pss(str(where)) if (where := getattr(store, "folder", None)) is not None else 0,
             "files": {} if where is None else {p.name: p.stat().st_size for p in sorted(where.glob("*.safetensors"))},
             "sharers": getattr(store, "sharers", 1),
-            "logp": actor.logprobs(batch.tokens), "logp_ref": refs[-1] if refs else None, "mask": batch.loss_mask,
+            "logp": actor.logprobs(batch.tokens), "logp_ref": held[-1].seen.clone(), "mask": batch.loss_mask,
+            "reference_rows": held[-1].rows.tolist(), "forwarded": list(forwarded),
         })
         if dist.is_initialized():
             dist.barrier()  # every rank measured the step before any moves on (and the writer closes the store)
+    actor_module.hold_reference = real_hold  # type: ignore[assignment]  # the next route wraps it afresh
     weights = actor.hf_state_dict()
     store = getattr(actor.old_logits, "store", None) or getattr(actor.auditor, "store", None)
     where = getattr(store, "folder", None)

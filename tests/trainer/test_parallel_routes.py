@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 import pytest
+import torch
 
 from tests.support.parallel_ranks import ROUTES, run_routes
 
@@ -85,6 +86,31 @@ def check_route(route: str, ref: dict[str, Any], ranks: list[dict[str, Any]], la
     return worst
 
 
+def check_reference_shares(route: str, ref: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
+    """Each DP rank ran the reference forwards over its token-balanced share of the rows only (the
+    provider's forward calls, counted in the rank, add up to that share's rows and trained tokens), the
+    shares of the DP ranks partition the batch, and TP ranks of one replica scored the same rows."""
+    from asyncrl.trainer.megatron.parallel import dp_share
+
+    for i, one in enumerate(ref["routes"][route]["steps"]):
+        assert one["reference_rows"] == list(range(one["mask"].shape[0]))
+        assert [sum(c) for c in zip(*one["forwarded"], strict=True)] == [len(one["reference_rows"]),
+                                                                          int(one["mask"].sum())]
+        by_dp: dict[int, list[int]] = {}
+        for rank in ranks:
+            step = rank["routes"][route]["steps"][i]
+            dp_rank, dp_size = rank["dp"]
+            mask = step["mask"]
+            want = dp_share(torch.arange(mask.shape[0]), mask, dp_rank, dp_size).tolist()
+            assert step["reference_rows"] == want, (route, rank["rank"], step["reference_rows"], want)
+            rows, tokens = (sum(c) for c in zip(*step["forwarded"], strict=True))
+            assert (rows, tokens) == (len(want), int(mask[want].sum())), (route, rank["rank"], step["forwarded"])
+            assert by_dp.setdefault(dp_rank, want) == want  # TP ranks of a replica: the same rows
+        if len(by_dp) > 1:
+            every = sorted(r for rows in by_dp.values() for r in rows)
+            assert every == one["reference_rows"], (route, by_dp)  # a partition: each row scored once
+
+
 def _line(route: str, layout: str, worst: dict[str, float]) -> str:
     return f"{route:>14} {layout:>8} " + " ".join(f"{k} {v:.1e}" for k, v in worst.items())
 
@@ -98,6 +124,14 @@ def test_one_route_per_layout_equals_one_process(layout: str, fast_reference: di
     ranks = dp2_snapshot if layout == "dp2" else _run(tmp_path_factory, layout, world, tp, [route])
     worst = check_route(route, fast_reference["routes"][route], [r["routes"][route] for r in ranks], layout)
     print(_line(route, layout, worst))
+
+
+def test_dp_ranks_score_the_reference_over_their_share_only(fast_reference: dict[str, Any],
+                                                           dp2_snapshot: list[dict[str, Any]]) -> None:
+    """DP=2: each rank's snapshot forwards ran over half the rows (token-balanced), not the whole batch."""
+    check_reference_shares("snapshot", fast_reference, dp2_snapshot)
+    halves = [sum(c[0] for c in r["routes"]["snapshot"]["steps"][0]["forwarded"]) for r in dp2_snapshot]
+    assert halves == [4, 4], halves  # B = 8
 
 
 def test_snapshot_versions_are_held_once_per_node(fast_reference: dict[str, Any],
@@ -145,6 +179,7 @@ def test_every_route_equals_one_process(layout: str, full_reference: dict[str, A
         try:
             lines.append(_line(route, layout, check_route(route, ref["routes"][route],
                                                           [r["routes"][route] for r in ranks], layout)))
+            check_reference_shares(route, ref, ranks)
         except AssertionError as exc:
             failures.append(f"{route}: {exc}")
     print("\n".join(lines))
