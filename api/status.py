@@ -114,7 +114,10 @@ class TrainingSummary(_StatusModel):
         default=0, ge=0, description="Episodes the task's environment code aborted so far (exception, timeout, "
         "non-finite reward, garbage messages; asyncrl_env_errors_total by reason); the job goes on without them."
     )
-    max_staleness: int = Field(default=0, ge=0, description="Largest version gap of a token trained on recently.")
+    staleness_max: int = Field(
+        default=0, ge=0, description="Observed: the largest version gap of a token trained on in the last report "
+        "window (the steps' staleness_max); the bound it never exceeds is spec.async.maxStaleness (W)."
+    )
     sync_phase: SyncPhase | None = Field(default=None, description="Interrupt-sync phase at report time.")
     sync_phase_since: str | None = Field(default=None, description="When syncPhase began (RFC 3339).")
     last_checkpoint: str | None = Field(default=None, description="URI or path of the newest checkpoint.")

@@ -67,10 +67,10 @@ def test_privileged_namespaces_are_a_json_list_of_names() -> None:
 
 
 def test_training_patch_and_throttle() -> None:
-    s = TrainingSummary(policy_version=7, keep_ratio=0.8123, max_staleness=2)
+    s = TrainingSummary(policy_version=7, keep_ratio=0.8123, staleness_max=2)
     assert training_patch(s) == {"status": {"training": {"policyVersion": 7, "keepRatio": 0.8123,
                                                          "keepPercent": 81.2, "ewmaResets": 0, "envErrors": 0,
-                                                         "maxStaleness": 2}}}
+                                                         "stalenessMax": 2}}}
     t = ReportThrottle()
     assert t.ready(0.0)
     t.sent(0.0)

@@ -180,7 +180,7 @@ def test_mask_collapse_degrades_and_suspends(jobs: Jobs, kubelet: Kubelet) -> No
     from asyncrl.api.status import TrainingSummary, training_patch
 
     start_running(jobs, kubelet, monitoring={"maskGuard": {"action": "Suspend"}})
-    report = TrainingSummary(policy_version=12, keep_ratio=0.42, clip_fraction=0.1, max_staleness=2)
+    report = TrainingSummary(policy_version=12, keep_ratio=0.42, clip_fraction=0.1, staleness_max=2)
     jobs.patch_status(training_patch(report))
     jobs.wait_phase("Suspended")
     degraded = jobs.condition("Degraded")

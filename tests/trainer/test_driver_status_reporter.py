@@ -100,7 +100,7 @@ def test_window_aggregates_tokens_not_ratios() -> None:
     assert training["keepPercent"] == 80.0
     # clipped = 100*0.1 + 300*0.2 = 10 + 60 = 70 of 400 -> 0.175
     assert training["clipFraction"] == pytest.approx(0.175, abs=1e-12)
-    assert training["maxStaleness"] == 2  # the skipped step's 9 does not count
+    assert training["stalenessMax"] == 2  # the skipped step's 9 does not count
     assert training["ewmaResets"] == 1
     assert training["policyVersion"] == 5
     assert training["lastCheckpoint"] == "/ckpt/step-000002" and training["lastCheckpointVersion"] == 2
@@ -115,7 +115,7 @@ def test_window_resets_after_a_report_and_an_empty_window_omits_the_ratios() -> 
     assert reporter.flush()
     training = sent[-1]["status"]["training"]
     assert "keepRatio" not in training and "clipFraction" not in training  # merge patch keeps the old values
-    assert training["maxStaleness"] == 0 and training["policyVersion"] == 1
+    assert training["stalenessMax"] == 0 and training["policyVersion"] == 1
 
 
 def test_final_flush_ignores_the_throttle() -> None:

@@ -12,8 +12,8 @@ Over each *report window* (the steps since the last successful report) it aggreg
   ratio, not a mean of per-step ratios: a step with 10 tokens must not weigh like one with 1000);
 - ``clipFraction`` = clipped / valid tokens, clipped = low + high + dual clip (the tokens whose
   staleness ratio ``r_s`` the PPO clip stopped);
-- ``maxStaleness`` = the largest version gap of a trained token in the window (the steps'
-  ``staleness_max``; the status field's name is the API's, not W);
+- ``stalenessMax`` = the largest version gap of a trained token in the window (the steps'
+  ``staleness_max``: observed, never W, which is ``spec.async.maxStaleness``);
 
 and over the run (this driver process): ``ewmaResets`` (total), ``envErrors`` (episodes the environment's code
 aborted, total), ``policyVersion``, and the last
@@ -191,7 +191,7 @@ class StatusReporter:
         return TrainingSummary(
             policy_version=self.policy_version, keep_ratio=self.window.keep_ratio,
             clip_fraction=self.window.clip_fraction, ewma_resets=self.ewma_resets, env_errors=self.env_errors,
-            max_staleness=self.window.staleness_max, sync_phase=self.sync_phase,
+            staleness_max=self.window.staleness_max, sync_phase=self.sync_phase,
             sync_phase_since=self.sync_phase_since, last_checkpoint=self.last_checkpoint,
             last_checkpoint_version=self.last_checkpoint_version, last_export=self.last_export,
             last_export_version=self.last_export_version, reported_at=rfc3339(self.wall()),
