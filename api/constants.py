@@ -39,6 +39,16 @@ def actor_pod_resource(index: int) -> str:
     return f"{ACTOR_POD_RESOURCE_PREFIX}{index}"
 
 
+# Dedicated scorer pod i of a tensor-parallel scorer (k ranks) also advertises {old_logits_pod_resource(i): k}:
+# the gang's ranks ask for one unit each and land together on pod i.
+OLD_LOGITS_POD_RESOURCE_PREFIX: Final = "oldlogits-"
+
+
+def old_logits_pod_resource(index: int) -> str:
+    """The Ray resource only dedicated scorer pod ``index`` advertises (``oldlogits-0``, ...)."""
+    return f"{OLD_LOGITS_POD_RESOURCE_PREFIX}{index}"
+
+
 # Ray would give each rank's worker process only its own GPU in CUDA_VISIBLE_DEVICES; with this set
 # every rank sees all of the pod's GPUs (NCCL's peer-to-peer paths) and picks LOCAL_RANK = its Ray GPU id.
 ENV_RAY_NOSET_CUDA_VISIBLE_DEVICES: Final = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"

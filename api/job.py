@@ -475,6 +475,17 @@ class AsyncRLJobSpec(SpecModel):
         return self
 
     @model_validator(mode="after")
+    def _scorer_layout_can_work(self) -> "AsyncRLJobSpec":
+        if self.old_logits.strategy is not OldLogitStrategy.DEDICATED:
+            return self  # a dedicated section set under another strategy is refused by OldLogitsSpec
+        from asyncrl.api.model_arch import known_arch  # model_arch imports this module
+        from asyncrl.api.old_logits import scorer_layout_problems
+
+        layout = self.old_logits.dedicated.layout_for(self.actor)
+        raise_all(scorer_layout_problems(layout, known_arch(self.model) if layout.tensor_parallel > 1 else None))
+        return self
+
+    @model_validator(mode="after")
     def _minibatches_fit_the_batch(self) -> "AsyncRLJobSpec":
         rows = self.train.prompts_per_step * self.task.group_size
         if self.train.minibatches > rows:

@@ -392,12 +392,13 @@ def folder_problems(spec: ModelSpec) -> list[str]:
     return out
 
 
-def parallel_problems(arch: ModelArch, tp: int, pp: int = 1, ep: int = 1) -> list[str]:
+def parallel_problems(arch: ModelArch, tp: int, pp: int = 1, ep: int = 1, *,
+                      fix: str = "set spec.actor.megatron.tensorParallel to a common divisor") -> list[str]:
     """What in ``arch`` cannot be split ``tp``-way (tensor), ``pp``-way (pipeline), ``ep``-way (experts):
     megatron shards heads, KV heads and the vocabulary over TP (it does not pad), layers over PP and
-    routed experts over EP. A vocabulary of 0 (the tokenizer's, not known yet) is not checked."""
+    routed experts over EP. A vocabulary of 0 (the tokenizer's, not known yet) is not checked. ``fix``: the
+    TP advice (whose tensorParallel: the actor's, or a dedicated scorer's)."""
     out = []
-    fix = "set spec.actor.megatron.tensorParallel to a common divisor"
     for what, n in (("numAttentionHeads", arch.num_attention_heads), ("numKeyValueHeads", arch.num_key_value_heads),
                     ("vocabSize", arch.vocab_size)):
         if n and n % tp:

@@ -5,13 +5,18 @@ what validation refuses is a knob of a section the chosen strategy does not use 
 accepted and then ignored), with the same words from the model and the CRD's CEL rule.
 """
 
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule, at_defaults_cel, changed_from_defaults, raise_all
+
+if TYPE_CHECKING:
+    from asyncrl.api.model_arch import ModelArch
+    from asyncrl.api.pods import ActorSpec
 
 
 class OldLogitStrategy(StrEnum):
@@ -80,6 +85,66 @@ class DedicatedSpec(SpecModel):
         description="How many versions the scorers may trail the actor before the driver waits for them "
         "(the wait is counted).",
     )
+    tensor_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Tensor-parallel size of one scorer: a scorer is a gang of this many ranks (one per GPU, "
+        "processes on a CPU pod) that load their shards of each version and score together. Omitted = "
+        "actor.megatron.tensorParallel. Divides the scorer's GPUs per pod and the model's heads, KV heads "
+        "and vocabulary.",
+    )
+    gpus_per_replica: int | None = Field(
+        default=None,
+        ge=0,
+        le=16,
+        description="GPUs of one scorer pod (one rank per GPU, tensorParallel of them used). Omitted = "
+        "actor.gpusPerReplica; 0 = a CPU pod running tensorParallel rank processes.",
+    )
+
+    def layout_for(self, actor: "ActorSpec") -> "ScorerLayout":
+        """The scorer's layout in force: the fields set here, the actor's where omitted."""
+        tp = self.tensor_parallel if self.tensor_parallel is not None else actor.megatron.tensor_parallel
+        gpus = self.gpus_per_replica if self.gpus_per_replica is not None else actor.gpus_per_replica
+        return ScorerLayout(tensor_parallel=tp, gpus_per_replica=gpus)
+
+
+SCORER_TP_DIVIDES_GPUS_MESSAGE = (
+    "oldLogits.dedicated.tensorParallel must divide the scorer's GPUs per pod (oldLogits.dedicated.gpusPerReplica, "
+    "omitted = actor.gpusPerReplica; a scorer's ranks stay inside its pod, one per GPU); set tensorParallel to a "
+    "divisor of the GPUs or set gpusPerReplica to tensorParallel"
+)
+SCORER_TP_FIX = "set spec.oldLogits.dedicated.tensorParallel to a common divisor"
+
+
+@dataclass(frozen=True)
+class ScorerLayout:
+    """One dedicated scorer's layout in force (:meth:`DedicatedSpec.layout_for`): ``tensor_parallel`` ranks,
+    a pod of ``gpus_per_replica`` GPUs (0 = CPU)."""
+
+    tensor_parallel: int
+    gpus_per_replica: int
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of one scorer gang (pipeline and data parallelism are 1 inside a scorer)."""
+        return self.tensor_parallel
+
+
+def scorer_layout_problems(layout: ScorerLayout, arch: "ModelArch | None") -> list[tuple[str, str]]:
+    """What cannot work in a scorer layout: ``(path below spec, message)`` for every problem (GPUs per pod
+    not a multiple of TP; heads, KV heads or vocabulary not divisible by TP, as for the actor)."""
+    from asyncrl.api.model_arch import parallel_problems  # model_arch imports the job model
+
+    tp, gpus = layout.tensor_parallel, layout.gpus_per_replica
+    out: list[tuple[str, str]] = []
+    if gpus > 0 and gpus % tp:
+        out.append(("oldLogits.dedicated.tensorParallel",
+                    f"{SCORER_TP_DIVIDES_GPUS_MESSAGE} (got tensorParallel {tp} with {gpus} GPUs per scorer pod)"))
+    if arch is not None and tp > 1:
+        out += [("oldLogits.dedicated.tensorParallel", f"{p} (spec.model)")
+                for p in parallel_problems(arch, tp, fix=SCORER_TP_FIX)]
+    return out
 
 
 class InterruptSyncSpec(SpecModel):

@@ -51,6 +51,9 @@ def _rank_info(_actor: Any) -> RankInfo:  # runs inside the rank (``__ray_call__
     return RankInfo(socket.gethostname(), os.getpid())
 
 
+ACTOR_AFTER = "the gang restarts from its last complete checkpoint"  # what follows an actor group's failure
+
+
 class ActorRankError(RuntimeError):
     """A rank of the actor group died or raised; every rank of the group has been killed.
 
@@ -58,12 +61,12 @@ class ActorRankError(RuntimeError):
     rank's exception, or how its process ended) and ``died`` (True: the process is gone, False: it raised).
     """
 
-    def __init__(self, rank: int, where: RankInfo | None, method: str, cause: str, died: bool) -> None:
+    def __init__(self, rank: int, where: RankInfo | None, method: str, cause: str, died: bool, *,
+                 role: str = "actor", after: str = ACTOR_AFTER) -> None:
         self.rank, self.where, self.method, self.cause, self.died = rank, where, method, cause, died
         at = f" ({where})" if where is not None else ""
-        self.line = f"actor rank {rank}{at} {'died' if died else 'raised'} in {method}: {cause}"
-        super().__init__(f"{self.line}; every rank of the actor group was stopped (the gang restarts from its "
-                         "last complete checkpoint)")
+        self.line = f"{role} rank {rank}{at} {'died' if died else 'raised'} in {method}: {cause}"
+        super().__init__(f"{self.line}; every rank of the {role} group was stopped ({after})")
 
 
 class _ProcessGone(Exception):
@@ -117,9 +120,10 @@ class ActorGroup:
     """
 
     def __init__(self, ranks: list[Any], where: list[RankInfo] | None = None, *, poll_s: float = 0.5,
-                 grace_s: float = 3.0) -> None:
+                 grace_s: float = 3.0, role: str = "actor", after: str = ACTOR_AFTER) -> None:
         if not ranks:
             raise ValueError("an actor group needs at least one rank")
+        self.role, self.after = role, after  # how its failure is said (a dedicated scorer gang reuses the group)
         if where is not None and len(where) != len(ranks):
             raise ValueError(f"{len(where)} rank locations for {len(ranks)} ranks")
         self.ranks = ranks
@@ -294,7 +298,8 @@ class ActorGroup:
             if self.failure is not None:
                 return
             cause = str(exc) if isinstance(exc, _ProcessGone) else _last_line(exc)[0]
-            self.failure = ActorRankError(rank, self.where[rank] if self.where else None, method, cause, died)
+            self.failure = ActorRankError(rank, self.where[rank] if self.where else None, method, cause, died,
+                                          role=self.role, after=self.after)
             self.failed_at = time.monotonic()
             self._watched.clear()
             self._verdict.set()
@@ -338,19 +343,28 @@ def start_actor_group(spec: AsyncRLJobSpec, actor_cls: Any, opts: dict[str, Any]
         return {**opts, "num_gpus": 1 if spec.actor.gpus_per_replica else 0,
                 "resources": {C.RESOURCE_ACTOR: 1, pod: 1}}
 
+    pinned = {k: v for k, v in rank_opts(0).get("resources", {}).items() if k != C.RESOURCE_ACTOR}
+
+    def start_rank(r: int, init_method: str) -> Any:
+        return actor_cls.options(**rank_opts(r), max_concurrency=1).remote(spec_json, threads, work_dir, rank=r,
+                                                                           init_method=init_method)
+
+    return start_gang(world, pinned, start_rank)
+
+
+def start_gang(world: int, pinned: dict[str, float], start_rank: Any, *, role: str = "actor",
+               after: str = ACTOR_AFTER) -> ActorGroup:
+    """Start ``world`` ranks as one :class:`ActorGroup` (the actor's, a dedicated scorer gang's): a task on rank
+    0's node (the Ray resources ``pinned``) picks the TCP rendezvous, ``start_rank(r, init_method)`` starts rank
+    ``r``'s Ray actor; returns when every rank's constructor ran (a rank that fails to start kills the others and
+    raises :class:`ActorRankError` here, not after their rendezvous timeout)."""
     import ray
 
-    # A task on rank 0's pod picks the address (its node, a free port) before any rank starts: every rank's
-    # constructor joins the process group, so all must know it up front.
+    # Before any rank starts: every rank's constructor joins the process group, so all must know it up front.
     finder: Any = ray.remote(_rendezvous_here)
-    pinned = {k: v for k, v in rank_opts(0).get("resources", {}).items() if k != C.RESOURCE_ACTOR}
     init_method = ray.get(finder.options(num_cpus=0, resources=pinned).remote())
-    ranks = [actor_cls.options(**rank_opts(r), max_concurrency=1).remote(spec_json, threads, work_dir, rank=r,
-                                                                         init_method=init_method)
-             for r in range(world)]
-    # Every rank's host and pid (the constructors run first: a rank that fails to start ends the group here,
-    # not after the others' rendezvous timeout).
-    infos = [r.__ray_call__.remote(_rank_info) for r in ranks]
+    ranks = [start_rank(r, init_method) for r in range(world)]
+    infos = [r.__ray_call__.remote(_rank_info) for r in ranks]  # every rank's host and pid
     pending = list(infos)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
@@ -360,5 +374,5 @@ def start_actor_group(spec: AsyncRLJobSpec, actor_cls: Any, opts: dict[str, Any]
             for r in ranks:
                 ray.kill(r, no_restart=True)
             cause, died = _last_line(exc)
-            raise ActorRankError(infos.index(ready[0]), None, "start", cause, died) from exc
-    return ActorGroup(ranks, ray.get(infos))
+            raise ActorRankError(infos.index(ready[0]), None, "start", cause, died, role=role, after=after) from exc
+    return ActorGroup(ranks, ray.get(infos), role=role, after=after)

@@ -20,7 +20,13 @@ from typing import Any
 
 from asyncrl.api import constants as C
 from asyncrl.api.job import AsyncRLJobSpec
-from asyncrl.trainer.driver.actor_group import ActorGroup, ActorRankError, Placement, start_actor_group
+from asyncrl.trainer.driver.actor_group import (
+    ActorGroup,
+    ActorRankError,
+    Placement,
+    start_actor_group,
+    start_gang,
+)
 from asyncrl.trainer.driver.actor_host import ActorHost
 from asyncrl.trainer.driver.host_common import task_context
 from asyncrl.trainer.driver.rollout_host import RolloutHost
@@ -121,24 +127,43 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
 def dedicated_spawner(spec: AsyncRLJobSpec, *, n_procs_cpus: float, threads: int,
                       placement: Placement = "local") -> Callable[[int], Any]:
     """``replica -> handle`` that starts one dedicated old-logit scorer (``oldLogits.strategy: dedicated``)
-    as a Ray actor: locally on ``n_procs_cpus`` logical CPUs, in a cluster on a pod advertising the
-    ``oldlogits`` role (the operator builds ``oldLogits.dedicated.replicas`` of them) with its GPUs."""
+    as Ray actors: locally on ``n_procs_cpus`` logical CPUs per rank, in a cluster on a pod advertising the
+    ``oldlogits`` role (the operator builds ``oldLogits.dedicated.replicas`` of them) with its GPUs.
+
+    A scorer of ``oldLogits.dedicated.tensorParallel`` k > 1 is a gang of k ranks (one Ray actor each, one
+    GPU each on a GPU pod; in a cluster all on scorer pod ``replica``, which advertises
+    ``oldlogits-<replica>: k``) behind one :class:`~asyncrl.trainer.driver.actor_group.ActorGroup`: every call
+    fans out, the driver reads rank 0, a rank that dies or raises stops the whole gang."""
     import ray
 
     from asyncrl.rollout.envs.binding import task_tokenizer
+    from asyncrl.trainer.megatron.parallel import Layout
     from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
     from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings
 
     tokenizer = task_tokenizer(spec.model, spec.task)
     settings = ScorerSettings.from_spec(spec, tokenizer.vocab_size, max_sequence_length=task_context(spec, tokenizer))
+    layout = spec.old_logits.dedicated.layout_for(spec.actor)
+    tp = layout.tensor_parallel
     cls: Any = ray.remote(DedicatedScorer)
-    if placement == "cluster":
-        opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": spec.actor.gpus_per_replica,
+    if placement == "cluster" and tp == 1:
+        opts: dict[str, Any] = {"num_cpus": 0, "num_gpus": layout.gpus_per_replica,
                                 "resources": {C.RESOURCE_OLD_LOGITS: 1}}
     else:
         opts = {"num_cpus": n_procs_cpus}
 
     def spawn(replica: int) -> Any:
-        return cls.options(**opts, max_concurrency=1).remote(settings, num_threads=threads)
+        if tp == 1:
+            return cls.options(**opts, max_concurrency=1).remote(settings, num_threads=threads)
+        pinned = {C.old_logits_pod_resource(replica): 1.0} if placement == "cluster" else {}
+        rank_opts = ({"num_cpus": 0, "num_gpus": 1 if layout.gpus_per_replica else 0, "resources": pinned}
+                     if placement == "cluster" else opts)
+
+        def start_rank(r: int, init_method: str) -> Any:
+            lay = Layout(tp=tp, rank=r, world=tp, init_method=init_method)
+            return cls.options(**rank_opts, max_concurrency=1).remote(settings, num_threads=threads, layout=lay)
+
+        return start_gang(tp, pinned, start_rank, role=f"dedicated scorer {replica}",
+                          after="the fleet starts a new gang and re-queues its unanswered work")
 
     return spawn

@@ -18,6 +18,15 @@ Versions older than the resident one are never needed again and are dropped on e
 keeps the weight references the plan may still need, collects the answers and replaces a scorer
 whose process died (its unanswered work is re-queued by the plan, so nothing is lost).
 
+A scorer may be a gang (``oldLogits.dedicated.tensorParallel`` > 1): one :class:`DedicatedScorer` per rank, each
+built with its :class:`~asyncrl.trainer.megatron.parallel.Layout` (the gang's own TCP rendezvous and process
+group, megatron's TP state inside it), every call made on every rank in the same order (the driver's gang
+handle, ``trainer/driver/scorer_gang.py``; the driver reads rank 0's answer). Weights by the object store or
+disk: every rank reads the version itself and keeps its slice. By broadcast: only the gang's rank 0 is a
+member of the weight-sync group (the group's size, and its re-forming when a receiver is replaced, stay per
+replica, as for a rollout replica); it hands the version on to its peers over the gang's own group
+(:meth:`DedicatedScorer.receive_broadcast`).
+
 Measured (CPU, 1 thread, loaded 2-core host, ``smollm2-135m``): first build 7.2 s (megatron's
 process setup and the random init), a rebuild after :meth:`SegmentScorer.free` 3.3-3.9 s, a weight
 load 0.15-0.27 s for 513 MiB, one forward of 8 x 128 tokens 8.6 s.
@@ -29,10 +38,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer.megatron.parallel import Layout
 from asyncrl.trainer.oldlogits.segment_scorer import HfWeights, ScorerSettings, Segment, SegmentScorer
 
 if TYPE_CHECKING:
-    pass
+    import torch
 
 # A version's weights as pushed: a mapping (held here), a one-element list around a Ray ObjectRef
 # (fetched on advance), or a zero-argument callable returning the mapping (fetched on advance).
@@ -57,14 +67,19 @@ class DedicatedState:
 
 
 class DedicatedScorer:
-    """One dedicated old-logit scorer; the driver starts it as ``ray.remote(DedicatedScorer)`` (one process)."""
+    """One dedicated old-logit scorer, or one rank of a scorer gang (``layout``: its place in the gang's
+    tensor-parallel group); the driver starts it as ``ray.remote(DedicatedScorer)``, one process per rank."""
 
-    def __init__(self, settings: ScorerSettings, *, num_threads: int | None = None) -> None:
+    def __init__(self, settings: ScorerSettings, *, num_threads: int | None = None,
+                 layout: Layout | None = None) -> None:
         if num_threads is not None:
             import torch
 
             torch.set_num_threads(num_threads)
-        self.scorer = SegmentScorer(settings)
+        self.scorer = SegmentScorer(settings, layout)
+        self.layout = self.scorer.layout
+        if self.layout.world > 1:
+            self.scorer.connect()  # the gang's ranks meet now: one that cannot start fails the gang's start
         self._queued: dict[int, PushedWeights] = {}
         self._busy = self._score_s = self._load_s = 0.0
         self._calls = self._advances = 0
@@ -77,10 +92,13 @@ class DedicatedScorer:
         return True
 
     def open_sync_group(self, host: str, port: int, rank: int, world: int, backend: str, timeout_s: float) -> None:
-        """Join (again) the weight-sync broadcast group as ``rank`` of ``world`` (the actor is rank 0)."""
+        """Join (again) the weight-sync broadcast group as ``rank`` of ``world`` (the actor is rank 0). In a gang
+        only rank 0 joins; its peers get each version from it inside the gang (:meth:`receive_broadcast`)."""
         from asyncrl.trainer.weightsync.broadcast import open_group
 
         self._group = None
+        if self.layout.rank > 0:
+            return
         self._group = open_group(host, port, rank, world, backend=backend,  # type: ignore[arg-type]
                                  timeout_s=timeout_s)
 
@@ -89,25 +107,48 @@ class DedicatedScorer:
         driver pushes its handle as for any transport). ``{"transfer_s", "bytes"}`` or ``{"failed": why}``."""
         from asyncrl.trainer.weightsync.broadcast import receive_version
 
+        if self.layout.rank > 0:  # a gang peer: rank 0 passes the version on inside the gang
+            return self._take_from_gang_rank0(version)
+        state: dict[str, torch.Tensor] | None = None
+        out: dict[str, float]
         if self._group is None:
-            return {"failed": "this scorer is in no broadcast group"}  # type: ignore[dict-item]
-        try:
-            got = receive_version(self._group, version)
-        except Exception as exc:  # noqa: BLE001 -- the group broke (a member died): the driver recovers
-            self._group = None
-            return {"failed": f"{type(exc).__name__}: {exc}"}  # type: ignore[dict-item]
-        if version > self.resident_version:  # older ones are never scored again
-            self._received[version] = {k: v.cpu() for k, v in got.state.items()}
-        return {"transfer_s": got.transfer_s, "bytes": float(got.nbytes)}
+            out = {"failed": "this scorer is in no broadcast group"}  # type: ignore[dict-item]
+        else:
+            try:
+                got = receive_version(self._group, version)
+            except Exception as exc:  # noqa: BLE001 -- the group broke (a member died): the driver recovers
+                self._group = None
+                out = {"failed": f"{type(exc).__name__}: {exc}"}  # type: ignore[dict-item]
+            else:
+                state = {k: v.cpu() for k, v in got.state.items()}
+                out = {"transfer_s": got.transfer_s, "bytes": float(got.nbytes)}
+        if self.layout.world > 1:
+            from asyncrl.trainer.oldlogits.gang_share import share_from_rank0
+
+            share_from_rank0(state)  # the peers wait for it (None: they fail alike)
+        if state is not None and version > self.resident_version:  # older ones are never scored again
+            self._received[version] = state
+        return out
+
+    def _take_from_gang_rank0(self, version: int) -> dict[str, float]:
+        from asyncrl.trainer.oldlogits.gang_share import share_from_rank0
+
+        state = share_from_rank0(None)
+        if state is None:
+            return {"failed": "the gang's rank 0 did not receive this version"}  # type: ignore[dict-item]
+        if version > self.resident_version:
+            self._received[version] = state
+        return {"transfer_s": 0.0, "bytes": float(sum(t.numel() * t.element_size() for t in state.values()))}
 
     def export_version(self, version: int) -> Any:
         """A version this scorer received by broadcast (queued or resident), as object-store bucket refs for a
-        respawned peer that was not in the group then; None when it does not hold it."""
+        respawned peer that was not in the group then; None when it does not hold it (and from a gang's peers,
+        whose rank 0 answers for the gang)."""
         from asyncrl.trainer.weightsync.buckets import pack_buckets
         from asyncrl.trainer.weightsync.objectstore import publish
 
         state = self._received.get(version)
-        if state is None:
+        if state is None or self.layout.rank > 0:
             return None
         return publish(pack_buckets(state.items(), version=version, bucket_bytes=512 * 2**20))
 
@@ -233,9 +274,18 @@ class DedicatedFleet:
 
     Args:
         plan: the planner (its ``resident`` decides which weight references are kept).
-        handles: ``ray.remote(DedicatedScorer)`` handles, replica ``i`` at index ``i``.
-        respawn: builds a fresh handle for replica ``i`` after its process died.
+        handles: ``ray.remote(DedicatedScorer)`` handles, replica ``i`` at index ``i``; a scorer gang's handle
+            (the driver's ``ActorGroup`` over its ranks: ``.method.remote`` on every rank, rank 0's ref back)
+            has the same surface, plus ``failure_for(exc)`` and ``kill()``.
+        respawn: builds a fresh handle for replica ``i`` after its process (a rank of its gang) died.
+
+    A gang fails as one: a rank that dies or raises gets every rank killed within about a second (the gang
+    handle watches all ranks' calls), so rank 0's call ends in an error and the gang is replaced like a dead
+    process. A gang whose ranks *raised* is replaced at most ``MAX_RAISED_REPLACEMENTS`` times: a deterministic
+    error would otherwise restart it forever; past that the error is raised (a bug, not a fault).
     """
+
+    MAX_RAISED_REPLACEMENTS = 3
 
     def __init__(self, plan: Any, handles: Sequence[Any], respawn: Callable[[int], Any]) -> None:
         self.plan = plan
@@ -247,6 +297,7 @@ class DedicatedFleet:
         self.copies_from_peers = False
         self._pending: dict[Any, tuple[int, int | None]] = {}  # ref -> (replica, request id or None)
         self.replaced = 0
+        self.raised_replacements = 0  # of self.replaced: gangs replaced because a rank raised
 
     def publish(self, version: int, weights_ref: Any) -> None:
         """The actor produced ``version`` (``weights_ref``: the ObjectRef the rollout workers get too)."""
@@ -258,20 +309,31 @@ class DedicatedFleet:
         """Send the plan's next actions; drop the weight references below the resident version."""
         from asyncrl.trainer.oldlogits.dedicated_plan import Advance, Push
 
+        lost: set[int] = set()  # replicas replaced during this dispatch: their remaining actions are stale
         for action in self.plan.next_actions():
+            if action.replica in lost:
+                continue  # its work was re-queued by replica_lost; the fresh one is bootstrapped below
             h = self.handles[action.replica]
-            if isinstance(action, Push):
-                # Wrapped in a list: Ray resolves a top-level ObjectRef argument, not one inside a list,
-                # so the scorer fetches these weights only when it advances to them.
-                ref = h.push_version.remote([self.weights[action.version]], action.version)
-                self._pending[ref] = (action.replica, None)
-            elif isinstance(action, Advance):
-                self._pending[h.advance_to.remote(action.version)] = (action.replica, None)
-            else:
-                ref = h.score.remote(action.payload(), action.version)
-                self._pending[ref] = (action.replica, action.request_id)
+            try:
+                if isinstance(action, Push):
+                    # Wrapped in a list: Ray resolves a top-level ObjectRef argument, not one inside a list,
+                    # so the scorer fetches these weights only when it advances to them.
+                    ref = h.push_version.remote([self.weights[action.version]], action.version)
+                    self._pending[ref] = (action.replica, None)
+                elif isinstance(action, Advance):
+                    self._pending[h.advance_to.remote(action.version)] = (action.replica, None)
+                else:
+                    ref = h.score.remote(action.payload(), action.version)
+                    self._pending[ref] = (action.replica, action.request_id)
+            except Exception as exc:  # a gang found failed when called (a rank died while it was idle)
+                if not self._gang_failed(action.replica, exc):
+                    raise
+                self._replace(action.replica)
+                lost.add(action.replica)
         for v in [v for v in self.weights if v < self.plan.resident]:
             del self.weights[v]
+        if lost:
+            self.dispatch()  # bootstrap the fresh gangs
 
     def refs(self) -> list[Any]:
         """The calls in flight (``ray.wait`` on them beside the generate calls and the train step)."""
@@ -293,10 +355,28 @@ class DedicatedFleet:
             result = ray.get(ref)
         except (RayActorError, ActorUnavailableError):
             self._replace(replica)
+        except Exception as exc:
+            if not self._gang_failed(replica, exc):
+                raise
+            self._replace(replica)
         else:
             if request_id is not None:
                 self.plan.scored(request_id, result)
         self.dispatch()
+
+    def _gang_failed(self, replica: int, exc: BaseException) -> bool:
+        """Whether ``exc`` (from a call to ``replica``) is its gang's failure (a rank died or raised: every rank
+        is stopped) that replacing the gang repairs; a gang that keeps raising is a bug (see the class doc)."""
+        failure_for = getattr(self.handles[replica], "failure_for", None)
+        failure = failure_for(exc) if failure_for is not None else None
+        if failure is None:
+            return False
+        if not getattr(failure, "died", True):
+            if self.raised_replacements >= self.MAX_RAISED_REPLACEMENTS:
+                raise RuntimeError(f"dedicated scorer {replica}: its gang failed by a raise again after "
+                                   f"{self.raised_replacements} replacements; not replacing it any more") from failure
+            self.raised_replacements += 1
+        return True
 
     def _replace(self, replica: int) -> None:
         import ray
@@ -304,8 +384,12 @@ class DedicatedFleet:
         for ref in [r for r, (rep, _) in self._pending.items() if rep == replica]:
             del self._pending[ref]  # calls to the dead process: their work is re-queued below
         self.plan.replica_lost(replica)
+        old = self.handles[replica]
         try:
-            ray.kill(self.handles[replica])
+            if hasattr(old, "_actor_id"):  # one process: a Ray actor handle
+                ray.kill(old)
+            else:  # a gang: every rank
+                old.kill()
         except Exception:  # noqa: BLE001 -- already gone
             pass
         self.handles[replica] = self.respawn(replica)

@@ -20,8 +20,14 @@ Memory: the model is built on the first :meth:`SegmentScorer.load` and dropped b
 :meth:`SegmentScorer.free` (a rollout worker frees it when its interrupt-sync window closes, and the
 next ``load`` builds it again); ``build_seconds`` and ``load_seconds`` say what that costs.
 
-Process-global state: :func:`~asyncrl.trainer.megatron.compat.init_megatron` sets up a world-size-1
-process group and megatron's parallel state once per process, and seeds torch's global generators.
+Tensor parallel (a dedicated scorer that is a gang, :mod:`.dedicated`): with a ``layout`` of ``tp`` ranks every
+rank of the gang builds its shard of the model (megatron's ``tp``-way ``GPTModel``), loads its slice of each HF
+tensor (:func:`~asyncrl.trainer.megatron.parallel.shard_of`, the actor's rule) and runs the same forward: the
+vocab-parallel log-probs are reduced inside the gang, so every rank returns the whole ``[B, T]`` result.
+
+Process-global state: :func:`~asyncrl.trainer.megatron.compat.init_megatron` sets up the process group (a
+world-size-1 one, or the gang's over ``layout.init_method``) and megatron's parallel state once per process,
+and seeds torch's global generators.
 The scorer runs it under :func:`torch.random.fork_rng`, so a process that also samples (a rollout
 worker's engine) keeps its random stream; the transformers engine samples from its own generator
 anyway. On a CPU-only host the shim also answers ``torch.cuda.current_device()`` with ``"cpu"``,
@@ -39,12 +45,14 @@ import torch
 from torch import Tensor
 
 from asyncrl.api.job import AsyncRLJobSpec
-from asyncrl.api.model_arch import LlamaArch, resolve_arch
+from asyncrl.api.model_arch import LlamaArch, ModelArch, parallel_problems, resolve_arch
+from asyncrl.api.old_logits import SCORER_TP_FIX
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.convert import hf_to_megatron
+from asyncrl.trainer.megatron.convert import iter_hf_to_megatron
 from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
+from asyncrl.trainer.megatron.parallel import Layout, shard_of
 
 HfWeights: TypeAlias = Mapping[str, np.ndarray | Tensor]  # HF Llama names, what the actor sends the rollout workers
 Segment: TypeAlias = tuple[Sequence[int], Sequence[int]]  # (tokens, positions to score)
@@ -94,10 +102,21 @@ class ScorerSettings:
 
 
 class SegmentScorer:
-    """One resident weight version of the training-side model; scores segments under it."""
+    """One resident weight version of the training-side model; scores segments under it.
 
-    def __init__(self, settings: ScorerSettings) -> None:
+    ``layout``: this process's place in a tensor-parallel gang (``Layout(tp=k, rank=r, world=k,
+    init_method=...)``); every rank of the gang makes the same calls in the same order (SPMD). None: one
+    process (a world-size-1 group)."""
+
+    def __init__(self, settings: ScorerSettings, layout: Layout | None = None) -> None:
         self.settings = settings
+        self.layout = layout if layout is not None else Layout()
+        if self.layout.tp != self.layout.world or self.layout.pp != 1 or self.layout.ep != 1:
+            raise ValueError(f"SegmentScorer: a scorer gang is tensor parallel only (tp == world, pp = ep = 1); "
+                             f"got {self.layout}")
+        if self.layout.tp > 1 and (bad := parallel_problems(settings.arch, self.layout.tp, fix=SCORER_TP_FIX)):
+            raise ValueError("SegmentScorer: " + "; ".join(bad))
+        self._runtime: compat.MegatronRuntime | None = None
         self._gpt: Any = None  # megatron GPTModel, built lazily
         self._version = NO_VERSION
         self._device: torch.device | None = None
@@ -126,11 +145,10 @@ class SegmentScorer:
             self._build()
         t0 = time.perf_counter()
         with warnings.catch_warnings():
-            # Arrays from Ray's object store are read-only; load_state_dict copies them.
+            # Arrays from Ray's object store are read-only; the copy into the parameters reads them once.
             warnings.simplefilter("ignore", UserWarning)
-            hf = {k: torch.as_tensor(v).to(torch.float32) for k, v in weights.items()}
-        mcore = hf_to_megatron(hf, self.settings.arch)
-        self._gpt.load_state_dict(mcore, strict=True)  # copies into the parameters (on their device)
+            hf = {k: torch.as_tensor(v) for k, v in weights.items()}
+        load_shards(self._gpt, self.settings.arch, hf)
         self._version = version
         self.load_seconds = time.perf_counter() - t0
 
@@ -141,15 +159,31 @@ class SegmentScorer:
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def connect(self) -> compat.MegatronRuntime:
+        """Join the process group and megatron's parallel state (once; a gang's ranks meet here, so a gang
+        calls it when its ranks start, not at the first load)."""
+        if self._runtime is None:
+            s, lay = self.settings, self.layout
+            with torch.random.fork_rng(devices=self._rng_devices()):
+                self._runtime = compat.init_megatron(s.seed, device=s.device, tp=lay.tp, init_method=lay.init_method,
+                                                     rank=lay.rank, world=lay.world)
+        return self._runtime
+
+    def _rng_devices(self) -> list[int]:
+        # Device indices, not torch.cuda.current_device(): the CPU shim answers that with "cpu".
+        on_gpu = self.settings.device != "cpu" and torch.cuda.is_available()
+        return list(range(torch.cuda.device_count())) if on_gpu else []
+
     def _build(self) -> None:
         t0 = time.perf_counter()
         s = self.settings
-        # Device indices, not torch.cuda.current_device(): the CPU shim answers that with "cpu".
-        devices = list(range(torch.cuda.device_count())) if s.device != "cpu" and torch.cuda.is_available() else []
+        self.connect()
         # init_megatron and the random init of the model seed torch's global generators: keep the
         # caller's random stream (a rollout worker samples in this process).
-        with torch.random.fork_rng(devices=devices):
-            runtime = compat.init_megatron(s.seed, device=s.device)
+        with torch.random.fork_rng(devices=self._rng_devices()):
+            runtime = compat.init_megatron(s.seed, device=s.device, tp=self.layout.tp,
+                                           init_method=self.layout.init_method, rank=self.layout.rank,
+                                           world=self.layout.world)
             gpt = build_gpt_model(s.arch, use_cpu_initialization=runtime.use_cpu_initialization)
         self._device = runtime.device
         self._gpt = gpt.to(runtime.device)
@@ -220,6 +254,26 @@ class SegmentScorer:
                 f"SegmentScorer: asked to score version {version} but version {self._version} is resident; "
                 "a token is scored only under its own version (load that version first)"
             )
+
+
+def load_shards(gpt: torch.nn.Module, arch: ModelArch, hf: Mapping[str, Tensor]) -> int:
+    """Copy HF-named full tensors into ``gpt``'s parameters, this TP rank's slice of each (the actor's
+    mapping :func:`~asyncrl.trainer.megatron.convert.iter_hf_to_megatron` and slicing
+    :func:`~asyncrl.trainer.megatron.parallel.shard_of`), one tensor at a time; returns the bytes written.
+    Every parameter must be written (a left-over one is an error)."""
+    params = {k: v for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
+    owners = dict(gpt.named_parameters())  # their tensor-parallel attributes (partition dim and stride)
+    done, nbytes = set(), 0
+    with torch.no_grad():
+        for name, full in iter_hf_to_megatron(hf, arch):
+            if name not in params:
+                raise ValueError(f"SegmentScorer.load: megatron parameter {name!r} is not in the model")
+            params[name].copy_(shard_of(owners.get(name, params[name]), full))
+            done.add(name)
+            nbytes += params[name].numel() * params[name].element_size()
+    if left := sorted(set(params) - done):
+        raise ValueError(f"SegmentScorer.load: no weights for megatron parameters {left[:5]} (of {len(left)})")
+    return nbytes
 
 
 def _pack(order: list[int], lengths: list[int], budget: int) -> list[list[int]]:
