@@ -385,10 +385,21 @@ def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, 
             extra_env={**actor_env, **rank_env})
 
     if spec.old_logits.strategy is OldLogitStrategy.DEDICATED:
+        # A scorer pod runs one gang of the scorer's own layout (oldLogits.dedicated: tensorParallel ranks, one
+        # per GPU), so its env says that layout, not the actor's; a gang of k > 1 ranks also advertises
+        # oldlogits-<i>: k, so all of them land on this pod (trainer/driver/hosts.py dedicated_spawner).
+        scorer = spec.old_logits.dedicated.layout_for(actor)
+        scorer_env = {
+            C.ENV_TENSOR_PARALLEL: str(scorer.tensor_parallel),
+            C.ENV_PIPELINE_PARALLEL: "1",
+            C.ENV_DATA_PARALLEL: "1",
+            C.ENV_WORLD_SIZE: str(scorer.world_size),
+        }
         for i in range(spec.old_logits.dedicated.replicas):
-            add(Role.OLD_LOGIT, i, gpus=actor.gpus_per_replica, resources=actor.resources,
+            gang = {C.old_logits_pod_resource(i): scorer.tensor_parallel} if scorer.tensor_parallel > 1 else {}
+            add(Role.OLD_LOGIT, i, gpus=scorer.gpus_per_replica, resources=actor.resources,
                 memory=actor.resources.memory, overrides=actor.template,
-                ray_resources=_ray_resources(C.RESOURCE_OLD_LOGITS), extra_env=actor_env)
+                ray_resources=json.dumps({C.RESOURCE_OLD_LOGITS: 1, **gang}), extra_env=scorer_env)
     return {s.manifest["metadata"]["name"]: s for s in slots}
 
 
