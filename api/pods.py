@@ -6,7 +6,7 @@ placement fields. Quantities (``cpu``, ``memory``) are Kubernetes quantity strin
 
 import re
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -349,6 +349,15 @@ class MegatronSpec(SpecModel):
     expert_parallel: int = Field(
         default=1, ge=1, le=64,
         description="Expert-model-parallel size of a MoE model (GPU actor pods only; 1 on CPU).",
+    )
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto", description="Parameter dtype of the actor: bf16 = bf16 params with fp32 main params "
+        "in megatron's optimizer; auto = bf16 on a GPU, fp32 on the CPU.",
+    )
+    distributed_optimizer: bool | None = Field(
+        default=None, description="Megatron's DistributedOptimizer (fp32 main params and Adam state sharded "
+        "over the data-parallel ranks). Unset: on for a GPU actor, off on the CPU (a torch AdamW; true runs "
+        "megatron's optimizer on the CPU too).",
     )
 
 

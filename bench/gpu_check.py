@@ -229,7 +229,7 @@ def train(opts: Options, arch: Any, folder: Path | None, batch: int, seq: int) -
     timed = times[1:] or times  # the first step pays for allocation and kernel selection
     tok_s = batch * seq * len(timed) / sum(timed)
     peak = _peak_gib(opts)
-    kind = _optimizer_kind(optimizer)
+    kind = compat.optimizer_kind(optimizer)
     if opts.cuda and "DistributedOptimizer" not in kind:
         raise RuntimeError(f"asked megatron for its distributed optimizer, got {kind}")
     precision = "bf16 params + fp32 main" if opts.cuda else "fp32"
@@ -241,13 +241,6 @@ def train(opts: Options, arch: Any, folder: Path | None, batch: int, seq: int) -
                f"{batch}x{seq}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, {tok_s:,.0f} tokens/s, peak mem {mem}")
     del optimizer, ddp, gpt
     return summary, values
-
-
-def _optimizer_kind(optimizer: Any) -> str:
-    """``MegatronAdam/DistributedOptimizer``, ``MainGradAdamW/AdamW``: ours, then what sits inside."""
-    inner = getattr(optimizer, "_opt", None)
-    names = [type(o).__name__ for o in getattr(inner, "chained_optimizers", [inner])]
-    return f"{type(optimizer).__name__}/{'+'.join(names)}"
 
 
 def train_smollm(opts: Options) -> tuple[str, dict[str, Any]]:

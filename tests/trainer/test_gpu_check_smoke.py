@@ -69,14 +69,3 @@ def test_a_failing_stage_does_not_stop_the_later_ones(tmp_path: Path) -> None:
     report = json.loads(report_file.read_text())
     assert report["failed"] == STAGES[:-1] and all(s["error"] for s in report["stages"])
 
-
-def test_bf16_and_the_distributed_optimizer_are_refused_on_the_cpu_shim() -> None:
-    from asyncrl.trainer.megatron import compat
-
-    compat.init_megatron(0, device="cpu")
-    with pytest.raises(RuntimeError, match="CUDA only"):
-        compat.make_optimizer(None, compat.OptimizerSettings(lr=1e-3, bf16=True))
-    with pytest.raises(RuntimeError, match="CUDA only"):
-        compat.make_optimizer(None, compat.OptimizerSettings(lr=1e-3, distributed_optimizer=True))
-    with pytest.raises(RuntimeError, match="CUDA only"):
-        compat.wrap_ddp(None, distributed_optimizer=True)

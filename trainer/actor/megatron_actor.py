@@ -112,10 +112,13 @@ class MegatronActor:
         if settings.init_weights is not None:  # one tensor at a time, memory-mapped (convert.load_folder)
             self.load_report = load_folder(self._gpt, settings.arch, settings.init_weights)
             log.info("%s", self.load_report.line())
-        self._ddp = compat.wrap_ddp(self._gpt)
+        # The device's defaults filled in (CUDA: bf16 params, megatron's distributed optimizer; CPU: fp32 AdamW).
+        self.optimizer_settings = settings.optimizer.resolved(self.runtime)
+        self._gpt = compat.cast_model(self._gpt, self.optimizer_settings)  # bf16 after loading the fp32 weights
+        self._ddp = compat.wrap_ddp(self._gpt, distributed_optimizer=bool(self.optimizer_settings.distributed_optimizer))
         self._named = {n: p for n, p in self._gpt.named_parameters() if p.requires_grad}
         self._params = list(self._named.values())
-        self._optimizer = compat.make_optimizer(self._ddp, settings.optimizer)
+        self._optimizer = compat.make_optimizer(self._ddp, self.optimizer_settings)
         self._scoring = _LogprobCall(self._gpt)  # functional calls over stored weights (logprobs_under)
         self.version = 0
         self.nonfinite_loss_total = 0

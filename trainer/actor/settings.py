@@ -13,6 +13,8 @@ from asyncrl.api.old_logits import OldLogitsSpec
 from asyncrl.trainer.megatron import compat, parallel
 from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES
 
+_BF16: dict[str, bool | None] = {"auto": None, "bf16": True, "fp32": False}  # spec.actor.megatron.precision
+
 
 @dataclass(frozen=True)
 class ActorSettings:
@@ -51,6 +53,8 @@ class ActorSettings:
             lr=spec.train.learning_rate,
             weight_decay=spec.train.weight_decay,
             max_grad_norm=spec.train.max_grad_norm,
+            bf16=_BF16[spec.actor.megatron.precision],  # None/auto: resolved by the runtime's device
+            distributed_optimizer=spec.actor.megatron.distributed_optimizer,
         )
         return cls(
             arch=arch,

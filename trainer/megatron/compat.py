@@ -11,22 +11,45 @@ smallest shim that was measured to work (``shared/reference/feasibility.md`` §2
 2. the RNG tracker is megatron's *inference* tracker (public API): its ``fork()`` is a null
    context, so dropout (0 here anyway) uses the ordinary CPU generator;
 3. a gloo process group (the actor's ranks, or a private one of size 1), then ``initialize_model_parallel(tp, pp)``;
-4. a ``torch.optim.AdamW`` over the DDP wrapper's ``main_grad`` buffers instead of megatron's
-   optimizer (see :class:`MainGradAdamW` for why);
-5. (CPU or GPU without TransformerEngine) the MoE router's missing ``te_general_gemm`` global.
+4. by default a ``torch.optim.AdamW`` over the DDP wrapper's ``main_grad`` buffers (:class:`MainGradAdamW`);
+   megatron's own optimizer when the job asks for it (``OptimizerSettings(distributed_optimizer=True)`` or
+   ``bf16=True``): its code runs under :class:`CudaOnCpu` (6);
+5. (CPU or GPU without TransformerEngine) the MoE router's missing ``te_general_gemm`` global;
+6. while megatron's optimizer code runs (construction, ``step``, state dicts), :class:`CudaOnCpu`, a
+   ``TorchFunctionMode`` that rewrites three things and nothing else (measured with megatron-core 0.16.1,
+   torch 2.13 on gloo: ``FP32Optimizer``, ``Float16OptimizerWithFloat16Params`` and ``DistributedOptimizer``
+   at DP=1 and DP=2 construct and step, clipping active, weights equal to one process):
+
+   - ``device='cuda'`` in a factory call means the CPU: ``optimizer/optimizer.py:473,481,485,907``
+     (``found_inf``, ``_dummy_overflow_buf``, ``_scale_one``, ``_scale``), ``optimizer/clip_grads.py:90,103,
+     115,174,207`` (the norm's all-reduce buffer, the overflow buffer), ``optimizer/grad_scaler.py:15,88-94``;
+   - ``Tensor.type()`` without arguments answers the CUDA name (``torch.cuda.FloatTensor`` for a CPU
+     ``torch.FloatTensor``): the dtype dispatch of ``optimizer/optimizer.py:671,690``,
+     ``optimizer/distrib_optimizer.py:361,420,582`` (a ``TypeError`` on CPU tensors otherwise) and the
+     assert of ``optimizer/clip_grads.py:167``;
+   - ``Tensor.cuda()`` is the tensor itself (``optimizer/optimizer.py:375,380`` reloading offloaded state,
+     ``distrib_optimizer.py:1089``, ``grad_scaler.py:140``).
+
+   ``multi_tensor_applier`` needs nothing: without Apex/TransformerEngine megatron falls back to its
+   local ``torch`` implementations (``optimizer/clip_grads.py:35``, ``core/utils.py:1193``), and gloo in
+   torch 2.13 runs the distributed optimizer's ``reduce_scatter_tensor``/``all_gather_into_tensor``.
 
 Nothing outside this module branches on the device kind; callers ask :func:`init_megatron` for a
 :class:`MegatronRuntime` and use its ``device`` and the optimizer from :func:`make_optimizer`.
 """
 
+import contextlib
+import dataclasses
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
 
 from asyncrl.trainer.megatron.parallel import Layout, clip_grads
 
@@ -149,13 +172,12 @@ def _init_process_group(backend: str, layout: Layout) -> None:
 def wrap_ddp(model: Any, *, distributed_optimizer: bool = False) -> Any:
     """Wrap a megatron module in megatron's DDP (grads accumulate into fp32 ``param.main_grad``).
 
-    ``distributed_optimizer``: lay the grad buffers out for megatron's ``DistributedOptimizer``
-    (GPU only, pair it with ``OptimizerSettings(distributed_optimizer=True)``); the CPU shim refuses it.
+    ``distributed_optimizer``: lay the grad buffers out for megatron's ``DistributedOptimizer`` (pair it
+    with ``OptimizerSettings(distributed_optimizer=True)``; gloo runs its reduce-scatter on the CPU).
     """
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    if distributed_optimizer and _require_runtime().on_cpu:
-        raise RuntimeError(_CPU_ONLY_PLAIN)
+    _require_runtime()
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer
     )
@@ -193,37 +215,88 @@ class OptimizerSettings:
     betas: tuple[float, float] = (0.9, 0.99)
     eps: float = 1e-8
     max_grad_norm: float | None = 1.0  # None = no clipping (the norm is still measured)
-    # GPU only (megatron's optimizer; the CPU shim refuses them): bf16 params with fp32 main params,
-    # and megatron's DistributedOptimizer (optimizer state sharded over DP; needs wrap_ddp(distributed_optimizer=True)).
-    bf16: bool = False
-    distributed_optimizer: bool = False
+    # bf16 params with fp32 main params in megatron's optimizer (the model must be bf16: cast_model), and
+    # megatron's DistributedOptimizer (Adam state sharded over DP; needs wrap_ddp(distributed_optimizer=True)).
+    # None = the device's default (resolved): both on CUDA, neither on the CPU shim.
+    bf16: bool | None = False
+    distributed_optimizer: bool | None = False
 
+    def resolved(self, runtime: "MegatronRuntime") -> "OptimizerSettings":
+        """These settings with ``None`` replaced by the device's default (True on CUDA, False on the CPU)."""
+        on_gpu = not runtime.on_cpu
+        return dataclasses.replace(
+            self,
+            bf16=on_gpu if self.bf16 is None else self.bf16,
+            distributed_optimizer=on_gpu if self.distributed_optimizer is None else self.distributed_optimizer,
+        )
 
-_CPU_ONLY_PLAIN = (
-    "bf16 params and megatron's distributed optimizer need megatron's own optimizer, which runs on CUDA only; "
-    "on the CPU shim use OptimizerSettings(bf16=False, distributed_optimizer=False) and wrap_ddp(model)"
-)
+    @property
+    def megatron_optimizer(self) -> bool:
+        """Whether megatron's own optimizer runs (always on CUDA; on the CPU when either option is set)."""
+        return bool(self.bf16 or self.distributed_optimizer)
 
 
 def make_optimizer(ddp_model: Any, settings: OptimizerSettings) -> ActorOptimizer:
-    """The actor's optimizer: megatron's on a GPU, :class:`MainGradAdamW` on the CPU."""
+    """The actor's optimizer: megatron's on a GPU (and on the CPU when ``settings`` ask for bf16 or the
+    distributed optimizer, under :class:`CudaOnCpu`), else :class:`MainGradAdamW` on the CPU."""
     runtime = _require_runtime()
-    if runtime.on_cpu:
-        if settings.bf16 or settings.distributed_optimizer:
-            raise RuntimeError(_CPU_ONLY_PLAIN)
+    settings = settings.resolved(runtime)
+    if runtime.on_cpu and not settings.megatron_optimizer:
         return MainGradAdamW(ddp_model, settings)
     return MegatronAdam(ddp_model, settings)
+
+
+def optimizer_kind(optimizer: Any) -> str:
+    """``MegatronAdam/DistributedOptimizer``, ``MainGradAdamW/AdamW``: ours, then what sits inside."""
+    inner = getattr(optimizer, "_opt", None)
+    names = [type(o).__name__ for o in getattr(inner, "chained_optimizers", [inner])]
+    return f"{type(optimizer).__name__}/{'+'.join(names)}"
+
+
+def cast_model(gpt: Any, settings: OptimizerSettings) -> Any:
+    """``gpt`` in the optimizer's parameter dtype: bf16 (config included: megatron's optimizer keeps fp32
+    main params of bf16 model params) when ``settings.bf16`` (resolved), else unchanged (fp32)."""
+    if not settings.bf16:
+        return gpt
+    gpt.config.bf16, gpt.config.params_dtype = True, torch.bfloat16
+    return gpt.to(torch.bfloat16)
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """(6) megatron's optimizer code on the CPU: ``device='cuda'`` factory arguments become the CPU,
+    ``Tensor.type()`` answers the CUDA type name, ``Tensor.cuda()`` is the tensor (module docstring, with the
+    megatron-core 0.16.1 sites). Active only inside :func:`megatron_code` on the CPU shim."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs = {**kwargs, "device": "cpu"}
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
+        if func is torch.Tensor.cuda:
+            return args[0]
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def megatron_code() -> Iterator[None]:
+    """The context megatron's optimizer runs in: :class:`CudaOnCpu` on the CPU shim, nothing on CUDA."""
+    if _require_runtime().on_cpu:
+        with CudaOnCpu():
+            yield
+    else:
+        yield
 
 
 class MainGradAdamW:
     """``torch.optim.AdamW`` over the gradients that megatron's DDP accumulates in ``main_grad``.
 
-    Why not megatron's optimizer on the CPU: ``FP32Optimizer`` allocates ``device='cuda'`` tensors
-    in its constructor, ``clip_grads`` asserts ``param.grad.type() == 'torch.cuda.FloatTensor'`` and
-    the distributed optimizer rejects CPU tensors outright (feasibility.md §2.2 B/C) — none of it
-    runs without editing megatron's source. The DDP wrapper itself works, so gradients still flow
-    the megatron way (hooks into contiguous fp32 ``main_grad`` buffers, ``finish_grad_sync``); this
-    class points ``param.grad`` at those buffers, clips with torch and steps AdamW.
+    The CPU default: a plain fp32 AdamW needs no shim of megatron's optimizer (the :class:`CudaOnCpu`
+    mode is the opt-in, ``distributed_optimizer=True``). Gradients still flow the megatron way (hooks into
+    contiguous fp32 ``main_grad`` buffers, ``finish_grad_sync``); this class points ``param.grad`` at
+    those buffers, clips with the model-parallel-aware norm and steps AdamW.
     """
 
     def __init__(self, ddp_model: Any, settings: OptimizerSettings) -> None:
@@ -268,18 +341,31 @@ class MainGradAdamW:
         self._opt.load_state_dict(state)
 
 
-class MegatronAdam:
-    """megatron's own optimizer (``get_megatron_optimizer``), used unchanged on a GPU.
+# dist_checkpointing format of the DistributedOptimizer's state: it reshards across TP and DP (the actor's
+# checkpoints resume at another layout). "dp_reshardable" writes without gathering but reshards over DP
+# only (megatron-core 0.16.1 ``distrib_optimizer.py:1187``).
+OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable"}
 
-    Clipping is megatron's (``clip_grad``); a non-finite gradient makes megatron skip the update.
-    ``settings.bf16``: the model's params are bf16 and megatron keeps fp32 main params;
-    ``settings.distributed_optimizer``: megatron's ``DistributedOptimizer`` (``bench/gpu_check.sh`` runs it).
-    Not exercised by the CPU test suite (marker ``gpu``).
+
+class MegatronAdam:
+    """megatron's own optimizer (``get_megatron_optimizer``, a ``ChainedOptimizer``): on CUDA as designed,
+    on the CPU shim under :class:`CudaOnCpu`.
+
+    ``settings.bf16``: the model's params are bf16 (:func:`cast_model`) and megatron keeps fp32 main
+    params; ``settings.distributed_optimizer``: megatron's ``DistributedOptimizer`` (the main params and
+    Adam state sharded over the data-parallel ranks).
+
+    :meth:`step` is megatron's ``ChainedOptimizer.step`` with one check added: megatron skips an update
+    only when an fp16 grad scaler finds an inf, so with bf16 or fp32 a non-finite gradient would reach the
+    weights. The global norm (model- and data-parallel reduced: the same on every rank) is read first; a
+    non-finite norm skips the update on every rank alike, as :class:`MainGradAdamW` does.
     """
 
     def __init__(self, ddp_model: Any, settings: OptimizerSettings) -> None:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        self.settings = settings
+        bf16 = bool(settings.bf16)
         config = OptimizerConfig(
             optimizer="adam",
             lr=settings.lr,
@@ -289,36 +375,67 @@ class MegatronAdam:
             adam_beta2=settings.betas[1],
             adam_eps=settings.eps,
             clip_grad=settings.max_grad_norm or 0.0,
-            bf16=settings.bf16,
-            params_dtype=torch.bfloat16 if settings.bf16 else torch.float32,
-            use_distributed_optimizer=settings.distributed_optimizer,
+            bf16=bf16,
+            params_dtype=torch.bfloat16 if bf16 else torch.float32,
+            use_distributed_optimizer=bool(settings.distributed_optimizer),
         )
         self._ddp = ddp_model
-        self._opt = get_megatron_optimizer(config, [ddp_model])
-        # No scheduler drives this optimizer: pin the constant learning rate on every group.
-        for group in self._opt.param_groups:
-            group["lr"] = settings.lr
+        with megatron_code():
+            self._opt = get_megatron_optimizer(config, [ddp_model])
+        self._parts = list(getattr(self._opt, "chained_optimizers", [self._opt]))
+        # No OptimizerParamScheduler drives this optimizer, and it is what applies megatron's group multipliers:
+        # without it the 1-D params (norms, biases; wd_mult 0) would be decayed too. Pin rate and decay here.
+        self.set_learning_rate(settings.lr)
 
     def set_learning_rate(self, lr: float) -> None:
-        """Set the rate of every parameter group (the driver's warm-start schedule uses it)."""
+        """Set the rate (and the decay) of every parameter group, times megatron's ``lr_mult``/``wd_mult``
+        (the driver's warm-start schedule uses it)."""
         for group in self._opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = self.settings.weight_decay * group.get("wd_mult", 1.0)
 
     def zero_grad(self) -> None:
         self._opt.zero_grad(set_to_none=True)
         self._ddp.zero_grad_buffer()
 
+    @torch.no_grad()
     def step(self) -> StepOutcome:
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
         self._ddp.finish_grad_sync()
-        update_successful, grad_norm, _ = self._opt.step()
-        norm = float(grad_norm) if grad_norm is not None else math.nan
-        return StepOutcome(grad_norm=norm, stepped=bool(update_successful))
+        with megatron_code():
+            if self._opt.prepare_grads():  # an fp16 grad scaler found an inf (never with bf16/fp32)
+                return StepOutcome(grad_norm=math.inf, stepped=False)
+            norm = float(self._opt.get_grad_norm())  # one sync point, global: every rank decides alike
+            if not math.isfinite(norm):
+                return StepOutcome(grad_norm=norm, stepped=False)
+            max_norm = self.settings.max_grad_norm
+            if max_norm:
+                for part in self._parts:
+                    params = part.get_parameters()
+                    if params:
+                        clip_grad_by_total_norm_fp32(params, max_norm=max_norm, total_norm=norm)
+            stepped = bool(self._opt.step_with_ready_grads())
+        return StepOutcome(grad_norm=norm, stepped=stepped)
 
     def state_dict(self) -> dict[str, Any]:
-        return self._opt.state_dict()
+        with megatron_code():
+            return self._opt.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._opt.load_state_dict(state)
+        with megatron_code():
+            self._opt.load_state_dict(state)
+
+    def sharded_state_dict(self, model_sd: Any, *, is_loading: bool = False) -> dict[str, Any]:
+        """megatron's ``sharded_state_dict`` of the optimizer over ``model_sd`` (the model's own, keys without
+        prefix), for ``dist_checkpointing`` (:data:`OPTIMIZER_SHARDING`); ``is_loading``: the template to load into."""
+        with megatron_code():
+            return self._opt.sharded_state_dict(model_sd, is_loading=is_loading, metadata=dict(OPTIMIZER_SHARDING))
+
+    def load_sharded(self, state: dict[str, Any]) -> None:
+        """Load what ``dist_checkpointing.load`` returned for :meth:`sharded_state_dict` (``is_loading=True``)."""
+        with megatron_code():
+            self._opt.load_state_dict(state)
 
 
 def _require_runtime() -> MegatronRuntime:
