@@ -1,8 +1,8 @@
-"""The warm-start learning-rate schedule."""
+"""The warm-start learning-rate schedule and its threads per actor rank."""
 
 import pytest
 
-from asyncrl.trainer.driver.warm import warm_start_lr
+from asyncrl.trainer.driver.warm import warm_start_lr, warm_start_threads
 
 
 def test_linear_warmup_then_cosine_to_a_tenth():
@@ -18,3 +18,12 @@ def test_linear_warmup_then_cosine_to_a_tenth():
 def test_out_of_range_step():
     with pytest.raises(ValueError, match=r"step must be in \[0, 10\)"):
         warm_start_lr(10, 10)
+
+
+def test_warm_start_threads_split_a_machine_between_its_ranks():
+    assert warm_start_threads(2) == 2  # one rank (a plain handle): every core
+    assert warm_start_threads(2, ["node-a"]) == 2
+    assert warm_start_threads(2.0, ["node-a", "node-a"]) == 1  # DP=2 on 2 cores: 1 each, not 2 x 2
+    assert warm_start_threads(8, ["pod-0", "pod-0", "pod-1", "pod-1"]) == 4  # 2 ranks per pod
+    assert warm_start_threads(8, ["pod-0", "pod-1", "pod-1", "pod-1"]) == 2  # the fullest host decides
+    assert warm_start_threads(2, ["node-a"] * 4) == 1  # more ranks than cores: never 0

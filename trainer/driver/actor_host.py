@@ -80,9 +80,12 @@ class ActorHost:
     def warm_start(self, start: int, stop: int, total: int, threads: int, batch_size: int = 128) -> list[float]:
         """Supervised steps ``[start, stop)`` of ``total`` on generated demonstrations; their losses.
 
-        Called in chunks so the driver can show progress. Runs with ``threads`` torch threads
-        (nothing else computes meanwhile: rollout waits for the first weights), then returns to
-        the actor's own budget and ``train.learningRate``.
+        Called in chunks so the driver can show progress. Runs with ``threads`` torch threads (nothing
+        else computes meanwhile: rollout waits for the first weights; the driver splits a machine's cores
+        between the ranks on it, :func:`~asyncrl.trainer.driver.warm.warm_start_threads`), then returns to
+        the actor's own budget and ``train.learningRate``. Each DP rank trains its token-balanced share of
+        the ``batch_size`` demonstrations (:meth:`MegatronActor.sft_step`; every rank draws them all from the
+        same seeded generator), one gradient all-reduce per step.
         """
         import random
 

@@ -51,6 +51,7 @@ from asyncrl.trainer.driver.accounting import (
     success_rate,
     summarise,
 )
+from asyncrl.trainer.driver.actor_group import ActorGroup
 from asyncrl.trainer.driver.batch import assemble_batch, token_staleness
 from asyncrl.trainer.driver.evaluation import EvalResult, Evaluator
 from asyncrl.trainer.driver.hosts import HostHandles, Placement, start_hosts
@@ -62,6 +63,7 @@ from asyncrl.trainer.driver.staleness import Group, StalenessBuffer, check_stale
 from asyncrl.trainer.driver.startup_probe import startup_check
 from asyncrl.trainer.driver.step_report import ActorStep, StepReport, step_line
 from asyncrl.trainer.driver.termination import StopRequest, install_sigterm_handler
+from asyncrl.trainer.driver.warm import warm_start_threads
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +247,13 @@ def _model_load(hosts: HostHandles, summary: dict[str, Any]) -> None:
                  model_load["architecture"], model_load["seconds"], model_load["peak_rss_bytes"] / 2**20)
 
 
+def _warm_threads(hosts: HostHandles, options: RunOptions) -> int:
+    """Torch threads per actor rank in the warm start: ``options.num_cpus`` split between the most ranks of
+    the actor group on one host (the group's rank locations; all of them locally, a pod's in a cluster)."""
+    where = (hosts.actor.where or []) if isinstance(hosts.actor, ActorGroup) else []  # one rank: a plain handle
+    return warm_start_threads(options.num_cpus, [w.host for w in where])
+
+
 def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions,
                 on_warm: WarmCallback | None, chunk: int = 25, sigterm: StopRequest | None = None) -> dict[str, Any]:
     """Supervised warm start in chunks (progress), cached in ``cache`` for a rerun; SIGTERM ends it after
@@ -253,7 +262,7 @@ def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions
 
     if ray.get(hosts.actor.load_warm_start.remote(str(cache))):
         return {"cached": True, "steps": total, "seconds": 0.0}
-    threads = max(1, int(options.num_cpus))  # rollout waits for the first weights meanwhile
+    threads = _warm_threads(hosts, options)  # rollout waits for the first weights meanwhile
     t0 = time.monotonic()
     losses: list[float] = []
     for start in range(0, total, chunk):
@@ -264,7 +273,7 @@ def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions
         if sigterm is not None and sigterm.requested and stop < total:
             return {"cached": False, "steps": stop, "interrupted": True}
     ray.get(hosts.actor.save_warm_start.remote(str(cache)))
-    return {"cached": False, "steps": total, "seconds": round(time.monotonic() - t0, 2),
+    return {"cached": False, "steps": total, "seconds": round(time.monotonic() - t0, 2), "threads_per_rank": threads,
             "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4)}
 
 
