@@ -31,7 +31,7 @@ from asyncrl.api.dataset import (
     task_source_problems,
 )
 from asyncrl.api.evaluation import EvalSpec
-from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
+from asyncrl.api.old_logits import SCORER_TP_DIVIDES_GPUS_MESSAGE, OldLogitsSpec, OldLogitStrategy
 from asyncrl.api.paths import CHECKPOINT_DIR_RULE, MAX_PATH_LENGTH, checkpoint_dir_problem
 from asyncrl.api.pods import (
     DEFAULT_TRAINING_SIDE_MEMORY,
@@ -338,6 +338,15 @@ class CheckpointSpec(SpecModel):
 
 _DEFAULT_W = AsyncSpec.model_fields["max_staleness"].default
 _DEFAULT_PROMPTS = TrainSpec.model_fields["prompts_per_step"].default
+# A dedicated scorer's layout in force (DedicatedSpec.layout_for): its own fields, else the actor's, else defaults.
+_ACTOR_TP = ("(has(self.actor) && has(self.actor.megatron) && has(self.actor.megatron.tensorParallel) ? "
+             f"self.actor.megatron.tensorParallel : {ActorSpec().megatron.tensor_parallel})")
+_ACTOR_GPUS = ("(has(self.actor) && has(self.actor.gpusPerReplica) ? self.actor.gpusPerReplica : "
+               f"{ActorSpec.model_fields['gpus_per_replica'].default})")
+_SCORER_TP = ("(has(self.oldLogits.dedicated.tensorParallel) ? self.oldLogits.dedicated.tensorParallel : "
+              f"{_ACTOR_TP})")
+_SCORER_GPUS = ("(has(self.oldLogits.dedicated.gpusPerReplica) ? self.oldLogits.dedicated.gpusPerReplica : "
+                f"{_ACTOR_GPUS})")
 _DEFAULT_GROUP = TaskSpec.model_fields["group_size"].default
 EXACT_NEEDS_STRATEGY_MESSAGE = (
     "correction.reference 'exact' needs oldLogits.strategy (how the exact old logits are recovered): "
@@ -416,6 +425,12 @@ class AsyncRLJobSpec(SpecModel):
             f"has(self.oldLogits.strategy) && self.oldLogits.strategy == '{OldLogitStrategy.INTERRUPT_SYNC.value}')",
             TRAINING_SIDE_MEMORY_UNUSED_MESSAGE,
             ".rollout.trainingSideMemory",
+        ),
+        CelRule(
+            f"!has(self.oldLogits) || !has(self.oldLogits.dedicated) || {_SCORER_GPUS} == 0 || "
+            f"{_SCORER_GPUS} % {_SCORER_TP} == 0",
+            SCORER_TP_DIVIDES_GPUS_MESSAGE,
+            ".oldLogits.dedicated.tensorParallel",
         ),
         CelRule(
             "!has(self.train) || !has(self.train.minibatches) || self.train.minibatches <= "

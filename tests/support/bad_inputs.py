@@ -51,6 +51,7 @@ from asyncrl.api.job import (
 from asyncrl.api.old_logits import (
     DEDICATED_UNUSED_MESSAGE,
     INTERRUPT_SYNC_UNUSED_MESSAGE,
+    SCORER_TP_DIVIDES_GPUS_MESSAGE,
     SNAPSHOT_UNUSED_MESSAGE,
 )
 from asyncrl.api.paths import CHECKPOINT_DIR_MESSAGE
@@ -256,6 +257,14 @@ BAD_INPUTS: list[BadInput] = [
              "spec.oldLogits.snapshot", SNAPSHOT_UNUSED_MESSAGE),
     BadInput("dedicated-knobs", {"oldLogits": {"dedicated": {"replicas": 2}}}, "spec.oldLogits.dedicated",
              DEDICATED_UNUSED_MESSAGE),
+    BadInput("dedicated-tp-not-dividing-its-gpus",
+             {**EXACT, "oldLogits": {"strategy": "dedicated", "dedicated": {"tensorParallel": 2, "gpusPerReplica": 3}}},
+             "spec.oldLogits.dedicated.tensorParallel", SCORER_TP_DIVIDES_GPUS_MESSAGE,
+             cli_message="(got tensorParallel 2 with 3 GPUs per scorer pod)"),
+    BadInput("dedicated-tp-not-dividing-the-actors-gpus",  # gpusPerReplica omitted: the actor's 1
+             {**EXACT, "actor": {"gpusPerReplica": 1},
+              "oldLogits": {"strategy": "dedicated", "dedicated": {"tensorParallel": 2}}},
+             "spec.oldLogits.dedicated.tensorParallel", SCORER_TP_DIVIDES_GPUS_MESSAGE),
     BadInput("dedicated-knobs-with-snapshot",
              {**EXACT, "oldLogits": {"strategy": "snapshot", "dedicated": {"maxLagVersions": 3}}},
              "spec.oldLogits.dedicated", DEDICATED_UNUSED_MESSAGE),
