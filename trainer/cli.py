@@ -259,10 +259,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     from asyncrl.api.validation import SpecError
     from asyncrl.trainer import export
+    from asyncrl.trainer.driver import run_export
 
     try:
-        job = export.load_job(Path(args.job)) if args.job else None
-        result = export.export_checkpoint(
+        job = run_export.load_job(Path(args.job)) if args.job else None
+        result = run_export.export_checkpoint(
             Path(args.path), Path(args.out), job=job, dtype=args.dtype,
             max_shard_bytes=export.parse_size(args.max_shard_size), overwrite=args.force,
             progress=not args.quiet,

@@ -1,9 +1,8 @@
 """``asyncrl export``: the trained policy as a Hugging Face model folder.
 
-Read top to bottom:
+Read top to bottom (the first step, resolving a run directory to its checkpoint, is the driver's:
+:mod:`asyncrl.trainer.driver.run_export`, which calls the rest):
 
-    resolve   a run directory -> its newest complete checkpoint (``checkpoint.dir`` of its job.yaml);
-              a checkpoint folder -> itself, and the job.yaml of the run it belongs to
     load      the actor's weights of that checkpoint (``actor.pt``, megatron names) -> HF names through
               the family's converter (:func:`~asyncrl.trainer.megatron.convert.megatron_to_hf`), the
               architecture the actor itself resolves from the job (checked against the checkpoint's)
@@ -28,13 +27,13 @@ import re
 import shutil
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from asyncrl.api.job import AsyncRLJob, AsyncRLJobSpec
+from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.model_arch import ModelArch
 
 ExportDtype = Literal["float32", "bfloat16"]
@@ -87,76 +86,6 @@ def parse_size(text: str | int) -> int:
     if value < 1:
         raise ExportError(f"--max-shard-size must be at least 1 byte, got {text!r}")
     return value
-
-
-# ----------------------------------------------------------------------------------------- resolve
-def find_job_file(path: Path) -> Path | None:
-    """The ``job.yaml`` of the run ``path`` (a run directory or a checkpoint inside one) belongs to."""
-    for folder in [path, *list(path.parents)[:3]]:
-        if (folder / "job.yaml").is_file():
-            return folder / "job.yaml"
-    return None
-
-
-def load_job(job_file: Path) -> AsyncRLJob:
-    from asyncrl.api.validation import load_jobs
-
-    jobs = load_jobs(str(job_file))
-    if len(jobs) != 1:
-        raise ExportError(f"{job_file}: must hold one AsyncRLJob, found {len(jobs)}")
-    return jobs[0]
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What ``asyncrl export PATH`` exports: a verified checkpoint folder, its job, and the newer folders
-    passed over (each with the reason it does not verify)."""
-
-    checkpoint: Path
-    job: AsyncRLJob
-    skipped: list[str] = field(default_factory=list)
-
-
-def resolve_checkpoint(path: Path, job: AsyncRLJob | None) -> Resolved:
-    """The checkpoint of ``path``: a checkpoint folder (holds ``actor.pt``), a run directory (its newest
-    verified checkpoint under the job's ``checkpoint.dir``) or a checkpoint root (its newest verified).
-
-    ``job`` (``--job``) overrides the run's own ``job.yaml``.
-    """
-    from asyncrl.trainer.driver import checkpoints
-    from asyncrl.trainer.megatron.checkpoint import META_FILE, CheckpointError, verify_checkpoint
-
-    path = path.expanduser()
-    if not path.exists():
-        raise ExportError(f"{path}: no such run directory or checkpoint")
-    if job is None:
-        job_file = find_job_file(path)
-        if job_file is None:
-            raise ExportError(
-                f"{path}: no job.yaml in it or in the run directory above it; pass the job the checkpoint was "
-                "trained with: asyncrl export CHECKPOINT --job JOB.yaml --out DIR"
-            )
-        job = load_job(job_file)
-    if (path / META_FILE).is_file():  # a checkpoint folder (sharded, or the former single actor.pt)
-        return Resolved(path, job)
-    configured = Path(job.spec.checkpoint.dir)  # relative: inside the run directory (a cluster: its volume)
-    roots = [path, configured if configured.is_absolute() else path / configured]
-    for root in roots:
-        newest = checkpoints.latest(root)  # the newest whose files verify (sizes and checksums recorded)
-        if newest is None:
-            continue
-        skipped = []
-        for c in checkpoints.found(root):
-            if c.version > newest.version:
-                try:
-                    verify_checkpoint(c.path)
-                except CheckpointError as exc:
-                    skipped.append(f"{c.path} skipped: {exc.reason}")
-        return Resolved(newest.path, job, skipped)
-    raise ExportError(
-        f"{path}: no complete checkpoint (a step-NNNNNN folder with meta.json) in {', '.join(map(str, roots))}; "
-        "train longer than checkpoint.everySteps, or pass a checkpoint folder"
-    )
 
 
 # ----------------------------------------------------------------------------------------- load
@@ -332,20 +261,6 @@ def write_hf_folder(hf: Mapping[str, torch.Tensor], files: ModelFiles, out: Path
         raise
     return ExportResult(out, version, n, total, time.monotonic() - t0, tokenizer_note, config_source,
                         sorted(p.name for p in out.iterdir()))
-
-
-def export_checkpoint(path: Path, out: Path, *, job: AsyncRLJob | None = None, dtype: ExportDtype = "float32",
-                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
-                      progress: bool = False) -> ExportResult:
-    """``asyncrl export``: the newest complete checkpoint of a run directory (or a checkpoint) -> ``out``."""
-    resolved = resolve_checkpoint(path, job)
-    files = model_files(resolved.job.spec)
-    hf, version = checkpoint_weights(resolved.checkpoint, files)
-    result = write_hf_folder(hf, files, out, version=version, dtype=dtype, max_shard_bytes=max_shard_bytes,
-                             overwrite=overwrite, progress=progress,
-                             provenance={"job": resolved.job.metadata.name, "checkpoint": str(resolved.checkpoint),
-                                         "skipped": resolved.skipped})
-    return replace(result, skipped=resolved.skipped)
 
 
 # ----------------------------------------------------------------------------------------- during training

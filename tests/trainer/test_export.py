@@ -12,6 +12,7 @@ from asyncrl.api.job import AsyncRLJob
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.tokenizer import TOKENIZER
 from asyncrl.trainer import export
+from asyncrl.trainer.driver import run_export
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.cli import main
 from asyncrl.trainer.megatron import compat
@@ -73,7 +74,7 @@ def test_export_of_a_run_dir_loads_in_transformers_with_the_actors_logits(tmp_pa
     with torch.no_grad():
         for p in actor._gpt.parameters():  # the live actor moves on: the export is of the checkpoint
             p.add_(1.0)
-    result = export.export_checkpoint(run, tmp_path / "out")
+    result = run_export.export_checkpoint(run, tmp_path / "out")
     assert result.version == VERSION  # the newest of the two checkpoints
     fresh = MegatronActor.from_spec(job.spec, TOKENIZER.vocab_size,
                                     max_sequence_length=actor.settings.arch.max_sequence_length)
@@ -97,7 +98,7 @@ def test_sharded_export_splits_at_the_shard_size_and_loads(tmp_path: Path) -> No
     job = _job(tmp_path)
     run, actor = _run_dir(tmp_path, job)
     # tiny-llama at hidden 32: the largest tensor is fc1/gate [64, 32] fp32 = 8 KiB; 10 kB shards hold one or two
-    result = export.export_checkpoint(run / "checkpoints" / f"step-{VERSION:06d}", tmp_path / "out",
+    result = run_export.export_checkpoint(run / "checkpoints" / f"step-{VERSION:06d}", tmp_path / "out",
                                       max_shard_bytes=export.parse_size("10kB"))
     shards = list(export.iter_shards(tmp_path / "out"))
     assert result.shards == len(shards) > 3
@@ -117,7 +118,7 @@ def test_character_tokenizer_is_written_as_an_hf_tokenizer_with_the_same_ids(tmp
     from transformers import AutoTokenizer
 
     run, _ = _run_dir(tmp_path, _job(tmp_path))
-    result = export.export_checkpoint(run, tmp_path / "out")
+    result = run_export.export_checkpoint(run, tmp_path / "out")
     assert "character tokenizer" in result.tokenizer
     hf = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
     text = "Q:12*(3-4)=?<calc>12*(3-4)</calc><res>-12</res><ans>-12</ans><eos>"
@@ -134,17 +135,17 @@ def test_a_full_disk_leaves_no_partial_folder_and_keeps_the_previous_export(tmp_
     run, _ = _run_dir(tmp_path, _job(tmp_path))
     with small_filesystem(tmp_path / "fs", 2) as fs:
         out = fs / "out"
-        first = export.export_checkpoint(run, out)
+        first = run_export.export_checkpoint(run, out)
         before = {p.name: p.read_bytes() for p in out.iterdir()}
         filler = fill(fs, first.weight_bytes // 2)  # half the weights fit: a real ENOSPC mid-way
         with pytest.raises(export.ExportError, match=r"No space left on device.*nothing was written to --out"):
-            export.export_checkpoint(run, out, overwrite=True, max_shard_bytes=export.parse_size("8kB"))
+            run_export.export_checkpoint(run, out, overwrite=True, max_shard_bytes=export.parse_size("8kB"))
         assert sorted(os.listdir(fs)) == ["filler.bin", "out"]  # the temporary folder is gone
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the previous export, untouched
         filler.unlink()
-        assert export.export_checkpoint(run, out, overwrite=True).version == VERSION
+        assert run_export.export_checkpoint(run, out, overwrite=True).version == VERSION
     with pytest.raises(export.ExportError, match="exists; choose another --out or pass --force"):
-        export.export_checkpoint(run, tmp_path / "run")
+        run_export.export_checkpoint(run, tmp_path / "run")
 
 
 def test_the_source_folders_files_are_what_the_export_carries(tmp_path: Path) -> None:
@@ -156,7 +157,7 @@ def test_the_source_folders_files_are_what_the_export_carries(tmp_path: Path) ->
     job = validate_job({"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "exp"},
                         "spec": {"model": {"weights": str(source)}, "task": {"name": "calculator"}}}, "job.yaml")
     run, _ = _run_dir(tmp_path, job)
-    result = export.export_checkpoint(run, tmp_path / "out", dtype="bfloat16")
+    result = run_export.export_checkpoint(run, tmp_path / "out", dtype="bfloat16")
     assert result.config_source == "source folder"
     out = tmp_path / "out"
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the export's, not the source's
@@ -229,7 +230,7 @@ def test_each_family_exports_to_a_folder_transformers_loads_with_the_actors_logi
             p.add_(0.01 * torch.randn_like(p))
     actor.version = VERSION
     actor.save_checkpoint(str(run / "checkpoints" / f"step-{VERSION:06d}"))
-    result = export.export_checkpoint(run, tmp_path / "out", max_shard_bytes=export.parse_size("100kB"))
+    result = run_export.export_checkpoint(run, tmp_path / "out", max_shard_bytes=export.parse_size("100kB"))
     assert result.config_source == "source folder" and result.tokenizer.startswith(f"copied from {source}")
     from safetensors import safe_open
 
