@@ -5,7 +5,8 @@ and on disk; the actor's half of ``dedicated`` and ``interruptSync``) and the li
 (``maxGradNorm`` 0.1 against norms ~0.8-1.4), two minibatches per step, three steps whose batches mix versions
 ``v - 2 .. v`` inside rows: per-token ``logp_ref`` and log-probs, loss, grad norm and weights after three steps
 within 1e-4; the EWMA reset decisions and the correction counts identical, the audit's figures (reduced
-across DP) equal. Also: a snapshot version is held once per node and shard, not once per DP replica.
+across DP) equal. Also: a snapshot version is held once per node and shard, not once per DP replica, and
+each DP rank's reference forwards ran over its token-balanced share of the rows only (counted in the rank).
 
 The default suite runs one route per layout (``snapshot`` under DP=2, ``ewma`` under TP=2: ~2 min of spawned
 processes on loaded shared cores); the whole matrix is ``slow`` (one process group per layout trains every
