@@ -77,6 +77,7 @@ def test_a_tp2_gang_scores_what_one_process_and_the_actor_score(versions: dict[i
                 assert max(abs(a - b) for a, b in zip(got[0], actor, strict=True)) <= 1e-5
         state = ray.get(gang.state.remote())
         assert state.resident_version == 2 and state.advances == 2 and state.queued_host_bytes == 0
+        assert state.ranks == 2
         # every rank holds only its slice: rank 1's first attention weight is half of the whole
         shapes = ray.get([r.__ray_call__.remote(lambda s: s.scorer._gpt.decoder.layers[0].self_attention
                                                  .linear_qkv.weight.shape[0]) for r in gang.ranks])

@@ -120,7 +120,7 @@ class DedicatedStage(Stage):
     def summary(self) -> dict[str, Any]:
         import ray
 
-        if self.plan is None:
+        if self.plan is None or self.fleet is None:  # not started (or its start failed)
             return {}
         st = self.plan.state()
         scorers = []

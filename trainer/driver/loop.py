@@ -159,8 +159,9 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
         if spec.monitoring.enabled:
             server = serve_metrics(registry, port, options.metrics_host)
             summary["metrics_url"] = server.url
-        n_procs = (spec.rollout.replicas + spec.actor.world_size
-                   + (spec.old_logits.dedicated.replicas if _dedicated(spec) else 0))
+        n_procs = (spec.rollout.replicas + spec.actor.world_size  # every scorer rank is a process too
+                   + (spec.old_logits.dedicated.replicas * spec.old_logits.dedicated.layout_for(spec.actor).world_size
+                      if _dedicated(spec) else 0))
         with local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray:
             restore_sigterm = install_sigterm_handler(stop)  # after ray.init: Ray sets its own
             try:

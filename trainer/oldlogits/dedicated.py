@@ -56,7 +56,7 @@ class DedicatedState:
 
     resident_version: int  # NO_VERSION (-1) before the first advance
     queued_versions: tuple[int, ...]  # pushed, not yet advanced to (ascending)
-    queued_host_bytes: int  # host memory of queued versions pushed as mappings (lazy ones: 0)
+    queued_host_bytes: int  # host memory of queued versions pushed as mappings (lazy ones: 0); a gang: all ranks'
     busy_seconds: float  # total time in advance_to and score
     score_seconds: float
     load_seconds: float  # total time loading weights (conversion + copy, fetch of lazy weights)
@@ -64,6 +64,7 @@ class DedicatedState:
     scored_tokens: int
     score_calls: int
     advances: int
+    ranks: int = 1  # the scorer's processes (its gang's tensorParallel)
 
 
 class DedicatedScorer:
@@ -227,10 +228,21 @@ class DedicatedScorer:
 
     # ---------------------------------------------------------------- metrics
     def state(self) -> DedicatedState:
+        """What this scorer holds and did; in a gang (every rank calls it) the host bytes are summed over the
+        ranks (each holds what it received), the rest is this rank's, the same on every rank."""
+        host_bytes = sum(_host_bytes(w) for w in [*self._queued.values(), *self._received.values()])
+        if self.layout.world > 1:
+            import torch
+            import torch.distributed as dist
+
+            on = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            total = torch.tensor([host_bytes], dtype=torch.float64, device=on)
+            dist.all_reduce(total)
+            host_bytes = int(total.item())
         return DedicatedState(
             resident_version=self.resident_version,
             queued_versions=tuple(sorted(self._queued)),
-            queued_host_bytes=sum(_host_bytes(w) for w in [*self._queued.values(), *self._received.values()]),
+            queued_host_bytes=host_bytes,
             busy_seconds=self._busy,
             score_seconds=self._score_s,
             load_seconds=self._load_s,
@@ -238,6 +250,7 @@ class DedicatedScorer:
             scored_tokens=self.scorer.scored_tokens,
             score_calls=self._calls,
             advances=self._advances,
+            ranks=self.layout.world,
         )
 
 
