@@ -23,6 +23,7 @@ from asyncrl.trainer.oldlogits import provider_key
 
 if TYPE_CHECKING:
     from asyncrl.trainer.actor.megatron_actor import MegatronActor
+    from asyncrl.trainer.megatron.compat import MegatronAdam
 
 COUNTERS = ("nonfinite_loss_total", "nonfinite_grad_total", "ewma_resets_total")
 
@@ -39,8 +40,10 @@ def save_rank(actor: "MegatronActor", directory: str, *, rank: int) -> None:
         "arch": dataclasses.asdict(actor.settings.arch),
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.data_parallel, "world": lay.world},
     }
-    sharded_checkpoint.save(directory, actor._gpt.sharded_state_dict(prefix=""), _extra(actor),
-                            actor.named_weights(), meta)
+    model_sd = actor._gpt.sharded_state_dict(prefix="")
+    megatron = _megatron_optimizer(actor)
+    optimizer = megatron.sharded_state_dict(model_sd) if megatron is not None else None
+    sharded_checkpoint.save(directory, model_sd, _extra(actor), actor.named_weights(), meta, optimizer=optimizer)
 
 
 def load_rank(actor: "MegatronActor", directory: str, *, rank: int, old_logits: bool = True) -> int:
@@ -53,7 +56,11 @@ def load_rank(actor: "MegatronActor", directory: str, *, rank: int, old_logits: 
     if meta.get("arch") != arch:
         raise ValueError(f"checkpoint {directory} has architecture {meta.get('arch')}, this actor has {arch}")
     if sharded_checkpoint.is_sharded(meta):
-        extra = sharded_checkpoint.load(directory, actor._gpt, actor.named_weights())
+        megatron = _megatron_optimizer(actor)
+        template = (lambda model_sd: megatron.sharded_state_dict(model_sd, is_loading=True)) if megatron else None
+        extra, megatron_state = sharded_checkpoint.load(directory, actor._gpt, actor.named_weights(), optimizer=template)
+        if megatron is not None and megatron_state is not None:
+            megatron.load_sharded(megatron_state)
     else:
         extra = _single_file(actor, directory)
     _restore(actor, directory, extra, old_logits=old_logits)
@@ -84,6 +91,13 @@ def _extra(actor: "MegatronActor") -> dict[str, Any]:
     }
 
 
+def _megatron_optimizer(actor: "MegatronActor") -> "MegatronAdam | None":
+    """megatron's own optimizer (the GPU default; on the CPU when the job asks), else None (the torch AdamW)."""
+    from asyncrl.trainer.megatron.compat import MegatronAdam
+
+    return actor._optimizer if isinstance(actor._optimizer, MegatronAdam) else None
+
+
 def _torch_optimizer(actor: "MegatronActor") -> torch.optim.Optimizer | None:
     inner = getattr(actor._optimizer, "_opt", None)  # compat.MainGradAdamW: a torch AdamW (the CPU shim)
     return inner if isinstance(inner, torch.optim.Optimizer) else None
@@ -99,13 +113,8 @@ def _optimizer_state(actor: "MegatronActor") -> dict[str, Any]:
     """The optimizer's state keyed by parameter *name* (torch keys it by index), so its moments are owned
     by their parameters (sharded like them) and the folder does not depend on the layout."""
     opt = _torch_optimizer(actor)
-    if opt is None:  # megatron's own optimizer (GPU): its state as it is, one process only
-        if actor.settings.layout.world > 1:
-            raise NotImplementedError(
-                "checkpoints of megatron's own optimizer (GPU) across several ranks need its "
-                "sharded_state_dict, not wired in this build: run the group with checkpoint.everySteps 0"
-            )
-        return {"megatron": actor._optimizer.state_dict()}
+    if opt is None:  # megatron's own optimizer: its sharded_state_dict is saved beside (save_rank)
+        return {"megatron_sharded": True}
     names = _param_names(opt, actor)
     osd = opt.state_dict()
     return {
@@ -115,7 +124,9 @@ def _optimizer_state(actor: "MegatronActor") -> dict[str, Any]:
 
 
 def _load_optimizer(actor: "MegatronActor", saved: dict[str, Any]) -> None:
-    if "megatron" in saved:
+    if "megatron_sharded" in saved:  # loaded with the model (load_rank)
+        return
+    if "megatron" in saved:  # a single-file folder of one process
         actor._optimizer.load_state_dict(saved["megatron"])
         return
     opt = _torch_optimizer(actor)

@@ -429,13 +429,71 @@ class MegatronAdam:
     def sharded_state_dict(self, model_sd: Any, *, is_loading: bool = False) -> dict[str, Any]:
         """megatron's ``sharded_state_dict`` of the optimizer over ``model_sd`` (the model's own, keys without
         prefix), for ``dist_checkpointing`` (:data:`OPTIMIZER_SHARDING`); ``is_loading``: the template to load into."""
+        self._init_empty_state()  # a fresh optimizer (a load template, or a save before the first step)
         with megatron_code():
             return self._opt.sharded_state_dict(model_sd, is_loading=is_loading, metadata=dict(OPTIMIZER_SHARDING))
 
+    def _init_empty_state(self) -> None:
+        """Adam state (zeros, ``step`` 0: what torch's first step would create) for every parameter that has
+        none yet, so a fresh optimizer can build its state dict: without Apex/TransformerEngine the ``DistributedOptimizer``'s ``state_dict`` reads one
+        common ``step`` from the torch state (``distrib_optimizer.py:641``, an assert on a fresh one). megatron's
+        own answer (``_init_optimizer_states_with_dummy_values``) takes an optimizer step, whose weight decay
+        would move the fp32 weights that the distributed optimizer's main shards are views of."""
+        for part in self._parts:
+            inner = part.optimizer
+            for group in inner.param_groups:
+                for p in group["params"]:
+                    state = inner.state[p]
+                    if "step" not in state:
+                        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        state["step"] = torch.tensor(0.0)
+
     def load_sharded(self, state: dict[str, Any]) -> None:
-        """Load what ``dist_checkpointing.load`` returned for :meth:`sharded_state_dict` (``is_loading=True``)."""
-        with megatron_code():
-            self._opt.load_state_dict(state)
+        """Load what ``dist_checkpointing.load`` returned for :meth:`sharded_state_dict` (``is_loading=True``).
+
+        Two megatron-core 0.16.1 gaps of the torch-Adam path (without Apex/TransformerEngine, CPU or GPU) are
+        bridged: the torch Adam state holds a ``step`` per parameter, which the ``fully_reshardable`` load copies
+        into but never provides (``distrib_optimizer.py:2103`` skips it in the source, ``:940`` copies every
+        destination key: ``KeyError: 'step'``), so while it runs each parameter's ``step`` is set aside and put
+        back after (its value was already restored from the param groups, ``:817``); and that restored step is
+        one tensor shared by all parameters (below)."""
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        restore = []
+        for part in self._parts:
+            if isinstance(part, DistributedOptimizer):
+                restore.append((part, part._set_main_param_and_optimizer_states))
+                part._set_main_param_and_optimizer_states = _without_step(part)  # type: ignore[method-assign]
+        try:
+            with megatron_code():
+                self._opt.load_state_dict(state)
+        finally:
+            for part, original in restore:
+                part._set_main_param_and_optimizer_states = original  # type: ignore[method-assign]
+        # megatron restores the common step as ONE tensor shared by every parameter's state (``:822``); torch's
+        # Adam increments each parameter's step in place, so a shared one would advance once per parameter.
+        for part in self._parts:
+            for state in part.optimizer.state.values():
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].clone()
+
+
+def _without_step(part: Any) -> Any:
+    """``part._set_main_param_and_optimizer_states`` with the main param's ``step`` set aside (:meth:`MegatronAdam.load_sharded`)."""
+    original = part._set_main_param_and_optimizer_states
+
+    def set_states(model_param: Any, tensors: dict[str, torch.Tensor]) -> None:
+        group, order = part.model_param_group_index_map[model_param]
+        state = part.optimizer.state[part.optimizer.param_groups[group]["params"][order]]
+        step = state.pop("step", None)
+        try:
+            original(model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    return set_states
 
 
 def _require_runtime() -> MegatronRuntime:

@@ -20,22 +20,34 @@ Adam's scalar ``step``) goes into rank 0's ``common.pt`` and must be the same on
 SPMD, reduced statistics). The owned tensors' places are recorded (the *manifest*, in ``common.pt``),
 so a loader can ask for them before it knows what the folder holds.
 
+**megatron's optimizer** (:class:`~asyncrl.trainer.megatron.compat.MegatronAdam`, the GPU default): its own
+``sharded_state_dict`` goes in under ``optimizer`` (the ``DistributedOptimizer`` in megatron's
+``fully_reshardable`` format: it resumes at another TP and DP size); ``common.pt`` says so (:data:`OPTIMIZER_KEY`).
+
+**The writes are spread** over the data-parallel ranks (megatron's ``FullyParallelSaveStrategyWrapper`` over
+the DP group): a tensor replicated across DP (every model shard, Adam's moments of a torch optimizer) is
+written once, by one of its replicas, chosen to balance the bytes per rank, instead of always by DP rank 0.
+Loading is spread the same way (``FullyParallelLoadStrategyWrapper``: each replica reads a share and they
+exchange). ``spread=False`` is the former rank-0 writer (``bench/scale.py`` measures both).
+
 Two shims make ``dist_checkpointing`` run here (:func:`checkpoint_shims`, beside the actor's others in
 :mod:`asyncrl.trainer.megatron.compat`).
 """
 
+import contextlib
 import dataclasses
 import errno
 import logging
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.checkpoint import (
     CheckpointError,
     disk_error,
@@ -48,6 +60,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "sharded"  # meta.json "format" of a folder written here (the single-file one has none)
 MANIFEST_KEY = "manifest"  # in common.pt: [[path..., parameter name], ...] of every owned tensor of ``extra``
+OPTIMIZER_KEY = "megatron_optimizer"  # in common.pt: True when the folder holds megatron's optimizer state
 Path_ = tuple[Any, ...]  # keys from the root of ``extra`` to a leaf (str or int)
 
 
@@ -133,15 +146,45 @@ def template(manifest: list[list[Any]], params: Mapping[str, torch.Tensor], mode
     return out
 
 
-def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: dict[str, Any],
-         params: Mapping[str, torch.Tensor], meta: dict[str, Any]) -> Path:
-    """Every rank calls this (SPMD): write ``model_sd`` (``GPTModel.sharded_state_dict()``) and ``extra``
-    into one temporary folder, then rank 0 seals it as ``directory`` once every rank has finished.
+def _dp_group() -> Any:
+    """The data-parallel group the writes are spread over (None in one process: nothing to spread)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    from megatron.core import parallel_state
 
+    group = parallel_state.get_data_parallel_group()
+    return group if dist.get_world_size(group) > 1 else None
+
+
+def _save_strategy(spread: bool) -> Any:
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    # One writer thread per rank (a forked process each in megatron's writer): the ranks share the cores.
+    base = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
+    group = _dp_group() if spread else None
+    return base if group is None else FullyParallelSaveStrategyWrapper(base, group)
+
+
+def _load_strategy(spread: bool) -> Any:
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
+
+    group = _dp_group() if spread else None
+    return None if group is None else FullyParallelLoadStrategyWrapper(TorchDistLoadShardedStrategy(), group)
+
+
+def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: dict[str, Any],
+         params: Mapping[str, torch.Tensor], meta: dict[str, Any], *,
+         optimizer: Mapping[str, Any] | None = None, spread: bool = True) -> Path:
+    """Every rank calls this (SPMD): write ``model_sd`` (``GPTModel.sharded_state_dict()``), ``extra`` and
+    ``optimizer`` (megatron's optimizer ``sharded_state_dict`` over the same ``model_sd``, or None) into one
+    temporary folder, then rank 0 seals it as ``directory`` once every rank has finished.
+
+    ``spread``: the DP ranks share the writing of replicated tensors (False: DP rank 0 writes them all).
     Returns the final folder (on every rank: it exists once this returns). ``meta`` is the marker's content
     (``files`` and ``format`` are added)."""
     from megatron.core import dist_checkpointing
-    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
     checkpoint_shims()
     final = Path(directory)
@@ -157,9 +200,11 @@ def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: 
         tmp.mkdir()
     _barrier()  # the folder exists before any rank writes into it
     sharded_extra, manifest = shard_tree(extra, params, model_sd)
-    state = {"model": dict(model_sd), "extra": sharded_extra, MANIFEST_KEY: manifest}
-    # One writer thread per rank (a forked process each in megatron's writer): the ranks share the cores.
-    strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
+    state = {"model": dict(model_sd), "extra": sharded_extra, MANIFEST_KEY: manifest,
+             OPTIMIZER_KEY: optimizer is not None}
+    if optimizer is not None:
+        state["optimizer"] = dict(optimizer)
+    strategy = _save_strategy(spread)
     seal_error: BaseException | None = None
     try:
         dist_checkpointing.save(state, str(tmp), sharded_strategy=strategy)
@@ -238,25 +283,48 @@ def verified(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def load(directory: str | os.PathLike[str], gpt: torch.nn.Module, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+def load(directory: str | os.PathLike[str], gpt: torch.nn.Module, params: Mapping[str, torch.Tensor], *,
+         optimizer: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+         spread: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Every rank calls this (SPMD) on a folder that :func:`verified`: load the model's shards of this
-    rank's layout into ``gpt`` and return the ``extra`` tree as saved, its owned tensors resharded to this
-    layout."""
+    rank's layout into ``gpt``; return the ``extra`` tree as saved, its owned tensors resharded to this
+    layout, and megatron's optimizer state (None when the folder holds none).
+
+    ``optimizer``: megatron's optimizer template for a model sharded state dict (``MegatronAdam``'s
+    ``sharded_state_dict(model_sd, is_loading=True)``); None = this actor runs a torch optimizer, whose state
+    is in ``extra``. A folder of the other kind raises a :class:`CheckpointError` saying which is which."""
     from megatron.core import dist_checkpointing
 
     checkpoint_shims()
     folder = str(directory)
     try:
         common = dist_checkpointing.load_common_state_dict(folder)
+        has_megatron = bool(common.get(OPTIMIZER_KEY, False))
+        if has_megatron != (optimizer is not None):
+            raise CheckpointError(folder, _OPTIMIZER_MISMATCH[has_megatron])
         model_sd = gpt.sharded_state_dict(prefix="")  # type: ignore[operator]
         want = {"model": model_sd, "extra": template(common[MANIFEST_KEY], params, model_sd, folder)}
-        loaded = dist_checkpointing.load(want, folder)
+        if optimizer is not None:
+            want["optimizer"] = dict(optimizer(model_sd))
+        strategy = _load_strategy(spread)
+        # The spread load's exchange moves each tensor .cuda() before its broadcast: on the CPU shim that is the
+        # tensor itself (compat.CudaOnCpu, active only around megatron's code).
+        with compat.megatron_code() if strategy is not None else contextlib.nullcontext():
+            loaded = dist_checkpointing.load(want, folder, sharded_strategy=strategy)
     except CheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001 -- verified files that megatron cannot read: say which folder
         raise CheckpointError(folder, f"dist_checkpointing cannot load it ({type(exc).__name__}: {exc})") from exc
     _into(gpt, loaded["model"], folder)
-    return dict(loaded.get("extra", {}))
+    return dict(loaded.get("extra", {})), (dict(loaded["optimizer"]) if optimizer is not None else None)
+
+
+_OPTIMIZER_MISMATCH = {
+    True: "it holds megatron's optimizer state (bf16 or the distributed optimizer) and this actor runs the "
+          "torch AdamW: resume with the spec.actor.megatron precision and distributedOptimizer it was written with",
+    False: "it holds a torch AdamW's state and this actor runs megatron's optimizer (bf16 or the distributed "
+           "optimizer): resume with the spec.actor.megatron precision and distributedOptimizer it was written with",
+}
 
 
 def load_model(directory: str | os.PathLike[str], gpt: torch.nn.Module) -> None:

@@ -1,0 +1,77 @@
+"""Checkpoints of megatron's own optimizer (the ``DistributedOptimizer`` on the CPU shim): its
+``sharded_state_dict`` saved with the model through ``dist_checkpointing`` (``fully_reshardable``), written by
+every rank with the replicated tensors' writes spread over DP, and resumed at another layout: a DP=2 folder
+resumes at one process and at TP=2, a one-process folder at DP=2; the version sequence continues and the next
+step equals the uninterrupted run (log-probs, loss, grad norm, weights within 1e-4). A folder of the torch
+AdamW refuses to load into megatron's optimizer, naming both.
+
+Spawns real gloo ranks (megatron-core, the project's actor): ~40 s per layout on loaded cores.
+"""
+
+from typing import Any
+
+import pytest
+
+from tests.support.parallel_ranks import job
+from tests.support.sharded_ranks import run_layout, step_diffs
+
+TOL = 1e-4
+pytestmark = pytest.mark.slow
+
+
+def _job(distributed_optimizer: bool = True) -> dict[str, Any]:
+    out = job("behavior")
+    out["actor"] = {"megatron": {"distributedOptimizer": distributed_optimizer}}
+    return out
+
+
+@pytest.fixture(scope="module")
+def from_dp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("dp2")
+    ranks = run_layout(2, 1, str(out / "run"), {"job": _job(), "before": 2, "save": str(out / "ckpt"), "after": 1})
+    assert [s["version"] for s in ranks[0]["steps"]] == [1, 2, 3]
+    return ranks[0], str(out / "ckpt")
+
+
+@pytest.mark.parametrize(("world", "tp"), [(1, 1), (2, 2)], ids=["dp1", "tp2"])
+def test_a_dp2_checkpoint_resumes_at_another_layout(from_dp2: tuple[dict[str, Any], str], tmp_path: Any,
+                                                    world: int, tp: int) -> None:
+    uninterrupted, ckpt = from_dp2
+    resumed = run_layout(world, tp, str(tmp_path), {"job": _job(), "load": ckpt, "after": 1})
+    for rank in resumed:
+        assert rank["loaded_version"] == 2 and [s["version"] for s in rank["steps"]] == [3]
+        diffs = step_diffs(uninterrupted, rank, slice(2, 3))
+        print(f"dp2 -> world {world} tp {tp} rank {rank['rank']}: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
+        assert max(diffs.values()) < TOL, diffs
+
+
+def test_a_one_process_checkpoint_resumes_at_dp2(tmp_path: Any) -> None:
+    cfg = {"job": _job(), "before": 2, "save": str(tmp_path / "ckpt"), "after": 1}
+    (uninterrupted,) = run_layout(1, 1, str(tmp_path / "run"), cfg)
+    resumed = run_layout(2, 1, str(tmp_path / "resumed"), {"job": _job(), "load": str(tmp_path / "ckpt"), "after": 1})
+    for rank in resumed:
+        assert rank["loaded_version"] == 2
+        diffs = step_diffs(uninterrupted, rank, slice(2, 3))
+        print(f"world 1 -> dp2 rank {rank['rank']}: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
+        assert max(diffs.values()) < TOL, diffs
+
+
+def test_a_torch_adamw_folder_does_not_load_into_megatrons_optimizer(tmp_path: Any) -> None:
+    from dataclasses import replace
+
+    from asyncrl.api.job import AsyncRLJobSpec
+    from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
+    from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
+    from asyncrl.trainer.megatron.checkpoint import CheckpointError
+    from tests.support.parallel_ranks import VOCAB
+
+    def actor(distributed_optimizer: bool) -> MegatronActor:
+        spec = AsyncRLJobSpec.model_validate(_job(distributed_optimizer))
+        return MegatronActor(replace(ActorSettings.from_spec(spec, VOCAB), device="cpu"))
+
+    save_actor(actor(False), str(tmp_path / "adamw"))
+    with pytest.raises(CheckpointError, match="holds a torch AdamW's state and this actor runs megatron's optimizer"):
+        load_actor(actor(True), str(tmp_path / "adamw"))
+    save_actor(actor(True), str(tmp_path / "megatron"))
+    with pytest.raises(CheckpointError, match="holds megatron's optimizer state .* this actor runs the torch AdamW"):
+        load_actor(actor(False), str(tmp_path / "megatron"))
