@@ -6,7 +6,10 @@ rank 0 (:mod:`asyncrl.trainer.megatron.sharded_checkpoint`), so a checkpoint res
 layout. Tensors that belong to a parameter (Adam's moments, the EWMA ``theta_prox``, every resident
 snapshot version, the audit's snapshots) are sharded like it; the rest is saved once. Resident snapshot
 versions are kept (resharded on load), so a resumed run scores every token under its own version as
-before. Folders of the former single-file format (``actor.pt``) still load, at any layout: their full
+before. megatron's own optimizer (the GPU default: bf16 + ``DistributedOptimizer``) saves its
+``sharded_state_dict`` beside the model (``fully_reshardable``: it too resumes at another TP/DP layout); a
+folder of one optimizer kind does not load into the other (the error names both). Folders of the former
+single-file format (``actor.pt``) still load, at any layout: their full
 tensors are cut to this rank's shards.
 """
 
