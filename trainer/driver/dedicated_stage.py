@@ -1,7 +1,9 @@
 """The driver's side of ``oldLogits.strategy: dedicated`` (paper §5.1, "a dedicated old-logit model").
 
-Separate processes (``oldLogits.dedicated.replicas`` Ray actors; pods with the ``oldlogits`` role in
-a cluster) hold the training-side model code and follow the versions like rollout replicas. The
+Separate scorers (``oldLogits.dedicated.replicas`` of them, each one Ray actor or, at
+``oldLogits.dedicated.tensorParallel`` k > 1, a gang of k ranks behind one handle:
+:func:`~asyncrl.trainer.driver.hosts.dedicated_spawner`; pods with the ``oldlogits`` role in a cluster)
+hold the training-side model code and follow the versions like rollout replicas. The
 pure :class:`~asyncrl.trainer.oldlogits.dedicated_plan.DedicatedPlan` decides what they score and
 when they advance; :class:`~asyncrl.trainer.oldlogits.dedicated.DedicatedFleet` dispatches that to
 the processes and replaces one that dies (its unanswered work is re-queued, nothing is lost). This
