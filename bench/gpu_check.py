@@ -13,6 +13,10 @@ Stages (each under its own timeout; a failing stage does not stop the later ones
   ``make_optimizer``, ``token_logprobs``). On CUDA: bf16 params, fp32 main params, megatron's
   ``DistributedOptimizer``; on the CPU: the shim's fp32 ``MainGradAdamW``. Prints tokens/s (steps after
   the first) and the peak ``torch.cuda.max_memory_allocated``;
+- ``actor-<model>`` (``bench/gpu_actor.py``): the real ``MegatronActor.train_step`` on the SmolLM2 folder with
+  megatron's ``DistributedOptimizer`` (CUDA: bf16 params, fp32 main params), a few steps, then a checkpoint
+  save + load into a fresh actor: trained tokens/s, peak memory, save/load seconds, the reloaded actor's
+  max |log-prob diff| (0) and the next step's loss and weight differences;
 - ``engine-logp-<dtype>``: the transformers engine (``HFEngine``) on the device samples with log-probs
   from the SmolLM2 weights exported by the actor (``megatron_to_hf``); the actor scores the same tokens
   at the same dtype; max and mean ``|actor logp - engine logp|`` over the sampled tokens.
@@ -251,6 +255,16 @@ def train_smollm(opts: Options) -> tuple[str, dict[str, Any]]:
     return train(opts, arch, folder, *((2, 16) if opts.tiny else (8, 512)))
 
 
+def actor_smollm(opts: Options) -> tuple[str, dict[str, Any]]:
+    """The real ``MegatronActor.train_step`` with the distributed optimizer and a checkpoint round trip
+    (``bench/gpu_actor.py``, beside this file: ``python -P`` leaves the script's folder off ``sys.path``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_actor import actor_roundtrip
+
+    _reset_peak(opts)
+    return actor_roundtrip(opts, smollm_folder(opts), _sync, _peak_gib)
+
+
 def train_random(opts: Options) -> tuple[str, dict[str, Any]]:
     from transformers import LlamaConfig
 
@@ -376,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         small = "tiny" if opts.tiny else "smollm2"
         stages = [run_stage("environment", t(), lambda: environment(opts))]
         stages.append(run_stage(f"train-{small}", t(), lambda: train_smollm(opts)))
+        stages.append(run_stage(f"actor-{small}", t(), lambda: actor_smollm(opts)))
         stages.append(run_stage("train-tiny-random" if opts.tiny else "train-1b-random", t(),
                                 lambda: train_random(opts)))
         for dtype in dtypes:

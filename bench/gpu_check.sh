@@ -7,6 +7,8 @@
 #                  project's other dependencies from a local wheel folder, then the project from this tree;
 #   bench/gpu_check.py: environment, train-smollm2 and train-1b-random (megatron GPTModel in bf16 with
 #                  megatron's DistributedOptimizer: tokens/s, peak torch.cuda.max_memory_allocated),
+#                  actor-smollm2 (the real MegatronActor.train_step, bf16 + DistributedOptimizer, then a
+#                  checkpoint save + load into a fresh actor: tokens/s, memory, max |logp diff| after reload),
 #                  engine-logp-float32/-bfloat16 (the transformers engine on CUDA sampling with log-probs,
 #                  max/mean |actor logp - engine logp| on the same tokens);
 #   gpu-tests      pytest -m gpu on the existing CUDA tests (tests/trainer/test_megatron_gpu.py,
@@ -91,7 +93,7 @@ fi
 
 # ---------------------------------------------------------------- the Python stages
 # the driver keeps 70 s for the gpu tests; its stages share its budget (each at most 100 s)
-driver_s=$(cap 300 70)
+driver_s=$(cap 360 70)
 args=(--budget $((driver_s - 10)) --stage-timeout 100 "${DRIVER_ARGS[@]}")
 if [[ -n ${OUT:-} ]]; then
     args+=(--json "$OUT/gpu_check.json")

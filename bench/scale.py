@@ -36,6 +36,12 @@ update applied, so the moments exist), side by side: the sharded folder the acto
 and the former single file (the same content as one ``torch.save``, :func:`write_checkpoint`). Columns:
 save and load seconds (load = verify + read + restore into the live model and optimizer), bytes on disk.
 
+**Spread DP=2 checkpoint writes** (``--ckpt-size``): two gloo ranks (Ray actors, one thread each) holding
+the actor with Adam state write group checkpoints, side by side: DP rank 0 writing every replicated tensor
+(``save_rank(spread=False)``, the former writer) vs the writes balanced over both ranks (megatron's
+``FullyParallelSaveStrategyWrapper``), for the torch AdamW and megatron's distributed optimizer. Columns:
+save and load seconds of the slowest rank (best of two after a warm-up) and the MB each rank wrote.
+
 The machine is shared and loaded: compare rows measured side by side in one run, not absolute times.
 """
 
@@ -252,7 +258,8 @@ def weight_sync_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 class Trainer:
     """One rank of the actor (one process: world 1) training a fixed global batch."""
 
-    def __init__(self, millions: int, rank: int, world: int, init_method: str | None, threads: int) -> None:
+    def __init__(self, millions: int, rank: int, world: int, init_method: str | None, threads: int,
+                 distributed_optimizer: bool = False) -> None:
         import torch
 
         from asyncrl.api.job import AsyncRLJobSpec
@@ -262,7 +269,8 @@ class Trainer:
         torch.set_num_threads(threads)
         arch = arch_of(millions)
         spec = AsyncRLJobSpec.model_validate({"correction": {"reference": "behavior"},
-                                              "train": {"minibatches": 2, "learningRate": 1e-5}})
+                                              "train": {"minibatches": 2, "learningRate": 1e-5},
+                                              "actor": {"megatron": {"distributedOptimizer": distributed_optimizer}}})
         settings = ActorSettings.from_spec(spec, arch.vocab_size)
         self.actor = MegatronActor(replace(settings, arch=arch, device="cpu", num_threads=threads,
                                            layout=Layout(rank=rank, world=world, init_method=init_method)))
@@ -387,11 +395,80 @@ def checkpoint_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+class SpreadRank:
+    """One of two DP ranks holding the actor with Adam state; saves and loads group checkpoints."""
+
+    def __init__(self, millions: int, rank: int, init_method: str, distributed_optimizer: bool) -> None:
+        self.rank = rank
+        self.trainer = Trainer(millions, rank, 2, init_method, 1, distributed_optimizer)
+        self.trainer.steps(2, 16, 0)  # one update: the optimizer's moments exist
+
+    def save(self, folder: str, spread: bool) -> dict[str, float]:
+        """Seconds of this rank's save_rank, and the bytes of the shard files this rank wrote."""
+        from asyncrl.trainer.actor.checkpoint_io import save_rank
+
+        t0 = time.perf_counter()
+        save_rank(self.trainer.actor, folder, rank=self.rank, spread=spread)
+        seconds = time.perf_counter() - t0
+        mine = sum(p.stat().st_size for p in Path(folder).glob(f"__{self.rank}_*.distcp"))
+        return {"s": seconds, "bytes": mine}
+
+    def load(self, folder: str) -> float:
+        from asyncrl.trainer.actor.checkpoint_io import load_rank
+
+        t0 = time.perf_counter()
+        load_rank(self.trainer.actor, folder, rank=self.rank)
+        return time.perf_counter() - t0
+
+
+def spread_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """DP=2 group checkpoints of the ``--ckpt-size`` actor: DP rank 0 writing every replicated tensor vs the
+    writes spread over both ranks (FullyParallelSaveStrategyWrapper), for the torch AdamW (the CPU default)
+    and megatron's distributed optimizer. Save/load seconds: the slowest rank, best of two after a warm-up;
+    MB written by rank 0 and rank 1."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from asyncrl.trainer.megatron.parallel import rendezvous
+
+    rows: list[dict[str, Any]] = []
+    root = Path(tempfile.mkdtemp(prefix="scale-spread-", dir=str(args.work or tempfile.gettempdir())))
+    try:
+        for dist_opt in (False, True):
+            init = rendezvous("127.0.0.1")
+            ranks = [ray.remote(SpreadRank).options(num_cpus=0).remote(args.ckpt_size, r, init, dist_opt)
+                     for r in range(2)]
+            optimizer = "distributed optimizer" if dist_opt else "torch AdamW"
+            ray.get([r.save.remote(str(root / f"warm-{dist_opt}"), True) for r in ranks])
+            for spread in (False, True):
+                saves, loads, written = [], [], [0.0, 0.0]
+                for i in range(2):
+                    folder = str(root / f"{dist_opt}-{spread}-{i}")
+                    got = ray.get([r.save.remote(folder, spread) for r in ranks])
+                    saves.append(max(g["s"] for g in got))
+                    written = [g["bytes"] / 1e6 for g in got]
+                    loads.append(max(ray.get([r.load.remote(folder) for r in ranks])))
+                    shutil.rmtree(folder, ignore_errors=True)
+                rows.append({"params_M": args.ckpt_size, "optimizer": optimizer,
+                             "writes": "spread over DP" if spread else "DP rank 0",
+                             "save_s": round(min(saves), 3), "load_s": round(min(loads), 3),
+                             "MB_rank0": round(written[0], 1), "MB_rank1": round(written[1], 1)})
+                print(json.dumps(rows[-1]), flush=True)
+            for r in ranks:
+                ray.kill(r)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
 # section -> rows
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]] | None] = {
     "weight sync": weight_sync_rows,
     "step time DP=1 vs DP=2": step_rows,
     "checkpoint save/load sharded vs single file": checkpoint_rows,
+    "spread DP=2 checkpoint writes: DP rank 0 vs every rank": spread_rows,
 }
 
 
@@ -413,6 +490,7 @@ def main() -> int:
     p.add_argument("--step-batch", type=lambda s: [int(x) for x in s.split("x")], default=[16, 256],
                    help="global batch of the step-time rows, ROWSxLENGTH")
     p.add_argument("--step-repeats", type=int, default=3)
+    p.add_argument("--ckpt-size", type=int, default=35, help="model of the DP=2 checkpoint rows (M parameters)")
     p.add_argument("--work", type=Path, default=None, help="folder for the checkpoint rows (default: temp)")
     p.add_argument("--only", type=lambda s: s.split(","), default=None,
                    help=f"sections to run, by their first word: {[k.split()[0] for k in SECTIONS]}")
@@ -420,7 +498,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     if args.quick:
-        args.sizes, args.repeats, args.step_batch, args.step_repeats = [10], 1, [8, 64], 1
+        args.sizes, args.repeats, args.step_batch, args.step_repeats, args.ckpt_size = [10], 1, [8, 64], 1, 10
 
     from asyncrl.trainer.driver.ray_env import local_ray
 

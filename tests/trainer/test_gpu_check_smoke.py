@@ -15,7 +15,7 @@ from tests.support.helpers import ROOT
 
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 DRIVER = ROOT / "bench" / "gpu_check.py"
-STAGES = ["environment", "train-tiny", "train-tiny-random", "engine-logp-float32", "engine-logp-bfloat16"]
+STAGES = ["environment", "train-tiny", "actor-tiny", "train-tiny-random", "engine-logp-float32", "engine-logp-bfloat16"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -49,6 +49,11 @@ def test_smoke_mode_passes_every_stage_and_writes_the_report(tmp_path: Path) -> 
         v = stages[name]
         assert v["tokens_per_s"] > 0 and v["steps"] == 1 and v["optimizer"] == "MainGradAdamW/AdamW"
         assert v["peak_mem_gib"] is None  # CPU: no CUDA allocator to ask
+    # the real actor with megatron's distributed optimizer (the CPU shim), and its checkpoint round trip
+    actor = stages["actor-tiny"]
+    assert actor["optimizer"] == "MegatronAdam/DistributedOptimizer" and actor["tokens_per_s"] > 0
+    assert actor["reload_logp_max_abs_diff"] == 0.0 and actor["next_step_loss_diff"] < 1e-6
+    assert actor["next_step_weight_max_abs_diff"] < 1e-6 and actor["version_after_reload"] == actor["steps"]
     # the same weights and tokens on both sides: fp32 agrees to kernel noise, bf16 is visibly looser
     fp32, bf16 = stages["engine-logp-float32"], stages["engine-logp-bfloat16"]
     assert fp32["sampled_tokens"] > 0 and fp32["max_abs_diff"] < 1e-4
@@ -65,7 +70,7 @@ def test_a_failing_stage_does_not_stop_the_later_ones(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     assert _verdicts(proc.stdout) == dict.fromkeys(STAGES[:-1], "FAIL"), proc.stdout
     assert "no CUDA device" in proc.stdout
-    assert "TOTAL " in proc.stdout and "0 PASS, 4 FAIL" in proc.stdout
+    assert "TOTAL " in proc.stdout and "0 PASS, 5 FAIL" in proc.stdout
     report = json.loads(report_file.read_text())
     assert report["failed"] == STAGES[:-1] and all(s["error"] for s in report["stages"])
 

@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 COUNTERS = ("nonfinite_loss_total", "nonfinite_grad_total", "ewma_resets_total")
 
 
-def save_rank(actor: "MegatronActor", directory: str, *, rank: int) -> None:
+def save_rank(actor: "MegatronActor", directory: str, *, rank: int, spread: bool = True) -> None:
     """One rank's share of a group checkpoint (every rank calls this, SPMD): its shards; rank 0 seals
-    the folder once every rank has written (``rank`` is the caller's, checked against the group's)."""
+    the folder once every rank has written (``rank`` is the caller's, checked against the group's).
+    ``spread``: the DP replicas share the writing of replicated tensors (False: DP rank 0 writes them)."""
     if rank != sharded_checkpoint.group_rank():
         raise RuntimeError(f"save_rank(rank={rank}) on process-group rank {sharded_checkpoint.group_rank()}")
     lay = actor.settings.layout
@@ -46,7 +47,8 @@ def save_rank(actor: "MegatronActor", directory: str, *, rank: int) -> None:
     model_sd = actor._gpt.sharded_state_dict(prefix="")
     megatron = _megatron_optimizer(actor)
     optimizer = megatron.sharded_state_dict(model_sd) if megatron is not None else None
-    sharded_checkpoint.save(directory, model_sd, _extra(actor), actor.named_weights(), meta, optimizer=optimizer)
+    sharded_checkpoint.save(directory, model_sd, _extra(actor), actor.named_weights(), meta, optimizer=optimizer,
+                            spread=spread)
 
 
 def load_rank(actor: "MegatronActor", directory: str, *, rank: int, old_logits: bool = True) -> int:
