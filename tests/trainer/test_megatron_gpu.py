@@ -28,6 +28,12 @@ def cuda_runtime():
     return runtime
 
 
+def compat_kind(actor) -> str:
+    from asyncrl.trainer.megatron import compat
+
+    return compat.optimizer_kind(actor._optimizer)
+
+
 def test_actor_trains_and_exports_weights_on_cuda(cuda_runtime) -> None:
     from transformers import LlamaForCausalLM
 
@@ -36,8 +42,11 @@ def test_actor_trains_and_exports_weights_on_cuda(cuda_runtime) -> None:
     from asyncrl.trainer.megatron.batch import TrainBatch
     from asyncrl.trainer.megatron.convert import llama_config
 
+    # fp32 params (the export is compared to transformers at 1e-4) with megatron's distributed optimizer (the
+    # GPU default); bench/gpu_check.sh's actor stage runs the default bf16 precision.
     spec = AsyncRLJobSpec.model_validate(
-        {"correction": {"reference": "ewma"}, "model": {"hiddenSize": 64, "numLayers": 2}}
+        {"correction": {"reference": "ewma"}, "model": {"hiddenSize": 64, "numLayers": 2},
+         "actor": {"megatron": {"precision": "fp32"}}}
     )
     actor = MegatronActor(dataclasses.replace(ActorSettings.from_spec(spec, VOCAB), device="cuda"))
     B, T = 8, 16
@@ -51,6 +60,7 @@ def test_actor_trains_and_exports_weights_on_cuda(cuda_runtime) -> None:
     turn_ids = torch.where(loss_mask, 0, -1)
     m = actor.train_step(TrainBatch(tokens, loss_mask, logp_mu, versions, advantages, turn_ids))
     assert m.applied and m.version == 2 and m.reference == "ewma"
+    assert compat_kind(actor) == "MegatronAdam/DistributedOptimizer"
 
     hf = LlamaForCausalLM(llama_config(actor.settings.arch)).eval()
     hf.load_state_dict(actor.hf_state_dict(), strict=True)
