@@ -14,7 +14,7 @@ from asyncrl.trainer.megatron.parallel import Layout
 from asyncrl.trainer.oldlogits.dedicated import DedicatedFleet, DedicatedScorer
 from asyncrl.trainer.oldlogits.dedicated_plan import DedicatedPlan
 from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings
-from tests.trainer.test_dedicated import SPEC, VOCAB, _check_against_brute_force, _schedule
+from tests.trainer.test_dedicated import SPEC, VOCAB, _check_against_brute_force, _schedule, _traj
 
 pytestmark = pytest.mark.slow  # a local Ray and two-rank gangs: ~40 s on a loaded 2-core machine
 
@@ -120,6 +120,45 @@ def test_a_gang_that_loses_a_rank_is_replaced_and_its_work_requeued(versions: di
         assert fleet.replaced == 1 and fleet.raised_replacements == 0  # counted once, as a death
         assert plan.state().requeued_tokens_total > 0  # it died holding work
         _check_against_brute_force(trajs, versions)
+    finally:
+        for h in fleet.handles:
+            h.kill()
+
+
+def test_a_gang_whose_rank_raises_is_replaced_counted_and_not_forever(versions: dict[int, Weights],
+                                                                      ray_local) -> None:
+    import ray
+
+    def raise_in_score(scorer: Any) -> None:  # runs inside a rank (__ray_call__; nested: pickled by value)
+        def boom(*_: Any, **__: Any) -> Any:
+            raise RuntimeError("injected: this rank cannot score")
+
+        scorer.scorer.score_segments = boom
+
+    plan = DedicatedPlan(replicas=1, max_lag_versions=1, start_version=0)
+    fleet = DedicatedFleet(plan, [_spawn_gang(0)], _spawn_gang)
+    fleet.weights[0] = ray.put({k: t.numpy() for k, t in versions[0].items()})
+
+    def score_once(call: str) -> None:
+        """Bootstrap the gang (push, advance), make its rank 1 raise, then hand it one trajectory to score."""
+        fleet.dispatch()
+        while fleet.refs():
+            fleet.collect(ray.wait(fleet.refs(), num_returns=1, timeout=120)[0][0])
+        ray.get(fleet.handles[0].ranks[1].__ray_call__.remote(raise_in_score))
+        plan.admitted(call, 0)
+        assert plan.returned(call, [_traj(call, [0, 0, 0], 1)]) == []
+        fleet.dispatch()
+        (ref,) = fleet.refs()
+        ray.wait([ref], timeout=120)
+        fleet.collect(ref)
+
+    try:
+        score_once("a")
+        assert fleet.replaced == 1 and fleet.raised_replacements == 1  # the gang failed as one, replaced
+        assert fleet.handles[0].ranks[1] is not None and plan.state().requeued_tokens_total > 0
+        fleet.MAX_RAISED_REPLACEMENTS = 1  # a gang that keeps raising is a bug: no endless restarts
+        with pytest.raises(RuntimeError, match="failed by a raise again after 1 replacements"):
+            score_once("b")
     finally:
         for h in fleet.handles:
             h.kill()

@@ -366,10 +366,9 @@ class DedicatedFleet:
         replica, request_id = self._pending.pop(ref)
         try:
             result = ray.get(ref)
-        except (RayActorError, ActorUnavailableError):
-            self._replace(replica)
         except Exception as exc:
-            if not self._gang_failed(replica, exc):
+            # A gang's failure (counted as a raise when a rank raised); a dead process; else a scorer's own error.
+            if not self._gang_failed(replica, exc) and not isinstance(exc, (RayActorError, ActorUnavailableError)):
                 raise
             self._replace(replica)
         else:
