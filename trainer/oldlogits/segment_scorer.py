@@ -184,9 +184,8 @@ class SegmentScorer:
             runtime = compat.init_megatron(s.seed, device=s.device, tp=self.layout.tp,
                                            init_method=self.layout.init_method, rank=self.layout.rank,
                                            world=self.layout.world)
-            # With random init even though load() writes every weight next: megatron 0.16.1 marks a vocab-parallel
-            # embedding as tensor parallel (partition_dim, stride: what shard_of reads) only in its CPU init.
-            gpt = build_gpt_model(s.arch, use_cpu_initialization=runtime.use_cpu_initialization)
+            # No random init: load() writes every weight right after (load_shards checks it).
+            gpt = build_gpt_model(s.arch, use_cpu_initialization=runtime.use_cpu_initialization, random_init=False)
         self._device = runtime.device
         self._gpt = gpt.to(runtime.device)
         for p in self._gpt.parameters():
