@@ -75,3 +75,37 @@ def test_a_torch_adamw_folder_does_not_load_into_megatrons_optimizer(tmp_path: A
     save_actor(actor(True), str(tmp_path / "megatron"))
     with pytest.raises(CheckpointError, match="holds megatron's optimizer state .* this actor runs the torch AdamW"):
         load_actor(actor(False), str(tmp_path / "megatron"))
+
+
+def test_a_bf16_actor_resumes_with_its_fp32_ewma_state(tmp_path: Any) -> None:
+    """``precision: bf16`` (the GPU default) on the CPU shim: bf16 params, fp32 main params in megatron's
+    distributed optimizer, the EWMA ``theta_prox`` kept in fp32 and saved as fp32 beside its bf16 parameter;
+    a fresh actor resumes it exactly (log-probs, the next step's loss and weights)."""
+    from dataclasses import replace
+
+    import torch
+
+    from asyncrl.api.job import AsyncRLJobSpec
+    from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
+    from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
+    from tests.support.parallel_ranks import VOCAB, _batch
+
+    cfg = job("ewma")
+    cfg["actor"] = {"megatron": {"precision": "bf16"}}
+    settings = replace(ActorSettings.from_spec(AsyncRLJobSpec.model_validate(cfg), VOCAB), device="cpu")
+    actor = MegatronActor(settings)
+    assert {p.dtype for p in actor._params} == {torch.bfloat16}
+    batch = _batch(actor)
+    assert all(actor.train_step(batch).applied for _ in range(2))
+    theta = actor.old_logits.state_dict()["ewma"]["params"]
+    assert {t.dtype for t in theta.values()} == {torch.float32}  # fp32 beside bf16 parameters
+    save_actor(actor, str(tmp_path / "ckpt"))
+    fresh = MegatronActor(settings)
+    load_actor(fresh, str(tmp_path / "ckpt"))
+    assert fresh.version == 2
+    resumed = fresh.old_logits.state_dict()["ewma"]["params"]
+    assert all(resumed[k].dtype == torch.float32 and torch.equal(resumed[k], v) for k, v in theta.items())
+    assert torch.equal(actor.logprobs(batch.tokens), fresh.logprobs(batch.tokens))
+    a, b = actor.train_step(batch), fresh.train_step(batch)
+    assert a.loss == b.loss and a.grad_norm == b.grad_norm
+    assert all(torch.equal(p, q) for p, q in zip(actor._params, fresh._params, strict=True))

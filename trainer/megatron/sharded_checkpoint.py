@@ -18,7 +18,8 @@ each resident snapshot version). An owned tensor is saved with its parameter's s
 ``<path without the parameter>.<the parameter's checkpoint key>``; everything else (numbers, strings,
 Adam's scalar ``step``) goes into rank 0's ``common.pt`` and must be the same on every rank (it is:
 SPMD, reduced statistics). The owned tensors' places are recorded (the *manifest*, in ``common.pt``),
-so a loader can ask for them before it knows what the folder holds.
+so a loader can ask for them before it knows what the folder holds; each keeps its own dtype (an fp32
+``theta_prox`` of a bf16 parameter stays fp32).
 
 **megatron's optimizer** (:class:`~asyncrl.trainer.megatron.compat.MegatronAdam`, the GPU default): its own
 ``sharded_state_dict`` goes in under ``optimizer`` (the ``DistributedOptimizer`` in megatron's
@@ -59,7 +60,7 @@ from asyncrl.trainer.megatron.checkpoint import (
 log = logging.getLogger(__name__)
 
 FORMAT = "sharded"  # meta.json "format" of a folder written here (the single-file one has none)
-MANIFEST_KEY = "manifest"  # in common.pt: [[path..., parameter name], ...] of every owned tensor of ``extra``
+MANIFEST_KEY = "manifest"  # in common.pt: [[path..., parameter name, dtype], ...] of every owned tensor of ``extra``
 OPTIMIZER_KEY = "megatron_optimizer"  # in common.pt: True when the folder holds megatron's optimizer state
 Path_ = tuple[Any, ...]  # keys from the root of ``extra`` to a leaf (str or int)
 
@@ -124,25 +125,46 @@ def shard_tree(tree: Any, params: Mapping[str, torch.Tensor], model_sd: Mapping[
     owner = _owner(path, params)
     if isinstance(tree, torch.Tensor) and owner is not None and tree.shape == params[owner].shape:
         base = model_sd[owner]
-        return dataclasses.replace(base, key=_shard_key(path, owner, base), data=tree.detach()), [[*path, owner]]
+        # its own dtype: an fp32 EWMA theta_prox or snapshot of a bf16 parameter stays fp32
+        return _with_data(base, _shard_key(path, owner, base), tree.detach()), [[*path, owner, _dtype_name(tree.dtype)]]
     return tree, []
+
+
+def _with_data(base: Any, key: str, data: torch.Tensor) -> Any:
+    """``base`` (a parameter's ``ShardedTensor`` or ``ShardedTensorFactory``) under ``key`` holding ``data``; a
+    ShardedTensor records its dtype (a factory's pieces take theirs from ``data``)."""
+    if hasattr(base, "dtype"):
+        return dataclasses.replace(base, key=key, data=data, dtype=data.dtype)
+    return dataclasses.replace(base, key=key, data=data)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def template(manifest: list[list[Any]], params: Mapping[str, torch.Tensor], model_sd: Mapping[str, Any],
              folder: str = "(sharded state)") -> dict:
     """The sharded state dict that loads the owned tensors of ``manifest`` at this rank's layout (fresh
-    buffers shaped like this rank's parameter shards)."""
+    buffers shaped like this rank's parameter shards, in the dtype each was saved in).
+
+    An entry is ``[*path, parameter, dtype]`` (``[*path, parameter]`` in folders written before the dtype was
+    recorded: the parameter's dtype, which was then always the saved one, fp32)."""
     out: dict[Any, Any] = {}
     for entry in manifest:
-        *path, owner = entry
+        dtype: torch.dtype | None = None
+        if len(entry) >= 3 and isinstance(entry[-1], str) and entry[-2] in params and entry[-1] not in params:
+            *path, owner, name = entry
+            dtype = getattr(torch, name)
+        else:
+            *path, owner = entry
         if owner not in params:
             raise CheckpointError(folder, f"it holds state of parameter {owner!r}, which this model lacks")
         base = model_sd[owner]
         node = out
         for k in path[:-1]:
             node = node.setdefault(k, {})
-        node[path[-1]] = dataclasses.replace(base, key=_shard_key(tuple(path), owner, base),
-                                             data=torch.empty_like(params[owner]))
+        data = torch.empty_like(params[owner], dtype=dtype)
+        node[path[-1]] = _with_data(base, _shard_key(tuple(path), owner, base), data)
     return out
 
 
