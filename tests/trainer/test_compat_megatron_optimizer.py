@@ -68,10 +68,13 @@ def test_megatron_fp32_steps_equal_the_cpu_default(runtime: compat.MegatronRunti
     assert max(float((a - b).abs().max()) for a, b in zip(ref, got, strict=True)) < 1e-5
 
 
-def test_bf16_params_with_fp32_main_params(runtime: compat.MegatronRuntime) -> None:
+@pytest.mark.parametrize("distributed", [False, True], ids=["float16-optimizer", "distributed-optimizer"])
+def test_bf16_params_with_fp32_main_params(runtime: compat.MegatronRuntime, distributed: bool) -> None:
     ref, ref_norms, _ = _train(BASE)
-    got, norms, kind = _train(compat.OptimizerSettings(**{**BASE.__dict__, "bf16": True, "distributed_optimizer": True}))
-    assert kind == "MegatronAdam/DistributedOptimizer"
+    got, norms, kind = _train(compat.OptimizerSettings(**{**BASE.__dict__, "bf16": True,
+                                                          "distributed_optimizer": distributed}))
+    assert kind == ("MegatronAdam/DistributedOptimizer" if distributed
+                    else "MegatronAdam/Float16OptimizerWithFloat16Params")
     # bf16 forward/backward: close to fp32, not equal (the weights are rounded to bf16 after every step)
     assert norms == pytest.approx(ref_norms, rel=5e-2)
     assert max(float((a - b).abs().max()) for a, b in zip(ref, got, strict=True)) < 5e-2
