@@ -441,6 +441,8 @@ class MegatronAdam:
         would move the fp32 weights that the distributed optimizer's main shards are views of."""
         for part in self._parts:
             inner = part.optimizer
+            if not type(inner).__module__.startswith("torch.optim"):
+                continue  # Apex/TransformerEngine FusedAdam: its step lives in the param groups, megatron's own path
             for group in inner.param_groups:
                 for p in group["params"]:
                     state = inner.state[p]
