@@ -27,3 +27,13 @@ def test_warm_start_threads_split_a_machine_between_its_ranks():
     assert warm_start_threads(8, ["pod-0", "pod-0", "pod-1", "pod-1"]) == 4  # 2 ranks per pod
     assert warm_start_threads(8, ["pod-0", "pod-1", "pod-1", "pod-1"]) == 2  # the fullest host decides
     assert warm_start_threads(2, ["node-a"] * 4) == 1  # more ranks than cores: never 0
+
+
+def test_a_cluster_warm_start_splits_an_actor_pods_cpus_not_the_drivers():
+    from asyncrl.trainer.driver.loop import RunOptions, _warm_threads
+
+    class OneRank:  # HostHandles with a plain actor handle (one rank): only .actor is read
+        actor = object()
+
+    assert _warm_threads(OneRank(), RunOptions(num_cpus=64, actor_threads=6, placement="cluster")) == 6  # type: ignore[arg-type]
+    assert _warm_threads(OneRank(), RunOptions(num_cpus=4, actor_threads=1)) == 4  # type: ignore[arg-type]

@@ -249,10 +249,13 @@ def _model_load(hosts: HostHandles, summary: dict[str, Any]) -> None:
 
 
 def _warm_threads(hosts: HostHandles, options: RunOptions) -> int:
-    """Torch threads per actor rank in the warm start: ``options.num_cpus`` split between the most ranks of
-    the actor group on one host (the group's rank locations; all of them locally, a pod's in a cluster)."""
+    """Torch threads per actor rank in the warm start: one host's cores split between the most ranks of the
+    actor group on one host (the group's rank locations; all of them locally, a pod's in a cluster). The
+    host's cores: locally ``options.num_cpus``; in a cluster an actor pod's CPUs (``options.actor_threads``,
+    what Ray says the pods carrying the actor role have), not the driver pod's own count."""
     where = (hosts.actor.where or []) if isinstance(hosts.actor, ActorGroup) else []  # one rank: a plain handle
-    return warm_start_threads(options.num_cpus, [w.host for w in where])
+    cores = options.actor_threads if options.placement == "cluster" else options.num_cpus
+    return warm_start_threads(cores, [w.host for w in where])
 
 
 def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions,
