@@ -26,7 +26,7 @@ from asyncrl.trainer.oldlogits import provider_key
 
 if TYPE_CHECKING:
     from asyncrl.trainer.actor.megatron_actor import MegatronActor
-    from asyncrl.trainer.megatron.compat import MegatronAdam
+    from asyncrl.trainer.megatron.optimizers import MegatronAdam
 
 COUNTERS = ("nonfinite_loss_total", "nonfinite_grad_total", "ewma_resets_total")
 
@@ -98,13 +98,13 @@ def _extra(actor: "MegatronActor") -> dict[str, Any]:
 
 def _megatron_optimizer(actor: "MegatronActor") -> "MegatronAdam | None":
     """megatron's own optimizer (the GPU default; on the CPU when the job asks), else None (the torch AdamW)."""
-    from asyncrl.trainer.megatron.compat import MegatronAdam
+    from asyncrl.trainer.megatron.optimizers import MegatronAdam
 
     return actor._optimizer if isinstance(actor._optimizer, MegatronAdam) else None
 
 
 def _torch_optimizer(actor: "MegatronActor") -> torch.optim.Optimizer | None:
-    inner = getattr(actor._optimizer, "_opt", None)  # compat.MainGradAdamW: a torch AdamW (the CPU shim)
+    inner = getattr(actor._optimizer, "_opt", None)  # optimizers.MainGradAdamW: a torch AdamW (the CPU shim)
     return inner if isinstance(inner, torch.optim.Optimizer) else None
 
 

@@ -21,7 +21,7 @@ SPMD, reduced statistics). The owned tensors' places are recorded (the *manifest
 so a loader can ask for them before it knows what the folder holds; each keeps its own dtype (an fp32
 ``theta_prox`` of a bf16 parameter stays fp32).
 
-**megatron's optimizer** (:class:`~asyncrl.trainer.megatron.compat.MegatronAdam`, the GPU default): its own
+**megatron's optimizer** (:class:`~asyncrl.trainer.megatron.optimizers.MegatronAdam`, the GPU default): its own
 ``sharded_state_dict`` goes in under ``optimizer`` (the ``DistributedOptimizer`` in megatron's
 ``fully_reshardable`` format: it resumes at another TP and DP size); ``common.pt`` says so (:data:`OPTIMIZER_KEY`).
 
