@@ -12,9 +12,9 @@ from asyncrl.api.job import AsyncRLJob
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.tokenizer import TOKENIZER
 from asyncrl.trainer import export
-from asyncrl.trainer.driver import run_export
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.cli import main
+from asyncrl.trainer.driver import run_export
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.logprobs import full_logits
 from tests.support.hf_models import ALL_FAMILIES, tiny_folder
