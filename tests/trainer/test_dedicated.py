@@ -13,7 +13,8 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.oldlogits.dedicated import DedicatedFleet, DedicatedScorer
+from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
+from asyncrl.trainer.oldlogits.dedicated_fleet import DedicatedFleet
 from asyncrl.trainer.oldlogits.dedicated_plan import Advance, DedicatedPlan, Push, ScoreRequest
 from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings
 from tests.support.bruteforce import brute_force_logp_old

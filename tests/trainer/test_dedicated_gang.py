@@ -11,7 +11,8 @@ from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.parallel import Layout
-from asyncrl.trainer.oldlogits.dedicated import DedicatedFleet, DedicatedScorer
+from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
+from asyncrl.trainer.oldlogits.dedicated_fleet import DedicatedFleet
 from asyncrl.trainer.oldlogits.dedicated_plan import DedicatedPlan
 from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings
 from tests.trainer.test_dedicated import SPEC, VOCAB, _check_against_brute_force, _schedule, _traj

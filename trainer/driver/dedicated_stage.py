@@ -5,7 +5,7 @@ Separate scorers (``oldLogits.dedicated.replicas`` of them, each one Ray actor o
 :func:`~asyncrl.trainer.driver.hosts.dedicated_spawner`; pods with the ``oldlogits`` role in a cluster)
 hold the training-side model code and follow the versions like rollout replicas. The
 pure :class:`~asyncrl.trainer.oldlogits.dedicated_plan.DedicatedPlan` decides what they score and
-when they advance; :class:`~asyncrl.trainer.oldlogits.dedicated.DedicatedFleet` dispatches that to
+when they advance; :class:`~asyncrl.trainer.oldlogits.dedicated_fleet.DedicatedFleet` dispatches that to
 the processes and replaces one that dies (its unanswered work is re-queued, nothing is lost). This
 stage connects both to the loop:
 
@@ -49,7 +49,7 @@ class DedicatedStage(Stage):
 
     def start(self, loop: "LoopView") -> None:
         from asyncrl.trainer.driver.hosts import dedicated_spawner
-        from asyncrl.trainer.oldlogits.dedicated import DedicatedFleet
+        from asyncrl.trainer.oldlogits.dedicated_fleet import DedicatedFleet
         from asyncrl.trainer.oldlogits.dedicated_plan import DedicatedPlan
 
         d = self.spec.old_logits.dedicated
