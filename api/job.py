@@ -346,7 +346,7 @@ _ACTOR_GPUS = ("(has(self.actor) && has(self.actor.gpusPerReplica) ? self.actor.
 _SCORER_TP = ("(has(self.oldLogits.dedicated.tensorParallel) ? self.oldLogits.dedicated.tensorParallel : "
               f"{_ACTOR_TP})")
 _SCORER_GPUS = ("(has(self.oldLogits.dedicated.gpusPerReplica) ? self.oldLogits.dedicated.gpusPerReplica : "
-                f"{_ACTOR_GPUS})")
+                f"({_ACTOR_GPUS} > 0 ? {_SCORER_TP} : 0))")
 _DEFAULT_GROUP = TaskSpec.model_fields["group_size"].default
 EXACT_NEEDS_STRATEGY_MESSAGE = (
     "correction.reference 'exact' needs oldLogits.strategy (how the exact old logits are recovered): "

@@ -99,19 +99,24 @@ class DedicatedSpec(SpecModel):
         ge=0,
         le=16,
         description="GPUs of one scorer pod (one rank per GPU, tensorParallel of them used). Omitted = "
-        "actor.gpusPerReplica; 0 = a CPU pod running tensorParallel rank processes.",
+        "tensorParallel when the actor has GPUs (a gang uses exactly its TP GPUs: no GPU idles), else 0; 0 = a "
+        "CPU pod running tensorParallel rank processes.",
     )
 
     def layout_for(self, actor: "ActorSpec") -> "ScorerLayout":
-        """The scorer's layout in force: the fields set here, the actor's where omitted."""
+        """The scorer's layout in force: the fields set here; where omitted, the actor's TP and, on GPUs, one
+        GPU per scorer rank (a scorer has no data parallelism, so more GPUs than its TP would idle)."""
         tp = self.tensor_parallel if self.tensor_parallel is not None else actor.megatron.tensor_parallel
-        gpus = self.gpus_per_replica if self.gpus_per_replica is not None else actor.gpus_per_replica
+        if self.gpus_per_replica is not None:
+            gpus = self.gpus_per_replica
+        else:
+            gpus = tp if actor.gpus_per_replica > 0 else 0
         return ScorerLayout(tensor_parallel=tp, gpus_per_replica=gpus)
 
 
 SCORER_TP_DIVIDES_GPUS_MESSAGE = (
     "oldLogits.dedicated.tensorParallel must divide the scorer's GPUs per pod (oldLogits.dedicated.gpusPerReplica, "
-    "omitted = actor.gpusPerReplica; a scorer's ranks stay inside its pod, one per GPU); set tensorParallel to a "
+    "omitted = tensorParallel on GPUs; a scorer's ranks stay inside its pod, one per GPU); set tensorParallel to a "
     "divisor of the GPUs or set gpusPerReplica to tensorParallel"
 )
 SCORER_TP_FIX = "set spec.oldLogits.dedicated.tensorParallel to a common divisor"

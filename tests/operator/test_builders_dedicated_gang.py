@@ -35,16 +35,16 @@ def test_a_tp2_scorer_pod_holds_its_gpus_its_layout_and_its_gang_resource() -> N
     assert spec["minResources"]["nvidia.com/gpu"] == str(2 * 1 + 2 * 4 + 2 * 2)  # rollout 2, actor 8, scorers 4
 
 
-def test_defaults_keep_the_actors_gpus_and_one_process_scorers_keep_their_pods() -> None:
-    d = build(**_job({}, replicas=1, gpusPerReplica=2))  # actor TP 1: scorer TP 1 on the actor's 2 GPUs
-    assert "--num-gpus=2" in container(d, "j-oldlogit-0")["command"]
+def test_by_default_a_scorer_takes_one_gpu_per_rank_not_the_actors_pod_size() -> None:
+    d = build(**_job({}, replicas=1, gpusPerReplica=2))  # actor TP 1: a one-process scorer on 1 GPU, none idle
+    assert "--num-gpus=1" in container(d, "j-oldlogit-0")["command"]
     assert ray_resources(d, "j-oldlogit-0") == {C.RESOURCE_OLD_LOGITS: 1}
     assert env_of(d, "j-oldlogit-0")["ASYNCRL_TENSOR_PARALLEL"] == "1"
 
 
 @pytest.mark.parametrize(("dedicated", "actor", "needle"), [
     ({"tensorParallel": 3, "gpusPerReplica": 4}, {}, "must divide the scorer's GPUs per pod"),
-    ({"tensorParallel": 2}, {"gpusPerReplica": 3}, "(got tensorParallel 2 with 3 GPUs per scorer pod)"),
+    ({"tensorParallel": 2, "gpusPerReplica": 3}, {}, "(got tensorParallel 2 with 3 GPUs per scorer pod)"),
     ({"tensorParallel": 8, "gpusPerReplica": 8}, {}, "numKeyValueHeads 2 is not divisible by tensorParallel 8: "
                                                     "set spec.oldLogits.dedicated.tensorParallel"),
 ])

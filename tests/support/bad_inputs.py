@@ -261,10 +261,6 @@ BAD_INPUTS: list[BadInput] = [
              {**EXACT, "oldLogits": {"strategy": "dedicated", "dedicated": {"tensorParallel": 2, "gpusPerReplica": 3}}},
              "spec.oldLogits.dedicated.tensorParallel", SCORER_TP_DIVIDES_GPUS_MESSAGE,
              cli_message="(got tensorParallel 2 with 3 GPUs per scorer pod)"),
-    BadInput("dedicated-tp-not-dividing-the-actors-gpus",  # gpusPerReplica omitted: the actor's 1
-             {**EXACT, "actor": {"gpusPerReplica": 1},
-              "oldLogits": {"strategy": "dedicated", "dedicated": {"tensorParallel": 2}}},
-             "spec.oldLogits.dedicated.tensorParallel", SCORER_TP_DIVIDES_GPUS_MESSAGE),
     BadInput("dedicated-knobs-with-snapshot",
              {**EXACT, "oldLogits": {"strategy": "snapshot", "dedicated": {"maxLagVersions": 3}}},
              "spec.oldLogits.dedicated", DEDICATED_UNUSED_MESSAGE),
