@@ -25,9 +25,9 @@ from asyncrl.api.job import (
     AsyncSpec,
     CheckpointSpec,
     ModelSpec,
-    TaskSpec,
 )
 from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
+from asyncrl.api.task import TaskSpec
 from asyncrl.api.validation import SpecError, SpecProblem, load_jobs, validate_job
 
 __all__ = [

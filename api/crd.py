@@ -16,7 +16,8 @@ from pydantic import BaseModel
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule
 from asyncrl.api.constants import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
-from asyncrl.api.job import NAME_RULE, AsyncRLJobSpec
+from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.metadata import NAME_RULE
 from asyncrl.api.status import JobStatus
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [

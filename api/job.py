@@ -3,11 +3,9 @@
 Defaults live only here; derived values are properties.
 """
 
-import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule, RuleError, on_field, raise_all
@@ -22,15 +20,8 @@ from asyncrl.api.constants import (
     VERSION,
 )
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
-from asyncrl.api.dataset import (
-    IMPORT_PATH_PATTERN,
-    TASK_SOURCE_RULES,
-    DatasetSpec,
-    RewardServiceSpec,
-    check_import_path,
-    task_source_problems,
-)
 from asyncrl.api.evaluation import EvalSpec
+from asyncrl.api.metadata import ObjectMeta
 from asyncrl.api.old_logits import SCORER_TP_DIVIDES_GPUS_MESSAGE, OldLogitsSpec, OldLogitStrategy
 from asyncrl.api.paths import CHECKPOINT_DIR_RULE, MAX_PATH_LENGTH, checkpoint_dir_problem
 from asyncrl.api.pods import (
@@ -41,30 +32,9 @@ from asyncrl.api.pods import (
     RunPolicySpec,
     SchedulingSpec,
 )
+from asyncrl.api.task import TaskSpec
 
 MAX_SEED = 2**32 - 1  # numpy's generators take seeds below 2^32
-
-# Children are named "<job>-<role>-<index>"; 40 leaves room for the longest suffix under the
-# 63-character label-value and DNS-label limits. RFC 1035 (a letter first), because the job's
-# Service is named after it.
-MAX_NAME_LENGTH = 40
-NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-NAME_MESSAGE = (
-    f"a job name is an RFC 1035 label: a lower-case letter first, then lower-case letters, digits or '-', "
-    f"ending with a letter or digit, at most {MAX_NAME_LENGTH} characters (e.g. 'calc-ewma')"
-)
-# A root-level CEL rule of the CRD (root rules may read metadata.name).
-NAME_RULE = CelRule(
-    f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{NAME_PATTERN}')",
-    NAME_MESSAGE,
-    ".metadata.name",
-)
-_NAME = re.compile(NAME_PATTERN)
-NAMESPACE_MESSAGE = (
-    "a namespace is an RFC 1123 label: lower-case letters, digits or '-', starting and ending with a letter or "
-    "digit, at most 63 characters (e.g. 'team-rl')"
-)
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
 class AsyncSpec(SpecModel):
@@ -136,100 +106,6 @@ class ModelSpec(SpecModel):
         if q is not None and kv is not None and q % kv != 0:
             raise ValueError(f"{GQA_MESSAGE}; got {q} and {kv}: set numKeyValueHeads to a divisor of {q}")
         return self
-
-
-class TaskSpec(SpecModel):
-    """``spec.task``: the environment (agent task) and how it is sampled."""
-
-    name: str = Field(
-        default="chain-calculator",
-        pattern=r"^(calculator|chain-calculator|arithmetic|customer-service)$",
-        description="Built-in task: calculator (one tool call), chain-calculator (two or more chained "
-        "tool calls), arithmetic (single-turn, verifiable answer), customer-service (tool use against a "
-        "small order database, a scripted user, reward = the database ends as the user's goal says). "
-        "Ignored when environment is set.",
-    )
-    environment: str | None = Field(
-        default=None,
-        pattern=IMPORT_PATH_PATTERN,
-        description="A turn-level environment by import path, 'pkg.mod:Factory' (docs/tasks.md): Factory(**args) "
-        "makes one episode, with reset(sample) -> messages and step(assistant_message) -> observation or final "
-        "reward (either may be async def). Imported inside the job (locally: the current Python path and "
-        "pythonPath); a factory that fails to import or construct fails the job at start.",
-    )
-    args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of the environment factory (free-form)."
-    )
-    tool_call_format: Literal["hermes", "json"] = Field(
-        default="hermes",
-        description="How the assistant writes tool calls: hermes (<tool_call>{\"name\": ..., \"arguments\": {...}}"
-        "</tool_call>, Hermes/Qwen/SmolLM2) or json (the whole turn is one JSON call or a list of them).",
-    )
-    env_timeout_seconds: float = Field(
-        default=30.0,
-        gt=0.0,
-        le=3600.0,
-        description="Longest one environment call (reset, step) may take; a slower one aborts its episode "
-        "(counted in asyncrl_env_errors_total{reason=\"timeout\"}), the job goes on.",
-    )
-    max_new_tokens: int = Field(
-        default=48, ge=1, le=32768, description="Most tokens one trajectory may hold after the prompt (at most 32768)."
-    )
-    max_tool_calls: int = Field(
-        default=4, ge=0, le=64, description="Most tool calls the environment answers per episode."
-    )
-    temperature: float = Field(
-        default=1.0, gt=0.0, le=10.0, description="Sampling temperature of the rollout engine, in (0, 10]."
-    )
-    group_size: int = Field(
-        default=8, ge=1, le=256, description="Samples per prompt (the GRPO group used for the advantage baseline)."
-    )
-    dataset: DatasetSpec | None = Field(
-        default=None,
-        description="Prompts from a JSONL or Parquet file, one row per sample, scored by reward or "
-        "rewardService (docs/tasks.md); null = the task's own generated problems.",
-    )
-    reward: str | None = Field(
-        default=None,
-        description="Reward function of a dataset job by import path, 'pkg.mod:fn', called as "
-        "fn(completion: str, answer, sample: dict) -> float (the final assistant text, the row's answerField, "
-        "the whole row); a reward >= 1 counts as a success.",
-        pattern=IMPORT_PATH_PATTERN,
-    )
-    reward_service: RewardServiceSpec | None = Field(
-        default=None, description="An HTTP service scoring the completions of a dataset job (instead of reward)."
-    )
-    python_path: list[str] = Field(
-        default_factory=list,
-        description="Folders put first on the Python path of the job's processes before reward (or an "
-        "environment) is imported; relative ones are taken from the working directory, e.g. [examples/tasks].",
-    )
-
-    cel_rules: ClassVar[tuple[CelRule, ...]] = TASK_SOURCE_RULES
-
-    # before the pattern check, so the error says the rule in words rather than the regular expression
-    _reward_is_an_import_path = field_validator("reward", mode="before")(
-        lambda v: check_import_path(v, "task.reward")
-    )
-    _environment_is_an_import_path = field_validator("environment", mode="before")(
-        lambda v: check_import_path(v, "task.environment")
-    )
-
-    @model_validator(mode="after")
-    def _dataset_and_reward_go_together(self) -> "TaskSpec":
-        raise_all(task_source_problems(self.dataset, self.reward, self.reward_service, self.environment))
-        return self
-
-    @property
-    def label(self) -> str:
-        """What actually runs, for labels and logs: the environment's import path (``name`` is ignored
-        then), ``dataset:<path>+<reward import path or service url>``, or the built-in ``name``."""
-        if self.environment is not None:
-            return self.environment
-        if self.dataset is not None:
-            scorer = self.reward if self.reward is not None else getattr(self.reward_service, "url", "")
-            return f"dataset:{self.dataset.path}+{scorer}"
-        return self.name
 
 
 class TrainSpec(SpecModel):
@@ -524,47 +400,6 @@ class AsyncRLJobSpec(SpecModel):
             w = self.async_.max_staleness
             return w / (w + 2)
         return decay
-
-
-class ObjectMeta(BaseModel):
-    """Kubernetes object metadata (``metav1.ObjectMeta``): what a job file sets, and what the API server
-    adds (accepted, so a ``kubectl get -o yaml`` validates again). Any other key is a typo (``lables``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
-
-    name: str = Field(description=f"Job name: an RFC 1035 label of at most {MAX_NAME_LENGTH} characters.")
-    namespace: str | None = Field(
-        default=None, max_length=63, description="Namespace of the job (an RFC 1123 label)."
-    )
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels copied to every child object.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the job.")
-    # Written by the API server (and by kubectl): accepted as they come, never read by asyncrl.
-    generate_name: str | None = Field(default=None, description="Name prefix for the server to complete.")
-    uid: str | None = Field(default=None, description="Set by the API server.")
-    resource_version: str | None = Field(default=None, description="Set by the API server.")
-    generation: int | None = Field(default=None, description="Set by the API server.")
-    creation_timestamp: Any = Field(default=None, description="Set by the API server.")
-    deletion_timestamp: Any = Field(default=None, description="Set by the API server.")
-    deletion_grace_period_seconds: int | None = Field(default=None, description="Set by the API server.")
-    self_link: str | None = Field(default=None, description="Set by old API servers.")
-    owner_references: list[dict[str, Any]] = Field(default_factory=list, description="Owners of the job.")
-    finalizers: list[str] = Field(default_factory=list, description="Finalizers of the job.")
-    managed_fields: list[dict[str, Any]] = Field(default_factory=list, description="Server-side apply bookkeeping.")
-
-    @field_validator("name")
-    @classmethod
-    def _rfc1035_label(cls, v: str) -> str:
-        # fullmatch: with re.match, '$' also matches before a final newline ('calc\n' would pass)
-        if len(v) > MAX_NAME_LENGTH or not _NAME.fullmatch(v):
-            raise ValueError(f"{v!r} is not a valid job name: {NAME_MESSAGE}")
-        return v
-
-    @field_validator("namespace")
-    @classmethod
-    def _rfc1123_label(cls, v: str | None) -> str | None:
-        if v is not None and not _NAMESPACE.fullmatch(v):
-            raise ValueError(f"{v!r} is not a valid namespace: {NAMESPACE_MESSAGE}")
-        return v
 
 
 __all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "SHORT_NAMES", "SINGULAR", "VERSION"]  # re-exported

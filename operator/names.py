@@ -2,7 +2,7 @@
 
 Children are named deterministically (``<job>-<role>-<index>``), so a restarted operator finds
 what it created before and a create that races a previous one gets ``409 Conflict`` instead of a
-duplicate. ``asyncrl.api.job.MAX_NAME_LENGTH`` (40) keeps every name below 63 characters.
+duplicate. ``asyncrl.api.metadata.MAX_NAME_LENGTH`` (40) keeps every name below 63 characters.
 """
 
 from enum import StrEnum

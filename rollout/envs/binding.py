@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.api.job import TaskSpec
+from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.envs.interface import SampleSource, SeededSamples, TurnEnvironment
 from asyncrl.rollout.envs.runner import last_line
 

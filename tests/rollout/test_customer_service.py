@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from asyncrl.api.job import ModelSpec, TaskSpec
+from asyncrl.api.job import ModelSpec
+from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.base import replay
 from asyncrl.rollout.envs.binding import bind_task, task_tokenizer

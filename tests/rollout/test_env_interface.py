@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
+from asyncrl.api.job import AsyncSpec, ModelSpec
+from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.base import replay
 from asyncrl.rollout.envs.charset import TEXT_TOKENIZER

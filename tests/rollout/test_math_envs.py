@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from asyncrl.api.job import TaskSpec
+from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.envs import TASKS, Environment, get_task, make_env, replay
 from asyncrl.rollout.envs.math_tasks import OPS, MathToolEnv, eval_call, parse_question
 from asyncrl.rollout.envs.split import BUCKETS, draw_train, is_heldout

@@ -5,7 +5,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
+from asyncrl.api.job import AsyncSpec, ModelSpec
+from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.engine import RolloutError
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.math_tasks import MathTurn

@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from asyncrl.api.job import AsyncSpec, ModelSpec, TaskSpec
+from asyncrl.api.job import AsyncSpec, ModelSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.pods import RolloutSpec
+from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.engine import EngineReleasedError, RolloutEngine, make_engine
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_engine import HFEngine

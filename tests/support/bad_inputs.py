@@ -44,10 +44,10 @@ from asyncrl.api.job import (
     GQA_MESSAGE,
     MAX_VERSIONS_MESSAGE,
     MINIBATCHES_MESSAGE,
-    NAME_MESSAGE,
     STRATEGY_NEEDS_EXACT_MESSAGE,
     TRAINING_SIDE_MEMORY_UNUSED_MESSAGE,
 )
+from asyncrl.api.metadata import NAME_MESSAGE
 from asyncrl.api.old_logits import (
     DEDICATED_UNUSED_MESSAGE,
     INTERRUPT_SYNC_UNUSED_MESSAGE,
