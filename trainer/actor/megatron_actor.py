@@ -177,7 +177,8 @@ class MegatronActor:
         from torch.func import functional_call
 
         device = self.runtime.device
-        swapped = {"gpt." + n: weights[n].to(device, non_blocking=True) for n in self._named}
+        # In the live parameters' dtype, as loading them would (an fp32 EWMA theta_prox of a bf16 actor runs bf16).
+        swapped = {"gpt." + n: weights[n].to(device, p.dtype, non_blocking=True) for n, p in self._named.items()}
         with torch.no_grad():
             return functional_call(
                 self._scoring, swapped, (tokens.to(device), self.settings.temperature, self.settings.max_chunk_bytes)
