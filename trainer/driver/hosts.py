@@ -98,6 +98,12 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
     """
     import ray
 
+    from asyncrl.trainer.oldlogits.precision import actor_bf16
+
+    # precision auto resolved once, for the actor's device: the actor, the rollout hosts' interrupt-sync scorer and
+    # a dedicated scorer then compute in the actor's dtype whatever device each one sits on.
+    megatron = spec.actor.megatron.model_copy(update={"precision": "bf16" if actor_bf16(spec, placement) else "fp32"})
+    spec = spec.model_copy(update={"actor": spec.actor.model_copy(update={"megatron": megatron})})
     spec_json = spec.model_dump(mode="json", by_alias=True)
     actor_cls: Any = ray.remote(ActorHost)
     rollout_cls: Any = ray.remote(RolloutHost)

@@ -128,6 +128,7 @@ class RolloutHost:
         Returns ``{"scores": [(positions, values)] per trajs, "tokens": n, "release_s", "score_s",
         "acquire_s"}``; the suspended episodes keep their scores and carry them when they finish.
         """
+        from asyncrl.trainer.oldlogits.precision import actor_bf16
         from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings, SegmentScorer
 
         if self.worker.version != version or self._weights is None:
@@ -141,7 +142,7 @@ class RolloutHost:
         t1 = time.perf_counter()
         if self._scorer is None:
             self._scorer = SegmentScorer(ScorerSettings(self.worker.arch, temperature=self.spec.task.temperature,
-                                                        seed=self.spec.train.seed))
+                                                        seed=self.spec.train.seed, bf16=actor_bf16(self.spec)))
         builds = self._scorer.builds
         try:
             self._scorer.load(self._weights, version)

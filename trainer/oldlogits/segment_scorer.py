@@ -8,7 +8,10 @@ It is the actor's model code and nothing else: the same megatron ``GPTModel``
 (:func:`~asyncrl.trainer.megatron.logprobs.token_logprobs`) at the rollout temperature, with no
 optimizer and no grad. On the same weights it gives the actor's numbers: bit for bit for the same
 padded ``[B, T]`` input, and within fp32 rounding (test: 2e-6 absolute) for another batching,
-because a GEMM's reduction order may depend on the shapes it is given.
+because a GEMM's reduction order may depend on the shapes it is given. It computes in the actor's precision
+(``ScorerSettings.bf16``, :func:`~.precision.actor_bf16`): a bf16 actor's published fp32 weights are rounded back
+to its bf16 values on load, and the forward is the bf16 model's (bit for bit against a bf16 actor on the same
+input; an fp32 scorer of a bf16 actor was 2.7e-3 nats off on the tests' tiny model).
 
 A *segment* is one trajectory's tokens and the positions to score (``logp[t] = log pi(tokens[t] |
 tokens[:t])``, the convention of :mod:`~asyncrl.trainer.megatron.logprobs`). Only the prefix up to the
@@ -53,6 +56,7 @@ from asyncrl.trainer.megatron.convert import iter_hf_to_megatron
 from asyncrl.trainer.megatron.logprobs import DEFAULT_CHUNK_BYTES, token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
 from asyncrl.trainer.megatron.parallel import Layout, shard_of
+from asyncrl.trainer.oldlogits.precision import actor_bf16
 
 HfWeights: TypeAlias = Mapping[str, np.ndarray | Tensor]  # HF Llama names, what the actor sends the rollout workers
 Segment: TypeAlias = tuple[Sequence[int], Sequence[int]]  # (tokens, positions to score)
@@ -70,6 +74,9 @@ class ScorerSettings:
     token_budget: int = DEFAULT_TOKEN_BUDGET
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # The actor's parameter dtype (spec.actor.megatron.precision, :func:`actor_bf16`): the scorer computes in it,
+    # so that its pi_old is the actor's own log-prob of the version (an fp32 scorer of a bf16 actor is not).
+    bf16: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -98,6 +105,7 @@ class ScorerSettings:
             seed=spec.train.seed,
             token_budget=token_budget,
             device=device,
+            bf16=actor_bf16(spec),
         )
 
 
@@ -186,6 +194,8 @@ class SegmentScorer:
                                            world=self.layout.world)
             # No random init: load() writes every weight right after (load_shards checks it).
             gpt = build_gpt_model(s.arch, use_cpu_initialization=runtime.use_cpu_initialization, random_init=False)
+        if s.bf16:  # the actor's compute dtype (load() rounds the fp32 wire tensors: exact for a bf16 actor's)
+            gpt = compat.cast_model(gpt, compat.OptimizerSettings(lr=0.0, bf16=True))
         self._device = runtime.device
         self._gpt = gpt.to(runtime.device)
         for p in self._gpt.parameters():
