@@ -169,9 +169,14 @@ ROUTES: dict[str, dict[str, Any]] = {
 
 
 def route_job(route: str) -> dict[str, Any]:
+    """The job of ``route`` (a key of :data:`ROUTES`); ``<route>+bf16``: the same with a bf16 actor
+    (``actor.megatron.precision``)."""
+    name, _, precision = route.partition("+")
     out = job()
-    for section, values in ROUTES[route].items():
+    for section, values in ROUTES[name].items():
         out[section] = {**out.get(section, {}), **values}
+    if precision:
+        out["actor"] = {"megatron": {"precision": precision}}
     return out
 
 
