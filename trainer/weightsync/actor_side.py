@@ -35,7 +35,9 @@ class BroadcastVersion:
 
 def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
     """Receivers score ``pi_old`` with the training-side model (interrupt-sync on the rollout workers,
-    dedicated scorers): they need the actor's fp32 weights, not the engine's dtype."""
+    dedicated scorers): they need the actor's weights as it holds them, not rounded to the engine's dtype, so
+    they travel in fp32 (a bf16 actor's values exactly, at twice the bytes a bf16 wire would need; the scorer
+    rounds them back to the actor's bf16 on load)."""
     from asyncrl.api.correction import ReferencePolicy
     from asyncrl.api.old_logits import OldLogitStrategy
 
