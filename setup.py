@@ -3,7 +3,7 @@
 There is no ``asyncrl/`` folder: ``api/``, ``trainer/``, ``rollout/`` and ``operator/`` at the
 repository root become ``asyncrl.api`` ... ``asyncrl.operator``. ``operator/`` deliberately has no
 ``__init__.py`` (it is a namespace portion) so that Python started from the repository root keeps
-importing the standard library's ``operator`` (ARCHITECTURE §2; ``tests/test_layout.py`` proves it).
+importing the standard library's ``operator`` (docs/architecture.md, dependency rules; ``tests/test_layout.py`` proves it).
 """
 
 from pathlib import Path

@@ -1,7 +1,7 @@
 """The AsyncRLJob API: typed spec models, defaults, validation and the generated CRD.
 
 This package imports nothing heavy (no torch, ray or kopf): the operator, the CLI and the
-trainer all depend on it, never the other way round (ARCHITECTURE §2).
+trainer all depend on it, never the other way round (docs/architecture.md, dependency rules).
 """
 
 from asyncrl.api.correction import (

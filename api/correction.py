@@ -1,6 +1,6 @@
 """``spec.correction``: how the two off-policy corrections are configured.
 
-Notation (ARCHITECTURE §1, paper §3.2): ``r_d = pi_ref / mu_old`` is the train–inference
+Notation (docs/architecture.md, notation, paper §3.2): ``r_d = pi_ref / mu_old`` is the train–inference
 *discrepancy* ratio, handled by a symmetric mask that ignores the advantage sign;
 ``r_s = pi_theta / pi_ref`` is the *staleness* ratio, clipped PPO-style with an
 advantage-sign-aware indicator. ``reference`` chooses what stands in for ``pi_ref``.
@@ -24,7 +24,7 @@ from asyncrl.api.cel import (
 
 
 class ReferencePolicy(StrEnum):
-    """What stands in for the training-side old policy ``pi_ref`` (ARCHITECTURE §1)."""
+    """What stands in for the training-side old policy ``pi_ref`` (docs/architecture.md, notation)."""
 
     BEHAVIOR = "behavior"
     CURRENT = "current"

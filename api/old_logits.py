@@ -1,6 +1,6 @@
 """``spec.oldLogits``: how the exact training-side old log-probs ``pi_old`` are recovered.
 
-Used when ``correction.reference`` is ``exact`` (paper §5.1, ARCHITECTURE §1). Every strategy runs;
+Used when ``correction.reference`` is ``exact`` (paper §5.1, docs/architecture.md, notation). Every strategy runs;
 what validation refuses is a knob of a section the chosen strategy does not use (it would be
 accepted and then ignored), with the same words from the model and the CRD's CEL rule.
 """

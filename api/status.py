@@ -58,7 +58,7 @@ class Phase(StrEnum):
 
 
 class SyncPhase(StrEnum):
-    """Interrupt-sync phase of the update ``v -> v+1`` (ARCHITECTURE §1, strategy interruptSync).
+    """Interrupt-sync phase of the update ``v -> v+1`` (docs/architecture.md, notation, strategy interruptSync).
 
     ``Idle`` between updates; ``Interrupt`` (rollout workers stop and return their partial
     trajectories), ``Score`` (they score the partial tokens of version v with the training-side

@@ -1,7 +1,7 @@
 """``spec.actor.weightSync``: how a new version's weights leave the actor for rollout (and scorers).
 
 The weights travel as HF-named tensors cast to the wire dtype, packed in flat buckets
-(``bucketMiB``), through one of three transports (reference/distributed-actor.md §3), all run by the
+(``bucketMiB``), through one of three transports (``docs/weight-sync.md``), all run by the
 job driver (``asyncrl.trainer.driver.weight_delivery``):
 
 - ``objectStore``: one Ray object per bucket; every receiver pulls the version's bucket refs. CPU,

@@ -1,7 +1,7 @@
 """The transformers backend of :class:`~asyncrl.rollout.engine.RolloutEngine`.
 
 A manual lock-step sampling loop over a batch of episodes with one HF ``DynamicCache``
-(``reference/rl-on-cpu.md`` §1-2: 15-20 % faster than ``generate`` and the only way to force
+(``docs/architecture.md`` (the embedded model and tasks): 15-20 % faster than ``generate`` and the only way to force
 environment tokens without re-prefilling). Each decode step feeds one token per in-flight episode:
 the next queued environment token (``loss_mask`` False, version -1) or the token the policy sampled
 at the previous step. Episodes of different lengths are left-padded with an attention mask and

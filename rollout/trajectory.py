@@ -2,7 +2,7 @@
 
 Every token carries the policy version that produced it and its inference-side log-prob ``mu``;
 prompt and environment (tool) tokens carry ``version = -1``, ``logp_mu = 0`` and
-``loss_mask = False`` and are never trained on (ARCHITECTURE §3). Plain Python lists: it crosses
+``loss_mask = False`` and are never trained on (docs/architecture.md, the path of one token). Plain Python lists: it crosses
 process boundaries through Ray and stays free of torch.
 """
 

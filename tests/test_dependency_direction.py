@@ -1,4 +1,4 @@
-"""The dependency direction of ARCHITECTURE §2, checked on the source with ``ast``.
+"""The dependency direction of docs/architecture.md, dependency rules, checked on the source with ``ast``.
 
 (import-linter cannot see ``asyncrl.operator``: it is a namespace portion without ``__init__.py``,
 which grimp does not index — so the contracts are checked here instead.) Every import statement

@@ -5,7 +5,7 @@ ids) cannot spell a word; a model without its own tokenizer that runs any other 
 customer-service task with its words added, ``envs/cs_vocab.py``; a user's environment) uses
 :data:`TEXT_TOKENIZER`: one id per printable ASCII
 character, the math tags and the Hermes tool-call tags as single ids (a tiny model learns
-single-token tags far faster, ``reference/rl-on-cpu.md`` §6.3). Like the math alphabet it renders
+single-token tags far faster, ``docs/architecture.md`` (the embedded model and tasks)). Like the math alphabet it renders
 only the question of a chat (no system prompt, no examples, no tool schemas): a tiny model learns
 the protocol from its warm-start demonstrations, and its context stays short.
 """

@@ -11,7 +11,7 @@ statuses and the words of the tool responses one id each, and so the user and or
 warm-start loss stalled at 0.34 nats per agent token, the cost of guessing the three digits of an
 episode uniformly (3 x ln 9 over ~20 agent tokens), and every sampled call named the wrong user
 (measured: 0/64 held-out after 100 steps). A digit copied from a position the model has to find is
-a late phase transition for a 0.3M-parameter model (``reference/rl-on-cpu.md`` §6.3, 550+ steps);
+a late phase transition for a 0.3M-parameter model (``docs/architecture.md`` (the embedded model and tasks)+ steps);
 an id token is copied by content. Which listed order to act on is still the agent's to find.
 
 The ids of :data:`~asyncrl.rollout.envs.charset.TEXT_TOKENIZER` are unchanged (this vocabulary

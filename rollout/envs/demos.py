@@ -1,7 +1,7 @@
 """Warm-start demonstrations of mixed quality, and their padded batch.
 
 A supervised pass on these should give a policy that is *far from perfect* (sampled success about
-0.2-0.45) so that RL has a visible curve to climb (``reference/rl-on-cpu.md`` §1, §3). Kinds:
+0.2-0.45) so that RL has a visible curve to climb (``docs/architecture.md`` (the embedded model and tasks)). Kinds:
 
 - ``good``: the correct tool calls, each result copied faithfully, then the answer.
 - ``guess``: no tool; the true answer with one digit changed, or a random number.

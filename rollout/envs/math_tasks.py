@@ -1,6 +1,6 @@
 """The built-in verifiable math tasks: ``calculator``, ``chain-calculator`` and ``arithmetic``.
 
-Agent protocol (tags are single tokens, ``reference/rl-on-cpu.md`` §1):
+Agent protocol (tags are single tokens, ``docs/architecture.md``, the embedded model and tasks):
 ``<calc>47+38</calc>`` asks the tool, which answers ``<res>85</res>`` (``<res>?</res>`` when the
 expression is not ``int op int``); ``<ans>85</ans>`` ends the episode with reward 1 if the answer is
 the true value, else 0. ``<eos>``, a tool call beyond ``max_tool_calls`` or a tool call in a task

@@ -1,6 +1,6 @@
 """End to end: a tiny job for a few steps on a local Ray, with the real rollout workers and actor.
 
-Checks the invariants of ARCHITECTURE §3/§5 on what actually reaches the actor: every trained
+Checks the invariants of docs/architecture.md, the path of one token on what actually reaches the actor: every trained
 token carries a version, no token is older than ``async.maxStaleness``, partial rollouts happen
 (trajectories spanning two versions), environment tokens are never trained, the loss is finite,
 and the driver's ``/metrics`` endpoint serves the whole catalogue over HTTP.

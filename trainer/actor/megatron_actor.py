@@ -1,7 +1,7 @@
 """The training actor: a megatron-core Llama ``GPTModel``, its optimizer and the policy version.
 
 One :meth:`MegatronActor.train_step` consumes one rollout batch and makes **one** version (paper §3.2,
-ARCHITECTURE §3), after ``train.epochs x train.minibatches`` optimizer updates
+docs/architecture.md, the path of one token), after ``train.epochs x train.minibatches`` optimizer updates
 (:mod:`asyncrl.trainer.megatron.update` plans them):
 
 1. the held reference, once, when the batch arrives and before its first update: the old-logit

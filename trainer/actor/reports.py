@@ -22,7 +22,7 @@ class TrainStepMetrics:
     cumulative; per-update values are means over the batch's updates with their last value beside."""
 
     version: int  # actor version after the step
-    reference: str  # which reference produced logp_ref (ARCHITECTURE §5: always said)
+    reference: str  # which reference produced logp_ref (docs/architecture.md, the path of one token: always said)
     applied: bool  # True: at least one update applied, so the version advanced (by one)
     loss: float  # mean loss of the updates that computed a finite one (nan when none did)
     grad_norm: float  # mean gradient norm (before clipping) of the applied updates; nan when none applied

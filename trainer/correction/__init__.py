@@ -1,5 +1,5 @@
 """The off-policy correction core: decoupled loss, discrepancy modes, staleness clip, metrics,
-and the PPO-EWMA controller (reference policies: ``asyncrl.trainer.oldlogits``) (paper §3–5, ARCHITECTURE §1)."""
+and the PPO-EWMA controller (reference policies: ``asyncrl.trainer.oldlogits``) (paper §3–5, docs/architecture.md, notation)."""
 
 from asyncrl.trainer.correction.clip import Clip, ppo_clip
 from asyncrl.trainer.correction.discrepancy import (

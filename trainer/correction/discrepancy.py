@@ -1,4 +1,4 @@
-"""Train–inference discrepancy handling of ``r_d = pi_ref / mu_old`` (paper §3.2 Eq. 3, ARCHITECTURE §1).
+"""Train–inference discrepancy handling of ``r_d = pi_ref / mu_old`` (paper §3.2 Eq. 3, docs/architecture.md, notation).
 
 The discrepancy ratio is *symmetric*: its weight never looks at the advantage sign (unlike the
 staleness clip in :mod:`.clip`). Two registries keep the modes out of if/elif chains:

@@ -1,4 +1,4 @@
-"""The decoupled off-policy correction loss (paper §3.2 Eq. 3–4, ARCHITECTURE §1).
+"""The decoupled off-policy correction loss (paper §3.2 Eq. 3–4, docs/architecture.md, notation).
 
 Per valid token, with ``r_d = pi_ref / mu`` and ``r_s = pi_theta / pi_ref``::
 
@@ -14,7 +14,7 @@ Why it is written this way:
 1. Inputs are upcast to at least fp32 before subtracting log-probs (bf16 differences are coarse).
 2. A token with a non-finite log-prob or advantage is invalid: its values are replaced
    (``nan_to_num``, then zeroed by the validity indicator) before any arithmetic that reaches the
-   loss, and it is counted (ARCHITECTURE §5). No NaN reaches the loss or the gradient.
+   loss, and it is counted (docs/architecture.md, the path of one token). No NaN reaches the loss or the gradient.
 3. Every log-ratio is clamped to ``±SAFETY_BOUND`` (20, verl's bound) before ``exp``; where
    ``log r_s`` is clamped its gradient is 0, as autograd of ``exp(clamp(.))`` would give.
 4. The whole forward runs under ``no_grad`` and the gradient w.r.t. ``logp_theta`` is attached

@@ -88,7 +88,7 @@ def assemble_batch(
             logp_old[b, :n] = torch.tensor(t.logp_old, dtype=torch.float32)
         attention_mask[b, :n] = True
     # Why check here: a trained token without a version would make its staleness unknowable
-    # (ARCHITECTURE §5), and a trained prompt token has no logp_mu to correct against.
+    # (docs/architecture.md, the path of one token), and a trained prompt token has no logp_mu to correct against.
     bad = loss_mask & (versions == NO_VERSION)
     if bad.any():
         b = int(bad.any(dim=1).nonzero()[0].item())

@@ -3,7 +3,7 @@
 Each host wraps a real component in its own process and caps that process's torch threads, so
 that the job's processes share the cores instead of oversubscribing them (each torch process
 would otherwise start one thread per core). Tensors cross processes as numpy arrays: Ray
-stores them once and readers map them zero-copy (reference/feasibility.md §1.2).
+stores them once and readers map them zero-copy (docs/architecture.md, local Ray).
 
 - :class:`~asyncrl.trainer.driver.rollout_host.RolloutHost`: a rollout worker (threaded: weights arrive
   while it generates);

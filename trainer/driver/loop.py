@@ -6,7 +6,7 @@
              [-> evaluation of the new version on held-out prompts, when spec.eval makes it due]
     cleanup  summary.json, report.png, Ray shutdown -- on every exit path, Ctrl-C included
 
-Data flow (ARCHITECTURE §3): rollout workers (threaded Ray actors, so that ``update_weights``
+Data flow (docs/architecture.md, the path of one token): rollout workers (threaded Ray actors, so that ``update_weights``
 reaches a worker in the middle of ``generate``) return versioned trajectories; the
 :class:`StalenessBuffer` admits and releases whole GRPO groups so that no trained token is more
 than ``async.maxStaleness`` versions old; the actor (a Ray actor: megatron keeps process-global

@@ -1,4 +1,4 @@
-"""A private, quiet local Ray for one job (reference/feasibility.md §1.2).
+"""A private, quiet local Ray for one job (docs/architecture.md, local Ray).
 
 - ``address="local"``: never join another cluster on the machine.
 - Per-run token auth: Ray's GCS, raylet and workers listen on every interface (Ray's gRPC servers

@@ -1,4 +1,4 @@
-"""The staleness buffer between rollout and the actor (ARCHITECTURE §3, paper §3).
+"""The staleness buffer between rollout and the actor (docs/architecture.md, the path of one token, paper §3).
 
 Two guarantees, kept apart:
 

@@ -2,7 +2,7 @@
 
 RL on a task the policy never solves gets no signal (all-0 GRPO groups), so the driver first
 imitates generated demonstrations (``asyncrl.rollout.envs.demos``). The measured recipe for the
-built-in tasks (reference/rl-on-cpu.md §3) is AdamW at a peak of 3e-3 with a linear warm-up over
+built-in tasks (docs/architecture.md (the embedded model and tasks)) is AdamW at a peak of 3e-3 with a linear warm-up over
 the first 10 % of steps (30 of 300) and a cosine decay to 10 % of the peak; the RL learning rate
 (``train.learningRate``, typically 3e-4) is an order of magnitude lower and would leave the
 imitation half-done in the same number of steps (measured here: sampled success 0.06 instead

@@ -1,6 +1,6 @@
 """Build the megatron-core ``GPTModel`` for a :class:`~asyncrl.api.model_arch.ModelArch` of any family.
 
-The kwargs are the measured Llama mapping of ``shared/reference/megatron-llama.md`` §1: RMSNorm
+The kwargs are the measured Llama mapping of ``docs/architecture.md`` (megatron-core on the CPU): RMSNorm
 with the architecture's epsilon (megatron's default 1e-5 silently differs from HF's 1e-6),
 SwiGLU (``gated_linear_unit`` + SiLU, fc1 = [gate; up]), RoPE with ``rotary_interleaved=False``
 (HF's rotate-half), grouped-query attention via ``num_query_groups``, the head dim as

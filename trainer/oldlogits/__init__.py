@@ -1,6 +1,6 @@
 """The old-logit stage: where ``logp_ref`` (``pi_old`` or the reference standing in for it) comes from.
 
-ARCHITECTURE §1 and §3, paper §4.2 and §5. One module per concept:
+docs/architecture.md: notation, the path of one token, paper §4.2 and §5. One module per concept:
 
 - :mod:`.protocol`: :class:`Scorer` (the actor's forwards) and :class:`OldLogitProvider`;
 - :mod:`.closed_form`: ``behavior``, ``linear``, ``loglinear`` (no forward) and the version gaps;

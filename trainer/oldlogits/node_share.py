@@ -2,7 +2,7 @@
 
 Why: the replicas of one tensor/pipeline shard hold bit-identical weights (the same reduced gradients, the
 same optimizer step), so a snapshot per replica is pure waste: at 4B, DP=8 on one node and W=2 it is 386 GB
-of host memory (``../shared/reference/distributed-actor.md`` §4.1). Instead, among the ranks of one
+of host memory (``docs/architecture.md`` (memory of snapshots and scorers)). Instead, among the ranks of one
 data-parallel group that run on the same node and were given the same base folder, the lowest DP rank
 writes each version once, as ``v{version}-tp{t}-pp{p}-n{node}.safetensors``, and every one of them (the
 writer too) maps that file: the pages are the node's page cache (``device: cpu``: a folder in ``/dev/shm``,

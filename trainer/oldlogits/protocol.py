@@ -1,4 +1,4 @@
-"""The contract of the old-logit stage (ARCHITECTURE §3: batch -> OldLogitProvider -> ``logp_ref``).
+"""The contract of the old-logit stage (docs/architecture.md, the path of one token: batch -> OldLogitProvider -> ``logp_ref``).
 
 Two roles, kept apart:
 
@@ -65,7 +65,7 @@ class Scorer(Protocol):
 class OldLogitProvider(Protocol):
     """Produces ``logp_ref`` ``[B, T]`` for one reference (and, for ``exact``, one strategy)."""
 
-    reference: ReferencePolicy  # what every metric and log says produced pi_ref (ARCHITECTURE §5)
+    reference: ReferencePolicy  # what every metric and log says produced pi_ref (docs/architecture.md, the path of one token)
     extra_forward: bool  # costs at least one no-grad forward of the actor model per step
 
     def score(self, batch: TrainBatch, scorer: Scorer) -> Tensor | None:

@@ -12,7 +12,7 @@ bit for bit to the sender's cast (``torch.equal`` after the same ``.to(dtype)``)
 
 A tensor larger than the bucket size gets a bucket of its own (never split: the receiver installs
 whole tensors). Peers use 512 MiB-1 GiB (slime ``--update-weight-buffer-size``, AReaL
-``weight_chunked_mem_mb``, ROLL ``model_update_buffer_size_mb``; reference/distributed-actor.md §2).
+``weight_chunked_mem_mb``, ROLL ``model_update_buffer_size_mb``; ``docs/weight-sync.md``).
 """
 
 from collections.abc import Iterable, Iterator

@@ -5,7 +5,7 @@ returns a :class:`BucketRefs` handle; the driver passes that handle around (roll
 scorers, late joiners: a replaced worker reads the latest version's handle). Receivers ``ray.get``
 every bucket at once (Ray pulls them in parallel) and reassemble the HF state dict as views of the
 buckets (:func:`~asyncrl.trainer.weightsync.buckets.unpack_all`). Measured 3-5x faster than one
-object of the whole dict on this machine (reference/distributed-actor.md §5.2).
+object of the whole dict on this machine (``docs/architecture.md``, memory of snapshots and scorers).
 """
 
 import time
