@@ -17,8 +17,8 @@ overlaps them, and the best possible speed-up is
     ideal = (T_rollout + T_train) / max(T_rollout, T_train)
 
 with ``T_rollout`` the trainer's mean wait per step and ``T_train`` the mean step + weight-sync
-time, both measured in the synchronous run. Idle ratios are verl's (reference/anchors-algorithms.md
-§4.2): trainer idle = waiting for a batch / loop time; rollout idle = worker time without a
+time, both measured in the synchronous run. Idle ratios are defined as verl
+defines them: trainer idle = waiting for a batch / loop time; rollout idle = worker time without a
 generate call / worker time.
 
 The asynchronous job runs once per ``--async-references`` entry: ``ewma`` (the quickstart's

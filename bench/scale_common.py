@@ -5,7 +5,7 @@ from dataclasses import replace
 from typing import Any
 
 # M parameters -> (hidden, layers, heads, KV heads, SwiGLU inner, vocab): Llama-shaped, untied; the largest is
-# reference/distributed-actor.md §5.2's shape (hidden 768, 12/4 heads, vocab 32768) at 8 layers.
+# the 100 M-parameter shape of docs/architecture.md (hidden 768, 12/4 heads, vocab 32768) at 8 layers.
 SHAPES: dict[int, tuple[int, int, int, int, int, int]] = {
     10: (384, 2, 6, 2, 1024, 8192),
     35: (512, 6, 8, 2, 1408, 16384),

@@ -1,6 +1,6 @@
 """A real ``kube-apiserver`` + ``etcd`` on loopback, for the tests of the operator, the chart and the driver.
 
-What a test gets (``../shared/reference/real-apiserver.md`` §3):
+What a test gets:
 
 - etcd (Debian ``etcd-server``) with the progress-notify flag etcd 3.4 needs under a 1.36 server, and
   kube-apiserver (built from Go modules by ``.ci/build-kube-apiserver.sh``) with RBAC on, the default
