@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule
+from asyncrl.api.service import HeaderFromSecret, duplicate_headers
 
 # "package.module:function" (dotted attribute after the colon allowed: "pkg.mod:Class.method")
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -22,7 +23,7 @@ IMPORT_PATH_MESSAGE = (
     "e.g. 'my_reward:score'"
 )
 _IMPORT_PATH = re.compile(IMPORT_PATH_PATTERN)
-URL_PATTERN = r"^https?://[^\s/]+(/\S*)?$"
+URL_PATTERN = r"^https?://[^\s/@]+(/\S*)?$"  # no userinfo: credentials go in headersFrom
 _URL = re.compile(URL_PATTERN)
 
 
@@ -99,8 +100,8 @@ class RewardServiceSpec(SpecModel):
         default=5.0,
         gt=0.0,
         le=600.0,
-        description="Deadline of one request: to connect, and between bytes of the answer. A retry that "
-        "would not finish within task.envTimeoutSeconds is not made.",
+        description="Deadline of one call, every attempt and backoff included: to connect, send, and read the "
+        "whole answer. No retry starts past it; keep it below task.envTimeoutSeconds (the shorter one applies).",
     )
     retries: int = Field(
         default=2,
@@ -118,10 +119,35 @@ class RewardServiceSpec(SpecModel):
     max_concurrency: int = Field(
         default=8, ge=1, le=1024, description="Most requests in flight at once from one rollout worker."
     )
+    max_response_bytes: int = Field(
+        default=4 * 2**20,
+        ge=1024,
+        le=256 * 2**20,
+        description="Largest answer body read, in bytes (default 4 MiB); a longer one is refused unread past the "
+        "limit (remote_bad_response).",
+    )
+    headers_from: list[HeaderFromSecret] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Headers sent with every request, each value from a Secret (e.g. Authorization: Bearer ...), "
+        "never written in the job; see docs/security.md. Redirects are never followed.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @field_validator("headers_from")
+    @classmethod
+    def _one_value_per_header(cls, v: list[HeaderFromSecret]) -> list[HeaderFromSecret]:
+        if twice := duplicate_headers(v):
+            raise ValueError(f"header {twice[0]!r} is given twice (HTTP names are case-insensitive); keep one")
+        return v
 
     @field_validator("url")
     @classmethod
     def _http_url(cls, v: str) -> str:
+        if "@" in v.split("://", 1)[-1].split("/", 1)[0]:
+            raise ValueError("task.rewardService.url holds credentials (user:password@): they would be stored in the "
+                             "job and its ConfigMap, readable by every viewer of the namespace; put them in a Secret "
+                             "and send them with headersFrom (docs/security.md)")
         if not _URL.match(v):
             raise ValueError(f"task.rewardService.url {v!r} is not an http(s) URL; write e.g. "
                              "'http://reward.my-namespace.svc:8000/score'")

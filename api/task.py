@@ -18,6 +18,7 @@ from asyncrl.api.dataset import (
     check_import_path,
     task_source_problems,
 )
+from asyncrl.api.service import redact_url
 
 
 class TaskSpec(SpecModel):
@@ -105,10 +106,11 @@ class TaskSpec(SpecModel):
     @property
     def label(self) -> str:
         """What actually runs, for labels and logs: the environment's import path (``name`` is ignored
-        then), ``dataset:<path>+<reward import path or service url>``, or the built-in ``name``."""
+        then), ``dataset:<path>+<reward import path or service url>`` (the URL without its query or userinfo),
+        or the built-in ``name``."""
         if self.environment is not None:
             return self.environment
         if self.dataset is not None:
-            scorer = self.reward if self.reward is not None else getattr(self.reward_service, "url", "")
+            scorer = self.reward if self.reward is not None else redact_url(getattr(self.reward_service, "url", ""))
             return f"dataset:{self.dataset.path}+{scorer}"
         return self.name

@@ -35,6 +35,7 @@ from asyncrl.api.constants import API_VERSION, KIND
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.old_logits import OldLogitStrategy
 from asyncrl.api.pods import EnvVar, GangScheduler, PodOverrides, Resources, Toleration
+from asyncrl.api.task_services import header_env
 from asyncrl.operator import names, pod_policy
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.names import Role
@@ -293,7 +294,9 @@ def _pod(
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": _command(job, role, gpus, resources.cpu, memory, ray_resources),
-        "env": _env(job, role, index, {**checkpoint_env, **(extra_env or {})}, overrides.env),
+        "env": [*_env(job, role, index, {**checkpoint_env, **(extra_env or {})}, overrides.env),
+                # a service's headersFrom Secrets where the task is built (driver's check) and called (rollout)
+                *(header_env(spec.task) if role in (Role.DRIVER, Role.ROLLOUT) else ())],
         "ports": ports,
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,

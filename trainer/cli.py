@@ -44,6 +44,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 continue
             if warning:
                 print(f"{path}: {warning}", file=sys.stderr)
+            from asyncrl.api.task_services import service_warnings  # SSRF: destinations a job should not call
+
+            for text in service_warnings(job.spec.task, local=args.local):
+                print(f"{path}: warning: {text}", file=sys.stderr)
             print(f"{path}: AsyncRLJob {job.metadata.name} is valid")
     return 1 if failed else 0
 

@@ -113,7 +113,7 @@ def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding
 
                 assert task.reward_service is not None  # the spec requires reward or rewardService
                 scorer, label = RemoteReward(task.reward_service, budget_s=task.env_timeout_seconds), "rewardService"
-        except ImportPathError as exc:
+        except (ImportPathError, ValueError) as exc:  # ValueError: a headersFrom variable is missing
             raise EnvLoadError(str(exc)) from exc
         return TaskBinding("dataset", samples, lambda: DatasetEnv(data, scorer, label), fmt)
     if task.name == "customer-service":

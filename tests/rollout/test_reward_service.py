@@ -1,5 +1,6 @@
-"""The HTTP reward service client (rollout/envs/remote.py) against a real loopback server
-(tests/support/reward_server.py) that can be down, slow, fail with 500s or answer garbage."""
+"""The HTTP reward service client (rollout/envs/remote.py over service_client.py) against a real loopback
+server (tests/support/reward_server.py) that can be down, slow, fail with 500s or answer garbage; the
+hostile answers (redirects, drips, 300 MiB) are tests/rollout/test_hostile_services.py's."""
 
 import json
 import threading
@@ -11,10 +12,14 @@ from asyncrl.api.dataset import DatasetSpec, RewardServiceSpec
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.charset import TEXT_TOKENIZER
 from asyncrl.rollout.envs.dataset import load_dataset
-from asyncrl.rollout.envs.remote import REMOTE_ERROR_REASONS, RemoteReward
+from asyncrl.rollout.envs.remote import RemoteReward
 from asyncrl.rollout.envs.reward import DatasetEnv
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS, EnvFault, EnvRunner
+from asyncrl.rollout.envs.service_client import REMOTE_ERROR_REASONS
+from tests.support.hostile_services import HostileServer
 from tests.support.reward_server import RewardServer
+
+HANG_S = 60.0  # a "slow" server's delay far past every deadline below: it answers only when stopped
 
 
 def client(url: str, waits: list[float] | None = None, **kw: object) -> RemoteReward:
@@ -46,19 +51,19 @@ def test_a_service_that_is_down_is_retried_with_backoff_then_unreachable() -> No
     url = server.url
     server.stop()  # the port is closed: connections are refused
     waits: list[float] = []
-    score = client(url, waits, retries=3, backoffSeconds=0.5)
+    score = client(url, waits, retries=3, backoffSeconds=0.5, timeoutSeconds=10.0)  # the waits (3.5 s) fit
     f = fault(lambda: score("4", 4, {}))
     assert f.reason == "remote_unreachable" and "4 attempt(s) failed" in str(f)
     assert waits == [0.5, 1.0, 2.0]  # backoff doubles: 0.5, 0.5*2, 0.5*4
     assert score.stats.requests == 4 and score.stats.faults["remote_unreachable"] == 1
 
 
-def test_a_slow_service_times_out_per_attempt() -> None:
-    with RewardServer("slow", delay_s=1.0) as server:
+def test_a_slow_service_times_out_once_for_all_attempts() -> None:
+    with RewardServer("slow", delay_s=HANG_S) as server:
         score = client(server.url, timeoutSeconds=0.2, retries=1)
         f = fault(lambda: score("4", 4, {}))
-        assert f.reason == "remote_timeout" and "0.2 s" in str(f)
-        assert server.requests == 2  # tried twice
+        assert f.reason == "remote_timeout" and "deadline of 0.2 s" in str(f)
+        assert server.requests == 1 and "1 retries left out" in str(f)  # the one deadline is spent: no retry
 
 
 def test_500s_are_retried_and_a_recovery_within_the_retries_loses_nothing() -> None:
@@ -90,16 +95,36 @@ def test_a_json_answer_without_a_reward_is_a_bad_response() -> None:
     assert f.reason == "remote_bad_response" and '{"score": 1}' in str(f) and '{"reward": <number>}' in str(f)
 
 
+def wait_until(predicate, timeout_s: float = 30.0) -> bool:
+    """Poll ``predicate`` until it holds: for a state that, once reached, stays until the test moves on."""
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def test_the_concurrency_limit_holds() -> None:
-    with RewardServer("slow", delay_s=0.1) as server:
-        score = client(server.url, maxConcurrency=3)
-        threads = [threading.Thread(target=score, args=("4", 4, {})) for _ in range(12)]
+    """12 callers at once, limit 3: the server holds every answer at a gate, so the count is settled when the 3
+    held requests and the 9 callers queued for a slot account for all 12; a 4th request would be held too."""
+    with HostileServer("gate") as server:
+        score = client(server.url, maxConcurrency=3, timeoutSeconds=120.0, retries=0)
+        rewards: list[float] = []
+        threads = [threading.Thread(target=lambda: rewards.append(score("4", 4, {}))) for _ in range(12)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
-        assert server.requests == 12
-        assert server.max_in_flight == 3  # 12 callers at once, never more than 3 requests in flight
+        try:
+            assert wait_until(lambda: server.waiting + score.stats.waiting == 12)
+            assert (server.waiting, score.stats.waiting, score.stats.in_flight) == (3, 9, 3)
+        finally:
+            server.open_gate()
+            for t in threads:
+                t.join()
+        assert rewards == [1.0] * 12 and len(server.heads) == 12
+        assert score.stats.most_in_flight == 3 and score.stats.in_flight == 0  # counted where the limit is decided
 
 
 @pytest.fixture
@@ -114,7 +139,7 @@ def dataset(tmp_path: Path):
 ])
 def test_each_fault_reaches_the_episode_as_its_reason(dataset, mode: str, reason: str) -> None:
     """Through the same path a rollout worker takes: DatasetEnv behind a TurnAdapter, step on the runner."""
-    server = RewardServer("ok" if mode == "down" else mode, delay_s=0.5 if mode == "slow" else 0.0)
+    server = RewardServer("ok" if mode == "down" else mode, delay_s=HANG_S if mode == "slow" else 0.0)
     if mode == "down":
         server.stop()
     runner = EnvRunner(timeout_s=10.0)
@@ -213,10 +238,10 @@ def test_environment_service_args_are_checked_when_the_factory_is_built() -> Non
         RemoteEnvironment(url="http://env:8000", retry=3)
 
 
-def test_no_retry_is_made_that_cannot_finish_within_the_environment_timeout() -> None:
-    with RewardServer("slow", delay_s=2.0) as server:
-        spec = RewardServiceSpec(url=server.url, timeout_seconds=0.3, retries=5, backoff_seconds=0.01)
-        score = RemoteReward(spec, budget_s=1.0)  # 6 attempts x 0.3 s would overrun the 1 s deadline
+def test_the_environment_timeout_bounds_the_call_when_it_is_shorter() -> None:
+    with RewardServer("slow", delay_s=HANG_S) as server:
+        spec = RewardServiceSpec(url=server.url, timeout_seconds=30.0, retries=5, backoff_seconds=0.01)
+        score = RemoteReward(spec, budget_s=0.3)  # envTimeoutSeconds 0.3 < timeoutSeconds 30: 0.3 s for the call
         f = fault(lambda: score("4", 4, {}))
         assert f.reason == "remote_timeout"  # the service's own reason, not the runner's "timeout"
-        assert 1 <= server.requests <= 3 and "retries left out" in str(f) and "envTimeoutSeconds=1" in str(f)
+        assert server.requests == 1 and "5 retries left out" in str(f) and "envTimeoutSeconds=0.3" in str(f)

@@ -4,7 +4,8 @@
 Set ``mode`` at any time:
 
 - ``"ok"``: ``{"reward": 1.0}`` when the completion (stripped) equals ``str(answer)``, else 0.0;
-- ``"slow"``: like ok after ``delay_s``;
+- ``"slow"``: like ok after ``delay_s``, or at once when the server stops (so a test that waits for a
+  client's deadline can give a delay far past it and still end as soon as it is done);
 - ``"500"``: HTTP 500 for every request; ``"flaky"``: 500 for the first ``fail_first`` requests, then ok;
 - ``"400"``: HTTP 400; ``"garbage"``: 200 with a body that is not JSON; ``"nan"``: ``{"reward": NaN}``.
 
@@ -12,12 +13,13 @@ Paths ending in ``/reset`` and ``/step`` speak the environment protocol instead 
 two-turn episode that asks "Sure?" once, then scores the second answer against the sample's answer.
 
 ``stop()`` closes the port (the service is then *down*: connections are refused). ``requests``
-counts requests; ``max_in_flight`` is the most handled at once; ``bodies`` the decoded requests.
+counts requests; ``bodies`` the decoded requests, ``headers`` their headers. How many requests are in
+flight at once is the client's to count (``RemoteStats``): a server sees a request as in flight until its
+handler returns, which is after the client already has its answer.
 """
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -31,9 +33,9 @@ class RewardServer:
     def __init__(self, mode: str = "ok", *, delay_s: float = 0.0, fail_first: int = 0) -> None:
         self.mode, self.delay_s, self.fail_first = mode, delay_s, fail_first
         self.requests = 0
-        self.in_flight = 0
-        self.max_in_flight = 0
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._stopped = threading.Event()
         self.episodes: dict[str, dict[str, Any]] = {}  # the environment protocol's state
         self._lock = threading.Lock()
         server = self
@@ -47,19 +49,14 @@ class RewardServer:
                 with server._lock:
                     server.requests += 1
                     n = server.requests
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
                     server.bodies.append(body)
-                try:
-                    self._answer(body, n)
-                finally:
-                    with server._lock:
-                        server.in_flight -= 1
+                    server.headers.append(dict(self.headers.items()))
+                self._answer(body, n)
 
             def _answer(self, body: dict[str, Any], n: int) -> None:
                 mode = server.mode
                 if mode == "slow" or server.delay_s:
-                    time.sleep(server.delay_s)
+                    server._stopped.wait(server.delay_s)
                 if mode == "500" or (mode == "flaky" and n <= server.fail_first):
                     return self._send(500, b'{"error": "internal"}')
                 if mode == "400":
@@ -100,6 +97,7 @@ class RewardServer:
 
     def stop(self) -> None:
         """Close the port: from now on connections are refused (the service is down)."""
+        self._stopped.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
