@@ -9,8 +9,10 @@ any TP/DP layout. The driver names, verifies, chooses and prunes folders.
 A checkpoint is complete only when it verifies: its marker parses, every recorded file has its
 recorded size and checksum, and the driver's state beside it (``driver-<version>.json``,
 :mod:`.recovery`) parses. Resuming walks from the newest folder down and takes the first one that
-verifies; every folder it passes over is set aside as ``step-NNNNNN.corrupt`` (kept for a look,
-never resumed or pruned, replaced when that step is saved again) and reported with its reason.
+verifies; every folder it passes over is set aside as ``step-NNNNNN.corrupt`` and reported with its
+reason. Set-aside folders are kept for a look, never resumed: one per step (a step set aside again
+replaces its earlier one) and the newest :data:`CORRUPT_KEEP` steps' (older ones, and the ``.corrupt-2``,
+``-3`` ... of earlier versions, are deleted when a resume sets a folder aside: :func:`prune_corrupt`).
 """
 
 import logging
@@ -27,6 +29,9 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^step-(\d{6,})$")
 MARKER = META_FILE  # written last by the actor's atomic checkpoint
 CORRUPT_SUFFIX = ".corrupt"
+CORRUPT_KEEP = 3  # set-aside folders kept (the newest steps'): enough to look at a fault that repeats, no pile-up
+# A set-aside folder; the "-N" copies are what earlier versions left when a step was set aside twice.
+_CORRUPT = re.compile(r"^step-(\d{6,})\.corrupt(?:-(\d+))?$")
 # What an interrupted write leaves (the actor's folder, a replaced folder, the driver's state file).
 _TEMPORARY = re.compile(r"^\.step-\d{6,}\.(tmp|old)-\d+$|^driver-\d{6,}\.json\.tmp$")
 
@@ -124,23 +129,48 @@ def choose_resume(root: Path, *, set_aside: bool = True) -> ResumePoint:
         break
     else:
         point = ResumePoint(None, skipped)
+    if set_aside and skipped:
+        prune_corrupt(root, CORRUPT_KEEP)
     for line in point.notices()[len(skipped):]:
         log.warning("%s", line)
     return point
 
 
 def _set_aside(path: Path) -> Path | None:
+    """Rename ``path`` to ``<name>.corrupt``, replacing the folder an earlier resume set aside for that step."""
     target = path.with_name(path.name + CORRUPT_SUFFIX)
-    n = 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}{CORRUPT_SUFFIX}-{n}")
     try:
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            shutil.rmtree(target)
         path.rename(target)
     except OSError as exc:  # read-only volume: leave it; it is skipped again next time
         log.warning("could not set %s aside (%s); it stays and is skipped again on the next resume", path, exc)
         return None
     return target
+
+
+def set_aside_folders(root: Path) -> list[tuple[int, int, Path]]:
+    """``(version, copy, folder)`` of every set-aside folder under ``root``, oldest first (copy 1 is
+    ``step-N.corrupt``, n is ``step-N.corrupt-n``)."""
+    if not root.is_dir():
+        return []
+    out = [(int(m.group(1)), int(m.group(2) or 1), p) for p in root.iterdir() if (m := _CORRUPT.match(p.name))]
+    return sorted(out)
+
+
+def prune_corrupt(root: Path, keep: int) -> list[Path]:
+    """Delete all set-aside folders but the newest ``keep``; returns what was removed. A link is removed,
+    never followed."""
+    found_ = set_aside_folders(root)
+    removed = [p for _, _, p in found_[: max(0, len(found_) - keep)]]
+    for p in removed:
+        if p.is_symlink() or not p.is_dir():
+            p.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+    return removed
 
 
 def prune(root: Path, keep: int) -> list[Path]:

@@ -10,13 +10,20 @@ The marker ``meta.json`` is written last and records the size and SHA-256 of eve
 (``files``). A folder is *complete* only when its marker parses and every recorded file has that
 size and checksum (:func:`verify_checkpoint`): a rename makes a folder atomic against a crash, not
 against a disk that returns a truncated file, a copy cut short or a hand-edited marker.
+
+The marker also says what the folder *is*: every file in it must be listed (nothing unchecked lies
+beside the checked ones), every listed name is a plain relative path inside the folder (no ``..``, not
+absolute), and nothing in the folder is a symbolic link (a listed name resolves to itself, never to a
+file elsewhere). Checksums detect corruption, not tampering: whoever writes a folder can compute them;
+that a folder's *content* is data and never code is :mod:`asyncrl.trainer.megatron.safe_load`'s part.
 """
 
 import hashlib
 import json
 import os
 import shutil
-from pathlib import Path
+import stat
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 STATE_FILE = "actor.pt"
@@ -32,6 +39,9 @@ class CheckpointError(RuntimeError):
         self.path = Path(path)
         self.reason = reason
         super().__init__(f"checkpoint {self.path} is not usable: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # torch.distributed gathers a rank's error by pickling it
+        return type(self), (self.path, self.reason)
 
 
 def sha256_file(path: Path) -> str:
@@ -56,6 +66,9 @@ def verify_checkpoint(directory: str | os.PathLike[str], *, checksums: bool = Tr
     """
     folder = Path(directory)
     marker = folder / META_FILE
+    if marker.is_symlink():
+        raise CheckpointError(folder, f"{META_FILE} is a symbolic link: a marker is a file of the folder itself; "
+                                      "copy the folder without links (cp -rL) from a source you trust")
     if not marker.is_file():
         raise CheckpointError(folder, f"no {META_FILE} (the marker written last): the write never finished")
     try:
@@ -66,6 +79,9 @@ def verify_checkpoint(directory: str | os.PathLike[str], *, checksums: bool = Tr
     if not isinstance(files, dict) or not files:
         raise CheckpointError(folder, f"{marker.name} records no file sizes and checksums ('{FILES_KEY}'): "
                                       "written without verification or edited by hand")
+    problems = listing_problems(folder, files)
+    if problems:
+        raise CheckpointError(folder, "; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else ""))
     for name, want in sorted(files.items()):
         path = folder / name
         if not path.is_file():
@@ -77,6 +93,71 @@ def verify_checkpoint(directory: str | os.PathLike[str], *, checksums: bool = Tr
         if checksums and sha256_file(path) != want.get("sha256"):
             raise CheckpointError(folder, f"{name} has the recorded size but not the recorded SHA-256 (corrupted)")
     return dict(meta)
+
+
+def listing_problems(folder: Path, files: dict[Any, Any]) -> list[str]:
+    """What is wrong with the folder's listing (empty: nothing), one line each: a listed name that is not a
+    plain relative path, escapes the folder or passes through a symbolic link; a record that is not
+    ``{bytes, sha256}``; a file, link or other entry in the folder that the marker does not list."""
+    problems = []
+    for name, want in sorted(files.items(), key=lambda kv: str(kv[0])):
+        why = _name_problem(folder, name)
+        if why is not None:
+            problems.append(f"{META_FILE} lists {name!r}, {why}: a checkpoint lists only its own files by "
+                            "relative name; use a checkpoint from a source you trust")
+        elif not (isinstance(want, dict) and isinstance(want.get("bytes"), int) and isinstance(want.get("sha256"), str)):
+            problems.append(f"{META_FILE} records {name!r} as {want!r}, not {{'bytes': int, 'sha256': hex}}: "
+                            "edited by hand")
+    listed = {str(n) for n in files}
+    for rel, kind in _entries(folder):
+        if kind == "link":
+            problems.append(f"{rel} is a symbolic link (a checkpoint holds files, never links to elsewhere); "
+                            "copy the folder without links (cp -rL) from a source you trust")
+        elif rel not in listed:
+            problems.append(f"{rel} is not listed in {META_FILE} (unchecked: a checkpoint holds only the files "
+                            "its marker records); remove it, or use a checkpoint from a source you trust")
+    return problems
+
+
+def _name_problem(folder: Path, name: Any) -> str | None:
+    """Why ``name`` (a key of the marker's ``files``) is not a file of ``folder``'s own; None when it is."""
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    pure = PurePosixPath(name)
+    if pure.is_absolute():
+        return "an absolute path"
+    if ".." in pure.parts:
+        return "a path with '..' (out of the folder)"
+    if pure.as_posix() != name or name == META_FILE:
+        return "not a plain relative name" if name != META_FILE else "the marker itself"
+    path = folder
+    for part in pure.parts:  # no link on the way: each component is lstat'ed, never followed
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            return None  # missing: the size check says so
+        if stat.S_ISLNK(mode):
+            return f"which is a symbolic link ({path.relative_to(folder)} -> {os.readlink(path)})"
+    if not stat.S_ISREG(mode):
+        return "which is not a regular file"
+    return None
+
+
+def _entries(folder: Path, rel: str = "") -> list[tuple[str, str]]:
+    """``(relative name, "file" | "link")`` of every non-folder entry under ``folder`` except the marker,
+    links never followed (a folder that is a link is a link)."""
+    out: list[tuple[str, str]] = []
+    with os.scandir(folder / rel if rel else folder) as it:
+        for entry in sorted(it, key=lambda e: e.name):
+            name = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_symlink():
+                out.append((name, "link"))
+            elif entry.is_dir(follow_symlinks=False):
+                out += _entries(folder, name)
+            elif name != META_FILE:
+                out.append((name, "file"))
+    return out
 
 
 def temporary_folder(directory: str | os.PathLike[str], pid: int | None = None) -> Path:
@@ -109,17 +190,32 @@ def seal_folder(tmp: Path, directory: str | os.PathLike[str], meta: dict[str, An
 
 def replace_folder(tmp: Path, final: Path) -> None:
     """Put the complete folder ``tmp`` in place as ``final`` (atomic rename; an existing ``final`` is moved
-    aside first and deleted once the new one is in place), then fsync the parent."""
+    aside as ``.<name>.old-<pid>`` first and deleted once the new one is in place), then fsync the parent.
+
+    Nothing is left aside: a failed rename puts the old folder back, and a link or file found there is
+    removed, never followed."""
     old = None
-    if final.exists():
+    if final.exists() or final.is_symlink():
         old = final.parent / f".{final.name}.old-{os.getpid()}"
-        if old.exists():
-            shutil.rmtree(old)
+        _remove_entry(old)
         os.rename(final, old)
-    os.rename(tmp, final)
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        if old is not None:
+            os.rename(old, final)
+        raise
     _fsync_dir(final.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_entry(old)
+
+
+def _remove_entry(path: Path) -> None:
+    """Remove a folder (best effort: what remains makes the next rename fail loudly), a link or a file."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], meta: dict[str, Any]) -> Path:

@@ -32,7 +32,10 @@ Loading is spread the same way (``FullyParallelLoadStrategyWrapper``: each repli
 exchange). ``spread=False`` is the former rank-0 writer (``bench/scale.py`` measures both).
 
 Two shims make ``dist_checkpointing`` run here (:func:`checkpoint_shims`, beside the actor's others in
-:mod:`asyncrl.trainer.megatron.compat`).
+:mod:`asyncrl.trainer.megatron.compat`), and a third makes it read a folder as data, never as code
+(:mod:`asyncrl.trainer.megatron.safe_load`: DCP's ``.metadata`` through an unpickler that admits only its own
+classes, byte items and ``common.pt`` weights-only); :func:`verified` checks every such file of a folder with
+the same unpicklers before megatron opens it, on every rank.
 """
 
 import contextlib
@@ -48,7 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncrl.trainer.megatron import compat
+from asyncrl.trainer.megatron import compat, safe_load
 from asyncrl.trainer.megatron.checkpoint import (
     CheckpointError,
     disk_error,
@@ -75,6 +78,7 @@ def checkpoint_shims() -> None:
       writers report to the calling process, which puts the result on the queue and reads it back within
       the same call, so a plain ``queue.Queue`` carries it. The manager costs a fresh interpreter per
       process (5-8 s on the first save, measured) and crashes under a main module without a main guard.
+    - Everywhere: DCP's readers unpickle only data (:func:`asyncrl.trainer.megatron.safe_load.install`).
     """
     import queue
 
@@ -84,6 +88,7 @@ def checkpoint_shims() -> None:
         torch.cuda.synchronize = _no_cuda_sync  # type: ignore[assignment]
     if getattr(filesystem_async, "_results_queue", None) is None:
         filesystem_async._results_queue = queue.Queue()  # type: ignore[attr-defined]
+    safe_load.install()
 
 
 def _no_cuda_sync(*_: Any, **__: Any) -> None:
@@ -189,11 +194,13 @@ def _save_strategy(spread: bool) -> Any:
 
 
 def _load_strategy(spread: bool) -> Any:
+    """Always named (megatron otherwise picks the loader that the folder's ``metadata.json`` asks for)."""
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistLoadShardedStrategy
 
     group = _dp_group() if spread else None
-    return None if group is None else FullyParallelLoadStrategyWrapper(TorchDistLoadShardedStrategy(), group)
+    base = TorchDistLoadShardedStrategy()
+    return base if group is None else FullyParallelLoadStrategyWrapper(base, group)
 
 
 def save(directory: str | os.PathLike[str], model_sd: Mapping[str, Any], extra: dict[str, Any],
@@ -286,13 +293,16 @@ def is_sharded(meta: Mapping[str, Any]) -> bool:
 
 def verified(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The marker of ``directory`` once every rank agrees it verifies (rank 0 checks the checksums, every
-    rank the files and sizes it sees); a :class:`CheckpointError` on every rank otherwise (none waits in a
-    collective another skipped)."""
+    rank the files and sizes it sees, and every file megatron would unpickle is data:
+    :func:`~asyncrl.trainer.megatron.safe_load.check_folder`); a :class:`CheckpointError` on every rank
+    otherwise (none waits in a collective another skipped)."""
     rank = group_rank()
     meta: dict[str, Any] | None = None
     reason: str | None = None
     try:
         meta = verify_checkpoint(directory, checksums=rank == 0)
+        if is_sharded(meta):
+            safe_load.check_folder(directory, meta["files"])
     except CheckpointError as exc:
         reason = f"rank {rank}: {exc.reason}"
     reasons = [reason]
@@ -318,9 +328,10 @@ def load(directory: str | os.PathLike[str], gpt: torch.nn.Module, params: Mappin
     from megatron.core import dist_checkpointing
 
     checkpoint_shims()
+    safe_load.take_refusals()  # what an earlier load refused is not this one's
     folder = str(directory)
     try:
-        common = dist_checkpointing.load_common_state_dict(folder)
+        common = safe_load.load_common(folder)
         has_megatron = bool(common.get(OPTIMIZER_KEY, False))
         if has_megatron != (optimizer is not None):
             raise CheckpointError(folder, _OPTIMIZER_MISMATCH[has_megatron])
@@ -331,12 +342,13 @@ def load(directory: str | os.PathLike[str], gpt: torch.nn.Module, params: Mappin
         strategy = _load_strategy(spread)
         # The spread load's exchange moves each tensor .cuda() before its broadcast: on the CPU shim that is the
         # tensor itself (compat.CudaOnCpu, active only around megatron's code).
-        with compat.megatron_code() if strategy is not None else contextlib.nullcontext():
-            loaded = dist_checkpointing.load(want, folder, sharded_strategy=strategy)
+        with compat.megatron_code() if spread and _dp_group() is not None else contextlib.nullcontext():
+            loaded = dist_checkpointing.load(want, folder, sharded_strategy=strategy,
+                                             common_strategy=safe_load.common_loader())
     except CheckpointError:
         raise
-    except Exception as exc:  # noqa: BLE001 -- verified files that megatron cannot read: say which folder
-        raise CheckpointError(folder, f"dist_checkpointing cannot load it ({type(exc).__name__}: {exc})") from exc
+    except (Exception, _dcp_error()) as exc:  # noqa: BLE001 -- verified files megatron cannot read: say which folder
+        raise _load_error(folder, exc) from exc
     _into(gpt, loaded["model"], folder)
     return dict(loaded.get("extra", {})), (dict(loaded["optimizer"]) if optimizer is not None else None)
 
@@ -354,12 +366,33 @@ def load_model(directory: str | os.PathLike[str], gpt: torch.nn.Module) -> None:
     from megatron.core import dist_checkpointing
 
     checkpoint_shims()
+    safe_load.take_refusals()  # what an earlier load refused is not this one's
     folder = str(directory)
     try:
-        loaded = dist_checkpointing.load({"model": gpt.sharded_state_dict(prefix="")}, folder)  # type: ignore[operator]
-    except Exception as exc:  # noqa: BLE001 -- verified files that megatron cannot read: say which folder
-        raise CheckpointError(folder, f"dist_checkpointing cannot load it ({type(exc).__name__}: {exc})") from exc
+        loaded = dist_checkpointing.load({"model": gpt.sharded_state_dict(prefix="")}, folder,  # type: ignore[operator]
+                                         sharded_strategy=_load_strategy(False),
+                                         common_strategy=safe_load.common_loader())
+    except CheckpointError:
+        raise
+    except (Exception, _dcp_error()) as exc:  # noqa: BLE001 -- verified files megatron cannot read: say which folder
+        raise _load_error(folder, exc) from exc
     _into(gpt, loaded["model"], folder)
+
+
+def _dcp_error() -> type[BaseException]:
+    """DCP's ``CheckpointException`` (each rank's error of a load): a ``BaseException``, not an ``Exception``."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def _load_error(folder: str, exc: BaseException) -> CheckpointError:
+    """What to raise for ``exc`` from megatron's load: what :mod:`.safe_load`'s shims refused during it (DCP
+    keeps only the text of a reader's error, inside its own), named for ``folder``; else the error as text."""
+    refused = safe_load.take_refusals()
+    if refused:
+        return safe_load.UnsafeCheckpointError(folder, refused[0].reason)
+    return CheckpointError(folder, f"dist_checkpointing cannot load it ({type(exc).__name__}: {exc})")
 
 
 def _into(gpt: torch.nn.Module, model: Mapping[str, Any], folder: str) -> None:
