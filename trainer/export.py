@@ -9,7 +9,8 @@ Read top to bottom (the first step, resolving a run directory to its checkpoint,
     write     into a temporary sibling of ``--out``, then one ``rename`` (a reader sees no folder or a
               complete one): ``config.json``, ``generation_config.json``, ``model-0000k-of-0000n
               .safetensors`` shards of at most ``max_shard_bytes`` + ``model.safetensors.index.json``,
-              the tokenizer files, and ``asyncrl-export.json`` (version, job, source checkpoint)
+              the tokenizer files, and ``asyncrl-export.json`` (version, job, source checkpoint); which
+              ``--out`` it may write or ``--force`` replace: :mod:`asyncrl.trainer.export_target`
 
 ``config.json`` is the source folder's own when the job's model came from a folder (``spec.model.weights``
 with a ``config.json``), else the architecture's transformers config. The tokenizer files are copied from
@@ -35,11 +36,11 @@ import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.model_arch import ModelArch
+from asyncrl.trainer.export_target import MARKER_FILE, ExportTargetError, check_target, sweep_leftovers
 
 ExportDtype = Literal["float32", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 INDEX_FILE = "model.safetensors.index.json"
-MARKER_FILE = "asyncrl-export.json"
 EXPORTS_DIR = "exports"  # under the checkpoint folder
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained default ("5GB")
 _EXPORT_NAME = re.compile(r"^step-(\d{6,})$")
@@ -138,8 +139,9 @@ def checkpoint_weights(checkpoint: Path, files: ModelFiles) -> tuple[dict[str, t
 def hf_config(files: ModelFiles, dtype: ExportDtype) -> tuple[dict[str, Any], str]:
     """``(config.json, where it came from)``: the source folder's, else the architecture's."""
     tok = files.tokenizer
-    if files.source is not None and (files.source / "config.json").is_file():
-        config = json.loads((files.source / "config.json").read_text())
+    source_config = _source_file(files, "config.json")
+    if source_config is not None:
+        config = json.loads(source_config.read_text())
         origin = "source folder"
     else:
         config = files.arch.to_hf_config(dtype)  # the family table's (asyncrl.api.model_arch)
@@ -155,17 +157,30 @@ def hf_config(files: ModelFiles, dtype: ExportDtype) -> tuple[dict[str, Any], st
 
 def generation_config(files: ModelFiles) -> dict[str, Any]:
     """The source folder's ``generation_config.json``, else sampling at the training temperature."""
-    if files.source is not None and (files.source / "generation_config.json").is_file():
-        return dict(json.loads((files.source / "generation_config.json").read_text()))
+    source_generation = _source_file(files, "generation_config.json")
+    if source_generation is not None:
+        return dict(json.loads(source_generation.read_text()))
     tok = files.tokenizer
     return {"bos_token_id": getattr(tok, "bos_id", None), "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id,
             "do_sample": True, "temperature": files.temperature, "top_p": 1.0, "top_k": 0}
 
 
+def _source_file(files: ModelFiles, name: str) -> Path | None:
+    """The source folder's ``name`` when it has one inside the folder (links resolved and confined)."""
+    from asyncrl.trainer.export_tokenizer import UnconfinedFileError, confined_file
+
+    if files.source is None:
+        return None
+    try:
+        return confined_file(files.source, name)
+    except UnconfinedFileError as exc:
+        raise ExportError(f"{exc}; nothing was written to --out") from exc
+
+
 def write_tokenizer(files: ModelFiles, dest: Path) -> str:
     """Write the tokenizer files into ``dest``; returns what was written (for the log and summary)."""
     from asyncrl.rollout.tokenizer import ToolTokenizer
-    from asyncrl.trainer.export_tokenizer import char_tokenizer_hf, copy_tokenizer_files
+    from asyncrl.trainer.export_tokenizer import UnconfinedFileError, char_tokenizer_hf, copy_tokenizer_files
 
     if isinstance(files.tokenizer, ToolTokenizer):  # a preset (a bare safetensors folder too): no files
         char_tokenizer_hf(files.tokenizer).save_pretrained(str(dest))
@@ -173,7 +188,10 @@ def write_tokenizer(files: ModelFiles, dest: Path) -> str:
                 "specials are added tokens, characters a WordLevel vocabulary)")
     if files.source is None:
         raise ExportError("the job's tokenizer has no files to copy (no spec.model.weights folder)")
-    copied = copy_tokenizer_files(files.source, dest)
+    try:
+        copied = copy_tokenizer_files(files.source, dest)
+    except UnconfinedFileError as exc:
+        raise ExportError(f"{exc}; nothing was written to --out") from exc
     if not copied:
         raise ExportError(f"{files.source}: no tokenizer files to copy (tokenizer.json, tokenizer_config.json, ...)")
     return f"copied from {files.source} ({', '.join(copied)})"
@@ -209,8 +227,10 @@ def write_hf_folder(hf: Mapping[str, torch.Tensor], files: ModelFiles, out: Path
 
     t0 = time.monotonic()
     out = out.expanduser()
-    if out.exists() and not overwrite:
-        raise ExportError(f"{out} exists; choose another --out or pass --force to replace it")
+    try:
+        check_target(out, overwrite)
+    except ExportTargetError as exc:
+        raise ExportError(str(exc)) from None
     if dtype not in DTYPES:
         raise ExportError(f"export dtype {dtype!r} is not supported; valid: {', '.join(DTYPES)}")
     torch_dtype = DTYPES[dtype]
@@ -218,8 +238,7 @@ def write_hf_folder(hf: Mapping[str, torch.Tensor], files: ModelFiles, out: Path
     tensors = {k: v for k, v in hf.items() if not (tied and k == "lm_head.weight")}
     _check_names(tensors, files.arch)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):  # a crashed export's leftovers (one writer per --out)
-        shutil.rmtree(stale, ignore_errors=True)
+    sweep_leftovers(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     tmp.mkdir()
     try:

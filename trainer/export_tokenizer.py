@@ -17,8 +17,14 @@ was trained on:
 
 ``encode`` prepends nothing (the character tokenizer's ``bos=False``); the folder's chat template is
 ``<bos>`` + the user turn, so ``apply_chat_template`` gives the ids of :meth:`ToolTokenizer.chat_prompt`.
+
+A file is copied only from inside the model folder (:func:`confined_file`): a symbolic link is followed
+only when it resolves into the folder (or, for a Hugging Face cache snapshot ``.../snapshots/<rev>``, into
+that repository's ``blobs``), and the copy is a regular file. A ``chat_template.jinja`` linked to a secret
+elsewhere is refused, never copied into the export.
 """
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -43,14 +49,48 @@ CHAR_CHAT_TEMPLATE = (
 )
 
 
+class UnconfinedFileError(ValueError):
+    """A model folder's file that resolves out of the folder: the message names it, its target and the fix."""
+
+
+def confinement_root(source: Path) -> Path:
+    """The folder that ``source``'s links may point into: itself, or the repository folder of a Hugging
+    Face cache snapshot (``models--org--name/snapshots/<rev>``, whose files link to ``../../blobs/<hash>``)."""
+    if source.parent.name == "snapshots" and (source.parent.parent / "blobs").is_dir():
+        return source.parent.parent
+    return source
+
+
+def confined_file(source: Path, name: str) -> Path | None:
+    """The real file ``source / name`` is, when it is one inside the model folder (None: there is none).
+
+    Raises :class:`UnconfinedFileError` for a link that leads out of the folder (or to nothing) and for
+    an entry that is not a regular file."""
+    path = source / name
+    if not path.is_symlink() and not path.exists():
+        return None
+    root = confinement_root(source).resolve()
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise UnconfinedFileError(f"{path} is a symbolic link to {os.readlink(path)!r}, which does not exist; "
+                                  "replace the link with the file itself") from None
+    if not real.is_relative_to(root):
+        raise UnconfinedFileError(f"{path} is a symbolic link to {real}, outside the model folder {source}: the "
+                                  "export copies only the folder's own files (a link out of it could carry any "
+                                  "file into the export); replace the link with the file it should be")
+    if not real.is_file():
+        raise UnconfinedFileError(f"{path} is not a regular file; a model folder's {name} must be one")
+    return real
+
+
 def copy_tokenizer_files(source: Path, dest: Path) -> list[str]:
-    """Copy the tokenizer files of ``source`` into ``dest``; the names copied (empty: none there)."""
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, dest / name)
-            copied.append(name)
-    return copied
+    """Copy the tokenizer files of ``source`` into ``dest`` as regular files; the names copied (empty: none
+    there). A file that leads out of the folder raises :class:`UnconfinedFileError` (nothing is copied)."""
+    found = [(name, real) for name in TOKENIZER_FILES if (real := confined_file(source, name)) is not None]
+    for name, real in found:
+        shutil.copyfile(real, dest / name)
+    return [name for name, _ in found]
 
 
 def char_tokenizer_hf(tokenizer: Any) -> Any:
