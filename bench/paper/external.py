@@ -1,0 +1,306 @@
+"""The methods comparison on a task no one here wrote: reasoning-gym's ``chain_sum``, its own scorer as reward.
+
+Usage::
+
+    nice -n 10 .venv/bin/python bench/paper/external.py [--quick] [--seeds 0 1 2 3 4] [--steps 30]
+
+The task is :mod:`asyncrl.rollout.envs.reasoning_gym_task` (``spec.task.environment``, the path any user's
+environment takes; ``chain_sum`` with two one-digit terms, the generator's own question text, the
+tiny Llama with the printable-ASCII character tokenizer). A user's environment has no built-in warm
+start, so this command makes one as a user would: the driver's supervised recipe (its learning-rate
+schedule, the actor's ``sft_step``) on the generator's own answers (:func:`reasoning_gym_task.demonstrations`),
+saved as a bare safetensors folder that every run names in ``spec.model.weights``. Every (method, seed)
+then runs from the same weights, with the same held-out prompts (``spec.eval``), through the driver's
+in-process loop, at the paper's thresholds: mask ``[0.99, 1.01]`` on ``r_d``, clip ``[0.997, 1.004]`` on
+``r_s``, W = 3 (``sync``: W = 0). Seeds run interleaved (every method of seed 0, then seed 1, ...), so
+each method sees the same machine conditions on average. One JSON record per run goes under
+``--data/external`` (config, seed, held-out curve, keep ratio, clip fractions, wall time, load average);
+:func:`section` and :func:`figures` render the docs from those records alone.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/paper: the harness
+
+import harness  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "docs" / "results" / "data"
+FIGURES = ROOT / "docs" / "results"
+PAPER_MASK = {"mode": "mask", "level": "token", "bounds": {"low": 0.99, "high": 1.01}}
+PAPER_CLIP = {"low": 0.003, "high": 0.004}  # r_s in [0.997, 1.004]
+EWMA_RESET = {"reset": {"enabled": True, "keepRatioBelow": 0.8, "consecutiveSteps": 3}}
+METHODS: tuple[harness.Config, ...] = (
+    harness.Config("sync", harness.correction("current", mask=PAPER_MASK, clip=PAPER_CLIP), max_staleness=0),
+    harness.Config("behavior", harness.correction("behavior", mask=PAPER_MASK, clip=PAPER_CLIP)),
+    harness.Config("current", harness.correction("current", mask=PAPER_MASK, clip=PAPER_CLIP)),
+    harness.Config("loglinear", harness.correction("loglinear", mask=PAPER_MASK, clip=PAPER_CLIP)),
+    harness.Config("ewma", harness.correction("ewma", mask=PAPER_MASK, clip=PAPER_CLIP, ewma=EWMA_RESET)),
+    harness.Config("exact", harness.correction("exact", mask=PAPER_MASK, clip=PAPER_CLIP),
+                   old_logits={"strategy": "snapshot"}),
+)
+
+
+@dataclass(frozen=True)
+class Scale:
+    steps: int = 30
+    prompts: int = 4
+    group: int = 8
+    minibatches: int = 4
+    learning_rate: float = 1e-4
+    eval_every: int = 10
+    eval_prompts: int = 256  # success ~0.5: one evaluation's standard error sqrt(.25/256) = 0.031
+    warm_start_steps: int = 400
+    warm_batch: int = 64
+    max_new_tokens: int = 6  # "-9<eos>" is 3 tokens
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+
+
+FULL = Scale()
+QUICK = Scale(steps=2, prompts=2, group=4, minibatches=2, eval_every=1, eval_prompts=8, warm_start_steps=4,
+              warm_batch=8, seeds=(0,))
+
+
+def task_section(scale: Scale) -> dict[str, Any]:
+    from asyncrl.rollout.envs.reasoning_gym_task import DEFAULT_ARGS, ENVIRONMENT
+
+    return {"environment": ENVIRONMENT, "args": dict(DEFAULT_ARGS), "groupSize": scale.group,
+            "maxNewTokens": scale.max_new_tokens}
+
+
+# --- the warm start, as a user makes one -------------------------------------------------------
+def warm_start(scale: Scale, folder: Path, seed: int = 0) -> dict[str, Any]:
+    """Supervised pass on the generator's answers; writes ``folder/model.safetensors`` (HF names, fp32,
+    tied head left out) once per scale, and returns what it did."""
+    from safetensors.torch import save_file
+
+    from asyncrl.api.validation import validate_job
+    from asyncrl.rollout.envs import reasoning_gym_task as rg
+    from asyncrl.rollout.envs.binding import context_length, task_tokenizer
+    from asyncrl.rollout.envs.demos import pad_batch
+    from asyncrl.trainer.actor.megatron_actor import MegatronActor
+    from asyncrl.trainer.driver.warm import warm_start_lr
+
+    marker = folder / "warm.json"
+    if marker.exists():
+        return dict(json.loads(marker.read_text()))
+    doc = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "external-warm"},
+           "spec": {"task": task_section(scale), "correction": {"reference": "current"},
+                    "train": {"warmStartSteps": 0, "seed": seed}}}
+    spec = validate_job(doc).spec
+    tok = task_tokenizer(spec.model, spec.task)
+    actor = MegatronActor.from_spec(spec, tok.vocab_size, num_threads=1, max_sequence_length=context_length(spec.task, tok))
+    rng, losses, t0 = random.Random(seed), [], time.monotonic()
+    for step in range(scale.warm_start_steps):
+        actor.set_learning_rate(warm_start_lr(step, scale.warm_start_steps))
+        b = pad_batch(rg.demonstrations(scale.warm_batch, rng, tok), pad_id=tok.pad_id)
+        losses.append(actor.sft_step(b.tokens, b.loss_mask).loss)
+    hf = actor.hf_state_dict()
+    if actor.settings.arch.tie_embeddings:
+        hf.pop("lm_head.weight", None)  # the same tensor as the embedding (safetensors stores it once)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"))
+    info = {"steps": scale.warm_start_steps, "batch": scale.warm_batch, "seed": seed, "tokenizer": tok.name,
+            "vocab": tok.vocab_size, "loss_first": round(losses[0], 4) if losses else None,
+            "loss_last": round(losses[-1], 4) if losses else None, "seconds": round(time.monotonic() - t0, 1)}
+    (tmp / "warm.json").write_text(json.dumps(info))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return info
+
+
+# --- one run -----------------------------------------------------------------------------------
+def job_doc(cfg: harness.Config, scale: Scale, seed: int, weights: Path) -> dict[str, Any]:
+    """The harness's job of (configuration, seed) on the external task, from the warm-start folder."""
+    hs = harness.Scale(steps=scale.steps, prompts=scale.prompts, group=scale.group, minibatches=scale.minibatches,
+                       learning_rate=scale.learning_rate, warm_start_steps=0, eval_every=scale.eval_every,
+                       eval_prompts=scale.eval_prompts, seeds=(seed,))
+    doc = harness.job_doc(cfg, hs, seed)
+    doc["metadata"]["name"] = f"external-{cfg.key()}-s{seed}"
+    doc["spec"]["task"] = task_section(scale)
+    doc["spec"]["model"]["weights"] = str(weights)
+    return doc
+
+
+def run_one(cfg: harness.Config, scale: Scale, seed: int, weights: Path, out: Path) -> dict[str, Any]:
+    from asyncrl.api.validation import validate_job
+    from asyncrl.trainer.driver.loop import RunOptions, run_job
+
+    doc = job_doc(cfg, scale, seed, weights)
+    rdir = out / "runs" / doc["metadata"]["name"]
+    shutil.rmtree(rdir, ignore_errors=True)
+    t0 = time.monotonic()
+    load0 = os.getloadavg()
+    res = run_job(validate_job(doc), RunOptions(run_dir=rdir, actor_threads=1, rollout_threads=1, num_cpus=2.0))
+    run = harness.condense(res.summary, res.steps)
+    shutil.rmtree(rdir, ignore_errors=True)
+    keep = [s["keep_ratio"] for s in run["steps"] if "keep_ratio" in s]
+    clip = [s["clip_or_reject_frac"] for s in run["steps"] if "clip_or_reject_frac" in s]
+    return {
+        "kind": "external", "method": cfg.name, "seed": seed, "config": doc["spec"], "scale": asdict(scale),
+        "eval_curve": run["eval_curve"], "steps": run["steps"],
+        "keep_ratio_mean": round(statistics.fmean(keep), 6) if keep else float("nan"),
+        "keep_ratio_min": round(min(keep), 6) if keep else float("nan"),
+        "clip_or_reject_mean": round(statistics.fmean(clip), 6) if clip else float("nan"),
+        "wall_s": round(time.monotonic() - t0, 1), "loop_s": run["loop_s"],
+        "load_avg_start": [round(x, 2) for x in load0], "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# --- statistics and the docs -------------------------------------------------------------------
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)  # t_{0.975, df}, df = 1..10
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
+    """Mean and the half-width of its 95% t confidence interval (0 for one value)."""
+    v = [x for x in values if not math.isnan(x)]
+    if not v:
+        return float("nan"), float("nan"), 0
+    if len(v) == 1:
+        return v[0], 0.0, 1
+    t = T975[len(v) - 2] if len(v) - 1 <= len(T975) else 1.96
+    return statistics.fmean(v), t * statistics.stdev(v) / math.sqrt(len(v)), len(v)
+
+
+def _cell(values: Sequence[float], digits: int = 3) -> str:
+    m, h, n = mean_ci(values)
+    return "-" if n == 0 else f"{m:.{digits}f} ± {h:.{digits}f}"
+
+
+def records(data_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """``{method: [record per seed, by seed]}`` from ``data_dir / "external"``."""
+    folder = data_dir / "external"
+    recs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.exists() else []
+    order = [c.name for c in METHODS]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted((r for r in recs if r.get("kind") == "external"), key=lambda r: (order.index(r["method"]), r["seed"])):
+        out.setdefault(r["method"], []).append(r)
+    return out
+
+
+def section(data_dir: Path) -> str:
+    """The markdown section of docs/results.md for the external task (from the records alone)."""
+    runs = records(data_dir)
+    lines = ["## An external task: reasoning-gym `chain_sum`, scored by its own scorer", ""]
+    if not runs:
+        return "\n".join(lines + ["No records under `docs/results/data/external/` yet.", ""])
+    first = next(iter(runs.values()))[0]
+    sc, seeds = first["scale"], sorted({r["seed"] for rs in runs.values() for r in rs})
+    lines += [
+        f"`bench/paper/external.py`: reasoning-gym's `chain_sum` generator (two one-digit terms, its own question "
+        "text) through `spec.task.environment: asyncrl.rollout.envs.reasoning_gym_task:ReasoningGymEnv`; the reward is "
+        "the generator's `score_answer`. Tiny Llama, printable-ASCII character tokenizer, warm start of "
+        f"{sc['warm_start_steps']} supervised steps on the generator's answers (shared by every run). "
+        f"{sc['steps']} versions of {sc['prompts']} x {sc['group']} samples, {sc['minibatches']} minibatches, "
+        f"lr {sc['learning_rate']}; held-out success on {sc['eval_prompts']} prompts (temperature sampling) "
+        f"every {sc['eval_every']} versions. Paper thresholds: mask `[0.99, 1.01]`, clip `[0.997, 1.004]`, W = 3 "
+        f"(`sync`: W = 0). Seeds {', '.join(map(str, seeds))}, interleaved; mean ± 95% CI (t) over seeds.", ""]
+    rows = []
+    for name, rs in runs.items():
+        m = [harness.curve_metrics(r, 0.5) for r in rs]
+        start = [r["eval_curve"][0]["success"] for r in rs if r["eval_curve"]]
+        rows.append([name, str(len(rs)), _cell(start), _cell([x["final"] for x in m]), _cell([x["auc"] for x in m]),
+                     _cell([r["keep_ratio_mean"] for r in rs], 4), _cell([r["keep_ratio_min"] for r in rs], 4),
+                     _cell([r["clip_or_reject_mean"] for r in rs], 4), f"{statistics.fmean(r['wall_s'] for r in rs):.0f}"])
+    lines.append(harness.markdown_table(
+        ["method", "seeds", "held-out at v0", "final held-out", "AUC", "keep mean", "keep min", "clip/reject",
+         "wall s / run"], rows))
+    lines += ["![held-out success on chain_sum, mean ± 95% CI](results/external_success.png)", ""]
+    return "\n".join(lines)
+
+
+def figures(data_dir: Path, fig_dir: Path = FIGURES) -> list[Path]:
+    """``external_success.png``: held-out success per method, mean ± 95% CI across seeds (records only)."""
+    runs = records(data_dir)
+    if not runs:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.4))
+    for name, rs in runs.items():
+        common = sorted(set.intersection(*({c["version"] for c in r["eval_curve"]} for r in rs)))
+        per = [{c["version"]: c["success"] for c in r["eval_curve"]} for r in rs]
+        stats = [mean_ci([p[v] for p in per]) for v in common]
+        m, h = [s[0] for s in stats], [s[1] for s in stats]
+        (line,) = ax.plot(common, m, label=name, lw=1.4)
+        ax.fill_between(common, [a - b for a, b in zip(m, h, strict=True)], [a + b for a, b in zip(m, h, strict=True)],
+                        color=line.get_color(), alpha=0.12, lw=0)
+    ax.set_title("reasoning-gym chain_sum: held-out success (mean ± 95% CI)", fontsize=9)
+    ax.set_xlabel("policy version", fontsize=8)
+    ax.set_ylabel("held-out success", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = fig_dir / "external_success.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80, metadata={"Software": None})
+    plt.close(fig)
+    return [path]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smoke scale (CI)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--methods", nargs="+", default=None, help=f"subset of: {', '.join(c.name for c in METHODS)}")
+    p.add_argument("--data", type=Path, default=DATA, help="records root (external/ under it)")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "paper-external", help="scratch (warm start, runs)")
+    args = p.parse_args(argv)
+    names = {c.name: c for c in METHODS}
+    bad = [m for m in args.methods or () if m not in names]
+    if bad:
+        p.error(f"--methods: unknown {bad}; valid: {', '.join(names)}")
+    scale = QUICK if args.quick else FULL
+    if args.seeds:
+        scale = Scale(**{**asdict(scale), "seeds": tuple(args.seeds)})
+    if args.steps:
+        scale = Scale(**{**asdict(scale), "steps": args.steps})
+    cfgs = [names[m] for m in args.methods] if args.methods else list(METHODS)
+    import torch
+
+    torch.set_num_threads(1)
+    out = args.out / ("quick" if args.quick else "full")
+    weights = out / f"warm-{scale.warm_start_steps}x{scale.warm_batch}"
+    info = warm_start(scale, weights)
+    print(f"warm start: {info}", flush=True)
+    folder = args.data / "external"
+    folder.mkdir(parents=True, exist_ok=True)
+    from asyncrl.trainer.driver.ray_env import local_ray
+
+    with local_ray(num_cpus=2):
+        for seed in scale.seeds:  # interleaved: every method of a seed, then the next seed
+            for cfg in cfgs:
+                path = folder / f"{cfg.name}-s{seed}.json"
+                if path.exists():
+                    continue
+                rec = run_one(cfg, scale, seed, weights, out)
+                path.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+                curve = rec["eval_curve"]
+                print(f"{cfg.name} seed {seed}: held-out {curve[0]['success'] if curve else float('nan'):.3f} -> "
+                      f"{curve[-1]['success'] if curve else float('nan'):.3f}, keep {rec['keep_ratio_mean']:.4f} "
+                      f"({rec['wall_s']:.0f} s)", flush=True)
+    figures(args.data)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""``--quick`` of bench/paper/gaps.py and bench/paper/external.py end to end (slow): real actor, real engines,
+the driver's loop; each writes its records, and its docs section comes from those records alone."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+PAPER = Path(__file__).resolve().parents[2] / "bench" / "paper"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(PAPER))
+    spec = importlib.util.spec_from_file_location(f"paper_{name}", PAPER / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gaps_quick_measures_each_source_and_renders_from_records(tmp_path: Path) -> None:
+    gaps = _load("gaps")
+    data = tmp_path / "data"
+    rc = gaps.main(["--quick", "--sources", "fp32", "bf16", "int8", "noise-0.05", "--rl-steps", "2",
+                    "--data", str(data), "--out", str(tmp_path / "out")])
+    assert rc == 0
+    rec = {p.stem: json.loads(p.read_text()) for p in (data / "gaps").glob("*.json")}
+    assert set(rec) == {"measure-fp32", "measure-bf16", "measure-int8", "measure-noise-0.05", "rl-fp32-s0", "rl-bf16-s0"}
+    q = {k[len("measure-"):]: r["abs_log_rd"] for k, r in rec.items() if k.startswith("measure-")}
+    for s, v in q.items():
+        assert rec[f"measure-{s}"]["tokens"] > 0 and v["p50"] <= v["p99"] <= v["max"], s
+    # fp32 engine vs fp32 actor: kernel order only (measured ~1e-7); bf16 rounds (~1e-3): orders apart
+    assert q["fp32"]["mean"] < 1e-5 < q["bf16"]["mean"]
+    assert q["bf16"]["mean"] < q["noise-0.05"]["mean"]  # sigma 0.05 on every logit is larger than bf16 rounding
+    assert rec["measure-noise-0.05"]["synthetic"] and not rec["measure-bf16"]["synthetic"]
+    for k in ("rl-fp32-s0", "rl-bf16-s0"):
+        r = rec[k]
+        assert r["config"]["correction"]["mask"]["bounds"] == {"low": 0.99, "high": 1.01}
+        assert len(r["steps"]) == 2 and 0.0 <= r["keep_ratio_min"] <= r["keep_ratio_mean"] <= 1.0
+        assert r["wall_s"] > 0 and len(r["load_avg"]) == 3
+    first = gaps.section(data)
+    assert first == gaps.section(data)  # from the records alone: the same text twice
+    assert "| bf16 |" in first and "noise-0.05 (synthetic)" in first
+    assert [p.name for p in gaps.figures(data, tmp_path / "fig")] == ["gaps_keep.png"]
+
+
+def test_external_quick_runs_the_methods_and_renders_from_records(tmp_path: Path) -> None:
+    pytest.importorskip("reasoning_gym")
+    external = _load("external")
+    data = tmp_path / "data"
+    rc = external.main(["--quick", "--methods", "sync", "exact", "--data", str(data), "--out", str(tmp_path / "out")])
+    assert rc == 0
+    runs = external.records(data)
+    assert list(runs) == ["sync", "exact"] and all(len(v) == 1 for v in runs.values())
+    for name, (r,) in runs.items():
+        assert r["config"]["task"]["environment"] == "asyncrl.rollout.envs.reasoning_gym_task:ReasoningGymEnv"
+        assert r["config"]["correction"]["clip"] == {"low": 0.003, "high": 0.004}
+        assert r["config"]["async"]["maxStaleness"] == (0 if name == "sync" else 3)
+        assert [c["version"] for c in r["eval_curve"]] == [0, 1, 2]  # eval every version at quick scale
+        assert all(0.0 <= c["success"] <= 1.0 for c in r["eval_curve"])
+    text = external.section(data)
+    assert text == external.section(data)
+    assert "| sync | 1 |" in text and "| exact | 1 |" in text
+    # [1, 3]: mean 2, sd sqrt(2), half-width t(0.975, 1) * sqrt(2) / sqrt(2) = 12.706
+    assert external.mean_ci([1.0, 3.0]) == (2.0, pytest.approx(12.706, abs=1e-12), 2)
