@@ -67,6 +67,8 @@ ENV_TENSOR_PARALLEL: Final = "ASYNCRL_TENSOR_PARALLEL"
 ENV_PIPELINE_PARALLEL: Final = "ASYNCRL_PIPELINE_PARALLEL"
 ENV_DATA_PARALLEL: Final = "ASYNCRL_DATA_PARALLEL"
 ENV_WORLD_SIZE: Final = "ASYNCRL_WORLD_SIZE"
+# The driver container's way to status.training: the socket of the driver pod's status sidecar.
+ENV_STATUS_RELAY: Final = "ASYNCRL_STATUS_RELAY"
 # Operator settings are ASYNCRL_OPERATOR_<FIELD> (asyncrl.operator.config).
 ENV_OPERATOR_PREFIX: Final = "ASYNCRL_OPERATOR_"
 
@@ -82,8 +84,14 @@ SPEC_DIR: Final = "/etc/asyncrl"
 SPEC_FILE: Final = "job.yaml"
 CHECKPOINT_MOUNT: Final = "/checkpoints"
 SHM_MOUNT: Final = "/dev/shm"
+# The driver pod's status sidecar: the relay's socket folder (both containers) and the <job>-status
+# ServiceAccount token (the sidecar only; Kubernetes' own path, which the in-cluster client reads).
+STATUS_RELAY_DIR: Final = "/var/run/asyncrl"
+STATUS_RELAY_SOCKET: Final = f"{STATUS_RELAY_DIR}/status.sock"
+SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 # The operator's own volumes (name -> mount path); pod overrides may not reuse either.
-OPERATOR_VOLUMES: Final = {"spec": SPEC_DIR, "dshm": SHM_MOUNT, "checkpoints": CHECKPOINT_MOUNT}
+OPERATOR_VOLUMES: Final = {"spec": SPEC_DIR, "dshm": SHM_MOUNT, "checkpoints": CHECKPOINT_MOUNT,
+                           "status-relay": STATUS_RELAY_DIR, "status-token": SERVICE_ACCOUNT_DIR}
 
 # ---------------------------------------------------------------- ownership labels and annotations
 # Label keys the operator sets on every child and selects on (asyncrl.operator.names.labels, the

@@ -23,7 +23,8 @@ RESERVED_VOLUMES = tuple(OPERATOR_VOLUMES)
 RESERVED_PATHS = tuple(OPERATOR_VOLUMES.values())
 RESERVED_VOLUME_MESSAGE = (
     f"volume names {', '.join(RESERVED_VOLUMES)} and mount paths {', '.join(RESERVED_PATHS)} (and paths below "
-    "them) are the operator's own (the job spec, shared memory, checkpoints); pick another name or path"
+    "them) are the operator's own (the job spec, shared memory, checkpoints, the driver's status relay and its "
+    "ServiceAccount token); pick another name or path"
 )
 MOUNT_PATH_MESSAGE = (
     "mountPath must be an absolute, normalised path: it starts with /, has no empty, '.' or '..' segment and no "
@@ -211,7 +212,8 @@ class Volume(_VolumeSources):  # type: ignore[misc,valid-type]
     """A Kubernetes Volume: a name and exactly one source (the restricted level allows
     configMap, csi, downwardAPI, emptyDir, ephemeral, persistentVolumeClaim, projected and secret)."""
 
-    name: str = Field(min_length=1, max_length=63, description="Name of the volume (not spec, dshm or checkpoints).",
+    name: str = Field(min_length=1, max_length=63,
+                      description="Name of the volume (not spec, dshm, checkpoints, status-relay or status-token).",
                       json_schema_extra=on_field(CelRule(_not_in(RESERVED_VOLUMES), RESERVED_VOLUME_MESSAGE)))
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
@@ -245,8 +247,8 @@ class VolumeMount(SpecModel):
                       json_schema_extra=on_field(CelRule(_not_in(RESERVED_VOLUMES), RESERVED_VOLUME_MESSAGE)))
     mount_path: str = Field(
         min_length=1, max_length=1024,
-        description="Absolute, normalised path inside the container (not /etc/asyncrl, /dev/shm, /checkpoints or "
-        "below them).",
+        description="Absolute, normalised path inside the container (not /etc/asyncrl, /dev/shm, /checkpoints, "
+        "/var/run/asyncrl, /var/run/secrets/kubernetes.io/serviceaccount or below them).",
         json_schema_extra=on_field(
             CelRule(f"self.matches('{_NORMAL_ABSOLUTE}') && !self.matches('{_cel_regex(_DOT_SEGMENT)}')",
                     MOUNT_PATH_MESSAGE),

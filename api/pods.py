@@ -226,7 +226,8 @@ class PodOverrides(SpecModel):
     )
     volumes: list[Volume] = Field(
         default_factory=list, max_length=64,
-        description="Extra Kubernetes Volumes of this role's pods (not named spec, dshm or checkpoints).",
+        description="Extra Kubernetes Volumes of this role's pods (not named spec, dshm, checkpoints, status-relay or "
+        "status-token).",
     )
     volume_mounts: list[VolumeMount] = Field(
         default_factory=list, max_length=64, description="Where the extra volumes are mounted in the container."

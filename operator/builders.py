@@ -20,7 +20,8 @@ One token per job: the pods accept each other and nothing else.
 Job-image contract (``docker/job.Dockerfile``): the image has ``asyncrl`` and ``ray`` on PATH and
 runs as uid 10001; the driver runs ``asyncrl driver --spec /etc/asyncrl/job.yaml`` (the validated
 spec from the ConfigMap, defaults filled in) and reports ``status.training`` as
-``asyncrl.api.status`` documents.
+``asyncrl.api.status`` documents, through the pod's ``status`` sidecar (``asyncrl status-relay``), the
+only container with the ``<job>-status`` token (:mod:`asyncrl.operator.driver_pod`).
 """
 
 import hashlib
@@ -36,7 +37,7 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.old_logits import OldLogitStrategy
 from asyncrl.api.pods import EnvVar, GangScheduler, PodOverrides, Resources, Toleration
 from asyncrl.api.task_services import header_env
-from asyncrl.operator import names, pod_policy
+from asyncrl.operator import driver_pod, names, pod_policy
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.names import Role
 from asyncrl.operator.pod_policy import GPU_RESOURCE, add_memory, quantity_bytes
@@ -280,6 +281,10 @@ def _pod(
         )
     mounts += [m.model_dump(mode="json", by_alias=True, exclude_none=True) for m in overrides.volume_mounts]
     volumes += [v.model_dump(mode="json", by_alias=True) for v in overrides.volumes]
+    if role is Role.DRIVER:  # the relay's socket, the token for the sidecar only, the task's volumes (driver_pod.py)
+        task_mounts, task_volumes = driver_pod.task_volumes(spec)
+        mounts += [driver_pod.relay_mount(), *task_mounts]
+        volumes += [driver_pod.status_relay_volume(), driver_pod.status_token_volume(), *task_volumes]
     ports = [{"name": "metrics", "containerPort": spec.monitoring.port}]
     if role is Role.DRIVER:
         ports += [
@@ -312,13 +317,15 @@ def _pod(
         "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
         "hostname": name,
         "subdomain": names.service_name(job.name),
-        "automountServiceAccountToken": role is Role.DRIVER,
+        "automountServiceAccountToken": False,  # the driver's token: the status sidecar's own volume only
         "securityContext": pod_policy.pod_security_context(overrides.pod_security_context),
         "containers": [container],
         "volumes": volumes,
     }
     if role is not Role.DRIVER:
         pod_spec["initContainers"] = [_wait_for_gcs(job, image, settings, security)]
+    else:  # a native sidecar: the only container with the <job>-status token
+        pod_spec["initContainers"] = [driver_pod.status_sidecar(job.name, job.namespace, image, settings, security)]
     if role is Role.DRIVER:
         pod_spec["serviceAccountName"] = names.status_account_name(job.name)
     if overrides.image_pull_secrets:
@@ -357,7 +364,8 @@ def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, 
     actor = spec.actor
     driver = Resources(cpu="2", memory="8Gi")  # Ray head + driver: no GPU, modest memory
     add(Role.DRIVER, 0, gpus=0, resources=driver, memory=driver.memory,
-        overrides=_driver_overrides(actor.template), ray_resources=_ray_resources(C.RESOURCE_DRIVER))
+        overrides=_driver_overrides(actor.template), ray_resources=_ray_resources(C.RESOURCE_DRIVER),
+        extra_env={C.ENV_STATUS_RELAY: C.STATUS_RELAY_SOCKET})
 
     interrupt_sync = spec.old_logits.strategy is OldLogitStrategy.INTERRUPT_SYNC
     ro = spec.rollout

@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command line: validate, crd, thresholds, run, driver, probe, export, models.
+"""The ``asyncrl`` command line: validate, crd, thresholds, run, driver, status-relay, probe, export, models.
 
 Imports stay inside the commands so that ``asyncrl validate`` never loads torch.
 """
@@ -116,18 +116,37 @@ def _model_folder_refused(model, source: str, *, must_exist: bool = True) -> boo
 
 
 def _task_refused(spec, source: str) -> bool:  # spec: AsyncRLJobSpec
-    """Import and construct the task's environment (and reward) once; print the problem, True if any.
+    """Import and construct the task's environment (and reward) once, in a child process without the driver's
+    credentials (``asyncrl.rollout.envs.task_check``); print the problem, True if any.
 
     A factory that fails to import or construct is a permanent failure (exit code 2): the message's last
     line is the traceback's last line, which the pod's termination message (FallbackToLogsOnError) shows."""
-    from asyncrl.rollout.envs.binding import EnvLoadError, bind_task
+    from asyncrl.rollout.envs.task_check import check_task
 
-    try:
-        bind_task(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed)
-    except EnvLoadError as exc:
-        print(f"{source}: {exc}", file=sys.stderr)
+    problem = check_task(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed)
+    if problem is not None:
+        print(f"{source}: {problem}", file=sys.stderr)
         return True
     return False
+
+
+def _cmd_status_relay(args: argparse.Namespace) -> int:
+    """The driver pod's ``status`` sidecar: the only holder of the <job>-status token (trainer/driver/status_relay.py)."""
+    import logging
+    import os
+
+    from asyncrl.api.constants import ENV_JOB_NAME, ENV_JOB_NAMESPACE
+    from asyncrl.trainer.driver.status_api import kubernetes_sender
+    from asyncrl.trainer.driver.status_relay import serve
+
+    name, namespace = os.environ.get(ENV_JOB_NAME), os.environ.get(ENV_JOB_NAMESPACE)
+    if not name or not namespace:
+        print(f"asyncrl status-relay: {ENV_JOB_NAME} and {ENV_JOB_NAMESPACE} must name the job (the operator "
+              "sets both)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(args.socket, kubernetes_sender(name, namespace))
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -343,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=port, metavar="P", help="metrics port (default spec.monitoring.port)")
     p.add_argument("--no-status", action="store_true", help="do not report status.training to the API server")
     p.set_defaults(func=_cmd_driver)
+
+    p = sub.add_parser("status-relay", help="the driver pod's status sidecar: relay status.training with its token")
+    p.add_argument("--socket", required=True, metavar="PATH", help="the Unix socket to serve on")
+    p.set_defaults(func=_cmd_status_relay)
 
     p = sub.add_parser(
         "probe", help="a worker pod's checks: wait for the head's GCS (gcs), or this pod's raylet joined (joined)"

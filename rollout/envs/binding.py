@@ -9,7 +9,9 @@ Every task takes this one path (``rollout/worker.py`` builds episodes from a :cl
 - a built-in ``spec.task.name``: the math tasks (``math_tasks.py``) and ``customer-service``.
 
 :func:`bind_task` imports and constructs the factory once, so a job whose environment cannot be
-imported or built fails at start (:class:`EnvLoadError`, exit code 2), not in a rollout worker.
+imported or built fails at start (:class:`EnvLoadError`, exit code 2), not in a rollout worker. The
+driver never calls it for a user's task: it checks the task in a child process without credentials
+(:mod:`asyncrl.rollout.envs.task_check`) and draws its held-out samples from :func:`task_samples`.
 """
 
 import traceback
@@ -89,6 +91,17 @@ def _dataset_parts(task: TaskSpec, workers: int, seed: int) -> tuple[Any, Sample
         raise EnvLoadError(str(exc)) from exc
     shuffle_seed = getattr(task.dataset, "seed", None)
     return data, DatasetSamples(data, workers, seed if shuffle_seed is None else shuffle_seed)
+
+
+def task_samples(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> SampleSource:
+    """The samples of ``spec.task`` (those of :func:`bind_task`), without importing or constructing any of
+    the user's code: the driver draws its held-out problems (``spec.eval``, the start-up probe) from these,
+    and only the rollout workers and the credential-free check of :mod:`.task_check` run the user's code."""
+    if task.dataset is not None:
+        return _dataset_parts(task, workers, seed)[1]
+    if task.environment is not None:
+        return SeededSamples()
+    return bind_task(task, workers=workers, seed=seed).samples  # a built-in task: asyncrl's own code
 
 
 def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding:

@@ -192,7 +192,7 @@ def test_workers_wait_for_the_gcs_and_are_ready_once_joined() -> None:
         assert resource in ray_resources  # the probe looks for what ray start advertises
         assert "livenessProbe" not in main  # `ray start --block` exits when its raylet dies
     drv = d.pods["j-driver-0"].manifest["spec"]
-    assert "initContainers" not in drv
+    assert [c["name"] for c in drv["initContainers"]] == ["status"]  # the status sidecar, waiting for nothing
     c = drv["containers"][0]
     assert c["readinessProbe"]["httpGet"] == {"path": C.GCS_HEALTH_PATH, "port": C.PORT_DASHBOARD}
     live = c["livenessProbe"]
@@ -210,6 +210,9 @@ def test_every_container_uses_the_jobs_ray_token() -> None:
         spec = slot.manifest["spec"]
         for c in [*spec.get("initContainers", []), *spec["containers"]]:
             env = env_of(c)
+            if c["name"] == "status":  # the status sidecar is no part of Ray: no Ray token (test_builders_user_code)
+                assert "RAY_AUTH_TOKEN" not in env
+                continue
             assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == ref, (name, c["name"])
     # without a token from the caller no Secret is built (the pods still read it by name)
     assert "Secret" not in {c.kind for c in desired(REF, spec_of(), CFG, 0).children}
@@ -354,7 +357,8 @@ def test_dedicated_old_logit_pods_and_megatron_env() -> None:
 def test_only_the_driver_gets_the_status_token() -> None:
     d = build()
     drv = d.pods["j-driver-0"].manifest["spec"]
-    assert drv["serviceAccountName"] == "j-status" and drv["automountServiceAccountToken"] is True
+    # the token is the status sidecar's own projected volume (tests/operator/test_builders_user_code.py)
+    assert drv["serviceAccountName"] == "j-status" and drv["automountServiceAccountToken"] is False
     assert d.pods["j-actor-0"].manifest["spec"]["automountServiceAccountToken"] is False
     role = child(d, "Role")
     assert role["rules"] == [{"apiGroups": ["asyncrl.io"], "resources": ["asyncrljobs/status"],

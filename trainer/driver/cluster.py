@@ -334,6 +334,10 @@ def _reporter(job: AsyncRLJob, enabled: bool) -> Any:
 
     if not enabled:
         return None
+    if relay := os.environ.get(C.ENV_STATUS_RELAY):  # the driver pod: its status sidecar holds the token
+        from asyncrl.trainer.driver.status_relay import relay_sender
+
+        return StatusReporter(relay_sender(relay))
     name, namespace = job_identity(job, os.environ)
     try:
         return StatusReporter(kubernetes_sender(name, namespace))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.evaluation import EvalMode
-from asyncrl.rollout.envs.binding import bind_task
+from asyncrl.rollout.envs.binding import task_samples
 from asyncrl.rollout.envs.interface import Sample
 from asyncrl.rollout.trajectory import Trajectory
 
@@ -103,8 +103,8 @@ class Evaluator:
 
     def __init__(self, spec: Any) -> None:
         self.every = int(spec.eval.every_steps)
-        self.problems: list[Sample] = (  # the task's held-out samples (disjoint from training)
-            bind_task(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed).samples.heldout(
+        self.problems: list[Sample] = (  # the task's held-out samples (disjoint from training; no user code runs)
+            task_samples(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed).heldout(
                 spec.eval.prompts, spec.eval.seed) if self.every else []
         )
         self.temperature = eval_temperature(spec)

@@ -288,13 +288,13 @@ def run_probe(hosts: Any, spec: Any, version: int) -> list[Verdict]:
     import numpy as np
     import ray
 
-    from asyncrl.rollout.envs.binding import bind_task
+    from asyncrl.rollout.envs.binding import task_samples
 
     settings = spec.correction.startup_check
     limits = Thresholds(settings.max_mean_abs_log_ratio, settings.max_p99_abs_log_ratio)
     temperature = float(spec.task.temperature)
-    # the task's held-out samples, as the evaluation draws them (never trained on)
-    samples = bind_task(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed).samples
+    # the task's held-out samples, as the evaluation draws them (never trained on; no user code runs here)
+    samples = task_samples(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed)
     problems = samples.heldout(settings.rollouts, spec.train.seed)
     refs = [w.evaluate.remote(problems, version, temperature, spec.train.seed, 0) for w in hosts.rollout]
 

@@ -36,14 +36,11 @@ that (the normal case) ride along with the next throttled report: at most one ex
 
 import datetime as dt
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from asyncrl.api.constants import ENV_JOB_NAME, ENV_JOB_NAMESPACE, GROUP, PLURAL, VERSION
 from asyncrl.api.status import (
     MIN_REPORT_INTERVAL_SECONDS,
     SYNC_PHASE_REPORT_AFTER_SECONDS,
@@ -53,11 +50,15 @@ from asyncrl.api.status import (
     rfc3339,
     training_patch,
 )
+from asyncrl.trainer.driver.status_api import (  # noqa: F401 -- kubernetes_sender re-exported: callers import it here
+    Sender,
+    describe_failure,
+    kubernetes_sender,
+)
 from asyncrl.trainer.driver.step_report import StepReport
 
 log = logging.getLogger(__name__)
 
-Sender = Callable[[dict[str, Any]], None]  # takes the merge-patch body; raises on failure
 Cancel = Callable[[], None]
 Scheduler = Callable[[float, Callable[[], None]], Cancel]  # (delay s, callback) -> cancel
 
@@ -246,45 +247,3 @@ class StatusReporter:
         self.window = ReportWindow()
         self._reported_phase = (self.sync_phase, self.sync_phase_since)
         return True
-
-
-def describe_failure(exc: BaseException) -> str:
-    """What went wrong and what to do about it, for the common API answers."""
-    status = getattr(exc, "status", None)
-    hints = {
-        401: "the pod's ServiceAccount token was rejected; check that the driver pod mounts the "
-             "<job>-status ServiceAccount token",
-        403: "RBAC: the Role <job>-status must allow get/patch on asyncrljobs/status for this job "
-             "(the operator creates it; check `kubectl get role <job>-status -o yaml`)",
-        404: f"the AsyncRLJob is gone, or {ENV_JOB_NAME}/{ENV_JOB_NAMESPACE} name another job",
-        422: "the API server rejected status.training: the installed CRD is older than this driver; "
-             "apply the CRD from `asyncrl crd`",
-    }
-    hint = hints.get(status) if isinstance(status, int) else None
-    reason = getattr(exc, "reason", None) or str(exc)
-    if hint is None:
-        hint = "the API server was unreachable or failed; the next report retries in 30 s"
-    return f"{type(exc).__name__}{f' {status}' if status else ''}: {reason} -- {hint}"
-
-
-def kubernetes_sender(name: str, namespace: str, *, timeout_s: float = 10.0) -> Sender:
-    """A sender using the official client: in-cluster credentials in a pod, else the default kubeconfig."""
-    from kubernetes import client, config
-
-    # A private Configuration/ApiClient: the client's process-wide default is captured once and
-    # would keep pointing at the first API server it saw.
-    configuration = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        # KUBECONFIG read now: the client reads it once, when kubernetes.config is first imported.
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-    api = client.CustomObjectsApi(client.ApiClient(configuration))
-
-    def send(body: dict[str, Any]) -> None:
-        api.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, body,
-            _content_type="application/merge-patch+json", _request_timeout=timeout_s,
-        )
-
-    return send
