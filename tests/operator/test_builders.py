@@ -422,13 +422,15 @@ def test_every_pod_gets_the_jobs_termination_grace_period() -> None:
     assert {p.manifest["spec"]["terminationGracePeriodSeconds"] for p in d.pods.values()} == {900}
 
 
-def test_actor_pod_defers_sigterm_until_its_ray_exits() -> None:
+def test_actor_pod_defers_sigterm_until_its_ray_exits(tmp_path) -> None:
+    import os
     import signal
     import subprocess
     import sys
-    import time
+    from pathlib import Path
 
     from asyncrl.operator.builders import ACTOR_SIGTERM_SHELL
+    from tests.support.helpers import wait_for
 
     d = build(actor={"gpusPerReplica": 0})
     actor = container(d, "j-actor-0")["command"]
@@ -436,10 +438,23 @@ def test_actor_pod_defers_sigterm_until_its_ray_exits() -> None:
     assert actor[len(ACTOR_SIGTERM_SHELL):][:3] == ["ray", "start", "--block"]
     assert container(d, "j-rollout-0")["command"][:3] == ["ray", "start", "--block"]  # rollout pods end at once
     # The real shell: SIGTERM to PID 1 (the shell) leaves the child running; the pod ends with the child's code.
-    child = "import time; time.sleep(2.0); print('child finished', flush=True); raise SystemExit(3)"
+    # No timing: the signal goes once the shell holds its TERM trap (its SigCgt mask says so), and the child ends
+    # only when the test opens its FIFO, after the shell has said that it keeps running.
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    child = f"open({str(gate)!r}).read(); print('child finished', flush=True); raise SystemExit(3)"
     proc = subprocess.Popen([*ACTOR_SIGTERM_SHELL, sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+
+    def traps_term() -> bool:
+        caught = next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                      if line.startswith("SigCgt:"))
+        return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+    wait_for(traps_term, timeout=30, message="the actor shell's TERM trap")
     proc.send_signal(signal.SIGTERM)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("SIGTERM: the actor keeps running")
+    with open(gate, "w"):
+        pass  # the child (ray start) may end now
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 3, out
-    assert "SIGTERM: the actor keeps running" in out and "child finished" in out
+    assert "child finished" in out

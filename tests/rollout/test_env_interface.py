@@ -3,7 +3,6 @@ stamps across an interrupt and a weight update, the chat-template path, the cust
 
 import random
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -44,19 +43,22 @@ def _segments(t: Trajectory) -> list[tuple[bool, str]]:
 
 
 def test_loss_mask_is_exactly_the_assistant_tokens_across_an_interrupt_and_a_weight_update() -> None:
-    # each step takes >= 80 ms (an async service call): six turns take >= 0.48 s per episode
-    spec = TaskSpec(environment="toy_envs:AsyncRelay", python_path=[PLUGINS], args={"turns": 6, "sleep_s": 0.08},
-                    group_size=2, max_new_tokens=200)
+    # each step takes >= 80 ms (an async service call); from the second step on, the service answers only once the
+    # test lets it (hold): the swap and the interrupt surely find every episode in flight, after a first turn at v0
+    stepped, hold = threading.Event(), threading.Event()
+    spec = TaskSpec(environment="toy_envs:AsyncRelay", python_path=[PLUGINS],
+                    args={"turns": 6, "sleep_s": 0.08, "stepped": stepped, "hold": hold}, group_size=2,
+                    max_new_tokens=200)
     w = RolloutWorker(spec, MODEL, AsyncSpec(partial_rollout=True))
     w.load_weights(build_model(w.arch, seed=0).state_dict(), version=0)
     v1 = build_model(w.arch, seed=1).state_dict()
     out: list[Trajectory] = []
     th = threading.Thread(target=lambda: out.extend(w.generate(4)))
     th.start()
-    time.sleep(0.2)  # a turn or two in: episodes hold forced observations, some wait for an answer
+    assert stepped.wait(60)  # a turn in: episodes hold forced observations, the others wait for an answer
     w.update_weights(v1, version=1)  # swapped at a token boundary
-    time.sleep(0.1)
     snaps = w.interrupt(timeout_s=30)
+    hold.set()  # the pending answers come; the resumed episodes go on at v1
     th.join(30)
     assert snaps and all(s.status is TrajectoryStatus.INTERRUPTED for s in snaps)
     rest = w.generate(0)  # resume the suspended episodes (their pending env answers included)

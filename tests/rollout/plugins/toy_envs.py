@@ -9,6 +9,7 @@ the observation ``<res>k</res>``) repeated, the last agent token ending it.
 import asyncio
 import math
 import string
+import threading
 import time
 
 from asyncrl.rollout.envs.interface import AssistantMessage, Reset, Turn
@@ -22,10 +23,16 @@ class Relay:
     ``fault`` makes step ``fail_at`` (1-based turn) misbehave: ``raise``, ``hang`` (sleeps ``hang_s``),
     ``nan`` (a NaN final reward), ``garbage`` (an observation that is not a chat message),
     ``unencodable`` (text the tokenizer cannot encode); ``reset`` raises in reset.
+
+    ``stepped`` / ``hold`` (``threading.Event``, given in ``args`` by a test in the same process): ``stepped`` is
+    set when a step is first answered; from the second step on, :class:`AsyncRelay` answers only once ``hold`` is
+    set, so a test knows episodes are in flight and cannot finish until it lets them.
     """
 
     def __init__(self, turns: int = 3, fault: str = "", fail_at: int = 1, hang_s: float = 5.0, sleep_s: float = 0.0,
-                 faulty_seeds: int = 0) -> None:
+                 faulty_seeds: int = 0, stepped: threading.Event | None = None,
+                 hold: threading.Event | None = None) -> None:
+        self.stepped, self.hold = stepped, hold
         self.turns, self.fault, self.fail_at, self.hang_s, self.sleep_s = turns, fault, fail_at, hang_s, sleep_s
         self.faulty_seeds = faulty_seeds  # >0: only samples whose seed % faulty_seeds == 0 misbehave
         self.k = 0
@@ -40,6 +47,8 @@ class Relay:
 
     def _turn(self, msg: AssistantMessage) -> Turn:
         self.k += 1
+        if self.stepped is not None:
+            self.stepped.set()
         if self.faulty and self.k == self.fail_at:
             if self.fault == "raise":
                 raise ZeroDivisionError("the tool divided by zero")
@@ -71,6 +80,8 @@ class AsyncRelay(Relay):
     async def step(self, msg: AssistantMessage) -> Turn:  # type: ignore[override]
         if self.sleep_s:
             await asyncio.sleep(self.sleep_s)
+        if self.hold is not None and self.k >= 1:
+            await asyncio.to_thread(self.hold.wait)
         if self.faulty and self.fault == "hang" and self.k + 1 == self.fail_at:
             await asyncio.sleep(self.hang_s)
         return self._turn(msg)
