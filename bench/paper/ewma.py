@@ -1,90 +1,173 @@
-"""Experiment 4 (paper Figures 4 and 10 analog): EWMA decay 0.5 / auto / 0.9, each with and without reset.
+"""Experiment 4 (paper Figures 4 and 10 analog): EWMA decay 0.5 / 0.75 / 0.9 / auto, each with and without reset.
 
 Usage::
 
-    .venv/bin/python bench/paper/ewma.py [--quick] [--seeds 0 1 2] [--steps 40] [--out runs/paper]
+    .venv/bin/python bench/paper/ewma.py [--quick] [--seeds 0 1 2 3 4] [--fresh]
 
-``reference: ewma`` at W = 3; ``auto`` is the spec's staleness-aware decay (omitted ``decay``:
-g/(g+1) with g = W/2, i.e. W/(W+2) = 0.6 here); reset on = the quickstart's rule (keep ratio below
-0.8 for 3 consecutive versions). The auto-with-reset cell is the methods table's ``ewma`` run.
-Writes ``ewma.md`` (final held-out success, AUC, keep ratio mean and minimum, resets per run) and
-``ewma.png`` (held-out success and keep ratio per version, reset versions marked).
+``reference: ewma`` at W = 3 and the paper's thresholds; ``auto`` is the spec's staleness-aware decay
+(omitted ``decay``: g/(g+1) with g = W/2, i.e. W/(W+2) = 0.6 here, centre of mass 1.5 versions back, the
+mean version gap); decay 0.9 puts the centre of mass 9 versions back, so ``theta_prox`` lags the policies
+that sampled the tokens and ``r_d = pi_prox / mu`` drifts out of the mask. Reset on = the paper's rule
+(in-bounds ratio below tau for k = 3 consecutive versions, tau chosen below the noise floor, which
+:func:`noise_floor` measures on the exact runs, where ``r_d`` is bf16 rounding alone). The auto-with-reset
+cell is the methods table's ``ewma`` run. :func:`section` renders the noise floor and tau, the table
+(resets per run and their versions, low-streak statistics), the paired tests and the figure.
 """
 
+import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
+import render as rd  # noqa: E402
 
-RESET_ON = {"enabled": True, "keepRatioBelow": 0.8, "consecutiveSteps": 3}
-RESET_OFF = {"enabled": False}
-DECAYS: dict[str, float | None] = {"0.5": 0.5, "auto": None, "0.9": 0.9}
+DECAYS: dict[str, float | None] = {"0.5": 0.5, "0.75": 0.75, "0.9": 0.9, "auto": None}
 
 
 def grid() -> list[h.Config]:
     out = []
     for dname, decay in DECAYS.items():
-        for rname, reset in (("reset", RESET_ON), ("no reset", RESET_OFF)):
-            if decay is None and reset is RESET_ON:
+        for rname, on in (("reset", True), ("no reset", False)):
+            if decay is None and on:
                 out.append(h.Config(f"decay {dname}, {rname}", h.method("ewma").correction))
                 continue
-            ewma = {"reset": reset} if decay is None else {"decay": decay, "reset": reset}
+            ewma: dict[str, Any] = {"reset": h.reset_rule(on)}
+            if decay is not None:
+                ewma["decay"] = decay
             out.append(h.Config(f"decay {dname}, {rname}", h.correction("ewma", ewma=ewma)))
     return out
 
 
-def resets(run: dict) -> list[int]:
-    return [s["version"] for s in run["steps"] if s.get("ewma_reset")]
+def cfg(name: str) -> h.Config:
+    return next(c for c in grid() if c.name == name)
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The ``q`` quantile by linear interpolation between order statistics (numpy's default)."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
+
+
+def precision_only(ctx: rd.Context) -> list[dict[str, Any]]:
+    """Runs whose ``r_d`` is bf16 rounding alone at every version: ``exact`` (snapshot ``pi_old``) and
+    ``sync`` (W = 0: the reference is the weights that sampled)."""
+    return [*ctx.runs(h.method("exact")), *ctx.runs(h.method("sync"))]
+
+
+def longest_below(values: list[float], tau: float) -> int:
+    best = run = 0
+    for x in values:
+        run = run + 1 if x < tau else 0
+        best = max(best, run)
+    return best
+
+
+CANDIDATE_TAUS = (0.8, 0.9, 0.95)
+
+
+def noise_floor(ctx: rd.Context) -> dict[str, Any]:
+    """The in-bounds ratio from precision alone (:func:`precision_only`, every version), and at version 1 of
+    every EWMA run (``theta_prox`` is still the weights that sampled); per candidate tau, the share of those
+    batches below it and the precision-only runs with ``k`` of them in a row (a false reset)."""
+    runs = precision_only(ctx)
+    per_run = [h.series(r, "in_bounds_ratio")[1] for r in runs]
+    flat = [x for xs in per_run for x in xs]
+    first = [h.series(r, "in_bounds_ratio")[1][0] for c in grid() for r in ctx.runs(c) if r["curves"]["version"]]
+    return {
+        "n": len(flat), "runs": len(runs), "mean": statistics.fmean(flat) if flat else float("nan"),
+        "p5": quantile(flat, 0.05), "p1": quantile(flat, 0.01), "min": min(flat, default=float("nan")),
+        "v1_mean": statistics.fmean(first) if first else float("nan"), "v1_min": min(first, default=float("nan")),
+        "v1_n": len(first),
+        "taus": {t: (sum(x < t for x in flat), sum(longest_below(xs, t) >= h.RESET_K for xs in per_run))
+                 for t in CANDIDATE_TAUS},
+    }
+
+
+def floor_text(f: dict[str, Any]) -> str:
+    if not f["n"]:
+        return "**Noise floor**: no precision-only records yet (the methods table's `exact` and `sync` runs).\n"
+    k = h.RESET_K
+    where = ("below the floor's 1st percentile, so a reset means the reference drifted, not rounding noise"
+             if f["p1"] > h.RESET_TAU else "NOT below the floor's 1st percentile: precision noise alone crosses it")
+    per_tau = "; ".join(f"tau {t}: {below} of {f['n']} batches below ({below / f['n']:.1%}), {runs} of {f['runs']} runs "
+                        f"with {k} in a row" for t, (below, runs) in f["taus"].items())
+    return (f"**Noise floor of the in-bounds ratio** (share of valid tokens with `r_d` in [0.99, 1.01] when `r_d` is "
+            f"bf16 rounding alone): over every version of the `exact` and `sync` runs ({f['n']} batches of "
+            f"{f['runs']} runs) mean {f['mean']:.4f}, 5th percentile {f['p5']:.4f}, 1st percentile {f['p1']:.4f}, "
+            f"minimum {f['min']:.4f}; at version 1 of every EWMA run ({f['v1_n']} runs, `theta_prox` = the sampling "
+            f"weights, so the staleness approximation has not yet erred) mean {f['v1_mean']:.4f}, minimum "
+            f"{f['v1_min']:.4f}. Candidate thresholds against the precision-only batches ({k} in a row = a reset "
+            f"that precision alone would trigger): {per_tau}. **Chosen: tau = {h.RESET_TAU}, k = {k}** (the paper's "
+            f"value), {where}.")
+
+
+def reset_versions(runs: list[dict[str, Any]]) -> str:
+    parts = [f"s{r['seed']}: {r['resets']['versions']}" for r in runs if r["resets"]["count"]]
+    return "; ".join(parts) or "none"
+
+
+def section(ctx: rd.Context) -> str:
+    lv = ctx.scale.level
+    header = ["ewma", "seeds", "final held-out success", "AUC", "in-bounds ratio", "in-bounds, last 10 versions",
+              "resets / run", "reset versions (seed: versions)", "versions below tau / run", "longest low streak"]
+    rows = []
+    for c in grid():
+        runs = ctx.runs(c)
+        rows.append([c.name, str(len(runs)), rd.cell(rd.metric(runs, "final", lv)), rd.cell(rd.metric(runs, "auc", lv)),
+                     rd.cell(rd.metric(runs, "mean:in_bounds_ratio", lv), 4),
+                     rd.cell(rd.metric(runs, "late:in_bounds_ratio", lv), 4), rd.cell(rd.metric(runs, "resets", lv), 1),
+                     reset_versions(runs), rd.cell([float(r["low_streak"]["versions_below"]) for r in runs], 1),
+                     str(max((r["low_streak"]["longest"] for r in runs), default=0))])
+    run = {c.name: ctx.runs(c) for c in grid()}
+    tests = [
+        rd.verdict_row("Fig. 4: decay 0.9 lags: its in-bounds ratio falls below auto's (no reset)", "0.9",
+                       run["decay 0.9, no reset"], "auto", run["decay auto, no reset"], "late:in_bounds_ratio", lv, -1),
+        rd.verdict_row("Fig. 4: decay 0.9 lags more than 0.75 (no reset)", "0.9", run["decay 0.9, no reset"], "0.75",
+                       run["decay 0.75, no reset"], "late:in_bounds_ratio", lv, -1),
+        rd.verdict_row("Fig. 10: the reset fires more at decay 0.9 than at auto", "0.9", run["decay 0.9, reset"], "auto",
+                       run["decay auto, reset"], "resets", lv),
+        rd.verdict_row("Fig. 10: the reset keeps decay 0.9's in-bounds ratio up", "reset", run["decay 0.9, reset"],
+                       "no reset", run["decay 0.9, no reset"], "late:in_bounds_ratio", lv),
+        rd.verdict_row("Fig. 10: the reset helps decay 0.9 learn", "reset", run["decay 0.9, reset"], "no reset",
+                       run["decay 0.9, no reset"], "auc", lv),
+        rd.verdict_row("Fig. 4: auto above decay 0.9 (no reset)", "auto", run["decay auto, no reset"], "0.9",
+                       run["decay 0.9, no reset"], "auc", lv),
+        rd.verdict_row("Fig. 4: decay 0.5 less efficient than auto", "auto", run["decay auto, no reset"], "0.5",
+                       run["decay 0.5, no reset"], "auc", lv),
+    ]
+    floor = noise_floor(ctx)
+    shown = ["decay 0.9, reset", "decay 0.9, no reset", "decay auto, reset", "decay auto, no reset", "decay 0.5, no reset"]
+    groups = {n: run[n] for n in shown}
+
+    def resets_at(name: str, runs: list[dict[str, Any]]) -> list[tuple[float, float]]:
+        return [(float(v), h.RESET_TAU - 0.02) for r in runs for v in r["resets"]["versions"]]
+
+    fig = rd.figure(ctx, "ewma", "EWMA in-bounds ratio and resets", [
+        ("in-bounds ratio of r_d (triangles: resets, every seed)", "in-bounds ratio", groups, "in_bounds_ratio"),
+        ("held-out success", "success", groups, None),
+    ], markers={0: resets_at}, hlines={0: [(h.RESET_TAU, f"tau = {h.RESET_TAU}"),
+                                           (round(floor["mean"], 4), "noise floor (precision-only mean)")] if floor["n"] else []})
+    return "\n".join([floor_text(floor), "", rd.markdown_table(header, rows), "",
+                      f"tau = {h.RESET_TAU}, k = {h.RESET_K}; \"versions below tau\" and \"longest low streak\" count the "
+                      "versions whose in-bounds ratio was below tau (with the reset off too: what the rule would have "
+                      "seen). Paired tests over the seeds:", "",
+                      rd.markdown_table(rd.VERDICT_HEADER, tests), "", fig])
 
 
 def main() -> int:
     args = h.parser(__doc__.splitlines()[0]).parse_args()
-    cfgs = grid()
-    scale, out, started, results = h.run_experiment(args, cfgs)
-    header = ["ewma", "final held-out success", "AUC", "keep ratio mean", "keep ratio min", "resets per run",
-              "reset versions (seed 0)"]
-    rows = []
-    for c in cfgs:
-        runs = results[c.name]
-        rows.append([c.name, *h.success_and_keep(runs, scale.level),
-                     h.fmt([float(len(resets(r))) for r in runs], 1), str(resets(runs[0])) or "-"])
-    table = h.markdown_table(header, rows)
-    path = h.write_outputs(out, "ewma", table, [f"seeds: {list(scale.seeds)}", *h.describe(scale, started)])
-    groups = {c.name: results[c.name] for c in cfgs}
+    h.run_experiment(args, grid())  # the noise floor reads the methods table's exact runs
+    import report
 
-    figure(out / "ewma.png", groups)
-    print(table)
-    print(f"wrote {path} and {out / 'ewma.png'}")
+    print(report.render_one(args, "ewma", section))
     return 0
-
-
-def figure(path: Path, groups: dict) -> None:
-    """Held-out success and keep ratio (means over seeds), a triangle per reset of every seed under the keep curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.2))
-    for name, runs in groups.items():
-        xs, m, s = h.mean_curve(runs)
-        (line,) = axes[0].plot(xs, m, label=name, lw=1.4)
-        xs, m, s = h.mean_curve(runs, "keep_ratio")
-        axes[1].plot(xs, m, color=line.get_color(), lw=1.4, label=name)
-        vs = [v for r in runs for v in resets(r)]
-        axes[1].plot(vs, [min(m, default=1.0) - 0.01] * len(vs), "v", color=line.get_color(), ms=4, alpha=0.8)
-    axes[0].set_title("held-out success (mean over seeds)", fontsize=9)
-    axes[1].set_title("train-infer keep ratio (triangles: resets)", fontsize=9)
-    for ax in axes:
-        ax.set_xlabel("policy version", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -4,23 +4,24 @@ One *configuration* is a correction (``spec.correction`` and ``spec.oldLogits``)
 version gap W; everything else -- task, model, batch, minibatches, learning rate, evaluation -- is
 the :class:`Scale` of the command. Each (configuration, seed) runs once through the driver's
 in-process loop (:func:`asyncrl.trainer.driver.loop.run_job`, one local Ray session per command),
-from one supervised warm start per task (cached; the seeds vary the RL phase), and its condensed result is cached as JSON under the
-output folder: experiments that share a configuration (the methods table's ``loglinear`` is
-Proposition 1's reference, its ``ewma`` the EWMA ablation's auto-with-reset cell, its ``exact`` the
-threshold grid's default cell) run it once. Delete the folder (or pass ``--fresh``) to rerun.
+from one supervised warm start per task (cached; the seeds vary the RL phase), and writes one JSON
+record (:mod:`records`) into the record folder: experiments that share a configuration (the methods
+table's ``loglinear`` is Proposition 1's reference, its ``ewma`` the EWMA ablation's auto-with-reset
+cell, its ``exact`` the threshold grid's paper cell) run it once. The full scale's records are
+committed (``docs/results/data/cells/``) and ``bench/paper/report.py`` renders ``docs/results.md``
+from them; ``--fresh`` reruns and overwrites.
 
-What a run keeps (:func:`condense`): the held-out evaluation curve (``spec.eval``: the same prompts
-and sampling seed in every run, version and training-loop seconds of each evaluation), and per
-policy version the correction's keep ratio, clip fractions, ``r_d`` range, mean version gap, EWMA
-reset flags and the actor's step time. :func:`curve_metrics` turns a curve into the table columns:
-final held-out success, area under the eval curve (mean success over the evaluated versions,
-trapezoid rule, 1.0 = perfect from the start), and the first version and loop second at which
-success reached a level.
+The thresholds are the paper's (Table 4, first block): a mask of ``[0.99, 1.01]`` on ``r_d`` and a
+clip of ``[0.997, 1.004]`` on ``r_s`` (:data:`PAPER_MASK`, :data:`PAPER_CLIP`); the loose
+``[0.5, 2]`` / 0.2 block of earlier versions of this page is kept only as a contrast
+(:data:`LOOSE_MASK`, :data:`LOOSE_CLIP`). :func:`eval_metrics` turns a record's evaluation curve
+into the table columns: final held-out success, area under the eval curve (mean success over the
+evaluated versions, trapezoid rule, 1.0 = perfect from the start), and the first version and loop
+second at which success reached a level.
 """
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -31,31 +32,50 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import records as rec  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RECORDS = ROOT / "docs" / "results" / "data" / "cells"  # the committed records of the full scale
+
 W_PAPER = 3  # paper §6.1: the maximum version gap between rollout workers and the actor is 3
-BASE_MASK = {"mode": "mask", "level": "token", "bounds": {"low": 0.5, "high": 2.0}}
-BASE_CLIP = {"low": 0.2, "high": 0.2}
+# Paper Table 4, first block: mask [0.990, 1.010] on r_d, clip [0.997, 1.004] on r_s.
+PAPER_MASK = {"mode": "mask", "level": "token", "bounds": {"low": 0.99, "high": 1.01}}
+PAPER_CLIP = {"low": 0.003, "high": 0.004}
+LOOSE_MASK = {"mode": "mask", "level": "token", "bounds": {"low": 0.5, "high": 2.0}}  # the contrast block
+LOOSE_CLIP = {"low": 0.2, "high": 0.2}
+BASE_MASK, BASE_CLIP = PAPER_MASK, PAPER_CLIP
+# The paper's reset rule (§6.5): in-bounds ratio below tau for k consecutive versions; tau is chosen
+# below the noise floor of the in-bounds ratio (docs/results.md, "noise floor").
+RESET_TAU, RESET_K = 0.8, 3
 
 
 @dataclass(frozen=True)
 class Scale:
     """How big one run is (the same for every configuration of a command)."""
 
-    task: str = "calculator"  # chain-calculator did not improve in 20 versions here (docs/results.md)
+    task: str = "calculator"  # chain-calculator did not improve in 20 versions at this batch size
     steps: int = 60  # policy versions
     prompts: int = 4  # GRPO groups per version
     group: int = 8  # samples per prompt
-    minibatches: int = 4  # optimizer updates per version: the staleness clip binds from the 2nd on
-    learning_rate: float = 1e-4  # per update (4 per version)
+    # 8 optimizer updates per version at 3e-4: the policy moves enough per version that a decay-0.9 EWMA
+    # (centre of mass 9 versions back) lags visibly; at 4 x 1e-4 its in-bounds ratio only fell from
+    # 0.92 to 0.83 in 60 versions and the reset never fired (docs/results.md).
+    minibatches: int = 8
+    learning_rate: float = 3e-4  # per update
     warm_start_steps: int = 100
-    eval_every: int = 10
-    eval_prompts: int = 64
-    seeds: tuple[int, ...] = (0, 1, 2)
-    level: float = 0.7  # success level for "versions / seconds to level"
+    eval_every: int = 15
+    eval_prompts: int = 300  # binomial standard error of one evaluation <= sqrt(0.25 / 300) = 0.029
+    probe_rollouts: int = 64  # start-up probe: |log r_d| of bf16 rollout vs the fp32 actor at version 0
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    level: float = 0.6  # success level for "versions / seconds to level"
 
 
 FULL = Scale()
 QUICK = Scale(steps=4, prompts=4, group=4, minibatches=2, warm_start_steps=10, eval_every=2, eval_prompts=8,
-              seeds=(0,), level=0.3)
+              probe_rollouts=4, seeds=(0,), level=0.3)
 
 
 @dataclass(frozen=True)
@@ -68,25 +88,33 @@ class Config:
     max_staleness: int = W_PAPER
 
     def key(self) -> str:
-        """The cache's file name: a digest of what the configuration runs (not of its name, so the
+        """The record's file name: a digest of what the configuration runs (not of its name, so the
         same run shared by two experiments under two names is one file)."""
         import hashlib
 
         blob = json.dumps([self.correction, self.old_logits, self.max_staleness], sort_keys=True)
         return "cfg-" + hashlib.sha1(blob.encode()).hexdigest()[:12]
 
+    def spec(self) -> dict[str, Any]:
+        return {"correction": dict(self.correction), "old_logits": None if self.old_logits is None else dict(self.old_logits),
+                "max_staleness": self.max_staleness}
+
 
 def correction(reference: str, *, mask: Mapping[str, Any] | None = None, clip: Mapping[str, Any] | None = None,
                ewma: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``spec.correction`` with the experiments' base mask and clip unless given."""
+    """``spec.correction`` with the experiments' base (the paper's) mask and clip unless given."""
     out: dict[str, Any] = {"reference": reference, "mask": dict(mask or BASE_MASK), "clip": dict(clip or BASE_CLIP)}
     if ewma is not None:
         out["ewma"] = dict(ewma)
     return out
 
 
+def reset_rule(enabled: bool = True) -> dict[str, Any]:
+    return {"enabled": enabled, "keepRatioBelow": RESET_TAU, "consecutiveSteps": RESET_K}
+
+
 # The methods of the Table 2 analog; other experiments reuse some of them by name.
-EWMA_AUTO_RESET = {"reset": {"enabled": True, "keepRatioBelow": 0.8, "consecutiveSteps": 3}}
+EWMA_AUTO_RESET = {"reset": reset_rule()}
 METHODS: tuple[Config, ...] = (
     Config("sync", correction("current"), max_staleness=0),
     Config("behavior", correction("behavior")),
@@ -108,8 +136,10 @@ def method(name: str) -> Config:
 
 def job_doc(cfg: Config, scale: Scale, seed: int) -> dict[str, Any]:
     """The AsyncRLJob of one (configuration, seed) at ``scale``."""
+    corr = dict(cfg.correction)
+    corr["startupCheck"] = {"rollouts": scale.probe_rollouts}
     spec: dict[str, Any] = {
-        "correction": dict(cfg.correction),
+        "correction": corr,
         "async": {"maxStaleness": cfg.max_staleness, "partialRollout": True},
         "model": {"preset": "tiny-llama", "rolloutDtype": "bfloat16"},
         "task": {"name": scale.task, "groupSize": scale.group},
@@ -126,6 +156,176 @@ def job_doc(cfg: Config, scale: Scale, seed: int) -> dict[str, Any]:
     return {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": name}, "spec": spec}
 
 
+def scale_record(scale: Scale) -> dict[str, Any]:
+    """What a record keeps of the scale (the seeds and the level are the report's, not the run's)."""
+    return {k: v for k, v in asdict(scale).items() if k not in ("seeds", "level")}
+
+
+class Runner:
+    """Runs (or reads from the record folder) every (configuration, seed) of a command in one Ray session."""
+
+    def __init__(self, scale: Scale, records: Path, *, work: Path, fresh: bool = False,
+                 log: Callable[[str], None] = print) -> None:
+        self.scale, self.records, self.work, self.fresh, self.log = scale, records, work, fresh, log
+        self.records.mkdir(parents=True, exist_ok=True)
+        self.done: set[str] = set()  # what this command ran (--fresh reruns each once)
+        self._ray: Any = None
+
+    def result(self, cfg: Config, seed: int, tag: str = "") -> dict[str, Any]:
+        """The record of ``(cfg, seed)``: read if it exists at this scale, else run."""
+        path = self.records / rec.name_of(cfg.key(), seed, tag)
+        if path.exists() and not (self.fresh and path.name not in self.done):
+            old = rec.read(path)
+            if old["scale"] != scale_record(self.scale):
+                diff = ", ".join(f"{k}: recorded {old['scale'].get(k)!r} vs now {v!r}"
+                                 for k, v in scale_record(self.scale).items() if old["scale"].get(k) != v)
+                raise SystemExit(f"{path} is a run of another scale ({diff}); pass --fresh or another --records")
+            return old
+        self._start_ray()
+        from asyncrl.api.validation import validate_job
+        from asyncrl.trainer.driver.loop import RunOptions, run_job
+
+        rdir = self.work / "runs" / path.stem
+        shutil.rmtree(rdir, ignore_errors=True)
+        # One supervised warm start per task, made by the first run (with its seed) and shared by all:
+        # the seeds vary the RL phase (sampling, minibatch order), the starting policy is the same.
+        options = RunOptions(run_dir=rdir, warm_start_dir=self.work / f"warm-{self.scale.task}-{self.scale.warm_start_steps}",
+                             actor_threads=1, rollout_threads=1, num_cpus=2.0)
+        load0, t0 = os.getloadavg()[0], time.monotonic()
+        res = run_job(validate_job(job_doc(cfg, self.scale, seed)), options)
+        if res.summary.get("status") != "succeeded":
+            raise SystemExit(f"run {path.stem} ({cfg.name}, seed {seed}) ended {res.summary.get('status')!r}: "
+                             f"{res.summary.get('error')}; see {rdir}")
+        record = rec.build(key=cfg.key(), seed=seed, tag=tag, config=cfg.spec(), scale=scale_record(self.scale),
+                           summary=res.summary, steps=res.steps, bench_s=time.monotonic() - t0,
+                           load_avg=(load0, os.getloadavg()[0]))
+        rec.write(self.records, record)
+        self.done.add(path.name)
+        shutil.rmtree(rdir, ignore_errors=True)  # the record is what is kept
+        last = record["eval"]["success"][-1] if record["eval"]["success"] else float("nan")
+        self.log(f"  ran {cfg.name} seed {seed}{' ' + tag if tag else ''}: {record['bench_s']:.0f} s, "
+                 f"held-out success {last:.3f}, resets {record['resets']['count']}")
+        return record
+
+    def results(self, cfgs: Iterable[Config], seeds: Sequence[int] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """``{config name: [record per seed]}``, interleaved: every configuration of seed 0, then of
+        seed 1, ..., so the machine's load drifts over all configurations alike and an interrupted
+        suite has whole seeds."""
+        cfgs, seeds = list(cfgs), list(self.scale.seeds if seeds is None else seeds)
+        by_seed = {s: {c.name: self.result(c, s) for c in cfgs} for s in seeds}
+        return {c.name: [by_seed[s][c.name] for s in seeds] for c in cfgs}
+
+    def _start_ray(self) -> None:
+        if self._ray is None:
+            from asyncrl.trainer.driver.ray_env import local_ray
+
+            for attempt in range(1, 4):  # a loaded machine can time out Ray's node start-up; try again
+                try:
+                    self._ray = local_ray(num_cpus=2)
+                    self._ray.__enter__()
+                    return
+                except Exception as exc:
+                    self._ray = None
+                    if attempt == 3:
+                        raise
+                    self.log(f"  Ray did not start ({exc}); retrying in {20 * attempt} s")
+                    time.sleep(20 * attempt)
+
+    def close(self) -> None:
+        if self._ray is not None:
+            self._ray.__exit__(None, None, None)
+            self._ray = None
+
+
+# --- metrics of one run ----------------------------------------------------------------------
+def eval_curve(record: Mapping[str, Any]) -> list[dict[str, float]]:
+    """A record's evaluations as ``[{"version", "success", "loop_s"}]``."""
+    e = record["eval"]
+    return [{"version": v, "success": s, "loop_s": t} for v, s, t in zip(e["version"], e["success"], e["loop_s"], strict=True)]
+
+
+def auc(curve: Sequence[Mapping[str, Any]]) -> float:
+    """Area under the held-out success curve over versions, divided by the version span (trapezoid)."""
+    if len(curve) < 2:
+        return float(curve[0]["success"]) if curve else float("nan")
+    area = sum((b["version"] - a["version"]) * (a["success"] + b["success"]) / 2 for a, b in zip(curve, curve[1:], strict=False))
+    return area / (curve[-1]["version"] - curve[0]["version"])
+
+
+def first_reaching(curve: Sequence[Mapping[str, Any]], level: float) -> Mapping[str, Any] | None:
+    return next((c for c in curve if c["success"] >= level), None)
+
+
+def eval_metrics(curve: Sequence[Mapping[str, Any]], level: float) -> dict[str, float]:
+    """Final held-out success, AUC, versions and loop seconds to ``level`` (nan: never reached)."""
+    hit = first_reaching(curve, level)
+    return {
+        "final": float(curve[-1]["success"]) if curve else float("nan"),
+        "auc": auc(curve),
+        "versions_to_level": float(hit["version"]) if hit else float("nan"),
+        "seconds_to_level": float(hit["loop_s"]) if hit else float("nan"),
+    }
+
+
+def series(record: Mapping[str, Any], key: str) -> tuple[list[int], list[float]]:
+    """``(versions, values)`` of one per-version curve of a record (versions without a value skipped)."""
+    c = record["curves"]
+    pairs = [(v, x) for v, x in zip(c["version"], c[key], strict=True) if x is not None]
+    return [v for v, _ in pairs], [float(x) for _, x in pairs]
+
+
+def series_mean(record: Mapping[str, Any], key: str, versions: tuple[int, int] | None = None) -> float:
+    """Mean of a per-version curve, over ``versions`` (inclusive) or the whole run."""
+    xs, ys = series(record, key)
+    vals = [y for x, y in zip(xs, ys, strict=True) if versions is None or versions[0] <= x <= versions[1]]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+# --- command line ----------------------------------------------------------------------------
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="tiny smoke-test scale (CI): one seed, a few versions")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="override the scale's seeds")
+    p.add_argument("--out", type=Path, default=Path("runs/paper"),
+                   help="working folder: warm starts, run folders, and the records of --quick runs")
+    p.add_argument("--records", type=Path, default=None,
+                   help=f"record folder (default: {RECORDS.relative_to(ROOT)} at full scale, <out>/quick/records with --quick)")
+    p.add_argument("--fresh", action="store_true", help="rerun and overwrite the records of this command's cells")
+    return p
+
+
+def scale_from(args: argparse.Namespace) -> Scale:
+    s = QUICK if args.quick else FULL
+    if args.seeds:
+        s = replace(s, seeds=tuple(args.seeds))
+    return s
+
+
+def out_dir(args: argparse.Namespace) -> Path:
+    """Quick runs never share a working folder with full ones."""
+    return args.out / ("quick" if args.quick else "full")
+
+
+def records_dir(args: argparse.Namespace) -> Path:
+    if args.records is not None:
+        return Path(args.records)
+    return out_dir(args) / "records" if args.quick else RECORDS
+
+
+def runner(args: argparse.Namespace) -> Runner:
+    return Runner(scale_from(args), records_dir(args), work=out_dir(args), fresh=args.fresh)
+
+
+def run_experiment(args: argparse.Namespace, cfgs: Sequence[Config]) -> dict[str, list[dict[str, Any]]]:
+    """Every config's records (one per seed) at the command's scale, run where missing."""
+    r = runner(args)
+    try:
+        return r.results(cfgs)
+    finally:
+        r.close()
+
+
+# --- condensed runs (the form bench/paper/gaps.py reads and draws; the experiments here use records) ---
 STEP_KEYS = ("version", "wall_s", "step_s", "keep_ratio", "clip_or_reject_frac", "clip_low_frac", "clip_high_frac",
              "rd_min", "rd_max", "staleness_mean", "staleness_max", "ewma_reset", "success_rate", "in_bounds_ratio")
 
@@ -143,128 +343,14 @@ def condense(summary: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> 
     }
 
 
-def run_dir_root(out: Path) -> Path:
-    return out / "runs"
-
-
-class Runner:
-    """Runs (or reads from the cache) every (configuration, seed) of a command in one Ray session."""
-
-    def __init__(self, scale: Scale, out: Path, *, fresh: bool = False, log: Callable[[str], None] = print) -> None:
-        self.scale, self.out, self.log = scale, out, log
-        self.cache = out / "cache"
-        if fresh and self.cache.exists():
-            shutil.rmtree(self.cache)
-        self.cache.mkdir(parents=True, exist_ok=True)
-        self._check_scale()
-        self._ray: Any = None
-
-    def _check_scale(self) -> None:
-        """A cache holds runs of one scale (seeds aside): refuse to mix in runs of another."""
-        mine = {k: v for k, v in asdict(self.scale).items() if k not in ("seeds", "level")}
-        path = self.cache / "scale.json"
-        if not path.exists():
-            path.write_text(json.dumps(mine, sort_keys=True))
-            return
-        theirs = json.loads(path.read_text())
-        if theirs != mine:
-            diff = ", ".join(f"{k}: cached {theirs.get(k)!r} vs now {v!r}" for k, v in mine.items() if theirs.get(k) != v)
-            raise SystemExit(f"{self.cache} holds runs of another scale ({diff}); pass --fresh or another --out")
-
-    def _path(self, cfg: Config, seed: int) -> Path:
-        return self.cache / f"{cfg.key()}-s{seed}.json"
-
-    def result(self, cfg: Config, seed: int) -> dict[str, Any]:
-        path = self._path(cfg, seed)
-        if path.exists():
-            return json.loads(path.read_text())
-        self._start_ray()
-        from asyncrl.api.validation import validate_job
-        from asyncrl.trainer.driver.loop import RunOptions, run_job
-
-        rdir = run_dir_root(self.out) / f"{cfg.key()}-s{seed}"
-        shutil.rmtree(rdir, ignore_errors=True)
-        # One supervised warm start per task, made by the first run (with its seed) and shared by all:
-        # the seeds vary the RL phase (sampling, minibatch order), the starting policy is the same.
-        options = RunOptions(run_dir=rdir, warm_start_dir=self.out / f"warm-{self.scale.task}",
-                             actor_threads=1, rollout_threads=1, num_cpus=2.0)
-        t0 = time.monotonic()
-        res = run_job(validate_job(job_doc(cfg, self.scale, seed)), options)
-        out = condense(res.summary, res.steps)
-        out["bench_s"] = round(time.monotonic() - t0, 1)
-        path.write_text(json.dumps(out))
-        shutil.rmtree(rdir, ignore_errors=True)  # the condensed result is what is kept
-        last = out["eval_curve"][-1]["success"] if out["eval_curve"] else float("nan")
-        self.log(f"  ran {cfg.name} seed {seed}: {out['bench_s']:.0f} s, held-out success {last:.3f}")
-        return out
-
-    def results(self, cfgs: Iterable[Config]) -> dict[str, list[dict[str, Any]]]:
-        """``{config name: [result per seed]}``, run seed by seed (every configuration of seed 0 first,
-        so an interrupted suite has whole seeds)."""
-        cfgs = list(cfgs)
-        by_seed = {s: {c.name: self.result(c, s) for c in cfgs} for s in self.scale.seeds}
-        return {c.name: [by_seed[s][c.name] for s in self.scale.seeds] for c in cfgs}
-
-    def _start_ray(self) -> None:
-        if self._ray is None:
-            from asyncrl.trainer.driver.ray_env import local_ray
-
-            self._ray = local_ray(num_cpus=2)
-            self._ray.__enter__()
-
-    def close(self) -> None:
-        if self._ray is not None:
-            self._ray.__exit__(None, None, None)
-            self._ray = None
-
-
-# --- metrics of one run ----------------------------------------------------------------------
-def auc(curve: Sequence[Mapping[str, Any]]) -> float:
-    """Area under the held-out success curve over versions, divided by the version span (trapezoid)."""
-    if len(curve) < 2:
-        return float(curve[0]["success"]) if curve else float("nan")
-    area = sum((b["version"] - a["version"]) * (a["success"] + b["success"]) / 2 for a, b in zip(curve, curve[1:], strict=False))
-    return area / (curve[-1]["version"] - curve[0]["version"])
-
-
-def first_reaching(curve: Sequence[Mapping[str, Any]], level: float) -> Mapping[str, Any] | None:
-    return next((c for c in curve if c["success"] >= level), None)
-
-
 def curve_metrics(run: Mapping[str, Any], level: float) -> dict[str, float]:
-    """Final held-out success, AUC, versions and loop seconds to ``level`` (nan: never reached)."""
-    curve = run["eval_curve"]
-    hit = first_reaching(curve, level)
-    return {
-        "final": float(curve[-1]["success"]) if curve else float("nan"),
-        "auc": auc(curve),
-        "versions_to_level": float(hit["version"]) if hit else float("nan"),
-        "seconds_to_level": float(hit["loop_s"]) if hit else float("nan"),
-        "loop_s": float(run["loop_s"]),
-    }
+    """:func:`eval_metrics` of a condensed run, and its loop seconds."""
+    return {**eval_metrics(run["eval_curve"], level), "loop_s": float(run["loop_s"])}
 
 
 def step_series(run: Mapping[str, Any], key: str) -> tuple[list[int], list[float]]:
     xs = [s["version"] for s in run["steps"] if key in s]
     return xs, [float(s[key]) for s in run["steps"] if key in s]
-
-
-# --- aggregation and rendering ---------------------------------------------------------------
-def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
-    """Mean and sample std over the finite values, and how many were finite."""
-    v = [x for x in values if not math.isnan(x)]
-    if not v:
-        return float("nan"), float("nan"), 0
-    return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0), len(v)
-
-
-def fmt(values: Sequence[float], digits: int = 3) -> str:
-    """``mean ± std`` over seeds; ``(k/n)`` when only k of n seeds have a value (e.g. reached a level)."""
-    m, s, k = mean_std(values)
-    if k == 0:
-        return "never"
-    cell = f"{m:.{digits}f} ± {s:.{digits}f}"
-    return cell if k == len(values) else f"{cell} ({k}/{len(values)})"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -273,7 +359,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mean_curve(runs: Sequence[Mapping[str, Any]], key: str | None = None) -> tuple[list[float], list[float], list[float]]:
+def condensed_mean_curve(runs: Sequence[Mapping[str, Any]], key: str | None = None) -> tuple[list[float], list[float], list[float]]:
     """Mean and std across seeds of the eval curve (``key`` None) or of a step series, on the versions
     every seed has."""
     series = [
@@ -298,7 +384,7 @@ def figure(path: Path, panels: Sequence[tuple[str, str, Mapping[str, Sequence[Ma
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
     for ax, (title, ylabel, groups, key) in zip(axes[0], panels, strict=True):
         for name, runs in groups.items():
-            xs, m, s = mean_curve(runs, key)
+            xs, m, s = condensed_mean_curve(runs, key)
             (line,) = ax.plot(xs, m, label=name, lw=1.4)
             ax.fill_between(xs, [a - b for a, b in zip(m, s, strict=False)], [a + b for a, b in zip(m, s, strict=False)],
                             color=line.get_color(), alpha=0.15, lw=0)
@@ -314,65 +400,3 @@ def figure(path: Path, panels: Sequence[tuple[str, str, Mapping[str, Sequence[Ma
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
     plt.close(fig)
-
-
-# --- command line ----------------------------------------------------------------------------
-def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true", help="tiny smoke-test scale (CI): one seed, a few versions")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="override the scale's seeds")
-    p.add_argument("--steps", type=int, default=None, help="override the scale's policy versions")
-    p.add_argument("--out", type=Path, default=Path("runs/paper"),
-                   help="cache of runs (shared by the five commands) and where tables/figures go")
-    p.add_argument("--fresh", action="store_true", help="ignore cached runs")
-    return p
-
-
-def scale_from(args: argparse.Namespace) -> Scale:
-    s = QUICK if args.quick else FULL
-    if args.seeds:
-        s = replace(s, seeds=tuple(args.seeds))
-    if args.steps:
-        s = replace(s, steps=args.steps)
-    return s
-
-
-def out_dir(args: argparse.Namespace) -> Path:
-    """Quick runs never share a cache with full ones."""
-    return args.out / ("quick" if args.quick else "full")
-
-
-def run_experiment(args: argparse.Namespace, cfgs: Sequence[Config]
-                   ) -> tuple[Scale, Path, float, dict[str, list[dict[str, Any]]]]:
-    """One experiment command's scale, output folder, start time and every config's runs (one per seed)."""
-    scale, out = scale_from(args), out_dir(args)
-    started = time.monotonic()
-    runner = Runner(scale, out, fresh=args.fresh)
-    try:
-        return scale, out, started, runner.results(cfgs)
-    finally:
-        runner.close()
-
-
-def success_and_keep(runs: Sequence[Mapping[str, Any]], level: float) -> list[str]:
-    """The columns final held-out success, AUC, keep ratio mean and keep ratio min, each over the seeds."""
-    m = [curve_metrics(r, level) for r in runs]
-    keep = [step_series(r, "keep_ratio")[1] for r in runs]
-    return [fmt([x["final"] for x in m]), fmt([x["auc"] for x in m]),
-            fmt([sum(k) / len(k) for k in keep], 4), fmt([min(k) for k in keep], 4)]
-
-
-def write_outputs(out: Path, name: str, table: str, header_lines: Sequence[str]) -> Path:
-    """``<out>/<name>.md``: the command, the scale and the table."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.md"
-    path.write_text("\n".join(header_lines) + "\n\n" + table)
-    return path
-
-
-def describe(scale: Scale, started: float) -> list[str]:
-    return [
-        f"command: {' '.join([Path(sys.executable).name, *sys.argv])}",
-        f"scale: {json.dumps(asdict(scale))}",
-        f"machine: {os.cpu_count()} cores (shared), wall {time.monotonic() - started:.0f} s for this command",
-    ]

@@ -1,16 +1,15 @@
-"""Experiment 1 (paper Table 2 analog): every reference policy against sync, held-out success.
+"""Experiment 1 (paper Table 2 analog): every reference policy against sync, at the paper's thresholds.
 
 Usage::
 
-    .venv/bin/python bench/paper/methods.py [--quick] [--seeds 0 1 2] [--steps 40] [--out runs/paper]
+    .venv/bin/python bench/paper/methods.py [--quick] [--seeds 0 1 2 3 4] [--fresh]
 
 Runs ``behavior``, ``current`` (decoupled PPO with the weights at arrival), ``linear``, ``loglinear``,
-``ewma`` (automatic decay W/(W+2)... as the spec computes it, with reset) and ``exact`` (snapshot
-old logits) at W = 3, and synchronous training (W = 0, ``current`` = on-policy PPO) as the ceiling,
-each for every seed, on the scale of :mod:`harness` (several minibatches per version so that the
-staleness clip binds). Writes ``methods.md`` (final held-out success, area under the eval curve,
-versions and training-loop seconds to the success level, loop seconds; mean ± std over seeds) and
-``methods.png`` (mean held-out success per version, ±std band) into the output folder.
+``ewma`` (the staleness-aware decay W/(W+2), with the reset rule) and ``exact`` (snapshot old logits)
+at W = 3, and synchronous training (W = 0, ``current`` = on-policy PPO) as the ceiling, each for every
+seed, with the mask ``[0.99, 1.01]`` on ``r_d`` and the clip ``[0.997, 1.004]`` on ``r_s`` (paper Table 4,
+first block). Writes one record per run; :func:`section` renders the table, the paired tests of the
+paper's orderings and the figure (``bench/paper/report.py`` puts it in ``docs/results.md``).
 """
 
 import sys
@@ -19,28 +18,62 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
+import render as rd  # noqa: E402
+
+COLUMNS = ["method", "W", "seeds", "final held-out success", "AUC (eval curve)", "keep ratio", "in-bounds ratio",
+           "clip fraction", "resets / run"]
+
+
+def method_rows(ctx: rd.Context, cfgs: list[h.Config], label: str = "") -> list[list[str]]:
+    lv = ctx.scale.level
+    rows = []
+    for cfg in cfgs:
+        runs = ctx.runs(cfg)
+        rows.append([cfg.name + label, str(cfg.max_staleness), str(len(runs)), rd.cell(rd.metric(runs, "final", lv)),
+                     rd.cell(rd.metric(runs, "auc", lv)), rd.cell(rd.metric(runs, "mean:keep_ratio", lv), 4),
+                     rd.cell(rd.metric(runs, "mean:in_bounds_ratio", lv), 4),
+                     rd.cell(rd.metric(runs, "mean:clip_or_reject_frac", lv), 4), rd.cell(rd.metric(runs, "resets", lv), 1)])
+    return rows
+
+
+def orderings(ctx: rd.Context) -> list[list[str]]:
+    """The paper's orderings of Table 2, each a paired test over the seeds (AUC and final success)."""
+    r = {c.name: ctx.runs(c) for c in h.METHODS}
+    lv = ctx.scale.level
+    rows = []
+    for what in ("auc", "final"):
+        rows += [
+            rd.verdict_row("PPO-EWMA above Decoupled PPO (current)", "ewma", r["ewma"], "current", r["current"], what, lv),
+            rd.verdict_row("PPO-EWMA above Linear_prox", "ewma", r["ewma"], "linear", r["linear"], what, lv),
+            rd.verdict_row("Loglinear_prox above Linear_prox", "loglinear", r["loglinear"], "linear", r["linear"], what, lv),
+            rd.verdict_row("Snapshot (exact) above PPO-EWMA", "exact", r["exact"], "ewma", r["ewma"], what, lv),
+            rd.verdict_row("Snapshot (exact) above behavior (bypass)", "exact", r["exact"], "behavior", r["behavior"], what, lv),
+            rd.verdict_row("sync above async exact (per version)", "sync", r["sync"], "exact", r["exact"], what, lv),
+        ]
+    return rows
+
+
+def section(ctx: rd.Context) -> str:
+    out = [rd.markdown_table(COLUMNS, method_rows(ctx, list(h.METHODS))), "",
+           "Mean ± 95 % confidence half-width over the seeds (Student t); keep ratio, in-bounds ratio and clip "
+           "fraction are each run's mean over its versions. The paper's orderings, each a paired t test over the "
+           "same seeds (same warm start, same held-out prompts):", "",
+           rd.markdown_table(rd.VERDICT_HEADER, orderings(ctx)), ""]
+    groups = {c.name: ctx.runs(c) for c in h.METHODS}
+    out.append(rd.figure(ctx, "methods", "methods at the paper's thresholds", [
+        ("held-out success (mean ± std over seeds)", "success", groups, None),
+        ("keep ratio (mask [0.99, 1.01] on r_d)", "keep ratio", groups, "keep_ratio"),
+        ("clip fraction (clip [0.997, 1.004] on r_s)", "fraction", groups, "clip_or_reject_frac"),
+    ]))
+    return "\n".join(out)
 
 
 def main() -> int:
     args = h.parser(__doc__.splitlines()[0]).parse_args()
-    scale, out, started, results = h.run_experiment(args, h.METHODS)
-    header = ["method", "W", "final held-out success", "AUC (eval curve)",
-              f"versions to {scale.level:.0%}", f"loop s to {scale.level:.0%}", "loop s"]
-    rows = []
-    for cfg in h.METHODS:
-        m = [h.curve_metrics(r, scale.level) for r in results[cfg.name]]
-        label = cfg.name + (" (snapshot)" if cfg.name == "exact" else "")
-        rows.append([label, str(cfg.max_staleness), h.fmt([x["final"] for x in m]), h.fmt([x["auc"] for x in m]),
-                     h.fmt([x["versions_to_level"] for x in m], 1), h.fmt([x["seconds_to_level"] for x in m], 1),
-                     h.fmt([x["loop_s"] for x in m], 1)])
-    table = h.markdown_table(header, rows)
-    path = h.write_outputs(out, "methods", table, [f"seeds: {list(scale.seeds)}", *h.describe(scale, started)])
-    h.figure(out / "methods.png", [
-        ("held-out success (mean ± std over seeds)", "success", {c.name: results[c.name] for c in h.METHODS}, None),
-        ("train-infer keep ratio", "keep ratio", {c.name: results[c.name] for c in h.METHODS}, "keep_ratio"),
-    ])
-    print(table)
-    print(f"wrote {path} and {out / 'methods.png'}")
+    h.run_experiment(args, h.METHODS)
+    import report
+
+    print(report.render_one(args, "methods", section))
     return 0
 
 

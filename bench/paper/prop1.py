@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/paper/prop1.py [--quick] [--seeds 0 1 2] [--steps 40] [--out runs/paper]
+    .venv/bin/python bench/paper/prop1.py [--quick] [--seeds 0 1 2 3 4] [--fresh]
 
 With a log-linear reference the decoupled ratios are powers of the total ratio ``r = pi_theta / mu``
 (``asyncrl thresholds``, :mod:`asyncrl.trainer.thresholds`), so a run with ``reference: loglinear``
@@ -11,8 +11,8 @@ tokens while the effective bounds depend on each token's version gap ``n``, so t
 run (``reference: behavior``: ``r_s = r``, ``r_d = 1``) uses the bounds of the loglinear runs'
 mean gap rounded: the effective clip of ``r_s`` on ``r``, and the upper effective mask bound as a
 dual clip (a negative-advantage token above it gets no gradient, as the mask would reject it).
-Writes ``prop1.md`` (the bounds used, final success, AUC per run; and the exact per-token check)
-and ``prop1.png`` (held-out success and clip fraction per version).
+:func:`section` renders the bounds used, final success and AUC per run, the paired test, the exact
+per-token check and the figure (held-out success and clip fraction per version).
 
 The exact part -- the per-token keep decisions of the decoupled loss equal those of the single
 ratio with per-gap effective bounds -- is :func:`keep_disagreements` on one batch with this run's
@@ -20,12 +20,12 @@ gap distribution (also a unit test, ``tests/trainer/test_bench_paper.py``).
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
+import render as rd  # noqa: E402
 
 W = h.W_PAPER
 
@@ -77,49 +77,62 @@ def keep_disagreements(gaps: list[int], B: int = 64, T: int = 32, seed: int = 0)
     return int((grad.ne(0) != single).sum()), B * T
 
 
-def main() -> int:
-    args = h.parser(__doc__.splitlines()[0]).parse_args()
-    scale, out = h.scale_from(args), h.out_dir(args)
-    started = time.monotonic()
-    runner = h.Runner(scale, out, fresh=args.fresh)
-    try:
-        ref_runs = runner.results([h.method("loglinear")])["loglinear"]
-        gaps = [s["staleness_mean"] for r in ref_runs for s in r["steps"]]
-        mean_gap = sum(gaps) / len(gaps)
-        gap = min(W, max(1, round(mean_gap)))
-        cfg = single_ratio(gap)
-        single_runs = runner.results([cfg])[cfg.name]
-    finally:
-        runner.close()
-    observed = sorted({int(s["staleness_max"]) for r in ref_runs for s in r["steps"]} | {0})
+def reference_runs(ctx: rd.Context) -> list[dict]:
+    return ctx.runs(h.method("loglinear"))
+
+
+def gap_of(ref_runs: list[dict]) -> tuple[float, int]:
+    """The loglinear runs' mean version gap and the gap whose bounds the single-ratio run uses."""
+    gaps = [x for r in ref_runs for x in h.series(r, "staleness_mean")[1]]
+    mean_gap = sum(gaps) / len(gaps) if gaps else float(W) / 2
+    return mean_gap, min(W, max(1, round(mean_gap)))
+
+
+def section(ctx: rd.Context) -> str:
+    ref_runs = reference_runs(ctx)
+    mean_gap, gap = gap_of(ref_runs)
+    cfg = single_ratio(gap)
+    single_runs = ctx.runs(cfg)
+    observed = sorted({int(x) for r in ref_runs for x in h.series(r, "staleness_max")[1]} | {0})
     bad, n = keep_disagreements(list(range(0, max(observed) + 1)))
-    header = ["run", "reference", "clip on the ratio", "final held-out success", "AUC", "clip fraction mean"]
+    lv = ctx.scale.level
+    header = ["run", "reference", "clip on the ratio", "seeds", "final held-out success", "AUC", "clip fraction"]
     rows = []
     for name, runs, c in (("loglinear", ref_runs, h.method("loglinear")), (cfg.name, single_runs, cfg)):
-        mm = [h.curve_metrics(r, scale.level) for r in runs]
-        clip = [h.step_series(r, "clip_or_reject_frac")[1] for r in runs]
         cl = c.correction["clip"]
-        clip_txt = f"[{1 - cl['low']:.3f}, {1 + cl['high']:.3f}]" + (
-            f", dual {cl['dualClip']:.3f}" if "dualClip" in cl else "")
-        rows.append([name, c.correction["reference"], clip_txt, h.fmt([x["final"] for x in mm]),
-                     h.fmt([x["auc"] for x in mm]), h.fmt([sum(v) / len(v) for v in clip], 4)])
-    table = h.markdown_table(header, rows)
+        clip_txt = f"[{1 - cl['low']:.4f}, {1 + cl['high']:.4f}]" + (
+            f", dual {cl['dualClip']:.4f}" if "dualClip" in cl else "")
+        rows.append([name, c.correction["reference"], clip_txt, str(len(runs)), rd.cell(rd.metric(runs, "final", lv)),
+                     rd.cell(rd.metric(runs, "auc", lv)), rd.cell(rd.metric(runs, "mean:clip_or_reject_frac", lv), 4)])
+    tests = [rd.verdict_row("Prop. 1: loglinear = single ratio (a difference would be the per-gap bounds)", "loglinear",
+                            ref_runs, "single", single_runs, what, lv) for what in ("auc", "final")]
     notes = [
-        f"loglinear runs' mean version gap {mean_gap:.2f} -> single-ratio bounds of gap {gap} "
+        f"- loglinear runs' mean version gap {mean_gap:.2f} -> single-ratio bounds of gap {gap} "
         f"(mask [{h.BASE_MASK['bounds']['low']}, {h.BASE_MASK['bounds']['high']}] on r_d, clip "
-        f"{h.BASE_CLIP['low']}/{h.BASE_CLIP['high']} on r_s)",
-        f"exact per-token check on one batch (gaps {list(range(0, max(observed) + 1))}, per-gap effective bounds): "
+        f"[{1 - h.BASE_CLIP['low']}, {1 + h.BASE_CLIP['high']}] on r_s)",
+        f"- exact per-token check on one batch (gaps {list(range(0, max(observed) + 1))}, per-gap effective bounds): "
         f"{bad} of {n} keep decisions differ",
     ]
-    path = h.write_outputs(out, "prop1", table + "\n" + "\n".join(f"- {x}" for x in notes) + "\n",
-                           [f"seeds: {list(scale.seeds)}", *h.describe(scale, started)])
     groups = {"loglinear": ref_runs, cfg.name: single_runs}
-    h.figure(out / "prop1.png", [("held-out success", "success", groups, None),
-                                  ("clip-or-reject fraction", "fraction", groups, "clip_or_reject_frac")])
-    print(table)
-    print("\n".join(notes))
-    print(f"wrote {path} and {out / 'prop1.png'}")
-    return 0 if bad == 0 else 1
+    return "\n".join([rd.markdown_table(header, rows), *notes, "", rd.markdown_table(rd.VERDICT_HEADER, tests), "",
+                      rd.figure(ctx, "prop1", "Proposition 1", [
+                          ("held-out success", "success", groups, None),
+                          ("clip-or-reject fraction", "fraction", groups, "clip_or_reject_frac")])])
+
+
+def main() -> int:
+    args = h.parser(__doc__.splitlines()[0]).parse_args()
+    r = h.runner(args)
+    try:
+        ref_runs = r.results([h.method("loglinear")])["loglinear"]
+        cfg = single_ratio(gap_of(ref_runs)[1])
+        r.results([cfg])
+    finally:
+        r.close()
+    import report
+
+    print(report.render_one(args, "prop1", section))
+    return 0
 
 
 if __name__ == "__main__":

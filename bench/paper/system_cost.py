@@ -2,18 +2,20 @@
 
 Usage::
 
-    .venv/bin/python bench/paper/system_cost.py [--quick] [--steps 10] [--out runs/paper]
+    .venv/bin/python bench/paper/system_cost.py [--quick] [--steps 10]
 
 Runs ``bench/old_logits.py`` in this process (``behavior`` as the baseline, ``ewma``, and the three
 exact routes ``snapshot``, ``dedicated``, ``interruptSync``, at W = 3; see that script for what
-each column measures) and writes ``system_cost.md`` -- its per-step extras next to the paper's
-numbers at 4B/30B -- and ``system_cost.png`` (extra wall seconds per step in units of the baseline
-step, and extra resident memory in weight copies). The model here is a 0.3 M-parameter Llama on 2
+each column measures) and writes its result as a record (``docs/results/data/system_cost.json``);
+:func:`section` renders the per-step extras next to the paper's numbers at 4B/30B and the figure (extra
+wall seconds per step in units of the baseline step, and extra resident memory in weight copies). The model here is a 0.3 M-parameter Llama on 2
 shared cores, so absolute seconds and bytes are not comparable with the paper's: the ratios
 (snapshot vs EWMA, resident versions) are.
 """
 
+import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -34,28 +36,54 @@ PAPER_TABLE6 = {"snapshot_stage_s_per_step": (95.20, 178.22), "historical_forwar
                 "max_resident_snapshots": (5, 5), "snapshot_size_gb": (8.04, 15.29)}
 
 
+def record_path(args: object) -> Path:
+    """Where the command's record goes: committed at full scale, under the output folder with --quick."""
+    return h.out_dir(args) / "system_cost.json" if args.quick else h.ROOT / "docs" / "results" / "data" / "system_cost.json"
+
+
 def main() -> int:
     p = h.parser(__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10, help="steps per strategy (full scale)")
     args = p.parse_args()
     out = h.out_dir(args)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
     import old_logits  # bench/old_logits.py
 
     js = Path(tempfile.mkdtemp(prefix="asyncrl-paper-cost-")) / "cost.json"
     argv = ["--ws", str(h.W_PAPER), "--json", str(js), "--replicas", "1"]
     # The warm start only has to produce a policy that samples tool calls: the cost is per step.
-    argv += ["--quick", "--ws", "1"] if args.quick else ["--steps", str(args.steps or 10), "--warm-start-steps", "20"]
+    argv += ["--quick", "--ws", "1"] if args.quick else ["--steps", str(args.steps), "--warm-start-steps", "20"]
+    load0, t0 = os.getloadavg()[0], time.monotonic()
     old_logits.main(argv)
-    data = json.loads(js.read_text())
+    shown = [a for i, a in enumerate(argv) if a != "--json" and (i == 0 or argv[i - 1] != "--json")]
+    record = {"schema": 1, "argv": shown, "data": json.loads(js.read_text()),
+              "wall_s": round(time.monotonic() - t0, 1), "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
+              "cpus": os.cpu_count()}
+    path = record_path(args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(section(path, out))
+    print(f"wrote {path} and {out / 'system_cost.png'}")
+    return 0
+
+
+def section(path: Path, figures: Path | None = None) -> str:
+    """The table, the paper's numbers and the targets from the record at ``path``; the figure's PNG into
+    ``figures`` when given (the markdown carries the hash of its data either way)."""
+    if not path.exists():
+        return f"No records yet (`{path.name}`: run `bench/paper/system_cost.py`).\n"
+    from old_logits import BASELINE, STRATEGIES  # bench/old_logits.py
+
+    record = json.loads(path.read_text())
+    data = record["data"]
     rows_in = {r["strategy"]: r for r in data["rows"]}
-    base = rows_in[old_logits.BASELINE]
+    base = rows_in[BASELINE]
     weight = data["weight_bytes"]
     header = ["strategy", "+wall s/step", "(x baseline step)", "+actor s/step", "old-logit fwd s", "in fwds",
               "+memory (weight copies)", "switch s", "resident versions mean/max",
               "paper 4B / 30B: switch s, storage GB, extra s/step"]
     rows = []
-    for name in old_logits.STRATEGIES:
+    for name in STRATEGIES:
         r = rows_in.get(name)
         if r is None:
             continue
@@ -67,7 +95,6 @@ def main() -> int:
                      f"{r['extra_step_s']:+.4f}", f"{r['reference_s']:.4f}", f"{r['reference_forwards']:.2f}",
                      f"{r['extra_memory_bytes'] / weight:.2f}", "-" if r["switch_s"] is None else f"{r['switch_s']:.4f}",
                      resident, ptxt])
-    table = h.markdown_table(header, rows)
     t6 = ("paper Table 6 (snapshot, 4B / 30B-A3B): snapshot-old stage "
           f"{PAPER_TABLE6['snapshot_stage_s_per_step'][0]} / {PAPER_TABLE6['snapshot_stage_s_per_step'][1]} s per step, "
           f"historical forward {PAPER_TABLE6['historical_forward_s'][0]} / {PAPER_TABLE6['historical_forward_s'][1]} s, "
@@ -79,37 +106,42 @@ def main() -> int:
              if snap and ew else "snapshot or ewma not run")
     targets = [f"- [{ {True: 'met', False: 'NOT MET', None: 'not measured'}[t['met']] }] {t['name']}: {t['detail']}"
                for t in data["targets"]]
-    body = table + "\n" + "\n".join([f"- {t6}", f"- {ratio}", *targets]) + "\n"
     cfg = data["config"]
-    shown = [a for i, a in enumerate(argv) if a != "--json" and (i == 0 or argv[i - 1] != "--json")]
-    path = h.write_outputs(out, "system_cost", body, [
-        *h.describe(h.QUICK if args.quick else h.FULL, started)[:1],
-        f"runs: bench/old_logits.py {' '.join(shown)}",
-        f"{cfg['steps']} steps x {cfg['prompts']} prompts x {cfg['group']} samples, task {cfg['task']}, "
-        f"one weight copy {weight / 2**20:.3f} MiB", *h.describe(h.QUICK if args.quick else h.FULL, started)[1:]])
-    _figure(out / "system_cost.png", rows_in, base, weight)
-    print(body)
-    print(f"wrote {path} and {out / 'system_cost.png'}")
-    return 0
+    bars = {n: [round(rows_in[n]["extra_wall_s"] / max(base["step_wall_s"], 1e-9), 4),
+                round(rows_in[n]["extra_memory_bytes"] / weight, 4)] for n in rows_in if n != BASELINE}
+    digest = hashlib.sha256(json.dumps(bars, sort_keys=True).encode()).hexdigest()[:16]
+    if figures is not None:
+        _figure(figures / "system_cost.png", bars)
+    return "\n".join([
+        f"`bench/old_logits.py {' '.join(record['argv'])}` through `bench/paper/system_cost.py`: {cfg['steps']} steps x "
+        f"{cfg['prompts']} prompts x {cfg['group']} samples, task {cfg['task']}, fp32 rollout (exact routes must give "
+        f"r_d = 1), one weight copy {weight / 2**20:.3f} MiB; {record['wall_s']:.0f} s, load average "
+        f"{record['load_avg'][0]}–{record['load_avg'][1]} on {record['cpus']} cores. The \"+wall\" and \"+actor\" "
+        "columns compare runs made one after another on the shared machine (load noise, negative values included); "
+        "the \"in fwds\" column (the old-logit forward in units of the same step's gradient forward, back to back in "
+        "one process) and the memory columns are the robust ones.", "",
+        h.markdown_table(header, rows), f"- {t6}", f"- {ratio}", *targets, "",
+        f"![system cost](results/system_cost.png)\n<!-- figure system_cost.png data sha256 {digest} -->", ""])
 
 
-def _figure(path: Path, rows: dict, base: dict, weight: int) -> None:
+def _figure(path: Path, bars: dict[str, list[float]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in rows if n != "behavior"]
+    names = list(bars)
     fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.0))
-    axes[0].bar(names, [rows[n]["extra_wall_s"] / max(base["step_wall_s"], 1e-9) for n in names], color="tab:blue")
+    axes[0].bar(names, [bars[n][0] for n in names], color="tab:blue")
     axes[0].set_title("extra wall time per step (x baseline step)", fontsize=9)
-    axes[1].bar(names, [rows[n]["extra_memory_bytes"] / weight for n in names], color="tab:orange")
+    axes[1].bar(names, [bars[n][1] for n in names], color="tab:orange")
     axes[1].set_title("extra resident memory (weight copies)", fontsize=9)
     for ax in axes:
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80, metadata={"Software": None})
     plt.close(fig)
 
 

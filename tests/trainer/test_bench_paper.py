@@ -1,8 +1,10 @@
-"""bench/paper/: the harness's arithmetic on hand-made curves and Proposition 1's exact per-token check on
-one batch (fast), and every experiment in its ``--quick`` form (slow): each writes its markdown table and
-its PNG figure. No timing or learning outcome is asserted: the quick scale is a smoke test."""
+"""bench/paper/: the harness's arithmetic on hand-made curves, the seed statistics against hand-derived values,
+the record's derived fields, and Proposition 1's exact per-token check on one batch (fast); and every
+experiment in its ``--quick`` form (slow): each writes its records and renders its section. No timing or
+learning outcome is asserted: the quick scale is a smoke test."""
 
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -14,11 +16,11 @@ import pytest
 from tests.support.helpers import ROOT
 
 PAPER = ROOT / "bench" / "paper"
-EXPERIMENTS = ("methods", "system_cost", "thresholds", "ewma", "prop1")
+EXPERIMENTS = ("methods", "ewma", "thresholds", "prop1", "system_cost")
 
 
 def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(PAPER))  # the scripts import their sibling harness
+    sys.path.insert(0, str(PAPER))  # the scripts import their siblings
     try:
         spec = importlib.util.spec_from_file_location(f"bench_paper_{name}", PAPER / f"{name}.py")
         assert spec is not None and spec.loader is not None
@@ -30,34 +32,90 @@ def _load(name: str) -> ModuleType:
         sys.path.remove(str(PAPER))
 
 
-harness = _load("harness")
+harness, stats, records = _load("harness"), _load("stats"), _load("records")
 
 
 def test_curve_metrics_by_hand() -> None:
     curve = [{"version": 0, "success": 0.2, "loop_s": 0.0}, {"version": 10, "success": 0.4, "loop_s": 5.0},
              {"version": 20, "success": 0.8, "loop_s": 11.0}]
-    m = harness.curve_metrics({"eval_curve": curve, "loop_s": 12.0}, level=0.4)
+    m = harness.eval_metrics(curve, level=0.4)
     # trapezoid: (10 * 0.3 + 10 * 0.6) / 20 = 0.45
-    assert m == {"final": 0.8, "auc": pytest.approx(0.45), "versions_to_level": 10.0, "seconds_to_level": 5.0,
-                 "loop_s": 12.0}
-    never = harness.curve_metrics({"eval_curve": curve, "loop_s": 12.0}, level=0.9)
+    assert m == {"final": 0.8, "auc": pytest.approx(0.45), "versions_to_level": 10.0, "seconds_to_level": 5.0}
+    never = harness.eval_metrics(curve, level=0.9)
     assert math.isnan(never["versions_to_level"]) and math.isnan(never["seconds_to_level"])
 
 
-def test_fmt_counts_seeds_that_have_a_value() -> None:
-    assert harness.fmt([0.5, 0.7]) == "0.600 ± 0.141"
-    assert harness.fmt([4.0, float("nan")], 1) == "4.0 ± 0.0 (1/2)"
-    assert harness.fmt([float("nan")]) == "never"
+def test_student_t_against_tables() -> None:
+    # Printed t tables: t_{0.975}(4) = 2.776, t_{0.975}(9) = 2.262, t_{0.975}(1) = 12.706.
+    assert stats.t_quantile_975(4) == pytest.approx(2.776445, abs=1e-5)
+    assert stats.t_quantile_975(9) == pytest.approx(2.262157, abs=1e-5)
+    assert stats.t_quantile_975(1) == pytest.approx(12.706205, abs=1e-4)
+    # t(1) is Cauchy: P(|T| > 1) = 1 - 2 atan(1) / pi = 0.5 exactly.
+    assert stats.t_two_sided_p(1.0, 1) == pytest.approx(0.5, abs=1e-12)
+    # t(2): P(|T| > t) = 1 - t / sqrt(2 + t^2); t = 2 -> 1 - 2 / sqrt(6) = 0.183503.
+    assert stats.t_two_sided_p(2.0, 2) == pytest.approx(1 - 2 / math.sqrt(6), abs=1e-12)
 
 
-def test_shared_runs_have_one_cache_key() -> None:
-    # The methods table's exact, ewma and loglinear runs are the other experiments' shared cells.
+def test_paired_test_by_hand() -> None:
+    # differences 0.5, 0.3, 0.8, 0.1, 0.9: mean 0.52, sd = sqrt(0.448 / 4) = 0.33466, t = 0.52 / (0.33466 / sqrt 5) = 3.4744
+    p = stats.paired([1.0, 2.0, 3.0, 4.0, 5.0], [0.5, 1.7, 2.2, 3.9, 4.1])
+    assert p.n == 5 and p.diff == pytest.approx(0.52)
+    assert p.t == pytest.approx(0.52 / (math.sqrt(0.448 / 4) / math.sqrt(5)), rel=1e-9)
+    assert p.half_width == pytest.approx(2.776445 * math.sqrt(0.448 / 4) / math.sqrt(5), rel=1e-5)
+    assert p.p < 0.05 and p.verdict(+1) == "held" and p.verdict(-1) == "reversed"
+    flat = stats.paired([0.5, 0.6, 0.4], [0.6, 0.5, 0.4])  # differences -0.1, 0.1, 0: t = 0
+    assert flat.t == 0.0 and flat.p == pytest.approx(1.0) and flat.verdict(+1) == "not resolved"
+    with pytest.raises(ValueError, match="same seeds on both sides"):
+        stats.paired([1.0], [1.0, 2.0])
+    # 95 % interval of 1, 2, 3: mean 2, sd 1, half-width t(2) / sqrt(3) = 4.302653 / 1.7320508 = 2.484138
+    iv = stats.interval([1.0, 2.0, 3.0])
+    assert iv.mean == 2.0 and iv.half_width == pytest.approx(2.484138, abs=1e-5) and iv.cell(2) == "2.00 ± 2.48"
+
+
+def test_low_streaks_and_rounding() -> None:
+    # below 0.8 at positions 1, 2, 4, 5, 6 (None is not below): two streaks, the longest 3
+    s = records.low_streaks([0.9, 0.7, 0.79, 0.85, 0.5, 0.6, 0.1, None, 0.95], 0.8)
+    assert s == {"tau": 0.8, "versions_below": 5, "streaks": 2, "longest": 3}
+    assert records.sig(0.123456) == 0.1235 and records.sig(float("nan")) is None and records.sig(7) == 7
+    assert records.reset_rule({"ewma": {"reset": {"enabled": False}}}) == (0.8, 3, False)
+
+
+def test_shared_runs_have_one_key_and_the_paper_cells_are_there() -> None:
+    # The methods table's exact and ewma runs are the other experiments' shared cells.
     thresholds, ewma = _load("thresholds"), _load("ewma")
-    assert harness.method("exact").key() in {c.key() for c in thresholds.grid()}
-    assert harness.method("ewma").key() in {c.key() for c in ewma.grid()}
+    assert harness.method("exact").key() == thresholds.grid()[0].key()
+    assert harness.method("ewma").key() == ewma.cfg("decay auto, reset").key()
     assert len({c.key() for c in harness.METHODS}) == len(harness.METHODS)
+    assert len({c.key() for c in ewma.grid()}) == 8
+    paper = thresholds.grid()[0].correction
+    assert paper["mask"]["bounds"] == {"low": 0.99, "high": 1.01} and paper["clip"] == {"low": 0.003, "high": 0.004}
+    # [0.996, 1.006] as a spec clip: low = 1 - 0.996, high = 1.006 - 1
+    assert thresholds.grid()[3].correction["clip"] == {"low": 0.004, "high": 0.006}
     with pytest.raises(KeyError, match="valid: sync, behavior"):
         harness.method("ppo")
+
+
+def test_record_round_trip(tmp_path: Path) -> None:
+    cfg = harness.method("ewma")
+    summary = {"eval_curve": [{"version": 0, "success": 0.25, "loop_s": 0.0}, {"version": 2, "success": 0.5, "loop_s": 1.5}],
+               "wall_s": 9.0, "eval_s": 1.0, "loop": {"wall_s": 8.0},
+               "startup_check": {"engines": [{"engine": "rollout-0", "version": 0, "tokens": 40, "mean_abs_log_ratio": 2e-3,
+                                              "p50_abs_log_ratio": 5e-4, "p99_abs_log_ratio": 2e-2, "max_abs_log_ratio": 5e-2}]}}
+    steps = [{"step": 1}, {"version": 1, "in_bounds_ratio": 0.9, "keep_ratio": 0.9, "ewma_reset": 0},
+             {"version": 2, "in_bounds_ratio": 0.7, "keep_ratio": 0.7, "ewma_reset": 1}]
+    rec = records.build(key=cfg.key(), seed=3, tag="", config=cfg.spec(), scale=harness.scale_record(harness.QUICK),
+                        summary=summary, steps=steps, bench_s=12.34, load_avg=(1.0, 2.0))
+    path = records.write(tmp_path, rec)
+    assert path.name == f"{cfg.key()}-s3.json"
+    back = records.read(path)
+    assert back == json.loads(json.dumps(rec))
+    assert back["resets"] == {"count": 1, "versions": [2]} and back["loop_s"] == 7.0  # 8.0 - 1.0 of evaluation
+    assert back["low_streak"] == {"tau": 0.8, "versions_below": 1, "streaks": 1, "longest": 1, "k": 3}
+    assert back["log_rd"]["p50"] == 5e-4 and back["eval"]["success"] == [0.25, 0.5]
+    assert records.Store(tmp_path).seeds_of(cfg.key()) == [3]
+    path.write_text(path.read_text().replace('"schema": 1', '"schema": 0'))
+    with pytest.raises(ValueError, match="record schema 0, this code reads 1; rerun the cell"):
+        records.read(path)
 
 
 def test_prop1_keep_decisions_identical_on_one_batch() -> None:
@@ -67,11 +125,16 @@ def test_prop1_keep_decisions_identical_on_one_batch() -> None:
 
 
 @pytest.mark.slow
-def test_quick_mode_writes_every_table_and_figure(tmp_path: Path) -> None:
-    for name in EXPERIMENTS:  # one cache: later experiments reuse the methods runs, as in the full suite
+def test_quick_mode_writes_every_record_and_section(tmp_path: Path) -> None:
+    for name in EXPERIMENTS:  # one working folder: later experiments reuse the methods runs, as at full scale
         proc = subprocess.run([sys.executable, str(PAPER / f"{name}.py"), "--quick", "--out", str(tmp_path)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=900)
+                              cwd=ROOT, capture_output=True, text=True, timeout=1200)
         assert proc.returncode == 0, (name, proc.stdout[-2000:], proc.stderr[-4000:])
-        table, png = tmp_path / "quick" / f"{name}.md", tmp_path / "quick" / f"{name}.png"
-        assert table.exists() and "| " in table.read_text() and "command:" in table.read_text(), name
+        if name != "system_cost":
+            assert (tmp_path / "quick" / f"{name}.md").read_text().count("| ") > 10, name
+        png = tmp_path / "quick" / f"{name}.png"
         assert png.exists() and 0 < png.stat().st_size < 200_000, name
+    recs = sorted((tmp_path / "quick" / "records").glob("cfg-*-s0.json"))
+    # 7 methods + 7 new EWMA cells + 4 new threshold cells + 1 single-ratio cell
+    assert len(recs) == 19, [p.name for p in recs]
+    assert all(records.read(p)["log_rd"] is not None for p in recs)

@@ -110,6 +110,7 @@ class EngineDiscrepancy:
     # the mean |logp_theta(T) - logp_mu| there.
     fitted_temperature: float | None = None
     fitted_mean_abs: float | None = None
+    p50_abs_log_ratio: float | None = None  # the median of |log r_d| (bench/paper's records)
 
     def record(self) -> dict[str, Any]:
         """JSON form (summary.json): floats to 4 significant digits."""
@@ -171,6 +172,7 @@ def engine_discrepancy(engine: str, dtype: str, version: int, logp_theta: torch.
         first_token_mean_abs=float((pi - mu)[first].abs().mean()),
         rest_mean_abs=float((pi - mu)[rest].abs().mean()) if bool(rest.any()) else math.nan,
         negative_share=float((d < 0).double().mean()),
+        p50_abs_log_ratio=float(torch.quantile(d.abs(), 0.5)),
     )
 
 

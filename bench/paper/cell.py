@@ -1,0 +1,116 @@
+"""Rerun one cell of ``docs/results.md`` and compare it with its committed record.
+
+Usage::
+
+    .venv/bin/python bench/paper/cell.py ewma "decay 0.9, reset" --seed 0   # one cell, one seed
+    .venv/bin/python bench/paper/cell.py --list                              # every experiment's cells
+    .venv/bin/python bench/paper/cell.py --rerun-spread [--seeds 0 1 2]      # section 8's identical reruns
+
+A rerun writes into ``<out>/rerun/`` (never over the committed record) and prints, per metric, the
+committed value, the new one and whether the difference lies within the largest difference two identical
+runs of the same cell showed (section 8's records, tag ``rerun-1``). ``--rerun-spread`` writes those
+``rerun-1`` records next to the committed ones: the ``exact`` cell and ``decay 0.9, reset``.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness as h  # noqa: E402
+import records as rec  # noqa: E402
+import render as rd  # noqa: E402
+
+METRICS = (("final", "final held-out success"), ("auc", "AUC"), ("mean:in_bounds_ratio", "in-bounds ratio"),
+           ("resets", "resets"))
+SPREAD_TAG = "rerun-1"
+
+
+def cells() -> dict[str, list[h.Config]]:
+    import ewma
+    import thresholds
+
+    return {"methods": list(h.METHODS), "ewma": ewma.grid(), "thresholds": thresholds.grid()}
+
+
+def find(experiment: str, name: str) -> h.Config:
+    grid = cells()
+    if experiment not in grid:
+        raise SystemExit(f"experiment {experiment!r}: valid: {', '.join(grid)}")
+    for c in grid[experiment]:
+        if c.name == name:
+            return c
+    raise SystemExit(f"cell {name!r} is not in {experiment}; valid: {', '.join(repr(c.name) for c in grid[experiment])}")
+
+
+def spread_cells() -> list[h.Config]:
+    import ewma
+
+    return [h.method("exact"), ewma.cfg("decay 0.9, reset")]
+
+
+def spread(store: rec.Store, cfg: h.Config, what: str, level: float) -> float | None:
+    """The largest |first - rerun| of ``what`` over the seeds run twice (None: no reruns recorded)."""
+    seeds = store.seeds_of(cfg.key(), SPREAD_TAG)
+    if not seeds:
+        return None
+    a = rd.metric(store.runs(cfg.key(), seeds), what, level)
+    b = rd.metric(store.runs(cfg.key(), seeds, SPREAD_TAG), what, level)
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("experiment", nargs="?")
+    p.add_argument("cell", nargs="?")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--rerun-spread", action="store_true")
+    p.add_argument("--out", type=Path, default=Path("runs/paper"))
+    args = p.parse_args(argv)
+    if args.list:
+        for exp, cfgs in cells().items():
+            print(exp + ": " + ", ".join(repr(c.name) for c in cfgs))
+        return 0
+    work = args.out / "full"
+    if args.rerun_spread:
+        runner = h.Runner(h.FULL, h.RECORDS, work=work)
+        try:
+            for s in args.seeds:
+                for c in spread_cells():
+                    runner.result(c, s)
+                    runner.result(c, s, SPREAD_TAG)
+        finally:
+            runner.close()
+        return 0
+    if not (args.experiment and args.cell):
+        p.error("give an experiment and a cell (see --list), or --rerun-spread")
+    cfg = find(args.experiment, args.cell)
+    committed = rec.Store(h.RECORDS)
+    old = committed.get(cfg.key(), args.seed)
+    runner = h.Runner(h.FULL, work / "rerun", work=work, fresh=True)
+    try:
+        new = runner.result(cfg, args.seed)
+    finally:
+        runner.close()
+    if old is None:
+        print(f"no committed record of {cfg.name!r} seed {args.seed} ({rec.name_of(cfg.key(), args.seed)}); new run only")
+        return 0
+    ok = True
+    for what, label in METRICS:
+        a, b = rd.metric([old], what, h.FULL.level)[0], rd.metric([new], what, h.FULL.level)[0]
+        bound = spread(committed, cfg, what, h.FULL.level)
+        if bound is None:
+            note = " (no identical-rerun spread recorded for this cell)"
+        else:
+            inside = abs(a - b) <= bound + 1e-12
+            ok &= inside
+            note = f" {'within' if inside else 'OUTSIDE'} the identical-rerun spread {bound:.4f}"
+        print(f"{label}: committed {a:.4f}, rerun {b:.4f}, |difference| {abs(a - b):.4f}{note}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Rendering of the paper experiments' sections: markdown tables, verdict lines and figures from records.
+
+Figures are checked by their data, not their pixels: :func:`figure` hashes the numbers it plots (rounded,
+JSON, sha256) and the markdown it returns carries that hash, so ``report.py --check`` compares text only
+and stays exact across machines whatever the fonts or the matplotlib build; the PNG is written only when
+``Context.write_figures`` (with fixed metadata, so a rerun on one machine gives the same bytes).
+"""
+
+import hashlib
+import json
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import harness as h
+import records as rec
+import stats as st
+
+Record = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a section renders from: the records, the scale they ran at, and where figures go."""
+
+    store: rec.Store
+    scale: h.Scale
+    figures: Path  # docs/results/
+    write_figures: bool
+
+    def runs(self, cfg: h.Config, tag: str = "") -> list[dict[str, Any]]:
+        return self.store.runs(cfg.key(), self.scale.seeds, tag)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def metric(runs: Sequence[Record], name: str, level: float) -> list[float]:
+    """One number per run: ``final``/``auc``/``versions_to_level`` of the eval curve, ``resets``, or
+    ``mean:<curve>`` (a per-version curve's run mean), ``early:<curve>`` (versions 1-10), ``late:<curve>``
+    (the last 10 versions)."""
+    out = []
+    for r in runs:
+        if name == "resets":
+            out.append(float(r["resets"]["count"]))
+        elif ":" in name:
+            kind, key = name.split(":", 1)
+            last = r["curves"]["version"][-1] if r["curves"]["version"] else 0
+            window = {"mean": None, "early": (1, 10), "late": (last - 9, last)}[kind]
+            out.append(h.series_mean(r, key, window))
+        else:
+            out.append(h.eval_metrics(h.eval_curve(r), level)[name])
+    return out
+
+
+def cell(values: Sequence[float], digits: int = 3) -> str:
+    return st.interval(values).cell(digits)
+
+
+def seeds_text(runs: Sequence[Record]) -> str:
+    return ", ".join(str(r["seed"]) for r in runs) or "none"
+
+
+def verdict_row(claim: str, a_name: str, a: Sequence[Record], b_name: str, b: Sequence[Record], what: str,
+                level: float, expected: int = +1) -> list[str]:
+    """One row of an orderings table: ``a`` above ``b`` on ``what`` (``expected`` -1: below), paired over
+    the seeds both have."""
+    seeds = sorted({r["seed"] for r in a} & {r["seed"] for r in b})
+    av = metric([r for r in a if r["seed"] in seeds], what, level)
+    bv = metric([r for r in b if r["seed"] in seeds], what, level)
+    if len(seeds) < 2:
+        return [claim, what, f"{a_name} vs {b_name}", "-", "-", "not resolved (fewer than 2 paired seeds)"]
+    p = st.paired(av, bv)
+    return [claim, what, f"{a_name} − {b_name}", f"{p.diff:+.3f} ± {p.half_width:.3f}",
+            f"t({p.n - 1}) = {p.t:.2f}, p = {p.p:.2g}", f"**{p.verdict(expected)}**"]
+
+
+VERDICT_HEADER = ["paper's claim", "metric", "difference", "Δ (95 % CI)", "paired t test", "verdict (p < 0.05)"]
+
+
+# --- figures ---------------------------------------------------------------------------------
+Panel = tuple[str, str, Mapping[str, Sequence[Record]], str | None]  # (title, y label, {series: runs}, curve or None)
+
+
+def mean_curve(runs: Sequence[Record], key: str | None) -> tuple[list[float], list[float], list[float]]:
+    """Mean and std across seeds of the eval curve (``key`` None) or of a per-version curve, on the
+    versions every run has; rounded to 4 digits (what the figure's hash covers)."""
+    if not runs:
+        return [], [], []
+    series = [({c["version"]: c["success"] for c in h.eval_curve(r)} if key is None
+               else dict(zip(*h.series(r, key), strict=True))) for r in runs]
+    common = sorted(set.intersection(*(set(s) for s in series)))
+    means = [round(statistics.fmean(s[v] for s in series), 4) for v in common]
+    stds = [round(statistics.stdev([s[v] for s in series]), 4) if len(series) > 1 else 0.0 for v in common]
+    return [float(v) for v in common], means, stds
+
+
+Markers = Callable[[str, Sequence[Record]], list[tuple[float, float]]]
+
+
+def figure(ctx: Context, name: str, caption: str, panels: Sequence[Panel], *,
+           markers: Mapping[int, Markers] | None = None, hlines: Mapping[int, Sequence[tuple[float, str]]] | None = None,
+           ylims: Mapping[int, tuple[float, float]] | None = None) -> str:
+    """A row of panels (mean over seeds, ±std band); ``markers[i]`` gives (x, y) points per series of
+    panel ``i`` (e.g. resets), ``hlines[i]`` horizontal reference lines. Returns the markdown (image and the
+    hash of the plotted data)."""
+    data: list[Any] = []
+    for i, (title, ylabel, groups, key) in enumerate(panels):
+        data.append([title, ylabel, key, [[n, *mean_curve(runs, key),
+                                          (markers or {}).get(i, lambda *_: [])(n, runs)] for n, runs in groups.items()],
+                     list((hlines or {}).get(i, ())), list((ylims or {}).get(i, ()))])
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    path = ctx.figures / f"{name}.png"
+    if ctx.write_figures:
+        _draw(path, data)
+    return f"![{caption}](results/{name}.png)\n<!-- figure {name}.png data sha256 {digest} -->\n"
+
+
+def _draw(path: Path, data: Sequence[Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(data), figsize=(4.4 * len(data), 3.3), squeeze=False)
+    for ax, (title, ylabel, _key, lines, hl, ylim) in zip(axes[0], data, strict=True):
+        for n, xs, m, s, pts in lines:
+            (line,) = ax.plot(xs, m, label=n, lw=1.3)
+            ax.fill_between(xs, [a - b for a, b in zip(m, s, strict=True)], [a + b for a, b in zip(m, s, strict=True)],
+                            color=line.get_color(), alpha=0.15, lw=0)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "v", color=line.get_color(), ms=5, alpha=0.9)
+        for y, label in hl:
+            ax.axhline(y, color="k", ls="--", lw=0.8)
+            ax.text(ax.get_xlim()[0], y, " " + label, fontsize=6, va="bottom")
+        if ylim:
+            ax.set_ylim(*ylim)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("policy version", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80, metadata={"Software": None})
+    plt.close(fig)

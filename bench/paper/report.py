@@ -1,0 +1,185 @@
+"""Generate ``docs/results.md`` and its figures from the committed records alone (``docs/results/data/``).
+
+Usage::
+
+    .venv/bin/python bench/paper/report.py           # rewrite docs/results.md and docs/results/*.png
+    .venv/bin/python bench/paper/report.py --check   # regenerate in memory; exit 1 on any difference
+
+Nothing here runs an experiment: every number comes from a record (:mod:`records`), every figure from
+the same numbers (checked by the hash of its data, :mod:`render`). The sections of the other
+measurements are imported when their modules exist -- ``gaps.py`` (|log r_d| per gap source) and
+``external.py`` (a task from an external generator), each ``section(data_dir) -> str`` over its own
+folder of records -- and ``alert_evidence.py`` (the reset alert scraped by a real Prometheus).
+"""
+
+import argparse
+import difflib
+import importlib
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness as h  # noqa: E402
+import records as rec  # noqa: E402
+import render as rd  # noqa: E402
+
+DATA = h.ROOT / "docs" / "results" / "data"
+DOC = h.ROOT / "docs" / "results.md"
+FIGURES = h.ROOT / "docs" / "results"
+
+
+def experiment(name: str) -> Any:
+    return importlib.import_module(name)
+
+
+def all_cfgs() -> list[h.Config]:
+    """Every configuration of the four record-based experiments, once (by key)."""
+    seen: dict[str, h.Config] = {}
+    for c in [*h.METHODS, *experiment("thresholds").grid(), *experiment("ewma").grid()]:
+        seen.setdefault(c.key(), c)
+    return list(seen.values())
+
+
+def records_summary(ctx: rd.Context) -> str:
+    """Which records exist, the seeds, the machine's load while they ran, their wall time."""
+    runs = [r for c in all_cfgs() for r in ctx.runs(c)]
+    if not runs:
+        return "No records yet."
+    loads = [x for r in runs for x in r["load_avg"] if x is not None]
+    walls = [r["bench_s"] for r in runs if r["bench_s"] is not None]
+    return (f"{len(runs)} runs ({len(all_cfgs())} configurations, seeds {sorted({r['seed'] for r in runs})}); "
+            f"one run took {min(walls):.0f}–{max(walls):.0f} s (median {statistics.median(walls):.0f} s) including "
+            f"its Ray start; the 1-minute load average at the runs' starts and ends was {min(loads):.1f}–{max(loads):.1f} "
+            f"(median {statistics.median(loads):.1f}) on {runs[0]['cpus']} cores.")
+
+
+def log_rd_table(ctx: rd.Context) -> str:
+    """The bf16-vs-fp32 |log r_d| of every run's start-up probe (version 0, the shared warm start)."""
+    rows = []
+    for c in [*h.METHODS]:
+        q = [r["log_rd"] for r in ctx.runs(c) if r.get("log_rd")]
+        if not q:
+            continue
+        rows.append([c.name, str(len(q)), f"{statistics.fmean(x['tokens'] for x in q):.0f}",
+                     *(f"{statistics.fmean(x[k] for x in q):.2e} ({min(x[k] for x in q):.1e}–{max(x[k] for x in q):.1e})"
+                       for k in ("mean", "p50", "p99"))])
+    if not rows:
+        return "No records yet.\n"
+    return rd.markdown_table(["runs of", "runs", "tokens / probe", "mean |log r_d|", "p50", "p99"], rows)
+
+
+def rerun_spread(ctx: rd.Context) -> str:
+    """Two identical runs of one cell (same seed, same machine): the spread a rerun should fall in."""
+    lines = []
+    for c in (h.method("exact"), experiment("ewma").cfg("decay 0.9, reset")):
+        first, again = ctx.runs(c), ctx.runs(c, "rerun-1")
+        pairs = [(a, b) for a in first for b in again if a["seed"] == b["seed"]]
+        if not pairs:
+            continue
+        rows = []
+        for what, label in (("final", "final held-out success"), ("auc", "AUC"), ("mean:in_bounds_ratio", "in-bounds ratio"),
+                            ("resets", "resets")):
+            da = rd.metric([a for a, _ in pairs], what, ctx.scale.level)
+            db = rd.metric([b for _, b in pairs], what, ctx.scale.level)
+            diffs = [abs(x - y) for x, y in zip(da, db, strict=True)]
+            rows.append([label, f"{max(diffs):.4f}", f"{statistics.fmean(diffs):.4f}",
+                         ", ".join(f"s{a['seed']}: {x:.3f} / {y:.3f}" for (a, _), x, y in zip(pairs, da, db, strict=True))])
+        lines += [f"`{c.name}` ({len(pairs)} seeds run twice):", "",
+                  rd.markdown_table(["metric", "max |first − rerun|", "mean |first − rerun|", "seed: first / rerun"], rows)]
+    return "\n".join(lines) if lines else "No rerun records yet.\n"
+
+
+def foreign_section(module: str, folder: str, write_figures: bool) -> str:
+    """Another measurement's section (``module.section(DATA)``), or a line saying it has none yet."""
+    title = {"gaps": "## The train–inference gap per source", "external": "## A task from an external generator"}[module]
+    data = DATA / folder
+    if not data.exists() or not any(data.glob("*.json")):
+        return f"{title}\n\nNo records yet (`docs/results/data/{folder}/` is empty).\n"
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        return f"{title}\n\nNo section: `bench/paper/{module}.py` did not import ({exc}).\n"
+    try:
+        if write_figures and hasattr(mod, "figures"):
+            mod.figures(DATA)
+        return str(mod.section(DATA))
+    except Exception as exc:  # another measurement's bug must not hide this page's sections
+        return f"{title}\n\nNo section: `bench/paper/{module}.py` failed on its records ({type(exc).__name__}: {exc}).\n"
+
+
+def alert_section() -> str:
+    try:
+        mod = importlib.import_module("alert_evidence")
+    except ImportError as exc:
+        return f"No section: `bench/paper/alert_evidence.py` did not import ({exc}).\n"
+    return str(mod.section(DATA / "alerts"))
+
+
+def system_cost_section(write_figures: bool) -> str:
+    mod = importlib.import_module("system_cost")
+    return str(mod.section(DATA / "system_cost.json", FIGURES if write_figures else None))
+
+
+def generate(write_figures: bool) -> str:
+    ctx = rd.Context(rec.Store(h.RECORDS), h.FULL, FIGURES, write_figures)
+    intro = experiment("intro")
+    parts = [
+        intro.head(ctx, records_summary(ctx)),
+        "## 1. Methods at the paper's thresholds (Table 2 analog)\n", experiment("methods").section(ctx),
+        "## 2. EWMA decay, the reset and its noise floor (Figures 4 and 10 analog)\n", experiment("ewma").section(ctx),
+        "## 3. The reset alert, scraped by a real Prometheus\n", alert_section(),
+        "## 4. Threshold grid with exact old logits (Figure 3 and Table 4 analog)\n", experiment("thresholds").section(ctx),
+        "## 5. The bf16 train–inference gap of these runs\n",
+        "`|log r_d| = |log pi_theta - log mu|` of the start-up probe of every run (bf16 rollout engine against the "
+        "fp32 actor, same weights, version 0, held-out prompts of the task; per column the mean over the runs and, "
+        "in brackets, the range):\n", log_rd_table(ctx),
+        foreign_section("gaps", "gaps", write_figures),
+        foreign_section("external", "external", write_figures),
+        "## 6. Proposition 1 in practice (Figure 5 analog)\n", experiment("prop1").section(ctx),
+        "## 7. System cost (Table 3 and Table 6 analog)\n", system_cost_section(write_figures),
+        "## 8. Reruns: the spread of one cell run twice\n", rerun_spread(ctx),
+        intro.tail(ctx),
+    ]
+    return "\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def render_one(args: argparse.Namespace, name: str, section: Callable[[rd.Context], str]) -> str:
+    """One experiment's section from the records its command used (figures into its output folder)."""
+    ctx = rd.Context(rec.Store(h.records_dir(args)), h.scale_from(args), h.out_dir(args), True)
+    text = section(ctx)
+    out = h.out_dir(args) / f"{name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text + f"\n(wrote {out})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="fail when docs/results.md differs from the records")
+    args = p.parse_args(argv)
+    text = generate(write_figures=not args.check)
+    if args.check:
+        old = DOC.read_text() if DOC.exists() else ""
+        missing = [m for m in re.findall(r"\]\((results/[^)]+\.png)\)", text) if not (DOC.parent / m).exists()]
+        if missing:
+            print(f"figures named in docs/results.md are missing: {missing}; run: .venv/bin/python bench/paper/report.py")
+            return 1
+        if old != text:
+            diff = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "docs/results.md",
+                                                "regenerated from docs/results/data", n=1))
+            print(diff[:6000])
+            print("docs/results.md differs from what its records give; run: .venv/bin/python bench/paper/report.py")
+            return 1
+        return 0
+    DOC.write_text(text)
+    print(f"wrote {DOC} and its figures under {FIGURES}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
