@@ -17,7 +17,6 @@ Supported families (:data:`FAMILIES`), all RMSNorm + SwiGLU + RoPE + grouped-que
 | qwen3_moe | ``Qwen3MoeForCausalLM`` | qwen3 attention + top-k routed SwiGLU experts, no shared expert |
 """
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -25,6 +24,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from asyncrl.api.job import ModelSpec
+from asyncrl.api.model_bounds import (
+    COMMON,
+    MAX_PARAMETERS,
+    MAX_TENSORS,
+    family_bounds,
+    field_problems,
+    value_problem,
+)
+from asyncrl.api.model_folder import FolderFileError, file_problems, read_json
 
 Family = Literal["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"]
 CONFIG_FILE = "config.json"
@@ -58,7 +66,7 @@ class ArchitectureError(ValueError):
     def __init__(self, problems: list[str], source: str = "config.json") -> None:
         self.problems = problems
         self.source = source
-        super().__init__(f"{source}: " + "; ".join(problems))
+        super().__init__((f"{source}: " if source else "") + "; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -226,6 +234,44 @@ def hf_param_shapes(arch: ModelArch, *, with_tied_head: bool = True) -> dict[str
     return shapes
 
 
+def parameter_count(arch: ModelArch) -> int:
+    """Parameters of ``arch``'s checkpoint (tied head counted once), from its sizes alone: what
+    :func:`hf_param_shapes` would list, summed without building the table."""
+    H, V, hn = arch.hidden_size, arch.vocab_size, arch.head_dim
+    qkv_rows = (arch.num_attention_heads + 2 * arch.num_key_value_heads) * hn
+    attention = qkv_rows * H + H * arch.num_attention_heads * hn + qkv_rows * arch.qkv_bias + 2 * hn * arch.qk_norm
+    if arch.is_moe:
+        mlp = arch.num_experts * (3 * arch.moe_ffn_hidden_size * H + H)  # experts + one router row each
+    else:
+        mlp = 3 * arch.ffn_hidden_size * H  # gate, up, down
+    layer = attention + mlp + 2 * H  # + the two norms
+    return V * H + arch.num_layers * layer + H + (0 if arch.tie_embeddings else V * H)
+
+
+def tensor_count(arch: ModelArch) -> int:
+    """Tensors of ``arch``'s checkpoint as ``save_pretrained`` writes it (``len(hf_param_shapes(arch,
+    with_tied_head=False))``), from its sizes alone."""
+    mlp = 1 + 3 * arch.num_experts if arch.is_moe else 3
+    per_layer = 6 + 3 * arch.qkv_bias + 2 * arch.qk_norm + mlp
+    return 1 + arch.num_layers * per_layer + 1 + (0 if arch.tie_embeddings else 1)
+
+
+def size_problems(arch: ModelArch) -> list[str]:
+    """The architecture's size against :data:`~asyncrl.api.model_bounds.MAX_PARAMETERS` and
+    :data:`~asyncrl.api.model_bounds.MAX_TENSORS`, estimated before any table or tensor is allocated."""
+    out = []
+    sizes = (f"hidden_size {arch.hidden_size}, num_hidden_layers {arch.num_layers}, intermediate_size "
+             f"{arch.moe_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size}, vocab_size {arch.vocab_size}"
+             + (f", num_experts {arch.num_experts}" if arch.is_moe else ""))
+    if (n := parameter_count(arch)) > MAX_PARAMETERS:
+        out.append(f"{sizes} make {n:.3g} parameters, over MAX_PARAMETERS {MAX_PARAMETERS:.3g}; no supported model "
+                   "is this large: correct the sizes in config.json")
+    if (t := tensor_count(arch)) > MAX_TENSORS:
+        out.append(f"{sizes} make {t} tensors, over MAX_TENSORS {MAX_TENSORS}; no supported model has this many: "
+                   "correct the sizes in config.json")
+    return out
+
+
 LlamaArch = ModelArch  # the Llama-only record's name, kept for the callers that build one positionally
 
 # vocab_size 0 = taken from the task's tokenizer at resolve time.
@@ -259,6 +305,8 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
 
     Raises :class:`ArchitectureError` naming the architecture and the supported list.
     """
+    if bad := [p for k in ("architectures", "model_type") if (p := value_problem(k, cfg.get(k), COMMON[k]))]:
+        raise ArchitectureError(bad)
     archs = cfg.get("architectures") or []
     if archs:
         unknown = [a for a in archs if a not in ARCHITECTURES]
@@ -283,10 +331,9 @@ def arch_from_hf_config(cfg: Mapping[str, Any], source: str = CONFIG_FILE) -> Mo
         family = family_of(cfg)
     except ArchitectureError as exc:
         raise ArchitectureError(exc.problems, source) from None
+    # 1. every field this family reads, typed and bounded, before any number is used
+    bounds = field_problems(cfg, family_bounds(family, FAMILIES[family].moe))
     problems: list[str] = []
-    required = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"]
-    if missing := [k for k in required if not isinstance(cfg.get(k), int)]:
-        raise ArchitectureError([f"missing integer field(s) {missing}"], source)
     if (act := cfg.get("hidden_act", "silu")) != "silu":
         problems.append(f"hidden_act {act!r} is not supported (SwiGLU needs 'silu')")
     if cfg.get("mlp_bias"):
@@ -295,6 +342,8 @@ def arch_from_hf_config(cfg: Mapping[str, Any], source: str = CONFIG_FILE) -> Mo
         problems.append(f"attention_bias true is not supported for {family} (it biases o_proj too)")
     if family in ("qwen2", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window"):
         problems.append("use_sliding_window true (per-layer windows) is not supported; set it to false")
+    if bounds:
+        raise ArchitectureError(bounds + problems, source)
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim")
     if head_dim is None and family == "qwen3":
@@ -330,20 +379,27 @@ def arch_from_hf_config(cfg: Mapping[str, Any], source: str = CONFIG_FILE) -> Mo
         **moe,
     )
     problems += arch.problems()
+    # 2. the whole model's size, estimated from the bounded fields before anything is allocated
+    problems += size_problems(arch) if not problems else []
     if problems:
         raise ArchitectureError(problems, source)
     return arch
 
 
 def folder_config(weights: str) -> dict[str, Any] | None:
-    """The parsed ``config.json`` of the ``spec.model.weights`` folder, or None when it has none."""
-    path = Path(os.path.expanduser(weights)) / CONFIG_FILE
-    if not path.is_file():
-        return None
+    """The parsed ``config.json`` of the ``spec.model.weights`` folder, or None when it has none.
+
+    Read as untrusted data (:func:`asyncrl.api.model_folder.read_json`): a regular file inside the folder
+    (a link out of it is refused) of at most ``CONFIG_MAX_BYTES``, holding a JSON object."""
+    folder = Path(os.path.expanduser(weights))
     try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise ArchitectureError([f"not readable JSON ({exc}); re-save the folder with save_pretrained"], str(path)) from None
+        cfg = read_json(folder, CONFIG_FILE)
+    except FolderFileError as exc:
+        raise ArchitectureError([str(exc)], source="") from None
+    if cfg is not None and not isinstance(cfg, dict):
+        raise ArchitectureError([f"holds JSON {type(cfg).__name__}, not an object; re-save the folder with "
+                                 "save_pretrained"], str(folder / CONFIG_FILE))
+    return cfg
 
 
 def _from_preset(spec: ModelSpec) -> ModelArch:
@@ -357,22 +413,23 @@ def _from_preset(spec: ModelSpec) -> ModelArch:
 def folder_problems(spec: ModelSpec) -> list[str]:
     """What is wrong with ``spec.model`` given its weights folder's ``config.json`` (where visible here).
 
-    Pure file reading (config.json only), so ``asyncrl validate`` runs it without torch. Each problem
-    starts with the field path it is about.
+    Pure file reading (the folder's listing, config.json and tokenizer_config.json), so ``asyncrl validate``
+    runs it without torch: the folder's files (:func:`asyncrl.api.model_folder.file_problems`: links out of
+    the folder, oversized files), then config.json. Each problem starts with the field path it is about.
     """
     if spec.weights is None or not Path(os.path.expanduser(spec.weights)).is_dir():
         return []
+    files = [f"spec.model.weights: {p}" for p in file_problems(spec.weights)]
     try:
         cfg = folder_config(spec.weights)
-    except ArchitectureError as exc:
-        return [f"spec.model.weights: {exc}"]
-    if cfg is None:
-        return []  # a bare safetensors folder: the preset gives the architecture (as before)
-    where = str(Path(os.path.expanduser(spec.weights)) / CONFIG_FILE)
-    try:
+        if cfg is None:
+            return files  # a bare safetensors folder: the preset gives the architecture (as before)
+        where = str(Path(os.path.expanduser(spec.weights)) / CONFIG_FILE)
         arch = arch_from_hf_config(cfg, where)
     except ArchitectureError as exc:
-        return [f"spec.model.weights: {exc}"]
+        return files + [p for p in [f"spec.model.weights: {exc}"] if p not in files]
+    if files:
+        return files
     out = [
         f"spec.model.{yaml}: the architecture comes from {where}; size overrides are refused: remove {yaml}"
         for field, yaml in SIZE_OVERRIDES.items()

@@ -116,11 +116,11 @@ def measure_transformers(folder: str) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     AutoModelForCausalLM._model_mapping[type(config)]  # import the modeling module now, outside the timing
     base = _peak_rss()
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
     seconds = time.perf_counter() - t0
     return {"params": sum(p.numel() for p in model.parameters()), "load_s": seconds, "rss_before": base,
             "peak_rss": _peak_rss()}

@@ -11,6 +11,12 @@ Character tokenizer: tags (``<calc>``, ``</calc>``, ``<res>``, ``</res>``, ``<an
 real tokenizers: spelled-out tags make a tiny model need ~4x more warm-up steps and plateau lower
 (``reference/rl-on-cpu.md`` §6.3). The vocabulary is fixed, so ids are deterministic across
 processes and the actor and every rollout worker agree on them without exchanging files.
+
+A model folder's tokenizer is untrusted data (``docs/security.md``, "Model folders"): its files are
+checked first (:func:`asyncrl.api.model_folder.file_problems`: inside the folder, regular, within
+their size limits), transformers loads it with ``trust_remote_code=False`` (an ``auto_map`` naming the
+folder's Python code is never run and never prompts), and every chat-template render is stopped at
+:data:`TEMPLATE_RENDER_LIMIT_S` (:func:`render_chat`).
 """
 
 import functools
@@ -19,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from asyncrl.rollout.time_limit import TimeLimitError, call_within
 
 if TYPE_CHECKING:
     from asyncrl.api.job import ModelSpec
@@ -30,6 +38,7 @@ SPECIALS: tuple[str, ...] = (PAD, BOS, EOS)
 TAGS: tuple[str, ...] = ("<calc>", "</calc>", "<res>", "</res>", "<ans>", "</ans>")
 CHARS = "0123456789+-*()=?Q:"
 TOKENIZER_FILE = "tokenizer.json"  # a weights folder holding this file brings its own tokenizer
+TEMPLATE_RENDER_LIMIT_S = 5.0  # one chat-template render: real templates take about a millisecond
 
 
 @runtime_checkable
@@ -190,9 +199,15 @@ class HFTokenizer:
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike[str]) -> "HFTokenizer":
-        from transformers import AutoTokenizer
+        """The tokenizer of a model folder, its files checked first; every failure is one ``ValueError``
+        line naming the folder (a folder's code is never run: ``trust_remote_code=False``)."""
+        from asyncrl.api.model_folder import file_problems
 
-        return cls(AutoTokenizer.from_pretrained(str(folder)), str(folder), generation_eos_ids(Path(folder)))
+        path = Path(folder).expanduser()
+        if problems := file_problems(path):
+            raise ValueError(f"tokenizer of {path}: " + "; ".join(problems))
+        hf = _load_hf_tokenizer(path)
+        return cls(hf, str(folder), generation_eos_ids(path))
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -237,24 +252,73 @@ class HFTokenizer:
         for q, a in examples:
             msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         msgs.append({"role": "user", "content": user})
-        text = self.hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return self.encode(text)
+        return self.encode(render_chat(self.hf, msgs, add_generation_prompt=True))
+
+
+def _load_hf_tokenizer(path: Path) -> Any:
+    """``AutoTokenizer.from_pretrained(path)`` offline and without the folder's code, its errors as one line."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 -- transformers and tokenizers raise many types for a bad folder
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if _auto_map(path):
+            raise ValueError(
+                f"tokenizer of {path}: tokenizer_config.json's auto_map names the folder's own Python code, which "
+                "asyncrl never runs (trust_remote_code=False); set tokenizer_class to a transformers class (e.g. "
+                "PreTrainedTokenizerFast) and remove auto_map"
+            ) from None
+        raise ValueError(f"tokenizer of {path} does not load ({type(exc).__name__}: {reason[:300]}); "
+                         "re-save it with tokenizer.save_pretrained(folder)") from None
+
+
+def _auto_map(path: Path) -> bool:
+    from asyncrl.api.model_folder import FolderFileError, read_json
+
+    try:
+        cfg = read_json(path, "tokenizer_config.json")
+    except FolderFileError:
+        return False
+    return isinstance(cfg, dict) and bool(cfg.get("auto_map"))
+
+
+def render_chat(hf: Any, messages: Sequence[Any], *, limit_s: float | None = None, **kwargs: Any) -> str:
+    """``hf.apply_chat_template(messages, tokenize=False, **kwargs)``, stopped after ``limit_s`` seconds
+    (default :data:`TEMPLATE_RENDER_LIMIT_S`) with a one-line :class:`~asyncrl.rollout.time_limit.TimeLimitError`:
+    a template is the model folder's program, and one with nested loops would otherwise never return."""
+    limit = TEMPLATE_RENDER_LIMIT_S if limit_s is None else limit_s
+    what = f"the chat template of {getattr(hf, 'name_or_path', '') or 'the tokenizer'}"
+    try:
+        return str(call_within(limit, what, hf.apply_chat_template, list(messages), tokenize=False, **kwargs))
+    except TimeLimitError as exc:
+        raise TimeLimitError(f"{exc} (TEMPLATE_RENDER_LIMIT_S); real templates render in milliseconds: fix or "
+                             "replace the folder's chat_template.jinja (or tokenizer_config.json's chat_template)"
+                             ) from None
 
 
 def generation_eos_ids(folder: Path) -> tuple[int, ...]:
-    """``eos_token_id`` of the folder's ``generation_config.json`` (an int or a list) as a tuple; () if none."""
-    import json
+    """``eos_token_id`` of the folder's ``generation_config.json`` (an int or a list) as a tuple; () if none.
 
-    path = Path(folder).expanduser() / "generation_config.json"
-    if not path.is_file():
+    Read as untrusted data (confined, at most ``SMALL_JSON_MAX_BYTES``); ids must be JSON integers >= 0."""
+    from asyncrl.api.model_bounds import show
+    from asyncrl.api.model_folder import read_json
+
+    path = Path(folder).expanduser()
+    fix = "re-save it with GenerationConfig.save_pretrained"
+    doc = read_json(path, "generation_config.json", fix=fix)
+    if doc is None:
         return ()
-    try:
-        value = json.loads(path.read_text()).get("eos_token_id")
-    except ValueError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc}); re-save it with GenerationConfig.save_pretrained") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path / 'generation_config.json'}: holds JSON {type(doc).__name__}, not an object; {fix}")
+    value = doc.get("eos_token_id")
     if value is None:
         return ()
-    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+    ids = value if isinstance(value, list) else [value]
+    if not ids or not all(type(v) is int and v >= 0 for v in ids):
+        raise ValueError(f"{path / 'generation_config.json'}: eos_token_id {show(value)} must be an integer id >= 0 "
+                         f"or a list of them; {fix}")
+    return tuple(ids)
 
 
 def _end_of_turn(hf: Any) -> int | None:
@@ -263,9 +327,9 @@ def _end_of_turn(hf: Any) -> int | None:
         return None
     marker = "\u2063marker\u2063"
     try:
-        text = hf.apply_chat_template(
-            [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}], tokenize=False
-        )
+        text = render_chat(hf, [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}])
+    except TimeLimitError:
+        raise  # a template that does not end is refused, not worked around
     except Exception:  # noqa: BLE001 -- a template that needs other inputs: fall back to eos ids
         return None
     rest = text[text.find(marker) + len(marker):] if marker in text else ""

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from asyncrl.rollout.envs.interface import Message
-from asyncrl.rollout.tokenizer import Tokenizer
+from asyncrl.rollout.tokenizer import Tokenizer, render_chat
 
 
 def _template(tokenizer: Tokenizer) -> Any:
@@ -32,7 +32,7 @@ def _template(tokenizer: Tokenizer) -> Any:
 
 def _apply(hf: Any, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None, gen: bool) -> str:
     kw: dict[str, Any] = {"tools": [dict(t) for t in tools]} if tools else {}
-    return str(hf.apply_chat_template(list(messages), add_generation_prompt=gen, tokenize=False, **kw))
+    return render_chat(hf, messages, add_generation_prompt=gen, **kw)  # bounded: the template is the folder's code
 
 
 def _plain_prompt(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int]:

@@ -7,16 +7,21 @@ file, so only the pages of that tensor are touched). A converter that takes one 
 therefore never holds the whole checkpoint in host memory, let alone twice.
 
 Problems with the folder are :class:`FolderError` (a ``ValueError``/``FileNotFoundError`` naming the
-file and the fix), raised when the folder is opened, before any tensor is read.
+file and the fix), raised when the folder is opened, before any tensor is read. The folder is untrusted
+data (:mod:`asyncrl.api.model_folder`): the index is a capped JSON file, every shard it names must be a
+plain relative name that resolves to a regular file inside the folder (``../x`` and ``/x`` are refused,
+as is a link out of it), and at most ``MAX_SHARDS`` files are opened.
 """
 
-import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from asyncrl.api.model_bounds import show
+from asyncrl.api.model_folder import MAX_SHARDS, FolderFileError, inside, read_json
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -43,32 +48,67 @@ class HFFolder(Mapping[str, torch.Tensor]):
 
     def _weight_map(self) -> dict[str, Path]:
         index = self.path / INDEX_FILE
-        if index.is_file():
-            try:
-                weight_map = dict(json.loads(index.read_text())["weight_map"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise FolderError(
-                    f"{index}: not a safetensors index ({exc!r}); it needs a 'weight_map' of tensor name -> "
-                    "shard file: re-save the folder with save_pretrained"
-                ) from None
-            missing = sorted({f for f in weight_map.values() if not (self.path / f).is_file()})
-            if missing:
-                raise FolderError(
-                    f"{index} names shard(s) {missing} that are not in {self.source}: copy the missing shard "
-                    "file(s) into the folder (or re-save it with save_pretrained)"
-                )
-            return {name: self.path / f for name, f in weight_map.items()}
-        files = sorted(p for p in self.path.iterdir() if p.suffix == ".safetensors")
+        if os.path.lexists(index):
+            return self._indexed(index)
+        files = sorted(p.name for p in self.path.iterdir() if p.suffix == ".safetensors")
         if not files:
             raise FolderError(
                 f"no {SINGLE_FILE} and no {INDEX_FILE} in {self.source}: save the model with "
                 "save_pretrained(folder) (safetensors is its default format)"
             )
+        if len(files) > MAX_SHARDS:
+            raise FolderError(f"{self.source}: {len(files)} safetensors files, over MAX_SHARDS {MAX_SHARDS}; "
+                              "re-save the folder with larger shards")
         out: dict[str, Path] = {}
-        for file in files:
+        for file in (self._shard(f, str(self.path / f)) for f in files):
             for name in self._handle(file).keys():
                 out[name] = file
         return out
+
+    def _indexed(self, index: Path) -> dict[str, Path]:
+        """The index's tensor name -> shard path, every shard confined to the folder (all problems at once)."""
+        fix = "it needs a 'weight_map' of tensor name -> shard file: re-save the folder with save_pretrained"
+        try:
+            doc = read_json(self.path, INDEX_FILE, fix=fix)
+        except FolderFileError as exc:
+            raise FolderError(str(exc)) from None
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not all(type(k) is str for k in weight_map):
+            raise FolderError(f"{index}: not a safetensors index (no 'weight_map' object); {fix}")
+        if bad := [v for v in weight_map.values() if type(v) is not str][:1]:
+            raise FolderError(f"{index}: weight_map value {show(bad[0])} is not a file name; {fix}")
+        shards = sorted(set(weight_map.values()))
+        if len(shards) > MAX_SHARDS:
+            raise FolderError(f"{index} names {len(shards)} shard files, over MAX_SHARDS {MAX_SHARDS}; re-save the "
+                              "folder with larger shards")
+        paths, refused, missing = {}, [], []
+        for shard in shards:
+            try:
+                paths[shard] = self._shard(shard, str(index))
+            except FolderError as exc:
+                refused.append(str(exc).removeprefix(f"{index}: "))
+            except FileNotFoundError:
+                missing.append(shard)
+        if refused:
+            raise FolderError(f"{index}: " + "; ".join(refused))
+        if missing:
+            raise FolderError(
+                f"{index} names shard(s) {missing} that are not in {self.source}: copy the missing shard "
+                "file(s) into the folder (or re-save it with save_pretrained)"
+            )
+        return {name: paths[f] for name, f in weight_map.items()}
+
+    def _shard(self, name: str, where: str) -> Path:
+        """The path of shard ``name`` once it is known to resolve to a regular file inside the folder (else
+        :class:`FolderError`; a plain ``FileNotFoundError`` when absent). The folder's own name is kept:
+        a hub cache snapshot's shards are links to blobs named by hash."""
+        try:
+            real = inside(self.path, name, where=where)
+        except FolderFileError as exc:
+            raise FolderError(str(exc)) from None
+        if real is None:
+            raise FileNotFoundError(name)
+        return self.path / name
 
     def _handle(self, file: Path) -> Any:
         if file not in self._handles:
