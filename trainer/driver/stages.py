@@ -29,6 +29,7 @@ from asyncrl.trainer.driver import weight_delivery
 from asyncrl.trainer.driver.accounting import set_sync_phase
 from asyncrl.trainer.driver.staleness import Group
 from asyncrl.trainer.driver.step_report import WeightSync
+from asyncrl.trainer.oldlogits.retention import cap_drop, live_versions
 
 if TYPE_CHECKING:
     from asyncrl.trainer.driver.loop_view import LoopView
@@ -122,10 +123,14 @@ class SnapshotStage(Stage):
             self._drop(loop)
 
     def step_kwargs(self, loop: "LoopView") -> dict[str, Any]:
-        live = live_versions(loop) - self.given_up
-        if self.cap and len(live) > self.cap:
-            self.given_up.update(sorted(live)[: len(live) - self.cap])
-            live -= self.given_up
+        # Rollout samples with the current version until this step's weights arrive, also in calls admitted
+        # while the actor trains: such a call is one in flight since ``loop.version``.
+        in_flight_since = [*loop.admitted_at.values(), loop.version]
+        live = live_versions(loop.buffer.waiting(), in_flight_since, loop.version, loop.W) - self.given_up
+        gone = cap_drop(live, self.cap) if self.cap else set()
+        if gone:
+            self.given_up |= gone
+            live -= gone
             self._drop(loop)
         return {"live_versions": sorted(live)}
 
@@ -140,21 +145,6 @@ def sync_report(seconds: float, outs: list[Any]) -> WeightSync:
     return WeightSync(seconds, transfer_seconds=max(float(o["transfer_s"]) for o in got),
                       pause_seconds=max(float(o["pause_s"]) for o in got),
                       bytes=max(float(o["bytes"]) for o in got))
-
-
-def live_versions(loop: "LoopView") -> set[int]:
-    """Versions a not-yet-trained token may still carry after this step (see :class:`SnapshotStage`)."""
-    new = loop.version + 1
-    floor = new - loop.W
-    # Rollout samples with version v until this step's weights arrive, also in calls admitted while
-    # the actor trains: v stays live (when the window still admits it), and v+1 is what comes next.
-    live: set[int] = set(range(max(loop.version, floor), new + 1))
-    for g in loop.buffer.waiting():
-        for t in g:
-            live.update(v for v in t.sampled_versions if v >= floor)
-    for admitted_at in loop.admitted_at.values():
-        live.update(range(max(admitted_at, floor), new + 1))
-    return live
 
 
 @dataclass

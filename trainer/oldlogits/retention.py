@@ -4,10 +4,14 @@ A version must stay as long as a token that can still be trained references it (
 driver knows those tokens; the actor's stores only keep what it is told
 (``MegatronActor.train_step(batch, live_versions=...)``). Per step, the driver calls::
 
-    live = live_versions(buffer_groups + suspended_partials, in_flight_since, current, W)
+    live = live_versions(waiting_groups, [*admitted_at, current], current, W)
     gone = cap_drop(live, cap)          # over oldLogits.snapshot.maxVersions: the oldest versions
     # drop (and count) the groups holding a version in `gone`, then
     actor.train_step(batch, live_versions=live - gone)
+
+(``trainer/driver/stages.py``, ``SnapshotStage.step_kwargs``, is that caller.) ``current`` itself is
+passed as a call in flight since ``current``: rollout keeps sampling with it until the step's weights
+arrive, also in calls admitted while the actor trains, so it stays live while the window admits it.
 
 Why ``current + 1 - W``: after the step the actor is at ``current + 1`` and the staleness bound
 admits a token of version ``v`` only while ``current + 1 - v <= W``; an older token can never be
