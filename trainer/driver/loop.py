@@ -653,10 +653,13 @@ class _Loop:
         """Write one event as a ``metrics.jsonl`` line (flattened here, once, with the buffer's running
         total of stale-dropped groups) and hand it, typed, to ``on_step``; returns the line."""
         wall = time.monotonic() - self.started
-        line = step_line(event) if isinstance(event, StepReport) else event.record(wall)
-        line["dropped_groups_total"] = self.buffer.counts.groups_dropped_stale
+        dropped = self.buffer.counts.groups_dropped_stale
         if isinstance(event, StepReport):
+            event = event.with_(dropped_groups_total=dropped)  # the typed event carries it, as the line does
+            line = step_line(event)
             self.reports.append(event)
+        else:
+            line = event.record(wall) | {"dropped_groups_total": dropped}
         self.records.append(line)
         self.run_dir.append_step(line)
         self._gauges()
