@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.scale_common import arch_of, free_port
+from asyncrl.trainer.collective.endpoint import LOOPBACK, new_endpoint
+from bench.scale_common import arch_of
 
 
 class Source:
@@ -53,10 +54,10 @@ class Source:
                                        dtype=torch.bfloat16))
         return handle, time.perf_counter() - t0
 
-    def join(self, port: int, world: int) -> None:
+    def join(self, endpoint: Any, world: int) -> None:
         from asyncrl.trainer.weightsync.broadcast import open_group
 
-        self.group = open_group("127.0.0.1", port, 0, world, backend="gloo", timeout_s=600)
+        self.group = open_group(endpoint, 0, world, backend="gloo", timeout_s=600)
 
     def broadcast(self, bucket_mib: int, version: int) -> float:
         import torch
@@ -107,10 +108,10 @@ class Receiver:
                 state = ray.get(handle[0])
         return time.perf_counter() - t0, self._install(state)
 
-    def join(self, port: int, rank: int, world: int) -> None:
+    def join(self, endpoint: Any, rank: int, world: int) -> None:
         from asyncrl.trainer.weightsync.broadcast import open_group
 
-        self.group = open_group("127.0.0.1", port, rank, world, backend="gloo", timeout_s=600)
+        self.group = open_group(endpoint, rank, world, backend="gloo", timeout_s=600)
 
     def take_broadcast(self) -> tuple[float, float]:
         from asyncrl.trainer.weightsync.broadcast import receive
@@ -132,8 +133,8 @@ def _size_rows(millions: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     recv = [ray.remote(Receiver).options(num_cpus=0).remote(arch) for _ in range(args.receivers)]
     n = ray.get(src.n_params.remote())
     hf_elems = sum(math.prod(s) for s in hf_shapes(arch).values())
-    port, world = free_port(), args.receivers + 1
-    ray.get([src.join.remote(port, world), *[r.join.remote(port, i + 1, world) for i, r in enumerate(recv)]])
+    endpoint, world = new_endpoint(LOOPBACK), args.receivers + 1  # the group's authenticated store on loopback
+    ray.get([src.join.remote(endpoint, world), *[r.join.remote(endpoint, i + 1, world) for i, r in enumerate(recv)]])
 
     def timed(publish: Callable[[], Any], take: Callable[[Any], list[Any]]) -> dict[str, float]:
         t0 = time.perf_counter()

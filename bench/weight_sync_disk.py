@@ -25,7 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.scale_common import arch_of, free_port, table  # noqa: E402
+from asyncrl.trainer.collective.endpoint import LOOPBACK, new_endpoint  # noqa: E402
+from bench.scale_common import arch_of, table  # noqa: E402
 from bench.scale_sync import Receiver, Source  # noqa: E402
 
 
@@ -61,8 +62,8 @@ def rows_of(millions: int, args: argparse.Namespace, root: str) -> list[dict[str
     recv = [ray.remote(DiskReceiver).options(num_cpus=0).remote(arch) for _ in range(args.receivers)]
     n = ray.get(src.n_params.remote())
     wire = sum(math.prod(s) for s in hf_shapes(arch).values()) * 2  # bf16
-    port, world = free_port(), args.receivers + 1
-    ray.get([src.join.remote(port, world), *[r.join.remote(port, i + 1, world) for i, r in enumerate(recv)]])
+    endpoint, world = new_endpoint(LOOPBACK), args.receivers + 1  # the group's authenticated store on loopback
+    ray.get([src.join.remote(endpoint, world), *[r.join.remote(endpoint, i + 1, world) for i, r in enumerate(recv)]])
 
     def pulled(publish: Any, take: str = "take") -> dict[str, float]:
         t0 = time.perf_counter()

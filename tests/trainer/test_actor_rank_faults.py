@@ -65,13 +65,10 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 class GlooRank:
     """One process of a real two-rank gloo group (what the actor's ranks are, without the model)."""
 
-    def __init__(self, rank: int, world: int, init_method: str) -> None:
-        from datetime import timedelta
+    def __init__(self, rank: int, world: int, init_method: Any) -> None:
+        from asyncrl.trainer.collective.groups import init_default_group
 
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        init_default_group(init_method, "gloo", rank, world, COLLECTIVE_TIMEOUT_S)  # the actor's own rendezvous
         self.rank = rank
 
     def pid(self) -> int:

@@ -2,7 +2,6 @@
 buckets, both receivers reassemble them bit for bit, two versions in a row (the protocol's end marker
 keeps versions apart)."""
 
-import socket
 from typing import Any
 
 import numpy as np
@@ -10,6 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, new_endpoint
 from asyncrl.trainer.weightsync.broadcast import open_group
 from asyncrl.trainer.weightsync.buckets import pack_buckets
 from asyncrl.trainer.weightsync.transport import make_transport
@@ -24,9 +24,9 @@ def _model(version: int) -> dict[str, torch.Tensor]:
             "norm.weight": torch.randn(33, generator=g), "other.weight": torch.randn(3, 5, generator=g)}
 
 
-def _member(rank: int, port: int, results: Any) -> None:
+def _member(rank: int, endpoint: Endpoint, results: Any) -> None:
     torch.set_num_threads(1)
-    group = open_group("127.0.0.1", port, rank, WORLD, src=0, backend="gloo", timeout_s=60)
+    group = open_group(endpoint, rank, WORLD, src=0, backend="gloo", timeout_s=60)
     t = make_transport("broadcast", group=group)
     for version in (1, 2):
         if rank == 0:
@@ -39,18 +39,12 @@ def _member(rank: int, port: int, results: Any) -> None:
                                          for k, v in got.items()}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow  # three processes importing torch: 40-75 s on loaded cores
 def test_broadcast_on_gloo_reaches_every_receiver_bit_exactly() -> None:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_member, args=(r, port, results)) for r in range(WORLD)]
+    endpoint = new_endpoint(LOOPBACK)
+    procs = [ctx.Process(target=_member, args=(r, endpoint, results)) for r in range(WORLD)]
     for p in procs:
         p.start()
     got = [results.get(timeout=120) for _ in range((WORLD - 1) * 2)]

@@ -5,13 +5,13 @@ version over through the object store and form the group again (trainer/driver/w
 
 import gc
 import os
-import socket
 from typing import Any
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, new_endpoint
 from asyncrl.trainer.weightsync.broadcast import open_group, receive_version, send
 from asyncrl.trainer.weightsync.buckets import pack_buckets
 
@@ -19,9 +19,9 @@ WORLD = 3
 TIMEOUT_S = 240.0  # far above what a failing collective takes; a hang would end in a timeout error instead
 
 
-def _member(rank: int, port: int, results: Any) -> None:
+def _member(rank: int, endpoint: Endpoint, results: Any) -> None:
     torch.set_num_threads(1)
-    group = open_group("127.0.0.1", port, rank, WORLD, src=0, backend="gloo", timeout_s=TIMEOUT_S)
+    group = open_group(endpoint, rank, WORLD, src=0, backend="gloo", timeout_s=TIMEOUT_S)
     if rank == 2:
         os._exit(0)  # dies right after joining: its sockets close, as a killed rollout worker's do
     if rank == 0:
@@ -43,18 +43,12 @@ def _member(rank: int, port: int, results: Any) -> None:
         results.put((rank, f"{type(exc).__name__}: {exc}"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow  # three processes importing torch: ~40 s on loaded cores
 def test_a_dead_member_fails_the_broadcast_for_everyone_without_a_timeout() -> None:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_member, args=(r, port, results)) for r in range(WORLD)]
+    endpoint = new_endpoint(LOOPBACK)
+    procs = [ctx.Process(target=_member, args=(r, endpoint, results)) for r in range(WORLD)]
     for p in procs:
         p.start()
     got = dict(results.get(timeout=2 * TIMEOUT_S) for _ in range(2))

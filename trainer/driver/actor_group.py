@@ -3,7 +3,7 @@
 :class:`ActorGroup` holds the ``actor.replicas x max(gpusPerReplica, 1)`` ranks
 (:class:`~asyncrl.trainer.driver.actor_host.ActorHost` Ray actors): every call fans out SPMD, the driver
 reads rank 0. :func:`start_actor_group` places rank ``r`` on actor pod ``r // gpusPerReplica`` and
-hands every rank the TCP rendezvous rank 0's pod picked.
+hands every rank the rendezvous (address and token) rank 0's pod picked.
 
 Failure. The ranks meet in collectives, so one rank that dies (its process killed, its pod lost) or
 raises leaves the others blocked in the next all-reduce until the process group's timeout
@@ -320,21 +320,26 @@ class _GroupMethod:
         return self.group._call(self.name, self.opts, args, kwargs)
 
 
-def _rendezvous_here() -> str:
+def _rendezvous_here(host: str | None) -> Any:
+    """The gang's rendezvous (an ``Endpoint``: address and token) on ``host`` of this node (None: Ray's address)."""
     from asyncrl.trainer.megatron.parallel import rendezvous
 
-    return rendezvous()
+    return rendezvous(host)
 
 
 def start_actor_group(spec: AsyncRLJobSpec, actor_cls: Any, opts: dict[str, Any], threads: int,
                       work_dir: str | None, placement: Placement) -> Any:
     """The actor's ``replicas x max(gpusPerReplica, 1)`` ranks, one Ray actor each: rank ``r = i*g + j`` on
     actor pod ``i`` (its ``actor-<i>`` resource, so ranks map to pods deterministically and a TP group
-    stays inside a pod); rank 0 picks the TCP rendezvous. One rank: the plain handle, as always."""
+    stays inside a pod); rank 0 picks the rendezvous (an authenticated store: address and token). One rank: the
+    plain handle, as always. The stores (the rendezvous, the broadcast group's) bind loopback in a local run."""
+    from asyncrl.trainer.collective.endpoint import bind_host
+
     spec_json = spec.model_dump(mode="json", by_alias=True)
     world, per_pod = spec.actor.world_size, max(spec.actor.gpus_per_replica, 1)
+    host = bind_host(placement)
     if world == 1:
-        return actor_cls.options(**opts, max_concurrency=1).remote(spec_json, threads, work_dir)
+        return actor_cls.options(**opts, max_concurrency=1).remote(spec_json, threads, work_dir, collective_host=host)
 
     def rank_opts(r: int) -> dict[str, Any]:
         if placement != "cluster":
@@ -345,24 +350,26 @@ def start_actor_group(spec: AsyncRLJobSpec, actor_cls: Any, opts: dict[str, Any]
 
     pinned = {k: v for k, v in rank_opts(0).get("resources", {}).items() if k != C.RESOURCE_ACTOR}
 
-    def start_rank(r: int, init_method: str) -> Any:
+    def start_rank(r: int, init_method: Any) -> Any:
         return actor_cls.options(**rank_opts(r), max_concurrency=1).remote(spec_json, threads, work_dir, rank=r,
-                                                                           init_method=init_method)
+                                                                           init_method=init_method,
+                                                                           collective_host=host)
 
-    return start_gang(world, pinned, start_rank)
+    return start_gang(world, pinned, start_rank, host=host)
 
 
 def start_gang(world: int, pinned: dict[str, float], start_rank: Any, *, role: str = "actor",
-               after: str = ACTOR_AFTER) -> ActorGroup:
+               after: str = ACTOR_AFTER, host: str | None = None) -> ActorGroup:
     """Start ``world`` ranks as one :class:`ActorGroup` (the actor's, a dedicated scorer gang's): a task on rank
-    0's node (the Ray resources ``pinned``) picks the TCP rendezvous, ``start_rank(r, init_method)`` starts rank
+    0's node (the Ray resources ``pinned``) picks the rendezvous on ``host`` (``endpoint.bind_host``: loopback in
+    a local run; None: the node's address) with the gang's token, ``start_rank(r, init_method)`` starts rank
     ``r``'s Ray actor; returns when every rank's constructor ran (a rank that fails to start kills the others and
     raises :class:`ActorRankError` here, not after their rendezvous timeout)."""
     import ray
 
     # Before any rank starts: every rank's constructor joins the process group, so all must know it up front.
     finder: Any = ray.remote(_rendezvous_here)
-    init_method = ray.get(finder.options(num_cpus=0, resources=pinned).remote())
+    init_method = ray.get(finder.options(num_cpus=0, resources=pinned).remote(host))
     ranks = [start_rank(r, init_method) for r in range(world)]
     infos = [r.__ray_call__.remote(_rank_info) for r in ranks]  # every rank's host and pid
     pending = list(infos)

@@ -15,6 +15,7 @@ from asyncrl.trainer.driver.host_common import limit_threads, task_context
 from asyncrl.trainer.driver.warm import warm_start_lr
 
 if TYPE_CHECKING:
+    from asyncrl.trainer.collective.endpoint import Endpoint
     from asyncrl.trainer.driver.step_report import ActorStep
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ class ActorHost:
     """The Megatron actor process."""
 
     def __init__(self, spec_json: dict[str, Any], threads: int, work_dir: str | None = None, *,
-                 rank: int = 0, init_method: str | None = None) -> None:
+                 rank: int = 0, init_method: "Endpoint | None" = None, collective_host: str | None = None) -> None:
         limit_threads(threads)
         self.threads = threads
         from dataclasses import replace
@@ -50,6 +51,7 @@ class ActorHost:
         from asyncrl.trainer.weightsync.actor_side import ActorSync
 
         self._sync = ActorSync(self.spec, rank, layout.tp, self.spec.actor.weight_sync.transport)
+        self._collective_host = collective_host  # the broadcast store's address (endpoint.bind_host; None: Ray's)
 
     def pad_id(self) -> int:
         return self.pad
@@ -153,20 +155,20 @@ class ActorHost:
 
         return self._sync.publish(self.actor, None if transport is None else WeightTransport(transport))
 
-    def sync_endpoint(self) -> tuple[str, int]:
-        """A free ``(address, port)`` on this node for the broadcast group's store (rank 0 serves it)."""
-        from asyncrl.trainer.megatron.parallel import rendezvous
+    def sync_endpoint(self) -> "Endpoint":
+        """A new endpoint for the broadcast group's store (rank 0 serves it): a free port on this node's
+        loopback (a local run) or pod IP, and a fresh token the driver hands to the members through Ray."""
+        from asyncrl.trainer.collective.endpoint import new_endpoint
 
-        host, port = rendezvous().removeprefix("tcp://").rsplit(":", 1)
-        return host, int(port)
+        return new_endpoint(self._collective_host)
 
-    def open_sync_group(self, host: str, port: int, world: int, backend: str, timeout_s: float) -> None:
+    def open_sync_group(self, endpoint: "Endpoint", world: int, backend: str, timeout_s: float) -> None:
         """Join the broadcast group as its source (rank 0 of the group; actor ranks > 0 are not members)."""
         from asyncrl.trainer.weightsync.broadcast import open_group
 
         if self.rank == 0:
             self._sync.group = None  # the previous group (if any) is dropped first
-            self._sync.group = open_group(host, port, 0, world, backend=backend,  # type: ignore[arg-type]
+            self._sync.group = open_group(endpoint, 0, world, backend=backend,  # type: ignore[arg-type]
                                           timeout_s=timeout_s)
 
     def send_weights(self, version: int) -> dict[str, Any]:

@@ -143,6 +143,7 @@ def dedicated_spawner(spec: AsyncRLJobSpec, *, n_procs_cpus: float, threads: int
     import ray
 
     from asyncrl.rollout.envs.binding import task_tokenizer
+    from asyncrl.trainer.collective.endpoint import bind_host
     from asyncrl.trainer.megatron.parallel import Layout
     from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
     from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings
@@ -165,11 +166,11 @@ def dedicated_spawner(spec: AsyncRLJobSpec, *, n_procs_cpus: float, threads: int
         rank_opts = ({"num_cpus": 0, "num_gpus": 1 if layout.gpus_per_replica else 0, "resources": pinned}
                      if placement == "cluster" else opts)
 
-        def start_rank(r: int, init_method: str) -> Any:
+        def start_rank(r: int, init_method: Any) -> Any:
             lay = Layout(tp=tp, rank=r, world=tp, init_method=init_method)
             return cls.options(**rank_opts, max_concurrency=1).remote(settings, num_threads=threads, layout=lay)
 
-        return start_gang(tp, pinned, start_rank, role=f"dedicated scorer {replica}",
+        return start_gang(tp, pinned, start_rank, host=bind_host(placement), role=f"dedicated scorer {replica}",
                           after="the fleet starts a new gang and re-queues its unanswered work")
 
     return spawn

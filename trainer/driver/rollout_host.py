@@ -90,12 +90,13 @@ class RolloutHost:
         """The driver checks every member answers before it forms the broadcast group."""
         return True
 
-    def open_sync_group(self, host: str, port: int, rank: int, world: int, backend: str, timeout_s: float) -> None:
-        """Join (again) the weight-sync broadcast group as ``rank`` of ``world`` (the actor is rank 0)."""
+    def open_sync_group(self, endpoint: Any, rank: int, world: int, backend: str, timeout_s: float) -> None:
+        """Join (again) the weight-sync broadcast group at ``endpoint`` (address and token) as ``rank`` of ``world``
+        (the actor is rank 0)."""
         from asyncrl.trainer.weightsync.broadcast import open_group
 
         self._group = None  # the previous group is dropped first
-        self._group = open_group(host, port, rank, world, backend=backend,  # type: ignore[arg-type]
+        self._group = open_group(endpoint, rank, world, backend=backend,  # type: ignore[arg-type]
                                  timeout_s=timeout_s)
 
     def _receive_broadcast(self, handle: Any) -> "Received | str":

@@ -71,10 +71,10 @@ class Broadcast:
                         type(exc).__name__)
             self.members = ()
             return False
-        host, port = ray.get(hosts.actor.sync_endpoint.remote())
+        endpoint = ray.get(hosts.actor.sync_endpoint.remote())  # address and a fresh token, handed out through Ray
         world = 1 + len(members)
-        refs = [hosts.actor.open_sync_group.remote(host, port, world, self.backend, GROUP_TIMEOUT_S)]
-        refs += [m.open_sync_group.remote(host, port, i + 1, world, self.backend, GROUP_TIMEOUT_S)
+        refs = [hosts.actor.open_sync_group.remote(endpoint, world, self.backend, GROUP_TIMEOUT_S)]
+        refs += [m.open_sync_group.remote(endpoint, i + 1, world, self.backend, GROUP_TIMEOUT_S)
                  for i, m in enumerate(members)]
         ray.get(refs)
         self.members = members

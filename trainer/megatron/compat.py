@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
+from asyncrl.trainer.collective.endpoint import Endpoint
 from asyncrl.trainer.megatron.parallel import Layout
 
 _RUNTIME: "MegatronRuntime | None" = None
@@ -76,7 +77,7 @@ def init_megatron(
     tp: int = 1,
     pp: int = 1,
     ep: int = 1,
-    init_method: str | None = None,
+    init_method: Endpoint | None = None,
     rank: int = 0,
     world: int = 1,
 ) -> MegatronRuntime:
@@ -92,7 +93,7 @@ def init_megatron(
             else the CPU shim; ``cpu`` forces the shim even on a CUDA host (the CPU test suite);
             asking for a kind other than the one already set up raises (it cannot change in-process).
         tp, pp, ep: tensor, pipeline and expert model-parallel sizes (:class:`parallel.Layout` checks them).
-        init_method: the group's rendezvous (``tcp://ip:port``, :func:`parallel.rendezvous` on rank 0);
+        init_method: the group's rendezvous (the endpoint and token :func:`parallel.rendezvous` drew on rank 0);
             None with ``world == 1``: a private one-process group (or a launcher's ``env://``).
         rank, world: this process's rank in the actor's ``world`` ranks.
     """
@@ -154,11 +155,10 @@ def _moe_without_transformer_engine() -> None:
 def _init_process_group(backend: str, layout: Layout) -> None:
     """The actor group's (``layout.init_method``), a launcher's (``torchrun`` sets ``MASTER_ADDR``/
     ``WORLD_SIZE``) or a private one of size 1."""
-    if layout.init_method is not None:
-        from datetime import timedelta
+    if layout.init_method is not None:  # rank 0 serves the group's authenticated store, every rank proves the token
+        from asyncrl.trainer.collective.groups import init_default_group
 
-        dist.init_process_group(backend, init_method=layout.init_method, rank=layout.rank,
-                                world_size=layout.world, timeout=timedelta(seconds=layout.collective_timeout_s))
+        init_default_group(layout.init_method, backend, layout.rank, layout.world, layout.collective_timeout_s)
         return
     if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend, init_method="env://")

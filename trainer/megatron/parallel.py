@@ -12,7 +12,6 @@ unchanged.
 """
 
 import math
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from asyncrl.trainer.collective.endpoint import Endpoint, new_endpoint
 from asyncrl.trainer.correction.stats import CorrectionStats
 
 # The process group's timeout (Layout.collective_timeout_s): long enough for the slowest wait one rank has on
@@ -35,8 +35,9 @@ _MAX_FIELDS = ("rd_max", "rs_max")
 class Layout:
     """Where one rank sits: ``world`` ranks, ``tp x pp x ep`` model parallel, DP = the rest.
 
-    ``init_method`` is the process-group rendezvous (``tcp://ip:port`` from :func:`rendezvous` on rank
-    0); None with ``world == 1`` = a private one-process group. ``collective_timeout_s``: how long a rank
+    ``init_method`` is the process-group rendezvous (the :class:`~asyncrl.trainer.collective.endpoint.Endpoint`
+    that :func:`rendezvous` drew on rank 0's node: its address and the group's token, which every rank proves to
+    rank 0's store); None with ``world == 1`` = a private one-process group. ``collective_timeout_s``: how long a rank
     waits in the rendezvous or in one collective for the others (torch's ``init_process_group(timeout=)``).
     It is only the backstop: the driver notices a dead or failed rank within about a second and kills the
     group (``driver/actor_group.py``); this bounds the wait when nobody does (the driver itself gone).
@@ -47,7 +48,7 @@ class Layout:
     ep: int = 1
     rank: int = 0
     world: int = 1
-    init_method: str | None = None
+    init_method: Endpoint | None = None
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
 
     def __post_init__(self) -> None:
@@ -62,24 +63,22 @@ class Layout:
             raise ValueError(f"collective_timeout_s must be > 0 seconds, got {self.collective_timeout_s}")
         if self.world > 1 and self.init_method is None:
             raise ValueError(f"a group of {self.world} ranks needs init_method (rank 0's parallel.rendezvous())")
+        if self.init_method is not None and not isinstance(self.init_method, Endpoint):
+            raise ValueError(f"init_method {self.init_method!r} is not an Endpoint: a tcp:// (TCPStore) rendezvous "
+                             "is open to anyone who reaches the port; use parallel.rendezvous()")
 
     @property
     def data_parallel(self) -> int:
         return self.world // (self.tp * self.pp)
 
 
-def rendezvous(host: str | None = None) -> str:
-    """``tcp://<host>:<free port>`` for the group's ``init_process_group`` (called on rank 0's host).
+def rendezvous(host: str | None = None) -> Endpoint:
+    """A new rendezvous for the group's ``init_process_group`` (called on rank 0's host): a free port and a
+    fresh token (:func:`~asyncrl.trainer.collective.endpoint.new_endpoint`).
 
-    ``host`` defaults to this node's address as Ray sees it (the address the other ranks reach)."""
-    if host is None:
-        import ray
-
-        host = ray.util.get_node_ip_address()
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port = s.getsockname()[1]
-    return f"tcp://{host}:{port}"
+    ``host`` defaults to this node's address as Ray sees it (the address the other ranks reach); a
+    single-node run passes loopback (:func:`~asyncrl.trainer.collective.endpoint.bind_host`)."""
+    return new_endpoint(host)
 
 
 def _world() -> int:

@@ -92,15 +92,16 @@ class DedicatedScorer:
         """The driver checks every member answers before it forms the broadcast group."""
         return True
 
-    def open_sync_group(self, host: str, port: int, rank: int, world: int, backend: str, timeout_s: float) -> None:
-        """Join (again) the weight-sync broadcast group as ``rank`` of ``world`` (the actor is rank 0). In a gang
-        only rank 0 joins; its peers get each version from it inside the gang (:meth:`receive_broadcast`)."""
+    def open_sync_group(self, endpoint: Any, rank: int, world: int, backend: str, timeout_s: float) -> None:
+        """Join (again) the weight-sync broadcast group at ``endpoint`` (address and token) as ``rank`` of ``world``
+        (the actor is rank 0). In a gang only rank 0 joins; its peers get each version from it inside the gang
+        (:meth:`receive_broadcast`)."""
         from asyncrl.trainer.weightsync.broadcast import open_group
 
         self._group = None
         if self.layout.rank > 0:
             return
-        self._group = open_group(host, port, rank, world, backend=backend,  # type: ignore[arg-type]
+        self._group = open_group(endpoint, rank, world, backend=backend,  # type: ignore[arg-type]
                                  timeout_s=timeout_s)
 
     def receive_broadcast(self, version: int) -> dict[str, float]:
