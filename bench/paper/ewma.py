@@ -142,6 +142,12 @@ def section(ctx: rd.Context) -> str:
         rd.verdict_row("Fig. 4: decay 0.5 less efficient than auto", "auto", run["decay auto, no reset"], "0.5",
                        run["decay 0.5, no reset"], "auc", lv),
     ]
+    windows = ((1, 1), (2, 10), (11, 30), (31, 60))
+    by_window = []
+    for c in [h.method("sync"), h.method("exact"), h.method("current"), *grid()]:
+        runs = ctx.runs(c)
+        by_window.append([c.name, str(len(runs)),
+                          *(rd.cell(rd.metric(runs, f"range:{a}:{b}:in_bounds_ratio", lv), 4) for a, b in windows)])
     floor = noise_floor(ctx)
     shown = ["decay 0.9, reset", "decay 0.9, no reset", "decay auto, reset", "decay auto, no reset", "decay 0.5, no reset"]
     groups = {n: run[n] for n in shown}
@@ -155,10 +161,15 @@ def section(ctx: rd.Context) -> str:
     ], markers={0: resets_at}, hlines={0: [(h.RESET_TAU, f"tau = {h.RESET_TAU}"),
                                            (round(floor["mean"], 4), "noise floor (precision-only mean)")] if floor["n"] else []})
     return "\n".join([floor_text(floor), "", rd.markdown_table(header, rows), "",
+                      "When the in-bounds ratio falls: its mean by version window (version 1: `theta_prox` is still the "
+                      "sampling weights, so only precision counts; `sync` and `exact`: precision at every version; "
+                      "`current`: the reference a reset restores, the weights at the batch's arrival):", "",
+                      rd.markdown_table(["run", "seeds", *(f"versions {a}-{b}" if a != b else f"version {a}"
+                                                           for a, b in windows)], by_window), "",
                       f"tau = {h.RESET_TAU}, k = {h.RESET_K}; \"versions below tau\" and \"longest low streak\" count the "
                       "versions whose in-bounds ratio was below tau (with the reset off too: what the rule would have "
                       "seen). Paired tests over the seeds:", "",
-                      rd.markdown_table(rd.VERDICT_HEADER, tests), "", fig])
+                      rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig])
 
 
 def main() -> int:

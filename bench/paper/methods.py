@@ -58,7 +58,7 @@ def section(ctx: rd.Context) -> str:
            "Mean ± 95 % confidence half-width over the seeds (Student t); keep ratio, in-bounds ratio and clip "
            "fraction are each run's mean over its versions. The paper's orderings, each a paired t test over the "
            "same seeds (same warm start, same held-out prompts):", "",
-           rd.markdown_table(rd.VERDICT_HEADER, orderings(ctx)), ""]
+           rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(orderings(ctx))), ""]
     groups = {c.name: ctx.runs(c) for c in h.METHODS}
     out.append(rd.figure(ctx, "methods", "methods at the paper's thresholds", [
         ("held-out success (mean ± std over seeds)", "success", groups, None),

@@ -114,7 +114,7 @@ def section(ctx: rd.Context) -> str:
         f"{bad} of {n} keep decisions differ",
     ]
     groups = {"loglinear": ref_runs, cfg.name: single_runs}
-    return "\n".join([rd.markdown_table(header, rows), *notes, "", rd.markdown_table(rd.VERDICT_HEADER, tests), "",
+    return "\n".join([rd.markdown_table(header, rows), *notes, "", rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "",
                       rd.figure(ctx, "prop1", "Proposition 1", [
                           ("held-out success", "success", groups, None),
                           ("clip-or-reject fraction", "fraction", groups, "clip_or_reject_frac")])])

@@ -10,7 +10,7 @@ import hashlib
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,12 @@ class Context:
     scale: h.Scale
     figures: Path  # docs/results/
     write_figures: bool
+    verdicts: list[list[str]] = field(default_factory=list)  # every orderings row rendered, for the summary
+
+    def tested(self, rows: list[list[str]]) -> list[list[str]]:
+        """Keep ``rows`` (orderings-table rows) for the page's summary and return them."""
+        self.verdicts.extend(rows)
+        return rows
 
     def runs(self, cfg: h.Config, tag: str = "") -> list[dict[str, Any]]:
         return self.store.runs(cfg.key(), self.scale.seeds, tag)
@@ -43,11 +49,14 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def metric(runs: Sequence[Record], name: str, level: float) -> list[float]:
     """One number per run: ``final``/``auc``/``versions_to_level`` of the eval curve, ``resets``, or
     ``mean:<curve>`` (a per-version curve's run mean), ``early:<curve>`` (versions 1-10), ``late:<curve>``
-    (the last 10 versions)."""
+    (the last 10 versions), ``range:<first>:<last>:<curve>`` (versions first..last)."""
     out = []
     for r in runs:
         if name == "resets":
             out.append(float(r["resets"]["count"]))
+        elif name.startswith("range:"):  # range:<first>:<last>:<curve>, versions inclusive
+            _, first, last, key = name.split(":", 3)
+            out.append(h.series_mean(r, key, (int(first), int(last))))
         elif ":" in name:
             kind, key = name.split(":", 1)
             last = r["curves"]["version"][-1] if r["curves"]["version"] else 0

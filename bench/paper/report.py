@@ -145,7 +145,24 @@ def generate(write_figures: bool) -> str:
         "## 8. Reruns: the spread of one cell run twice\n", rerun_spread(ctx),
         intro.tail(ctx),
     ]
+    parts.insert(1, summary(ctx))  # after the sections ran: their verdict rows are in ctx.verdicts
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def summary(ctx: rd.Context) -> str:
+    """Every paired test of the page in one list, by verdict (the sections below hold the tables)."""
+    by: dict[str, list[str]] = {}
+    for claim, what, diff, delta, test, verdict in ctx.verdicts:
+        key = verdict.strip("*").split(" (")[0]
+        by.setdefault(key, []).append(f"{claim} — {what}: " + (f"{diff} = {delta}, {test}" if delta != "-" else "fewer than 2 paired seeds"))
+    lines = ["## Summary: the paper's orderings at p < 0.05", "",
+             f"{len(ctx.verdicts)} paired tests below (sections 1, 2, 4 and 6); by verdict:", ""]
+    for key in ("held", "reversed", "not resolved"):
+        items = by.get(key, [])
+        lines.append(f"- **{key}** ({len(items)}):" + ("" if items else " none"))
+        lines += [f"  - {x}" for x in items]
+    lines.append("")
+    return "\n".join(lines)
 
 
 def render_one(args: argparse.Namespace, name: str, section: Callable[[rd.Context], str]) -> str:

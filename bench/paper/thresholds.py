@@ -71,7 +71,7 @@ def section(ctx: rd.Context) -> str:
         rd.markdown_table(header, rows), "",
         "With exact old logits `r_d` is the bf16-vs-fp32 ratio alone, so the keep ratio here is the noise floor of "
         "each mask. Figure 3(b)'s coupling and the grid's orderings, paired over the seeds:", "",
-        rd.markdown_table(rd.VERDICT_HEADER, coupling), "",
+        rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(coupling)), "",
         rd.figure(ctx, "thresholds", "threshold grid", [
             ("held-out success", "success", groups, None),
             ("keep ratio of the mask on r_d", "keep ratio", groups, "keep_ratio"),

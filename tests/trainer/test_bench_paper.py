@@ -138,3 +138,18 @@ def test_quick_mode_writes_every_record_and_section(tmp_path: Path) -> None:
     # 7 methods + 7 new EWMA cells + 4 new threshold cells + 1 single-ratio cell
     assert len(recs) == 19, [p.name for p in recs]
     assert all(records.read(p)["log_rd"] is not None for p in recs)
+
+
+def test_probe_median_that_records_read() -> None:
+    import torch
+
+    from asyncrl.trainer.driver.startup_probe import engine_discrepancy
+
+    # log r_d = logp_theta - logp_mu on the sampled tokens = [0.5, 0.0, -0.2]: |.| sorted 0, 0.2, 0.5, median 0.2
+    logp_theta = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, 0.0]])
+    logp_mu = torch.tensor([[0.0, -1.5, -2.0], [0.0, -0.3, 0.0]])
+    mask = torch.tensor([[False, True, True], [False, True, False]])
+    s = engine_discrepancy("e", "bfloat16", 0, logp_theta, logp_mu, mask)
+    assert s.p50_abs_log_ratio == pytest.approx(0.2, abs=1e-7)
+    summary = {"startup_check": {"engines": [s.record()]}}
+    assert records.probe_quantiles(summary)["p50"] == pytest.approx(0.2, abs=1e-7)
