@@ -53,8 +53,23 @@ def _what(task: TaskSpec) -> str:
     return "spec.task"
 
 
+def runs_user_code(task: TaskSpec) -> bool:
+    """Whether binding ``spec.task`` imports the user's code: an ``environment`` or a ``reward`` import path (a
+    built-in task, or a dataset scored by a ``rewardService``, runs asyncrl's code only)."""
+    return task.environment is not None or task.reward is not None
+
+
 def check_task(task: TaskSpec, *, workers: int = 1, seed: int = 0, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
-    """None when ``spec.task`` binds in a credential-free child process, else the one-line problem."""
+    """None when ``spec.task`` binds, else the one-line problem: in a credential-free child process whenever
+    that imports the user's code (:func:`runs_user_code`), in this one otherwise (no interpreter to start)."""
+    if not runs_user_code(task):
+        from asyncrl.rollout.envs.binding import EnvLoadError, bind_task
+
+        try:
+            bind_task(task, workers=workers, seed=seed)
+        except EnvLoadError as exc:
+            return str(exc)
+        return None
     request = json.dumps({"task": task.model_dump(mode="json", by_alias=True), "workers": workers, "seed": seed})
     read_fd, write_fd = os.pipe()
     try:

@@ -22,7 +22,7 @@ from asyncrl.api.task import TaskSpec
 from asyncrl.operator.builders import JobRef, desired
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.rollout.envs.binding import EnvLoadError, bind_task, task_samples
-from asyncrl.rollout.envs.task_check import check_task, child_environment
+from asyncrl.rollout.envs.task_check import check_task, child_environment, runs_user_code
 
 PLUGINS = str(Path(__file__).parents[1] / "rollout" / "plugins")
 SNOOP = '''
@@ -128,7 +128,9 @@ def test_the_driver_command_refuses_a_broken_factory_with_that_line(tmp_path: Pa
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"{job}: spec.task.environment: toy_envs:Broken(**{{'level': 2}}) raised ValueError: "
                            "level 2 needs a licence key (")
-    assert last.endswith("toy_envs.py:83)"), last  # the file and line of the raise, as before
+    source = (Path(PLUGINS) / "toy_envs.py").read_text().splitlines()
+    raise_line = 1 + next(i for i, text in enumerate(source) if 'needs a licence key")' in text)
+    assert last.endswith(f"toy_envs.py:{raise_line})"), last  # the file and line of the raise, as before
 
 
 def test_a_constructor_that_exits_the_interpreter_is_reported(tmp_path: Path) -> None:
@@ -182,3 +184,15 @@ def test_task_samples_are_bind_tasks_without_user_code(tmp_path: Path) -> None:
     assert task_samples(data, workers=2, seed=5).heldout(6, 1) == bind_task(data, workers=2, seed=5).samples.heldout(6, 1)
     builtin = TaskSpec(name="arithmetic")
     assert task_samples(builtin).heldout(5, 3) == bind_task(builtin).samples.heldout(5, 3)
+
+
+def test_a_task_without_user_code_is_checked_in_process_with_the_same_line(tmp_path: Path) -> None:
+    missing = str(tmp_path / "absent.jsonl")
+    served = TaskSpec.model_validate({"dataset": {"path": missing}, "rewardService": {"url": "http://127.0.0.1:9/s"}})
+    assert [runs_user_code(t) for t in (served, TaskSpec(), TaskSpec(environment="m:E"),
+                                        TaskSpec.model_validate({"dataset": {"path": missing}, "reward": "m:f"}))] \
+        == [False, False, True, True]
+    with pytest.raises(EnvLoadError) as in_process:
+        bind_task(served)
+    assert check_task(served) == str(in_process.value) and missing in str(in_process.value)
+    assert check_task(TaskSpec()) is None  # the built-in task (the quickstart) starts no second interpreter
