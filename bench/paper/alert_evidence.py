@@ -216,7 +216,8 @@ def section(folder: Path) -> str:
         mine = [f for f in ev["firing"] if f["labels"].get("asyncrljob") == name]
         resets = ", ".join(f"v{r['version']} at {r['wall_s']:.0f} s" for r in j["own_resets"]) or "none"
         fired = "; ".join(f"**{f['alert']}** (severity {f['labels'].get('severity')}, reason "
-                          f"{f['labels'].get('reason', '-')}), active {f['active_at_s']:.0f} s after the job started, "
+                          f"{f['labels'].get('reason', '-')}), active (Prometheus `activeAt`) {f['active_at_s']:.0f} s "
+                          f"after the job's process started (start-up, warm-start load and probe included), "
                           f"seen at version {f['seen_at_version']}" for f in mine) or "**none**"
         sc = j["scale"]
         rows.append([f"`{name}`", f"{j['cell']}: {_describe(j['config'])}; {sc['minibatches']} x {sc['learning_rate']:g}",
