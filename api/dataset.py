@@ -14,6 +14,19 @@ from pydantic import Field, field_validator
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule
+from asyncrl.api.dataset_limits import (
+    CEILING_DECODED_BYTES,
+    CEILING_DEPTH,
+    CEILING_FILE_BYTES,
+    CEILING_ROW_BYTES,
+    CEILING_ROWS,
+    DEFAULT_MAX_DECODED_BYTES,
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_ROW_BYTES,
+    DEFAULT_MAX_ROWS,
+    ReadLimits,
+)
 from asyncrl.api.service import HeaderFromSecret, duplicate_headers
 
 # "package.module:function" (dotted attribute after the colon allowed: "pkg.mod:Class.method")
@@ -86,6 +99,47 @@ class DatasetSpec(SpecModel):
     seed: int | None = Field(
         default=None, ge=0, le=2**32 - 1, description="Seed of the shuffle, 0 .. 2^32-1; null = spec.train.seed."
     )
+    # The caps of the file (api/dataset_limits.py says why these defaults); each refusal names the file, the
+    # line or row, the cap and this field.
+    max_row_bytes: int = Field(
+        default=DEFAULT_MAX_ROW_BYTES,
+        ge=1,
+        le=CEILING_ROW_BYTES,
+        description="Most bytes of one row: a JSONL line (its UTF-8 text, without the newline) or a Parquet row "
+        "decoded (default 1 MiB, at most 256 MiB).",
+    )
+    max_rows: int = Field(
+        default=DEFAULT_MAX_ROWS, ge=1, le=CEILING_ROWS,
+        description="Most rows the file may hold (default 1,000,000, at most 1e9).",
+    )
+    max_file_bytes: int = Field(
+        default=DEFAULT_MAX_FILE_BYTES,
+        ge=1,
+        le=CEILING_FILE_BYTES,
+        description="Largest dataset file, in bytes (default 1 GiB, at most 1 TiB); every process that reads it "
+        "holds all its rows.",
+    )
+    max_decoded_bytes: int = Field(
+        default=DEFAULT_MAX_DECODED_BYTES,
+        ge=1,
+        le=CEILING_DECODED_BYTES,
+        description="Most bytes a Parquet file's rows may take decoded (dictionaries expanded, pages "
+        "decompressed; default 2 GiB, at most 1 TiB), checked on the file's metadata and per batch before "
+        "any row becomes a Python value: a small file that decodes to more is refused.",
+    )
+    max_depth: int = Field(
+        default=DEFAULT_MAX_DEPTH,
+        ge=1,
+        le=CEILING_DEPTH,
+        description="Deepest nesting of a row: levels of JSON arrays and objects (or Parquet lists, structs and "
+        "maps), the row itself being level 1 (default 64, at most 256).",
+    )
+
+    @property
+    def limits(self) -> ReadLimits:
+        """The caps of one read of :attr:`path`."""
+        return ReadLimits(row_bytes=self.max_row_bytes, rows=self.max_rows, file_bytes=self.max_file_bytes,
+                          decoded_bytes=self.max_decoded_bytes, depth=self.max_depth)
 
 
 class RewardServiceSpec(SpecModel):

@@ -6,33 +6,36 @@ where it runs, and the job checks again at start (``rollout/envs/dataset.py``), 
 split and ordered. Parquet needs ``pyarrow`` (imported only for a Parquet file).
 """
 
-import json
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from asyncrl.api.dataset import DatasetFormat, DatasetSpec
+from asyncrl.api.dataset_jsonl import read_jsonl
+from asyncrl.api.dataset_limits import ReadLimits, size_text
+from asyncrl.api.dataset_problems import FIELD, MAX_LISTED, DatasetError
 
 MESSAGE_ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")  # = rollout.envs.interface.ROLES
-MAX_LISTED = 8  # problems listed per kind; the rest are counted
 _SUFFIXES = {".jsonl": DatasetFormat.JSONL, ".ndjson": DatasetFormat.JSONL,
              ".parquet": DatasetFormat.PARQUET, ".pq": DatasetFormat.PARQUET}
-FIELD = "spec.task.dataset"
+_SHOWN = 40  # characters of a user's value quoted in a message
 Message = dict[str, Any]
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be used: every problem found, each naming the file, the row and the fix."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
+__all__ = ["FIELD", "MAX_LISTED", "DatasetError", "check_rows", "dataset_format", "dataset_problems", "local_check",
+           "prompt_messages", "read_rows"]
 
 
 def _capped(problems: list[str], what: str) -> list[str]:
     if len(problems) <= MAX_LISTED:
         return problems
     return problems[:MAX_LISTED] + [f"... and {len(problems) - MAX_LISTED} more {what}"]
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to a few dozen characters (a row's value in a message: no 1 MiB lines)."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "...'"
 
 
 # ----------------------------------------------------------------------------- reading
@@ -49,55 +52,55 @@ def dataset_format(spec: DatasetSpec) -> DatasetFormat:
     return fmt
 
 
-def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    rows, where, bad = [], [], []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue  # blank lines (a trailing newline) are no rows
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                bad.append(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno}); fix or remove the line")
-                continue
-            if not isinstance(row, dict):
-                bad.append(f"{path}:{n}: a row must be a JSON object ({{\"prompt\": ..., ...}}), got "
-                           f"{type(row).__name__}; wrap it in an object")
-                continue
-            rows.append(row)
-            where.append(f"{path}:{n}")
-    if bad:
-        raise DatasetError(_capped(bad, "unreadable lines"))
-    return rows, where
+def _open_regular(path: Path, limits: ReadLimits) -> int:
+    """A descriptor of ``path`` (symlinks followed) when it is a regular file within ``maxFileBytes``.
 
-
-def _read_parquet(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    Opened without blocking and checked on the descriptor: a named pipe or a device (``/dev/zero``, a
+    terminal) would block the read or never end."""
     try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise DatasetError([f"{path}: not a readable Parquet file ({exc}); write it with "
-                            "pyarrow.parquet.write_table or set spec.task.dataset.format"]) from None
-    rows = [dict(r) for r in table.to_pylist()]
-    return rows, [f"{path} row {i}" for i in range(len(rows))]
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+        raise DatasetError([f"{FIELD}.path: {path}: no such file{where}; give an existing JSONL or Parquet "
+                            "file"]) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        what = ("it is a folder; name the file inside it" if stat.S_ISDIR(st.st_mode) else
+                "not a regular file (a device, pipe or socket, which may block or never end); name a JSONL or "
+                "Parquet file")
+        raise DatasetError([f"{FIELD}.path: {path}: {what}"])
+    if st.st_size > limits.file_bytes:
+        os.close(fd)
+        raise DatasetError([f"{FIELD}.path: {path}: {st.st_size} bytes ({size_text(st.st_size)}), more than "
+                            f"{FIELD}.maxFileBytes = {limits.file_bytes} ({size_text(limits.file_bytes)}); split the "
+                            f"file or raise {FIELD}.maxFileBytes"])
+    os.set_blocking(fd, True)
+    return fd
 
 
-def read_rows(path: str | Path, fmt: DatasetFormat) -> tuple[list[dict[str, Any]], list[str]]:
+def read_rows(path: str | Path, fmt: DatasetFormat, limits: ReadLimits | None = None,
+              ) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of ``path`` as dicts (JSONL: one per non-blank line; Parquet: one per table row), and
-    where each is, for messages: ``data.jsonl:17`` (line 17), ``data.parquet row 16`` (0-based)."""
+    where each is, for messages: ``data.jsonl:17`` (line 17), ``data.parquet row 16`` (0-based).
+
+    Within ``limits`` (the spec's defaults when None): a file, line or row over a cap, a row nested too
+    deep, bytes that are not UTF-8, running out of memory: each is a :class:`DatasetError` naming the
+    file and the line or row; no rows are returned then (nothing half-loaded)."""
+    limits = limits or ReadLimits()
     p = Path(path)
-    if not p.is_file():
-        where = "" if p.is_absolute() else f" (relative to the working directory {Path.cwd()})"
-        fix = ("give an existing JSONL or Parquet file" if not p.exists()
-               else "it is a folder: name the file inside it")
-        raise DatasetError([f"{FIELD}.path: {path}: no such file{where}; {fix}"])
     try:
-        return _read_jsonl(p) if fmt is DatasetFormat.JSONL else _read_parquet(p)
-    except (OSError, UnicodeDecodeError) as exc:
+        fd = _open_regular(p, limits)
+        if fmt is DatasetFormat.JSONL:
+            with os.fdopen(fd, "rb") as f:
+                return read_jsonl(f, str(path), limits)
+        os.close(fd)
+        from asyncrl.api.dataset_parquet import read_parquet  # pyarrow, only for a Parquet file
+
+        return read_parquet(p, limits)
+    except OSError as exc:
         raise DatasetError([f"{FIELD}.path: {path}: cannot be read ({exc}); check the file and its "
-                            "permissions (JSONL must be UTF-8)"]) from None
+                            "permissions"]) from None
 
 
 # ----------------------------------------------------------------------------- rows
@@ -113,7 +116,8 @@ def prompt_messages(value: Any, system_prompt: str | None = None) -> list[Messag
             if not isinstance(m, Mapping):
                 raise ValueError(f"message {i} is a {type(m).__name__}, not an object {{role, content}}")
             if m.get("role") not in MESSAGE_ROLES:
-                raise ValueError(f"message {i} has role {m.get('role')!r}; valid roles: {', '.join(MESSAGE_ROLES)}")
+                raise ValueError(f"message {i} has role {_shown(m.get('role'))}; valid roles: "
+                                 f"{', '.join(MESSAGE_ROLES)}")
             if not isinstance(m.get("content"), str):
                 raise ValueError(f"message {i} has no string content")
             messages.append({"role": m["role"], "content": m["content"]})
@@ -139,8 +143,9 @@ def check_rows(rows: Sequence[Mapping[str, Any]], where: Sequence[str], spec: Da
         missing = [i for i, r in enumerate(rows) if fld not in r]
         if len(missing) == len(rows):
             columns = sorted({k for r in rows[:100] for k in r})
+            shown = ", ".join(map(_shown, columns[:20])) + (" ..." if len(columns) > 20 else "")
             problems.append(f"{source}: no row has the field {fld!r} ({FIELD}.{name}); the rows have "
-                            f"{', '.join(map(repr, columns)) or 'no fields'}: set {FIELD}.{name} to one of them")
+                            f"{shown or 'no fields'}: set {FIELD}.{name} to one of them")
         elif missing:
             listed = ", ".join(where[i] for i in missing[:MAX_LISTED]) + (" ..." if len(missing) > MAX_LISTED else "")
             problems.append(f"{source}: {len(missing)} of {len(rows)} rows lack the field {fld!r} ({FIELD}.{name}): "
@@ -161,7 +166,7 @@ def check_rows(rows: Sequence[Mapping[str, Any]], where: Sequence[str], spec: Da
 def dataset_problems(spec: DatasetSpec) -> list[str]:
     """Every problem of the dataset file ``spec.path`` (unreadable, bad lines, missing fields, bad prompts)."""
     try:
-        rows, where = read_rows(spec.path, dataset_format(spec))
+        rows, where = read_rows(spec.path, dataset_format(spec), spec.limits)
     except DatasetError as exc:
         return exc.problems
     return check_rows(rows, where, spec, spec.path)

@@ -1,7 +1,9 @@
 """Datasets (``spec.task.dataset``): rows of a JSONL or Parquet file as the samples of a job.
 
-Reading order: the file is read and every row checked at once (:func:`load_dataset`, all problems
-reported together with the file, the row and the fix); the rows are split into train and held-out
+Reading order: the file is read within its caps (``maxRowBytes``, ``maxRows``, ``maxFileBytes``,
+``maxDecodedBytes``, ``maxDepth``: ``asyncrl.api.dataset_limits``) and every row checked at once
+(:func:`load_dataset`, all problems reported together with the file, the row and the fix; a refused file
+leaves nothing loaded); the rows are split into train and held-out
 sides by a keyed hash of each row's id (:func:`is_heldout`); :class:`DatasetSamples` hands a rollout
 worker the sample of its group ``k`` (the :class:`~asyncrl.rollout.envs.interface.SampleSource` of a
 dataset job).
@@ -86,7 +88,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     path = Path(spec.path)
     try:
         st = path.resolve().stat()
-    except OSError:  # missing or unreadable: read_rows says which, with the fix
+    except (OSError, RuntimeError):  # missing, unreadable, a symlink loop: read_rows says which, with the fix
         return _load_dataset(spec)
     return _cached_dataset(str(path.resolve()), st.st_size, st.st_mtime_ns, spec.model_dump_json())
 
@@ -98,7 +100,7 @@ def _cached_dataset(resolved: str, size: int, mtime_ns: int, spec_json: str) -> 
 
 
 def _load_dataset(spec: DatasetSpec) -> Dataset:
-    rows, where = read_rows(spec.path, dataset_format(spec))
+    rows, where = read_rows(spec.path, dataset_format(spec), spec.limits)
     problems = check_rows(rows, where, spec, spec.path)
     if problems:
         raise DatasetError(problems)

@@ -181,7 +181,7 @@ def test_a_dataset_file_is_read_once_per_process_until_it_changes(tmp_path, monk
     path.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": i}) + "\n" for i in range(20)))
     reads: list[str] = []
     real = ds.read_rows
-    monkeypatch.setattr(ds, "read_rows", lambda p, f: (reads.append(str(p)), real(p, f))[1])
+    monkeypatch.setattr(ds, "read_rows", lambda p, f, *caps: (reads.append(str(p)), real(p, f, *caps))[1])
     spec = DatasetSpec(path=str(path), heldout_fraction=0.2)
     a, b = ds.load_dataset(spec), ds.load_dataset(DatasetSpec(path=str(path), heldoutFraction=0.2))
     assert a is b and len(reads) == 1  # the worker, the evaluator and the startup probe share one read
