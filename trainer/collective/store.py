@@ -367,14 +367,18 @@ class AuthStore(dist.Store):
             raise kind(f"collective store {self._endpoint}: {op}: {reply['error']}")
         return reply.get("ok")
 
+    def _store_timeout(self) -> datetime.timedelta:
+        """``Store.timeout`` (what ``set_timeout`` and torch's ``init_process_group(timeout=)`` set)."""
+        return self.timeout  # type: ignore[attr-defined,no-any-return]  # the property is missing from torch's stubs
+
     def _timeout_s(self, timeout: datetime.timedelta | None = None) -> float:
-        t = (timeout if timeout is not None else self.timeout).total_seconds()
+        t = (timeout if timeout is not None else self._store_timeout()).total_seconds()
         return MAX_TIMEOUT_S if t <= 0 else min(t, MAX_TIMEOUT_S)  # torch's 0 means "no timeout"
 
     # ------------------------------------------------------------------ torch.distributed.Store
     def clone(self) -> "AuthStore":  # type: ignore[override]
         """Another client of the same store (as ``TCPStore.clone``); kept alive with this one (see below)."""
-        twin = AuthStore(self._endpoint, self.timeout)
+        twin = AuthStore(self._endpoint, self._store_timeout())
         self._clones.append(twin)
         return twin
 

@@ -3,6 +3,7 @@
 - :mod:`.buckets`: pack/unpack with a manifest (names, dtypes, shapes, offsets), bit-exact;
 - :mod:`.source`: the actor's parameters per tensor (TP-gathered, HF-converted, cast to the wire dtype);
 - transports: :mod:`.objectstore` (Ray objects, the default), :mod:`.broadcast` (a collective group:
-  NCCL on GPU, gloo on CPU), :mod:`.disk` (safetensors per version on shared storage);
+  NCCL on GPU, gloo on CPU, over an authenticated store; its manifests as capped JSON, :mod:`.manifest_wire`),
+  :mod:`.disk` (safetensors per version on shared storage);
 - :mod:`.transport`: the registry of ``spec.actor.weightSync.transport``.
 """

@@ -71,7 +71,7 @@ def open_group(endpoint: Endpoint, rank: int, world: int, *, src: int = 0, backe
             pg = dist.ProcessGroupNCCL(store, rank, world, opts)
             dev = device or torch.device("cuda", torch.cuda.current_device())
         else:
-            gloo = dist.ProcessGroupGloo._Options()
+            gloo = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # in torch, not in its stubs
             gloo._timeout = timeout
             if is_loopback(endpoint.host):  # a local run: gloo's own sockets on loopback too
                 gloo._devices = [dist.ProcessGroupGloo.create_device(hostname=endpoint.host)]
