@@ -314,6 +314,7 @@ def section(data_dir: Path) -> str:
         rows.append([r["source"] + (" (synthetic)" if r["synthetic"] else ""), describe(r), r["task"], str(r["tokens"]),
                      _e(q["mean"]), _e(q["p50"]), _e(q["p99"]), _e(q["max"]), f"{r['in_band_0.99_1.01']:.4f}"])
     lines.append(markdown_table(["source", "model / engine", "task", "tokens", "mean", "p50", "p99", "max", "in band"], rows))
+    lines += ["![|log r_d| per source](results/gaps_logrd.png)", ""]
     lines += ["The tiny rows share one actor warm-started on the task (the vLLM row: its own, head dim 64, which "
               "vLLM's CPU attention needs); 1,000 + i seeds the prompt of group i, the same in every row. vLLM's CPU "
               "build refuses bfloat16 (wrong tokens in eager mode, `rollout/vllm_engine.py`), so its row is float32: "
@@ -344,16 +345,49 @@ def figures(data_dir: Path, fig_dir: Path = FIGURES) -> list[Path]:
     """``gaps_keep.png``: the keep ratio per version of each source's RL runs (from the records alone)."""
     import harness
 
+    out = [_logrd_figure(data_dir, fig_dir)] if _records(data_dir, "measure") else []
     rl = _records(data_dir, "rl")
     if not rl:
-        return []
+        return out
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(rl, key=lambda r: (r["source"], r["seed"])):
         groups.setdefault(r["source"], []).append(r)
     path = fig_dir / "gaps_keep.png"
     harness.figure(path, [("keep ratio per source (paper mask)", "keep ratio", groups, "keep_ratio"),
                           ("held-out success", "success", groups, None)])
-    return [path]
+    return [*out, path]
+
+
+def _logrd_figure(data_dir: Path, fig_dir: Path) -> Path:
+    """``gaps_logrd.png``: mean, p50 and p99 of |log r_d| per source (log scale) and the mask's edge."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = {s.name: i for i, s in enumerate(SOURCES)}
+    meas = sorted(_records(data_dir, "measure"), key=lambda r: order.get(r["source"], 99))
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    xs = range(len(meas))
+    for k, (key, marker) in enumerate((("p50", "v"), ("mean", "o"), ("p99", "^"))):
+        ax.scatter([x + (k - 1) * 0.15 for x in xs], [max(r["abs_log_rd"][key], 1e-9) for r in meas],
+                   marker=marker, s=18, label=key)
+    ax.axhline(math.log(1.01), color="k", lw=0.8, ls="--", label="log 1.01 (mask edge)")
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs), [r["source"] for r in meas], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("|log r_d|", fontsize=8)
+    ax.set_title("train–inference gap per source (synthetic: noise-*)", fontsize=9)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = fig_dir / "gaps_logrd.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
 
 
 # --- command line -----------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def log_rd_table(ctx: rd.Context) -> str:
 def rerun_spread(ctx: rd.Context) -> str:
     """Two identical runs of one cell (same seed, same machine): the spread a rerun should fall in."""
     lines = []
-    for c in (h.method("exact"), experiment("ewma").cfg("decay 0.9, reset")):
+    for c in experiment("cell").spread_cells():
         first, again = ctx.runs(c), ctx.runs(c, "rerun-1")
         pairs = [(a, b) for a in first for b in again if a["seed"] == b["seed"]]
         if not pairs:
@@ -89,8 +89,20 @@ def rerun_spread(ctx: rd.Context) -> str:
             diffs = [abs(x - y) for x, y in zip(da, db, strict=True)]
             rows.append([label, f"{max(diffs):.4f}", f"{statistics.fmean(diffs):.4f}",
                          ", ".join(f"s{a['seed']}: {x:.3f} / {y:.3f}" for (a, _), x, y in zip(pairs, da, db, strict=True))])
-        lines += [f"`{c.name}` ({len(pairs)} seeds run twice):", "",
-                  rd.markdown_table(["metric", "max |first − rerun|", "mean |first − rerun|", "seed: first / rerun"], rows)]
+        parted = []
+        for a, b in pairs:
+            xa, xb = a["curves"]["in_bounds_ratio"], b["curves"]["in_bounds_ratio"]
+            first = next((a["curves"]["version"][i] for i, (u, v) in enumerate(zip(xa, xb, strict=False)) if u != v), None)
+            parted.append(f"seed {a['seed']}: resets at {a['resets']['versions']} and {b['resets']['versions']}; the "
+                          f"in-bounds curves are identical up to version {first - 1 if first else 'the end'}"
+                          + (f" and part at version {first}" if first else ""))
+        lines += [f"`{c.name}` ({len(pairs)} seed(s) run twice, same machine, same warm start):", "",
+                  rd.markdown_table(["metric", "max |first − rerun|", "mean |first − rerun|", "seed: first / rerun"], rows),
+                  "; ".join(parted) + ". A run at a fixed seed is therefore not reproducible bit for bit (the likely cause, "
+                  "not isolated here: with W = 3 and partial rollouts, which policy version samples which token depends "
+                  "on the timing of the rollout worker against the actor); the seed fixes the prompts, the sampling "
+                  "streams and the warm start. Differences between cells smaller than this spread are not "
+                  "read as results.", ""]
     return "\n".join(lines) if lines else "No rerun records yet.\n"
 
 
