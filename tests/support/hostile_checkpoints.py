@@ -93,13 +93,13 @@ def _byte_items(metadata: Any) -> list[Any]:
     return [index for index in metadata.storage_data if index.fqn in keys]
 
 
-def _payload_byte_item(folder: Path, canary: Path) -> None:
-    """A layer's ``_extra_state`` (a byte item) re-pointed at a torch.save of the payload, appended to the shard."""
+def _repoint_byte_item(folder: Path, obj: Any) -> None:
+    """The first byte item (a layer's ``_extra_state``) re-pointed at ``torch.save(obj)``, appended to its shard."""
     metadata = _metadata(folder)
     index = _byte_items(metadata)[0]
     info = metadata.storage_data[index]
     buf = io.BytesIO()
-    torch.save([Payload(canary)], buf)
+    torch.save(obj, buf)
     shard = folder / info.relative_path
     offset = shard.stat().st_size
     with open(shard, "ab") as f:
@@ -107,6 +107,16 @@ def _payload_byte_item(folder: Path, canary: Path) -> None:
     metadata.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(buf.getvalue()))
     _write_metadata(folder, metadata)
     reseal(folder)
+
+
+def _payload_byte_item(folder: Path, canary: Path) -> None:
+    _repoint_byte_item(folder, [Payload(canary)])
+
+
+def _extra_state(folder: Path, canary: Path) -> None:
+    """Extra state holding a pickle as bytes (what TransformerEngine's layers unpickle in full on load): data to
+    torch's weights-only reader, code to such a layer."""
+    _repoint_byte_item(folder, [torch.frombuffer(bytearray(pickle.dumps(Payload(canary))), dtype=torch.uint8)])
 
 
 def _slice_elsewhere(absolute: bool) -> Callable[[Path, Path], None]:
@@ -194,6 +204,8 @@ HOSTILE_FOLDERS: list[HostileFolder] = [
                   "needs full unpickling (the global posix.system", runs_code=True),
     HostileFolder("byte-item-is-a-payload", _payload_byte_item, "__0_0.distcp: byte item",
                   "needs full unpickling (the global posix.system", runs_code=True),
+    HostileFolder("extra-state-carries-a-pickle", _extra_state, "__0_0.distcp: byte item",
+                  "holds a layer's extra state"),
     HostileFolder("slice-read-through-dotdot", _slice_elsewhere(absolute=False), ".metadata",
                   "not a file its marker lists"),
     HostileFolder("slice-read-from-an-absolute-path", _slice_elsewhere(absolute=True), ".metadata",

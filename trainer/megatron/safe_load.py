@@ -29,6 +29,7 @@ megatron's common-state loader with ``weights_only=True`` spelled out.
 
 import io
 import json
+import os
 import pickle
 import re
 from collections.abc import Iterable
@@ -124,7 +125,7 @@ def load_weights_only(data: io.BytesIO | Path, what: str, folder: Path) -> Any:
         raise CheckpointError(folder, f"{what} does not load ({type(exc).__name__}: {exc})") from exc
 
 
-def check_folder(folder: str | Path, files: Iterable[str]) -> None:
+def check_folder(folder: str | os.PathLike[str], files: Iterable[str]) -> None:
     """Everything megatron would unpickle in ``folder`` (whose marker lists ``files``), read here as data
     first: :data:`CONFIG_FILE`, :data:`METADATA_FILE` (and where its slices lie), each byte item,
     :data:`COMMON_FILE`. Raises a :class:`CheckpointError` naming the file; returns None when all is data."""
@@ -156,8 +157,22 @@ def check_folder(folder: str | Path, files: Iterable[str]) -> None:
             with open(folder / info.relative_path, "rb") as f:
                 f.seek(int(info.offset))
                 data = io.BytesIO(f.read(int(info.length)))
-            load_weights_only(data, f"{info.relative_path}: byte item {index.fqn!r}", folder)
+            what = f"{info.relative_path}: byte item {index.fqn!r}"
+            item = load_weights_only(data, what, folder)
+            if "_extra_state" in index.fqn and not _no_extra_state(item):
+                raise UnsafeCheckpointError(folder, f"{what} holds a layer's extra state (TransformerEngine's FP8 "
+                                                    "metadata, which its layers unpickle in full on load); the "
+                                                    f"actor's layers keep none: refused; {TRUST_FIX}")
     load_weights_only(folder / COMMON_FILE, COMMON_FILE, folder)
+
+
+def _no_extra_state(item: Any) -> bool:
+    """Whether a ``_extra_state`` byte item holds nothing (what megatron's local layers save: ``[None]``)."""
+    def empty(x: Any) -> bool:
+        return (x is None or (isinstance(x, torch.Tensor) and x.numel() == 0)
+                or (isinstance(x, io.BytesIO) and x.getbuffer().nbytes == 0))
+
+    return isinstance(item, list | tuple) and all(empty(x) for x in item)
 
 
 def _check_backends(folder: Path) -> None:
