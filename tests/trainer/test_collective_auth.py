@@ -180,6 +180,8 @@ def test_a_group_is_reformed_with_a_new_token_and_the_old_store_stops(caplog: py
 
     gc.collect()
     assert old_server.closed
+    with pytest.raises(ConnectionRefusedError):  # nothing listens on the old port any more
+        socket.create_connection((first.host, first.port), timeout=10).close()
     second = new_endpoint(LOOPBACK)
     new = _members(second, lambda r: open_group(second, r, WORLD, backend="gloo", timeout_s=60))
     # A member still holding the old group's endpoint cannot reach the new group's store.

@@ -93,6 +93,10 @@ class StoreServer:
                 return
             self.closed = True
             conns = list(self._conns)
+        try:  # wakes the thread blocked in accept() (close() alone leaves it listening on Linux)
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()
         for c in conns:
             try:
@@ -108,6 +112,9 @@ class StoreServer:
                 conn, addr = self._sock.accept()
             except OSError:
                 return  # closed
+            if self.closed:
+                conn.close()
+                return
             with self._lock:
                 busy = self._pending >= self._max_pending
                 if not busy:
