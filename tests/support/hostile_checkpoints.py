@@ -136,6 +136,22 @@ def _slice_elsewhere(absolute: bool) -> Callable[[Path, Path], None]:
     return mutate
 
 
+def _past_the_end(folder: Path, canary: Path) -> None:
+    metadata = _metadata(folder)
+    index = next(iter(metadata.storage_data))
+    info = metadata.storage_data[index]
+    metadata.storage_data[index] = dataclasses.replace(info, offset=(folder / info.relative_path).stat().st_size)
+    _write_metadata(folder, metadata)
+    reseal(folder)
+
+
+def _storage_by_name(folder: Path, canary: Path) -> None:
+    metadata = _metadata(folder)
+    metadata.storage_data = {index.fqn: info for index, info in metadata.storage_data.items()}
+    _write_metadata(folder, metadata)
+    reseal(folder)
+
+
 def _transform(folder: Path, canary: Path) -> None:
     metadata = _metadata(folder)
     index = next(iter(metadata.storage_data))
@@ -210,6 +226,9 @@ HOSTILE_FOLDERS: list[HostileFolder] = [
                   "not a file its marker lists"),
     HostileFolder("slice-read-from-an-absolute-path", _slice_elsewhere(absolute=True), ".metadata",
                   "not a file its marker lists"),
+    HostileFolder("slice-past-the-end", _past_the_end, ".metadata", "which has"),
+    HostileFolder("storage-keyed-by-name", _storage_by_name, ".metadata",
+                  "does not record where each tensor lies as DCP writes it"),
     HostileFolder("slice-transformed", _transform, ".metadata", "which no checkpoint here uses"),
     HostileFolder("metadata-is-not-metadata", _not_metadata, ".metadata", "holds a dict, not DCP metadata"),
     HostileFolder("another-backend", _backend, "metadata.json", "not the backends written here"),
@@ -219,6 +238,8 @@ HOSTILE_FOLDERS: list[HostileFolder] = [
                   "an absolute path"),
     HostileFolder("listed-dotdot-name", _listed(lambda f: "../secret.bin"), "../secret.bin",
                   "a path with '..'"),
+    HostileFolder("listed-name-with-a-nul", _listed(lambda f: "common\x00.pt"), "'common\\x00.pt'",
+                  "not a file name"),
     HostileFolder("listed-file-is-a-link", _listed_link, "common.pt", "which is a symbolic link"),
     HostileFolder("marker-is-a-link", _marker_link, "meta.json", "is a symbolic link"),
     HostileFolder("record-is-not-a-record", _bad_record, "common.pt", "not {'bytes': int, 'sha256': hex}"),

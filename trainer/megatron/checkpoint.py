@@ -135,6 +135,8 @@ def _name_problem(folder: Path, name: Any) -> str | None:
         path = path / part
         try:
             mode = os.lstat(path).st_mode
+        except ValueError:  # an embedded NUL
+            return "not a file name"
         except OSError:
             return None  # missing: the size check says so
         if stat.S_ISLNK(mode):

@@ -138,32 +138,50 @@ def check_folder(folder: str | os.PathLike[str], files: Iterable[str]) -> None:
             raise CheckpointError(folder, f"its marker lists no {name}, which a sharded checkpoint has")
     _check_backends(folder)
     metadata = read_metadata(folder / METADATA_FILE)
-    storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
-    if not storage:
-        raise CheckpointError(folder, f"{METADATA_FILE} records no storage (where each tensor lies)")
-    for index, info in storage.items():
-        where = getattr(info, "relative_path", None)
-        if not isinstance(where, str) or where not in listed:
-            raise UnsafeCheckpointError(folder, f"{METADATA_FILE} places {getattr(index, 'fqn', index)!r} in "
-                                                f"{where!r}, not a file its marker lists (a path out of the "
-                                                f"folder, or an unchecked file): refused; {TRUST_FIX}")
-        if getattr(info, "transform_descriptors", None):  # never written here (no compression extension)
-            raise UnsafeCheckpointError(folder, f"{METADATA_FILE} asks to transform {index.fqn!r} with "
+    storage = _storage(folder, metadata)
+    for fqn, info in storage:
+        if info.relative_path not in listed:
+            raise UnsafeCheckpointError(folder, f"{METADATA_FILE} places {fqn!r} in {info.relative_path!r}, not a "
+                                                "file its marker lists (a path out of the folder, or an unchecked "
+                                                f"file): refused; {TRUST_FIX}")
+        if info.transform_descriptors:  # never written here (no compression extension)
+            raise UnsafeCheckpointError(folder, f"{METADATA_FILE} asks to transform {fqn!r} with "
                                                 f"{info.transform_descriptors}, which no checkpoint here uses; "
                                                 f"{TRUST_FIX}")
+        size = (folder / info.relative_path).stat().st_size
+        if not (0 <= info.offset and 0 <= info.length and info.offset + info.length <= size):
+            raise CheckpointError(folder, f"{METADATA_FILE} places {fqn!r} at bytes {info.offset}+{info.length} of "
+                                          f"{info.relative_path}, which has {size}; {TRUST_FIX}")
     byte_keys = {k for k, v in metadata.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
-    for index, info in storage.items():
-        if index.fqn in byte_keys:
+    for fqn, info in storage:
+        if fqn in byte_keys:
             with open(folder / info.relative_path, "rb") as f:
-                f.seek(int(info.offset))
-                data = io.BytesIO(f.read(int(info.length)))
-            what = f"{info.relative_path}: byte item {index.fqn!r}"
+                f.seek(info.offset)
+                data = io.BytesIO(f.read(info.length))
+            what = f"{info.relative_path}: byte item {fqn!r}"
             item = load_weights_only(data, what, folder)
-            if "_extra_state" in index.fqn and not _no_extra_state(item):
+            if "_extra_state" in fqn and not _no_extra_state(item):
                 raise UnsafeCheckpointError(folder, f"{what} holds a layer's extra state (TransformerEngine's FP8 "
                                                     "metadata, which its layers unpickle in full on load); the "
                                                     f"actor's layers keep none: refused; {TRUST_FIX}")
     load_weights_only(folder / COMMON_FILE, COMMON_FILE, folder)
+
+
+def _storage(folder: Path, metadata: Any) -> list[tuple[str, Any]]:
+    """``(tensor name, _StorageInfo)`` of every slice ``metadata`` records, each of the types DCP writes
+    (the unpickler admits only DCP's classes, but it cannot say which goes where)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    storage, entries = metadata.storage_data, getattr(metadata, "state_dict_metadata", None)
+    ok = isinstance(storage, dict) and bool(storage) and isinstance(entries, dict) and all(
+        isinstance(k, MetadataIndex) and isinstance(k.fqn, str) and isinstance(v, _StorageInfo)
+        and isinstance(v.relative_path, str) and type(v.offset) is int and type(v.length) is int
+        for k, v in storage.items())
+    if not ok:
+        raise CheckpointError(folder, f"{METADATA_FILE} does not record where each tensor lies as DCP writes it "
+                                      f"(MetadataIndex -> _StorageInfo); {TRUST_FIX}")
+    return [(k.fqn, v) for k, v in storage.items()]
 
 
 def _no_extra_state(item: Any) -> bool:
