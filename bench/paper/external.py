@@ -218,6 +218,17 @@ def paired(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[float, float
     return statistics.fmean(d), t_two_sided_p(statistics.fmean(d) / (sd / math.sqrt(len(d))), len(d) - 1), len(d)
 
 
+def _verdict(name: str, ref: str, dm: float, pv: float, gain: float, pg: float) -> str:
+    """One sentence per method: did RL move it from v0, and does it differ from the reference (p < 0.05)?"""
+    moved = (f"{'rose' if gain > 0 else 'fell'} from v0 ({gain:+.3f}, p {pg:.3f}): held" if pg < 0.05
+             else f"change from v0 {gain:+.3f} (p {pg:.2f}): not resolved")
+    if name == ref:
+        return f"- `{name}`: {moved}."
+    vs = (f"{'above' if dm > 0 else 'below'} `{ref}` by {abs(dm):.3f} (p {pv:.3f}): held" if pv < 0.05
+          else f"vs `{ref}` {dm:+.3f} (p {pv:.2f}): not resolved")
+    return f"- `{name}`: {moved}; {vs}."
+
+
 def _cell(values: Sequence[float], digits: int = 3) -> str:
     m, h, n = mean_ci(values)
     return "-" if n == 0 else f"{m:.{digits}f} ± {h:.{digits}f}"
@@ -254,21 +265,27 @@ def section(data_dir: Path) -> str:
     rows = []
     final = {name: {r["seed"]: harness.curve_metrics(r, 0.5)["final"] for r in rs} for name, rs in runs.items()}
     ref = "exact" if "exact" in final else next(iter(final))
+    verdicts: list[str] = []
     for name, rs in runs.items():
         m = [harness.curve_metrics(r, 0.5) for r in rs]
         dm, pv, k = paired(final[name], final[ref])
+        v0 = {r["seed"]: r["eval_curve"][0]["success"] for r in rs if r["eval_curve"]}
+        gain, pg, _ = paired(final[name], v0)
+        verdicts.append(_verdict(name, ref, dm, pv, gain, pg))
         start = [r["eval_curve"][0]["success"] for r in rs if r["eval_curve"]]
         rows.append([name, str(len(rs)), _cell(start), _cell([x["final"] for x in m]), _cell([x["auc"] for x in m]),
                      _cell([r["keep_ratio_mean"] for r in rs], 4), _cell([r["keep_ratio_min"] for r in rs], 4),
                      _cell([r["clip_or_reject_mean"] for r in rs], 4),
+                     f"{gain:+.3f} (p {pg:.2f})",
                      "-" if name == ref else f"{dm:+.3f} (p {pv:.2f}, n {k})",
                      f"{statistics.fmean(r['wall_s'] for r in rs):.0f}"])
     lines.append(harness.markdown_table(
         ["method", "seeds", "held-out at v0", "final held-out", "AUC", "keep mean", "keep min", "clip/reject",
-         f"final − {ref}, paired t", "wall s / run"], rows))
+         "final − v0, paired t", f"final − {ref}, paired t", "wall s / run"], rows))
     lines += [f"Every run starts from the same weights and evaluates the same {sc['eval_prompts']} held-out prompts "
               "with the same sampling seed (so `held-out at v0` is one number); the last column pairs each method "
-              f"with `{ref}` seed by seed. A difference is *held* only at p < 0.05; none other is read as one.", ""]
+              f"with `{ref}` seed by seed. A difference is *held* only at p < 0.05; none other is read as one.", "",
+              *verdicts, ""]
     lines += ["![held-out success on chain_sum, mean ± 95% CI](results/external_success.png)", ""]
     return "\n".join(lines)
 

@@ -9,7 +9,6 @@ from types import ModuleType
 
 import pytest
 
-pytestmark = [pytest.mark.slow]
 PAPER = Path(__file__).resolve().parents[2] / "bench" / "paper"
 
 
@@ -22,6 +21,7 @@ def _load(name: str) -> ModuleType:
     return mod
 
 
+@pytest.mark.slow
 def test_gaps_quick_measures_each_source_and_renders_from_records(tmp_path: Path) -> None:
     gaps = _load("gaps")
     data = tmp_path / "data"
@@ -45,9 +45,10 @@ def test_gaps_quick_measures_each_source_and_renders_from_records(tmp_path: Path
     first = gaps.section(data)
     assert first == gaps.section(data)  # from the records alone: the same text twice
     assert "| bf16 |" in first and "noise-0.05 (synthetic)" in first
-    assert [p.name for p in gaps.figures(data, tmp_path / "fig")] == ["gaps_keep.png"]
+    assert [p.name for p in gaps.figures(data, tmp_path / "fig")] == ["gaps_logrd.png", "gaps_keep.png"]
 
 
+@pytest.mark.slow
 def test_external_quick_runs_the_methods_and_renders_from_records(tmp_path: Path) -> None:
     pytest.importorskip("reasoning_gym")
     external = _load("external")
@@ -65,5 +66,21 @@ def test_external_quick_runs_the_methods_and_renders_from_records(tmp_path: Path
     text = external.section(data)
     assert text == external.section(data)
     assert "| sync | 1 |" in text and "| exact | 1 |" in text
+
+
+def test_the_statistics_of_the_sections() -> None:
+    external = _load("external")
     # [1, 3]: mean 2, sd sqrt(2), half-width t(0.975, 1) * sqrt(2) / sqrt(2) = 12.706
     assert external.mean_ci([1.0, 3.0]) == (2.0, pytest.approx(12.706, abs=1e-12), 2)
+    # the table's own critical values give p = 0.05 back (df 1 and 4), t = 0 gives 1
+    assert external.t_two_sided_p(12.706, 1) == pytest.approx(0.05, abs=1e-5)
+    assert external.t_two_sided_p(2.776, 4) == pytest.approx(0.05, abs=1e-4)
+    assert external.t_two_sided_p(0.0, 3) == 1.0
+    # differences 0.1, 0.2, 0.3 (seed 9 unpaired): mean 0.2, sd 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.464, df 2
+    d, p, n = external.paired({0: 0.5, 1: 0.6, 2: 0.7, 9: 1.0}, {0: 0.4, 1: 0.4, 2: 0.4})
+    assert (round(d, 12), n) == (0.2, 3) and p == pytest.approx(external.t_two_sided_p(0.2 / (0.1 / 3**0.5), 2))
+    assert 0.07 < p < 0.08  # t(0.975, 2) = 4.303 > 3.464 > t(0.95, 2) = 2.920
+    gaps = _load("gaps")
+    # 1..100 with linear interpolation: p50 = 50.5, p99 = 99.01
+    q = gaps.quantiles([float(i) for i in range(1, 101)])
+    assert (q["mean"], q["p50"], q["max"]) == (50.5, 50.5, 100.0) and q["p99"] == pytest.approx(99.01, abs=1e-9)
