@@ -156,10 +156,12 @@ def section(ctx: rd.Context) -> str:
         return [(float(v), h.RESET_TAU - 0.02) for r in runs for v in r["resets"]["versions"]]
 
     fig = rd.figure(ctx, "ewma", "EWMA in-bounds ratio and resets", [
-        ("in-bounds ratio of r_d (triangles: resets, every seed)", "in-bounds ratio", groups, "in_bounds_ratio"),
+        ("in-bounds ratio of r_d, 5-version mean (triangles: resets, every seed)", "in-bounds ratio", groups,
+         "in_bounds_ratio"),
         ("held-out success", "success", groups, None),
     ], markers={0: resets_at}, hlines={0: [(h.RESET_TAU, f"tau = {h.RESET_TAU}"),
-                                           (round(floor["mean"], 4), "noise floor (precision-only mean)")] if floor["n"] else []})
+                                           (round(floor["mean"], 4), "noise floor (precision-only mean)")] if floor["n"] else []},
+       smooth=5)
     return "\n".join([floor_text(floor), "", rd.markdown_table(header, rows), "",
                       "When the in-bounds ratio falls: its mean by version window (version 1: `theta_prox` is still the "
                       "sampling weights, so only precision counts; `sync` and `exact`: precision at every version; "

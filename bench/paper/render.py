@@ -112,15 +112,28 @@ def mean_curve(runs: Sequence[Record], key: str | None) -> tuple[list[float], li
 Markers = Callable[[str, Sequence[Record]], list[tuple[float, float]]]
 
 
+def smoothed(curve: tuple[list[float], list[float], list[float]], window: int) -> tuple[list[float], list[float], list[float]]:
+    """A trailing moving average of ``window`` versions over a mean curve and its std band (1: unchanged)."""
+    xs, m, s = curve
+    if window <= 1:
+        return xs, m, s
+
+    def avg(v: list[float]) -> list[float]:
+        return [round(statistics.fmean(v[max(0, i - window + 1): i + 1]), 4) for i in range(len(v))]
+
+    return xs, avg(m), avg(s)
+
+
 def figure(ctx: Context, name: str, caption: str, panels: Sequence[Panel], *,
            markers: Mapping[int, Markers] | None = None, hlines: Mapping[int, Sequence[tuple[float, str]]] | None = None,
-           ylims: Mapping[int, tuple[float, float]] | None = None) -> str:
+           ylims: Mapping[int, tuple[float, float]] | None = None, smooth: int = 1) -> str:
     """A row of panels (mean over seeds, ±std band); ``markers[i]`` gives (x, y) points per series of
-    panel ``i`` (e.g. resets), ``hlines[i]`` horizontal reference lines. Returns the markdown (image and the
-    hash of the plotted data)."""
+    panel ``i`` (e.g. resets), ``hlines[i]`` horizontal reference lines; per-version curves (not the eval
+    curve) are a trailing mean over ``smooth`` versions. Returns the markdown (image and the hash of the
+    plotted data)."""
     data: list[Any] = []
     for i, (title, ylabel, groups, key) in enumerate(panels):
-        data.append([title, ylabel, key, [[n, *mean_curve(runs, key),
+        data.append([title, ylabel, key, [[n, *smoothed(mean_curve(runs, key), smooth if key else 1),
                                           (markers or {}).get(i, lambda *_: [])(n, runs)] for n, runs in groups.items()],
                      list((hlines or {}).get(i, ())), list((ylims or {}).get(i, ()))])
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

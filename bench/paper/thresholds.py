@@ -74,9 +74,9 @@ def section(ctx: rd.Context) -> str:
         rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(coupling)), "",
         rd.figure(ctx, "thresholds", "threshold grid", [
             ("held-out success", "success", groups, None),
-            ("keep ratio of the mask on r_d", "keep ratio", groups, "keep_ratio"),
-            ("clip fraction on r_s", "fraction", groups, "clip_or_reject_frac"),
-        ]),
+            ("keep ratio of the mask on r_d, 5-version mean", "keep ratio", groups, "keep_ratio"),
+            ("clip fraction on r_s, 5-version mean", "fraction", groups, "clip_or_reject_frac"),
+        ], smooth=5),
     ])
 
 
