@@ -165,6 +165,11 @@ def _not_metadata(folder: Path, canary: Path) -> None:
     reseal(folder)
 
 
+def _garbled(folder: Path, canary: Path) -> None:
+    _replace(folder / ".metadata", b"\x80\x04garbage")
+    reseal(folder)
+
+
 def _backend(folder: Path, canary: Path) -> None:
     config = json.loads((folder / "metadata.json").read_text())
     _replace(folder / "metadata.json", json.dumps({**config, "sharded_backend": "zarr"}).encode())
@@ -231,6 +236,7 @@ HOSTILE_FOLDERS: list[HostileFolder] = [
                   "does not record where each tensor lies as DCP writes it"),
     HostileFolder("slice-transformed", _transform, ".metadata", "which no checkpoint here uses"),
     HostileFolder("metadata-is-not-metadata", _not_metadata, ".metadata", "holds a dict, not DCP metadata"),
+    HostileFolder("metadata-is-garbled", _garbled, ".metadata", "is not DCP metadata (UnpicklingError"),
     HostileFolder("another-backend", _backend, "metadata.json", "not the backends written here"),
     HostileFolder("unlisted-file", _unlisted, "payload.py", "is not listed in meta.json"),
     HostileFolder("unlisted-link", _unlisted_link, "extra", "is a symbolic link"),

@@ -80,6 +80,10 @@ def take_refusals() -> list[UnsafeCheckpointError]:
     return out
 
 
+class RefusedGlobal(pickle.UnpicklingError):
+    """A global that :class:`MetadataUnpickler` does not admit (the text is ``module.name``)."""
+
+
 class MetadataUnpickler(pickle.Unpickler):
     """Unpickles DCP metadata: only :data:`METADATA_GLOBALS` and torch dtypes can be named (``find_class``
     is the only way a pickle reaches a callable: ``GLOBAL``, ``STACK_GLOBAL`` and ``EXT*`` all go through it)."""
@@ -89,7 +93,7 @@ class MetadataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):  # torch.float32 is a global
             return getattr(torch, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
+        raise RefusedGlobal(f"{module}.{name}")
 
 
 def read_metadata(path: Path) -> Any:
@@ -101,7 +105,7 @@ def read_metadata(path: Path) -> Any:
     try:
         with open(path, "rb") as f:
             metadata = MetadataUnpickler(f).load()
-    except pickle.UnpicklingError as exc:
+    except RefusedGlobal as exc:
         raise UnsafeCheckpointError(folder, f"{name} names the global {exc}, which a checkpoint's metadata never "
                                             f"holds (unpickling it could run code): refused; {TRUST_FIX}") from exc
     except Exception as exc:  # noqa: BLE001 -- a truncated or garbled pickle: say which file
