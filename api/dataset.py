@@ -124,8 +124,8 @@ class DatasetSpec(SpecModel):
         ge=1,
         le=CEILING_DECODED_BYTES,
         description="Most bytes a Parquet file's rows may take decoded (dictionaries expanded, pages "
-        "decompressed; default 2 GiB, at most 1 TiB), checked on the file's metadata and per batch before "
-        "any row becomes a Python value: a small file that decodes to more is refused.",
+        "decompressed; default 2 GiB, at most 1 TiB), checked on the file's metadata and on the rows read, "
+        "before any row becomes a Python value: a small file that decodes to more is refused.",
     )
     max_depth: int = Field(
         default=DEFAULT_MAX_DEPTH,

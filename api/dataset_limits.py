@@ -14,8 +14,8 @@ worker, the evaluator and the driver's start-up probe each hold the whole datase
 - ``maxDecodedBytes`` 2 GiB: what a Parquet file's rows may take once decoded (dictionaries expanded,
   pages decompressed), twice the file cap since Parquet text compresses two to four times. This is the
   cap that stops a *Parquet bomb*: a few KiB of dictionary-encoded pages that repeat one long value a
-  million times. It is checked against the file's metadata before any page is decoded, then counted per
-  batch of rows read with their dictionaries kept (so a repeated value costs its bytes once), and only
+  million times. It is checked against the file's metadata before any page is decoded, then counted on
+  each row group read with its dictionaries kept (so a repeated value costs its bytes once), and only
   rows under every cap are turned into Python values.
 - ``maxDepth`` 64 levels of ``[ ]`` / ``{ }`` (the row object is level 1; a chat prompt is 3 or 4):
   checked on the text before it is parsed, without recursion. The ceiling (256) stays far below Python's

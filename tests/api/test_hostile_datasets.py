@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from asyncrl.api.dataset import DatasetFormat, DatasetSpec
 from asyncrl.api.dataset_file import dataset_problems, read_rows
 from asyncrl.api.dataset_limits import DEFAULT_MAX_DECODED_BYTES
-from asyncrl.api.dataset_parquet import declared_bytes
+from asyncrl.api.dataset_parquet import _slices, declared_bytes
 from asyncrl.rollout.envs.dataset import DatasetError, load_dataset
 from tests.support.hostile_datasets import HOSTILE_DATASETS, ROW_LINE, HostileDataset, dictionary_bomb, make
 
@@ -63,10 +64,10 @@ def test_the_bomb_is_small_on_disk_and_refused_before_its_rows_are_python_values
     # what the metadata declares is what the pages hold: the dictionary once, 20,000 indices in one run
     declared = declared_bytes(pq.ParquetFile(path).metadata)
     assert path.stat().st_size < 4096 and declared < 2**20 < DEFAULT_MAX_DECODED_BYTES
-    # it is the per-batch count that refuses it: the same file under a cap of 200,012 x 10 rows stops at
-    # the first batch (4096 rows), before any row is turned into a Python string
+    # it is the count of the decoded rows that refuses it: under a cap of 10 rows' bytes (200,012 each),
+    # row 10 is the first past it
     (problem,) = dataset_problems(DatasetSpec(path=str(path), maxDecodedBytes=200_012 * 10))
-    assert "by row 4095" in problem
+    assert "by row 10," in problem
 
 
 def test_a_dataset_just_under_every_cap_is_read_whole(tmp_path: Path) -> None:
@@ -134,3 +135,13 @@ print("\\n".join(problems))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
     (line,) = run.stdout.strip().splitlines()
     assert line.startswith(f"{path}:2: out of memory while reading the file"), line
+
+
+def test_rows_become_python_values_in_slices_of_bounded_bytes() -> None:
+    mib = 2**20
+    # ends at 30, 60, 90, 190, 191 MiB: [0, 2) fits 64 MiB; [2, 3) reaches 90 (a third would make 190);
+    # row 3 alone is over 64 MiB (100 MiB): a slice of its own; then row 4
+    sizes = np.array([30, 30, 30, 100, 1]) * mib
+    assert list(_slices(sizes)) == [(0, 2), (2, 1), (3, 1), (4, 1)]
+    assert list(_slices(np.ones(5000, np.int64))) == [(0, 4096), (4096, 904)]  # BATCH_ROWS rows at most
+    assert list(_slices(np.zeros(0, np.int64))) == []

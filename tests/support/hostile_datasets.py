@@ -151,10 +151,10 @@ HOSTILE_DATASETS: list[HostileDataset] = [
                    f"d.parquet: 1073741825 bytes (1.0 GiB), more than {_FIELD}.maxFileBytes = 1073741824 (1 GiB)"),
     # ---- Parquet that decodes to more than it weighs
     # 20,000 rows of one 200,000-byte value: a row decodes to 200,000 + 4 (its offset) + 8 (the int64 answer)
-    # = 200,012 bytes; batches of 4096 rows reach 3 x 4096 x 200,012 = 2,457,747,456 > 2 GiB with row 12,287.
+    # = 200,012 bytes; 10,736 rows are 2,147,328,832 <= 2 GiB = 2,147,483,648, row 10,736 makes 2,147,528,844.
     *[HostileDataset(f"parquet-dictionary-bomb{suffix}", "d.parquet", _small_bomb(stored),
                      f"d.parquet: its rows decode to more than {_FIELD}.maxDecodedBytes = {DEFAULT_MAX_DECODED_BYTES} "
-                     "(2 GiB) by row 12287") for suffix, stored in (("", True), ("-without-arrow-schema", False))],
+                     "(2 GiB) by row 10736,") for suffix, stored in (("", True), ("-without-arrow-schema", False))],
     HostileDataset("parquet-compression-bomb", "d.parquet",  # plain pages of one letter: zstd makes 4 MiB tiny
                    _parquet(lambda: pa.table({"prompt": ["a" * 65536] * 64, "answer": [1] * 64}),
                             use_dictionary=False, compression="zstd"),
