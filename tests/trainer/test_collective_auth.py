@@ -25,9 +25,10 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.trainer.collective import wire
+from asyncrl.trainer.collective.client import AuthStore, StoreAuthError
 from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, bind_host, new_endpoint
 from asyncrl.trainer.collective.groups import join
-from asyncrl.trainer.collective.store import AuthStore, StoreAuthError, StoreServer
+from asyncrl.trainer.collective.store import StoreServer
 from asyncrl.trainer.megatron.parallel import Layout, rendezvous
 from asyncrl.trainer.weightsync.broadcast import SyncGroup, open_group, receive_version, send
 from asyncrl.trainer.weightsync.buckets import pack_buckets

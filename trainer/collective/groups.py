@@ -12,8 +12,9 @@ import datetime
 
 import torch.distributed as dist
 
+from asyncrl.trainer.collective.client import AuthStore
 from asyncrl.trainer.collective.endpoint import Endpoint
-from asyncrl.trainer.collective.store import AuthStore, StoreServer
+from asyncrl.trainer.collective.store import StoreServer
 
 _DEFAULT_GROUP_SERVERS: list[StoreServer] = []  # rank 0's server of the default group: kept for the process
 _DEFAULT_GROUP_STORES: list[AuthStore] = []  # the default group's client: torch holds only its C++ side
