@@ -86,17 +86,23 @@ def script_env() -> type[ScriptEnv]:
 
 
 def _generate_in_background(
-    eng: Any, *, started_after: int = 1, n: int = 4
+    eng: Any, *, started_after: int = 1, n: int = 4, until_interrupt: bool = False
 ) -> tuple[threading.Thread, list[Any]]:
     """Start ``eng.generate`` on ``n`` slow scripted episodes in a thread; return once the
-    environment has seen ``started_after`` agent steps (generation is then surely in flight)."""
+    environment has seen ``started_after`` agent steps (generation is then surely in flight).
+
+    ``until_interrupt``: from then on every step waits until the first ``interrupt()`` is asked for (the
+    boundary engine's ``_interrupt_req``), so the episodes are still in flight when it comes, however
+    slowly the test's thread runs."""
     from asyncrl.rollout.episode import Episode
 
-    started = threading.Event()
+    started, asked = threading.Event(), threading.Event()
 
     def slow(seen: int) -> None:
         if seen >= started_after:
             started.set()
+            if until_interrupt and not asked.is_set() and eng._interrupt_req.wait(60):
+                asked.set()  # the first interrupt came: a later generate() (the resume) runs freely
         time.sleep(0.002)
 
     eps = [

@@ -173,3 +173,15 @@ def test_asyncrl_validate_warns_about_the_metadata_endpoint_and_loopback_in_a_cl
     assert "is loopback: in a cluster that is the rollout pod itself" in capsys.readouterr().err
     assert main(["validate", "--local", str(job)]) == 0  # a run on this machine: loopback is where its service is
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_job_whose_header_variable_is_missing_fails_at_start(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from asyncrl.rollout.envs.binding import EnvLoadError, bind_task
+
+    monkeypatch.delenv("ASYNCRL_SERVICE_HEADER_AUTHORIZATION", raising=False)
+    (tmp_path / "d.jsonl").write_text('{"prompt": "2+2?", "answer": 4}\n')
+    task = TaskSpec.model_validate({"dataset": {"path": str(tmp_path / "d.jsonl"), "heldoutFraction": 0}, "rewardService": {
+        "url": "http://r.ns.svc/score", "headersFrom": [{"name": "Authorization",
+                                                          "secretKeyRef": {"name": "reward-token", "key": "t"}}]}})
+    with pytest.raises(EnvLoadError, match="ASYNCRL_SERVICE_HEADER_AUTHORIZATION is not set"):
+        bind_task(task)

@@ -25,7 +25,7 @@ def test_interrupt_returns_in_flight_snapshots_and_episodes_resume(
     eng = HFEngine(arch, dtype="float32", seed=0)
     eng.load_weights(weights(0), version=0)
     assert eng.interrupt() == []  # idle: nothing in flight
-    th, eps = generate_in_background(eng, started_after=3)
+    th, eps = generate_in_background(eng, started_after=3, until_interrupt=True)
     snaps = eng.interrupt(timeout_s=10)
     th.join(10)
     assert not th.is_alive()

@@ -16,6 +16,7 @@ from asyncrl.rollout.envs.remote import RemoteReward
 from asyncrl.rollout.envs.reward import DatasetEnv
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS, EnvFault, EnvRunner
 from asyncrl.rollout.envs.service_client import REMOTE_ERROR_REASONS
+from tests.support.helpers import wait_for
 from tests.support.hostile_services import HostileServer
 from tests.support.reward_server import RewardServer
 
@@ -95,18 +96,6 @@ def test_a_json_answer_without_a_reward_is_a_bad_response() -> None:
     assert f.reason == "remote_bad_response" and '{"score": 1}' in str(f) and '{"reward": <number>}' in str(f)
 
 
-def wait_until(predicate, timeout_s: float = 30.0) -> bool:
-    """Poll ``predicate`` until it holds: for a state that, once reached, stays until the test moves on."""
-    import time
-
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def test_the_concurrency_limit_holds() -> None:
     """12 callers at once, limit 3: the server holds every answer at a gate, so the count is settled when the 3
     held requests and the 9 callers queued for a slot account for all 12; a 4th request would be held too."""
@@ -117,7 +106,9 @@ def test_the_concurrency_limit_holds() -> None:
         for t in threads:
             t.start()
         try:
-            assert wait_until(lambda: server.waiting + score.stats.waiting == 12)
+            # polled: a state that, once reached, stays until the gate opens
+            wait_for(lambda: server.waiting + score.stats.waiting == 12, timeout=60, interval=0.005,
+                     message="3 requests held and 9 callers queued")
             assert (server.waiting, score.stats.waiting, score.stats.in_flight) == (3, 9, 3)
         finally:
             server.open_gate()

@@ -84,6 +84,7 @@ def test_interrupted_episodes_resume_in_the_next_call(
 
     def slow(self: TurnAdapter, turn_text: str) -> object:
         started.set()
+        w.engine._interrupt_req.wait(60)  # no episode ends before the interrupt is asked for, however late it comes
         time.sleep(0.002)
         return step(self, turn_text)
 

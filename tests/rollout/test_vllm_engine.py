@@ -168,7 +168,7 @@ def test_interrupt_returns_partial_tokens_with_logprobs_and_episodes_resume(
 ) -> None:
     engine.load_weights(vweights(0), version=0)
     assert engine.interrupt() == []
-    th, eps = generate_in_background(engine, started_after=3)
+    th, eps = generate_in_background(engine, started_after=3, until_interrupt=True)
     snaps = engine.interrupt(timeout_s=30)
     th.join(30)
     assert not th.is_alive() and len(snaps) == 4
