@@ -19,11 +19,15 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rollout": ("kopf", "kubernetes", "megatron", "asyncrl.trainer", "asyncrl.operator"),
     "trainer": ("kopf", "asyncrl.operator"),
     "operator": ("torch", "ray", "megatron", "transformers", "asyncrl.trainer", "asyncrl.rollout"),
-    # inside trainer: correction (pure math) <- megatron (primitives) <- weightsync, oldlogits <- actor <- driver
+    # inside trainer: correction (pure math), collective (stores) <- megatron (primitives) <- weightsync, oldlogits <- actor <- driver
     # <- cli; export (the HF folder writer, called by the driver during training) sits below the driver, and
     # cli is the entry point nothing imports
     "trainer/correction": ("megatron", "ray", "transformers", "asyncrl.rollout", *(
         f"asyncrl.trainer.{p}" for p in ("megatron", "weightsync", "oldlogits", "actor", "driver", "export", "cli"))),
+    # the job's authenticated rendezvous stores: below everything that forms a process group with them
+    "trainer/collective": ("megatron", "transformers", "asyncrl.rollout", *(
+        f"asyncrl.trainer.{p}" for p in ("correction", "megatron", "weightsync", "oldlogits", "actor", "driver",
+                                         "export", "cli"))),
     "trainer/megatron": tuple(f"asyncrl.trainer.{p}" for p in ("weightsync", "oldlogits", "actor", "driver",
                                                                "export", "cli")),
     "trainer/weightsync": tuple(f"asyncrl.trainer.{p}" for p in ("oldlogits", "actor", "driver", "export", "cli")),
