@@ -9,7 +9,7 @@ the driver's fallback and ``.corrupt`` logic (:mod:`asyncrl.trainer.driver.check
 **Why it reshards.** Every tensor is saved as a ``ShardedTensor``: the local shard *and* its place in the
 global tensor (megatron's ``GPTModel.sharded_state_dict()``). Loading asks for the shards of the
 *current* layout and ``dist_checkpointing`` reads the pieces that cover them, so a folder written at
-TP=2 loads at TP=1, at DP=2 or at TP=2 again (``shared/reference/distributed-actor.md`` §5.3: exact).
+TP=2 loads at TP=1, at DP=2 or at TP=2 again, exactly (``tests/trainer/test_sharded_resume.py``).
 
 **Beyond the model** (the ``extra`` tree: optimizer state, the old-logit provider's and the audit's
 state, counters): a tensor is *owned* by a parameter when a key on its path names a trainable parameter
@@ -69,7 +69,7 @@ Path_ = tuple[Any, ...]  # keys from the root of ``extra`` to a leaf (str or int
 
 
 def checkpoint_shims() -> None:
-    """What megatron's ``dist_checkpointing`` needs here (``shared/reference/distributed-actor.md`` §5.3).
+    """What megatron's ``dist_checkpointing`` needs here.
 
     - Without CUDA: its writer calls ``torch.cuda.synchronize()`` unconditionally
       (``filesystem_async.py:230``, "Found no NVIDIA driver"); with no CUDA stream there is nothing to wait for.
