@@ -285,7 +285,11 @@ def section(data_dir: Path) -> str:
     lines += [f"Every run starts from the same weights and evaluates the same {sc['eval_prompts']} held-out prompts "
               "with the same sampling seed (so `held-out at v0` is one number); the last column pairs each method "
               f"with `{ref}` seed by seed. A difference is *held* only at p < 0.05; none other is read as one.", "",
-              *verdicts, ""]
+              *verdicts, "",
+              "The reward is the generator's score, not success: `chain_sum`'s scorer gives partial credit to a wrong "
+              "answer that contains the oracle (`-3` or `13` for `3`: 0.5; `949` for `4`: 1/3, "
+              "`tests/rollout/test_reasoning_gym_task.py`), so a policy can gain reward while held-out success "
+              "(a full score) does not rise.", ""]
     lines += ["![held-out success on chain_sum, mean ± 95% CI](results/external_success.png)", ""]
     return "\n".join(lines)
 
