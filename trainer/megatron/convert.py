@@ -1,6 +1,6 @@
 """Megatron ``GPTModel`` <-> Hugging Face checkpoint names, per family, one tensor at a time.
 
-The mapping is the measured one of ``shared/reference/megatron-llama.md`` §2 (TP = PP = 1, local
+The mapping is the measured one of ``docs/architecture.md`` (megatron-core on the CPU) (TP = PP = 1, local
 layer spec, unwrapped model), extended per family (:mod:`asyncrl.api.model_arch`). Notation: ``nh``
 query heads, ``ng`` key/value heads (query groups), ``hn`` head dim, ``H`` hidden, ``hpg = nh // ng``,
 ``I`` SwiGLU inner size (per expert for MoE), ``E`` experts; weights ``[out, in]``.

@@ -1,0 +1,39 @@
+"""The project's files cite only what ships with it: no document outside the repository.
+
+Users get this repository, nothing beside it; a comment or a doc page that points at a file they do not
+have (a team-internal map, a reference copy of a paper, a measurement report) sends them nowhere. The
+paper is cited by its title and arXiv number (``docs/architecture.md``), measured facts live in ``docs/``.
+"""
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A citation of a file outside the repository: the team's shared folder, its reference copies, the old map.
+OUTSIDE = re.compile(r"\.\./shared|shared/reference|(?<![\w/])reference/[\w-]+\.md|ARCHITECTURE §")
+CHECKED = (".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".json", ".tpl", ".cfg")
+
+
+def _tracked() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    return [ROOT / line for line in out.stdout.splitlines()
+            if line.endswith(CHECKED) or line in ("Makefile", ".ci/run")]
+
+
+def test_no_file_cites_a_document_outside_the_repository() -> None:
+    here = Path(__file__).resolve()
+    bad = [f"{p.relative_to(ROOT)}:{n}: {line.strip()[:120]}"
+           for p in _tracked() if p.resolve() != here and p.is_file()
+           for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if OUTSIDE.search(line)]
+    assert bad == [], "cite docs/ in the repository instead:\n" + "\n".join(bad)
+
+
+def test_the_pattern_catches_each_form() -> None:
+    for cited in ("see ../shared/CONVENTIONS.md", "(``shared/reference/feasibility.md`` §2)",
+                  "reference/paper.md §6", "ARCHITECTURE §3"):
+        assert OUTSIDE.search(cited), cited
+    for fine in ("docs/architecture.md", "the reference policy", "api/reference.py", "docs/results/data/x.json"):
+        assert not OUTSIDE.search(fine), fine
