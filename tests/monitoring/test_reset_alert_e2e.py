@@ -12,31 +12,21 @@ reached, no earlier than its first reset), and the reset job did reset (else the
 committed evidence record (``docs/results/data/alerts/evidence.json``) is this function's output.
 """
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, paper_module
 
 pytestmark = pytest.mark.slow
 PAPER = ROOT / "bench" / "paper"
 
 
 def _evidence() -> ModuleType:
-    sys.path.insert(0, str(PAPER))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_paper_alert_evidence", PAPER / "alert_evidence.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(PAPER))
+    return paper_module("alert_evidence")
 
 
 def test_reset_alert_fires_for_the_resetting_run_only(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
 """Small helpers shared by the operator and chart tests."""
 
+import importlib.util
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,3 +51,19 @@ def find_helm() -> str | None:
             if out.returncode == 0 and out.stdout.startswith("v3."):
                 return str(candidate)
     return None
+
+
+PAPER = ROOT / "bench" / "paper"
+
+
+def paper_module(name: str) -> ModuleType:
+    """``bench/paper/<name>.py`` as a module, registered as ``bench_paper_<name>`` (dataclasses and pickling see
+    it). The scripts import their siblings, some inside functions, so ``bench/paper`` stays on the path."""
+    if str(PAPER) not in sys.path:
+        sys.path.insert(0, str(PAPER))
+    spec = importlib.util.spec_from_file_location(f"bench_paper_{name}", PAPER / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,36 +3,23 @@ the record's derived fields, and Proposition 1's exact per-token check on one ba
 experiment in its ``--quick`` form (slow): each writes its records and renders its section. No timing or
 learning outcome is asserted: the quick scale is a smoke test."""
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, paper_module
 
 PAPER = ROOT / "bench" / "paper"
 EXPERIMENTS = ("methods", "ewma", "thresholds", "prop1", "system_cost")
 
 
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(PAPER))  # the scripts import their siblings
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_paper_{name}", PAPER / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(PAPER))
 
 
-harness, stats, records = _load("harness"), _load("stats"), _load("records")
+harness, stats, records = paper_module("harness"), paper_module("stats"), paper_module("records")
 
 
 def test_curve_metrics_by_hand() -> None:
@@ -82,7 +69,7 @@ def test_low_streaks_and_rounding() -> None:
 
 def test_shared_runs_have_one_key_and_the_paper_cells_are_there() -> None:
     # The methods table's exact and ewma runs are the other experiments' shared cells.
-    thresholds, ewma = _load("thresholds"), _load("ewma")
+    thresholds, ewma = paper_module("thresholds"), paper_module("ewma")
     assert harness.method("exact").key() == thresholds.grid()[0].key()
     assert harness.method("ewma").key() == ewma.cfg("decay auto, reset").key()
     assert len({c.key() for c in harness.METHODS}) == len(harness.METHODS)
@@ -119,7 +106,7 @@ def test_record_round_trip(tmp_path: Path) -> None:
 
 
 def test_prop1_keep_decisions_identical_on_one_batch() -> None:
-    prop1 = _load("prop1")
+    prop1 = paper_module("prop1")
     bad, n = prop1.keep_disagreements([0, 1, 2, 3], B=32, T=16)
     assert n == 512 and bad == 0
 

@@ -1,29 +1,17 @@
 """``--quick`` of bench/paper/gaps.py and bench/paper/external.py end to end (slow): real actor, real engines,
 the driver's loop; each writes its records, and its docs section comes from those records alone."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-PAPER = Path(__file__).resolve().parents[2] / "bench" / "paper"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(PAPER))
-    spec = importlib.util.spec_from_file_location(f"paper_{name}", PAPER / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.support.helpers import paper_module
 
 
 @pytest.mark.slow
 def test_gaps_quick_measures_each_source_and_renders_from_records(tmp_path: Path) -> None:
-    gaps = _load("gaps")
+    gaps = paper_module("gaps")
     data = tmp_path / "data"
     rc = gaps.main(["--quick", "--sources", "fp32", "bf16", "int8", "noise-0.05", "--rl-steps", "2",
                     "--data", str(data), "--out", str(tmp_path / "out")])
@@ -51,7 +39,7 @@ def test_gaps_quick_measures_each_source_and_renders_from_records(tmp_path: Path
 @pytest.mark.slow
 def test_external_quick_runs_the_methods_and_renders_from_records(tmp_path: Path) -> None:
     pytest.importorskip("reasoning_gym")
-    external = _load("external")
+    external = paper_module("external")
     data = tmp_path / "data"
     rc = external.main(["--quick", "--methods", "sync", "exact", "--data", str(data), "--out", str(tmp_path / "out")])
     assert rc == 0
@@ -69,7 +57,7 @@ def test_external_quick_runs_the_methods_and_renders_from_records(tmp_path: Path
 
 
 def test_the_statistics_of_the_sections() -> None:
-    external = _load("external")
+    external = paper_module("external")
     # [1, 3]: mean 2, sd sqrt(2), half-width t(0.975, 1) * sqrt(2) / sqrt(2) = 12.706
     assert external.mean_ci([1.0, 3.0]) == (2.0, pytest.approx(12.706, abs=1e-12), 2)
     # the table's own critical values give p = 0.05 back (df 1 and 4), t = 0 gives 1
@@ -80,7 +68,7 @@ def test_the_statistics_of_the_sections() -> None:
     d, p, n = external.paired({0: 0.5, 1: 0.6, 2: 0.7, 9: 1.0}, {0: 0.4, 1: 0.4, 2: 0.4})
     assert (round(d, 12), n) == (0.2, 3) and p == pytest.approx(external.t_two_sided_p(0.2 / (0.1 / 3**0.5), 2))
     assert 0.07 < p < 0.08  # t(0.975, 2) = 4.303 > 3.464 > t(0.95, 2) = 2.920
-    gaps = _load("gaps")
+    gaps = paper_module("gaps")
     # 1..100 with linear interpolation: p50 = 50.5, p99 = 99.01
     q = gaps.quantiles([float(i) for i in range(1, 101)])
     assert (q["mean"], q["p50"], q["max"]) == (50.5, 50.5, 100.0) and q["p99"] == pytest.approx(99.01, abs=1e-9)

@@ -4,28 +4,18 @@ committed file byte for byte, every figure it names exists, and a page that disa
 ``bench/paper/report.py --check`` regenerates the page in memory (figures by the hash of their data, so the
 check does not depend on fonts or the matplotlib build); this is the same check, in ``make test``."""
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, paper_module
 
 PAPER = ROOT / "bench" / "paper"
 
 
 def _report() -> ModuleType:
-    sys.path.insert(0, str(PAPER))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_paper_report", PAPER / "report.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(PAPER))
+    return paper_module("report")
 
 
 @pytest.fixture(scope="module")
