@@ -136,6 +136,17 @@ def job_doc(cfg: harness.Config, scale: Scale, seed: int, weights: Path) -> dict
     return doc
 
 
+def _portable(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job spec as a record keeps it: the warm-start folder relative to the repository (a record names no
+    path of the machine that ran it)."""
+    out = json.loads(json.dumps(spec))
+    weights = Path(out["model"]["weights"])
+    root = Path(__file__).resolve().parents[2]
+    if weights.is_absolute() and weights.is_relative_to(root):
+        out["model"]["weights"] = str(weights.relative_to(root))
+    return out
+
+
 def run_one(cfg: harness.Config, scale: Scale, seed: int, weights: Path, out: Path) -> dict[str, Any]:
     from asyncrl.api.validation import validate_job
     from asyncrl.trainer.driver.loop import RunOptions, run_job
@@ -151,7 +162,7 @@ def run_one(cfg: harness.Config, scale: Scale, seed: int, weights: Path, out: Pa
     keep = [s["keep_ratio"] for s in run["steps"] if "keep_ratio" in s]
     clip = [s["clip_or_reject_frac"] for s in run["steps"] if "clip_or_reject_frac" in s]
     return {
-        "kind": "external", "method": cfg.name, "seed": seed, "config": doc["spec"], "scale": asdict(scale),
+        "kind": "external", "method": cfg.name, "seed": seed, "config": _portable(doc["spec"]), "scale": asdict(scale),
         "eval_curve": run["eval_curve"], "steps": run["steps"],
         "keep_ratio_mean": round(statistics.fmean(keep), 6) if keep else float("nan"),
         "keep_ratio_min": round(min(keep), 6) if keep else float("nan"),

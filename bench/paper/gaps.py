@@ -229,7 +229,7 @@ def measure(source: Source, scale: MeasureScale, actors: dict[str, Any], smollm_
     return {
         "kind": "measure", "source": source.name, "model": source.model, "engine": source.engine,
         "dtype": source.dtype, "transform": source.transform, "synthetic": source.synthetic,
-        "task": spec.task.name, "tokenizer": tok.name if source.model == "smollm2" else "char",
+        "task": spec.task.name, "tokenizer": Path(tok.name).name if source.model == "smollm2" else "char",  # the folder, not its path
         "seed": scale.seed, "prompts": prompts, "group": group, "tokens": len(d),
         "abs_log_rd": {k: round(v, 8) for k, v in quantiles(absd).items()},
         "signed_mean": round(sum(d) / len(d), 8) if d else float("nan"),
