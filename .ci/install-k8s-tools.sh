@@ -47,6 +47,7 @@ missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v etcd >/dev/null || missing+=(etcd-server)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v ss >/dev/null || missing+=(iproute2)   # the collective tests list listening sockets
 if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
 echo "$(promtool --version 2>&1 | head -1)"
 echo "etcd $(etcd --version 2>/dev/null | head -1 | awk '{print $3}')"

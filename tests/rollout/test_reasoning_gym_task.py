@@ -4,8 +4,7 @@ it, scored by the generator's own scorer, split like the built-in tasks, warm-st
 import random
 
 import pytest
-
-pytest.importorskip("reasoning_gym")
+import reasoning_gym  # a test extra (pyproject): never a skip
 
 from asyncrl.api.job import ModelSpec  # noqa: E402
 from asyncrl.api.task import TaskSpec  # noqa: E402
@@ -36,7 +35,6 @@ def _episode(answer: str, sample: dict = HELDOUT) -> tuple[ReasoningGymEnv, obje
 
 
 def test_the_prompt_is_the_generators_question() -> None:
-    import reasoning_gym
 
     env = ReasoningGymEnv()
     adapter = TurnAdapter("reasoning-gym", env, HELDOUT, TEXT_TOKENIZER)

@@ -38,7 +38,6 @@ def test_gaps_quick_measures_each_source_and_renders_from_records(tmp_path: Path
 
 @pytest.mark.slow
 def test_external_quick_runs_the_methods_and_renders_from_records(tmp_path: Path) -> None:
-    pytest.importorskip("reasoning_gym")
     external = paper_module("external")
     data = tmp_path / "data"
     rc = external.main(["--quick", "--methods", "sync", "exact", "--data", str(data), "--out", str(tmp_path / "out")])
