@@ -8,7 +8,9 @@ Map (one concept per module; importing this package stays light, torch loads on 
 - ``envs``: the :class:`Environment` protocol, the built-in tasks by name (``calculator``,
   ``chain-calculator``, ``arithmetic``), warm-start ``demonstrations`` and ``pad_batch``.
 - ``episode``: the mutable in-flight state of one trajectory (resumable after an interrupt).
-- ``engine``: the :class:`RolloutEngine` protocol, :class:`RolloutError`, ``make_engine``.
+- ``engine``: the :class:`RolloutEngine` protocol, :class:`RolloutError` and the base both backends share;
+  ``engine_registry``: ``make_engine`` by ``spec.rollout.engine`` name; ``generation_loop``: the token
+  boundary of both backends' loops (weight swap, interrupt).
 - ``hf_model`` / ``hf_engine``: the transformers backend (HF-named weights, lock-step sampling).
 - ``vllm_engine`` / ``vllm_process`` / ``vllm_server``: the vLLM backend; the engine runs in a process of
   its own (the vLLM environment's interpreter, ``make vllm-env``), driven one token boundary at a time.

@@ -24,7 +24,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -32,9 +32,6 @@ from asyncrl.rollout.envs.base import EnvStep
 from asyncrl.rollout.envs.runner import EnvFault
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
-
-if TYPE_CHECKING:
-    from asyncrl.api.model_arch import LlamaArch
 
 
 class RolloutError(RuntimeError):
@@ -356,37 +353,3 @@ class BoundaryEngine(BoundaryWeightSwap):
         finally:
             self._gen_lock.release()
         return list(episodes)
-
-
-# spec.rollout.engine: transformers (asyncrl.rollout.hf_engine, in-process, CPU or one GPU) and vllm
-# (asyncrl.rollout.vllm_engine: vLLM in an engine process of its own interpreter, driven step by step;
-# float32 on vLLM's CPU build; engineArgs in asyncrl.rollout.vllm_engine.VLLM_ENGINE_ARGS).
-ENGINES: tuple[str, ...] = ("transformers", "vllm")
-
-
-def make_engine(
-    name: str,
-    arch: "LlamaArch",
-    *,
-    dtype: str = "bfloat16",
-    seed: int = 0,
-    pad_id: int = 0,
-    engine_args: Mapping[str, object] | None = None,
-) -> RolloutEngine:
-    """The engine ``spec.rollout.engine`` names, for ``arch`` (built lazily: heavy imports stay here)."""
-    if name not in ENGINES:
-        raise ValueError(f"spec.rollout.engine {name!r} is unknown; valid engines: {', '.join(ENGINES)}")
-    if name == "vllm":
-        from asyncrl.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, engine_args=engine_args)
-    args = dict(engine_args or {})
-    fp32_head = args.pop("fp32Head", False)
-    if args or not isinstance(fp32_head, bool):
-        raise ValueError(
-            f"spec.rollout.engineArgs {dict(engine_args or {})} do not fit the transformers engine; "
-            "it takes only fp32Head: true|false (final norm and LM head in float32)"
-        )
-    from asyncrl.rollout.hf_engine import HFEngine
-
-    return HFEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, fp32_head=fp32_head)

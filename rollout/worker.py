@@ -22,7 +22,8 @@ from asyncrl.api.job import AsyncSpec, ModelSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.pods import RolloutSpec
 from asyncrl.api.task import TaskSpec
-from asyncrl.rollout.engine import RolloutEngine, RolloutError, make_engine
+from asyncrl.rollout.engine import RolloutEngine, RolloutError
+from asyncrl.rollout.engine_registry import make_engine
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.binding import TaskBinding, bind_task, context_length, task_tokenizer
 from asyncrl.rollout.envs.interface import Sample

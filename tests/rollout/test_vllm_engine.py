@@ -17,7 +17,8 @@ from asyncrl.api.job import AsyncSpec, ModelSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.pods import RolloutSpec
 from asyncrl.api.task import TaskSpec
-from asyncrl.rollout.engine import EngineReleasedError, RolloutEngine, make_engine
+from asyncrl.rollout.engine import EngineReleasedError, RolloutEngine
+from asyncrl.rollout.engine_registry import make_engine
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_engine import HFEngine
 from asyncrl.rollout.hf_model import build_model

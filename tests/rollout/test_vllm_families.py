@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from asyncrl.api.model_arch import Family
-from asyncrl.rollout.engine import make_engine
+from asyncrl.rollout.engine_registry import make_engine
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.tokenizer import HFTokenizer
 from asyncrl.trainer.megatron import compat
