@@ -208,7 +208,7 @@ class MathTurn:
 class MathSamples:
     """The samples of a math task: train-side problems from the group's rng, held-out ones by seed."""
 
-    problem_fn: ProblemFn
+    problem_fn: ProblemFn[Problem]
 
     def train(self, worker: int, index: int, rng: random.Random) -> dict[str, Any]:
         return problem_sample(draw_train(self.problem_fn, rng))
@@ -225,7 +225,7 @@ class MathToolEnv(TurnAdapter):
     """One episode of a math task as the engines see it: :class:`MathTurn` behind the
     :class:`~asyncrl.rollout.envs.adapter.TurnAdapter` (the path every environment takes)."""
 
-    def __init__(self, task: str, problem_fn: ProblemFn, tokenizer: Tokenizer, max_tool_calls: int,
+    def __init__(self, task: str, problem_fn: ProblemFn[Problem], tokenizer: Tokenizer, max_tool_calls: int,
                  fixed: Problem | None = None, *, runner: EnvRunner | None = None,
                  sample: dict[str, Any] | None = None) -> None:
         super().__init__(task, MathTurn(task, max_tool_calls), dict(sample or {}), tokenizer, runner=runner)

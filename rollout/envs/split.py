@@ -17,17 +17,23 @@ held out; ``chain-calculator`` 2 x 90^3 x 3^2 (about 1.3e7, some questions twice
 import hashlib
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # math_tasks imports this module
-    from asyncrl.rollout.envs.math_tasks import Problem
+from typing import Protocol, TypeVar
 
 BUCKETS = 8
 HELDOUT_BUCKETS = 1  # buckets [0, HELDOUT_BUCKETS) are held out
 _KEY = b"asyncrl-heldout-v1"  # changing it moves every problem: a new split
 MAX_REDRAWS = 10_000  # a generator that never leaves one side is a bug, not bad luck
 
-ProblemFn = Callable[[random.Random], "Problem"]
+
+class Posed(Protocol):
+    """What the split needs of a problem: the question text its hash is taken of (``math_tasks.Problem``)."""
+
+    @property
+    def question(self) -> str: ...
+
+
+P = TypeVar("P", bound=Posed)
+ProblemFn = Callable[[random.Random], P]  # a task's generator: rng -> one problem
 
 
 def is_heldout(question: str) -> bool:
@@ -36,7 +42,7 @@ def is_heldout(question: str) -> bool:
     return int.from_bytes(digest, "big") % BUCKETS < HELDOUT_BUCKETS
 
 
-def _draw(problem_fn: ProblemFn, rng: random.Random, heldout: bool, what: str) -> "Problem":
+def _draw(problem_fn: ProblemFn[P], rng: random.Random, heldout: bool, what: str) -> P:
     for _ in range(MAX_REDRAWS):
         p = problem_fn(rng)
         if is_heldout(p.question) == heldout:
@@ -45,12 +51,12 @@ def _draw(problem_fn: ProblemFn, rng: random.Random, heldout: bool, what: str) -
                        f"found no {'held-out' if heldout else 'train'} problem")
 
 
-def draw_train(problem_fn: ProblemFn, rng: random.Random) -> "Problem":
+def draw_train(problem_fn: ProblemFn[P], rng: random.Random) -> P:
     """A train-side problem: ``problem_fn(rng)``, redrawn from ``rng`` while it is held out."""
     return _draw(problem_fn, rng, False, "draw_train")
 
 
-def heldout_problems(problem_fn: ProblemFn, n: int, seed: int) -> list["Problem"]:
+def heldout_problems(problem_fn: ProblemFn[P], n: int, seed: int) -> list[P]:
     """``n`` held-out problems drawn from ``Random(seed)``: the same list for the same arguments.
 
     Draws are independent (with replacement), so the share solved estimates success on the held-out
