@@ -24,8 +24,8 @@ from asyncrl.api.job import (
     AsyncRLJobSpec,
     AsyncSpec,
     CheckpointSpec,
-    ModelSpec,
 )
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.old_logits import OldLogitsSpec, OldLogitStrategy
 from asyncrl.api.task import TaskSpec
 from asyncrl.api.validation import SpecError, SpecProblem, load_jobs, validate_job

@@ -1,6 +1,7 @@
 """The AsyncRLJob resource: ``spec`` sections and the top-level object.
 
-Defaults live only here; derived values are properties.
+Defaults live only in the section models; derived values are properties. ``spec.model`` has a module of
+its own (:mod:`asyncrl.api.model`), below the architecture table that reads it and that this module uses.
 """
 
 from typing import Any, ClassVar, Literal
@@ -22,7 +23,14 @@ from asyncrl.api.constants import (
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.evaluation import EvalSpec
 from asyncrl.api.metadata import ObjectMeta
-from asyncrl.api.old_logits import SCORER_TP_DIVIDES_GPUS_MESSAGE, OldLogitsSpec, OldLogitStrategy
+from asyncrl.api.model import ModelSpec
+from asyncrl.api.model_arch import known_arch, parallel_problems
+from asyncrl.api.old_logits import (
+    SCORER_TP_DIVIDES_GPUS_MESSAGE,
+    OldLogitsSpec,
+    OldLogitStrategy,
+    scorer_layout_problems,
+)
 from asyncrl.api.paths import CHECKPOINT_DIR_RULE, MAX_PATH_LENGTH, checkpoint_dir_problem
 from asyncrl.api.pods import (
     DEFAULT_TRAINING_SIDE_MEMORY,
@@ -52,60 +60,6 @@ class AsyncSpec(SpecModel):
         description="On a weight update, interrupt in-flight trajectories and continue them under the new "
         "version (prefix keeps its versions and mu); false lets them finish under the old version.",
     )
-
-
-GQA_MESSAGE = "numAttentionHeads must be a multiple of numKeyValueHeads (grouped-query attention)"
-
-
-class ModelSpec(SpecModel):
-    """``spec.model``: the policy: a Hugging Face model folder (``weights``) or a built-in preset."""
-
-    preset: str | None = Field(
-        default=None,
-        pattern=r"^(tiny-llama|small-llama|smollm2-135m)$",
-        description="Built-in architecture: tiny-llama (~0.3M params, CPU), small-llama (~4M), "
-        "smollm2-135m (SmolLM2-135M's shape). Unset: tiny-llama, or the architecture of the weights "
-        "folder's config.json (then leave preset and the size overrides out).",
-    )
-    hidden_size: int | None = Field(default=None, ge=8, le=65536, description="Override the preset's hidden size.")
-    num_layers: int | None = Field(default=None, ge=1, le=1024, description="Override the preset's layer count.")
-    num_attention_heads: int | None = Field(
-        default=None, ge=1, le=1024, description="Override the query head count."
-    )
-    num_key_value_heads: int | None = Field(
-        default=None, ge=1, le=1024, description="Override the key/value head count (grouped-query attention)."
-    )
-    ffn_hidden_size: int | None = Field(
-        default=None, ge=8, le=262144, description="Override the SwiGLU inner size."
-    )
-    tie_embeddings: bool | None = Field(default=None, description="Override tying of input/output embeddings.")
-    weights: str | None = Field(
-        default=None,
-        description="A Hugging Face model folder readable in the actor's and rollout pods (a PVC path) or "
-        "locally: config.json (its architectures entry picks the family: Llama, Mistral, Qwen2, Qwen3, "
-        "Qwen3-MoE), safetensors (one file, or shards with model.safetensors.index.json), tokenizer files and "
-        "generation_config.json; null = random initialisation of the preset.",
-    )
-    rollout_dtype: Literal["bfloat16", "float32"] = Field(
-        default="bfloat16",
-        description="Precision of the rollout engine; bfloat16 vs the float32 actor makes the "
-        "train–inference discrepancy real.",
-    )
-
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
-            "!has(self.numAttentionHeads) || !has(self.numKeyValueHeads) || "
-            "self.numAttentionHeads % self.numKeyValueHeads == 0",
-            GQA_MESSAGE,
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _gqa_divides(self) -> "ModelSpec":
-        q, kv = self.num_attention_heads, self.num_key_value_heads
-        if q is not None and kv is not None and q % kv != 0:
-            raise ValueError(f"{GQA_MESSAGE}; got {q} and {kv}: set numKeyValueHeads to a divisor of {q}")
-        return self
 
 
 class TrainSpec(SpecModel):
@@ -357,8 +311,6 @@ class AsyncRLJobSpec(SpecModel):
         m = self.actor.megatron
         if m.tensor_parallel == m.pipeline_parallel == m.expert_parallel == 1:
             return self
-        from asyncrl.api.model_arch import known_arch, parallel_problems  # model_arch imports this module
-
         arch = known_arch(self.model)
         if arch is not None:
             raise_all([("actor.megatron", f"{p} (spec.model)")
@@ -369,9 +321,6 @@ class AsyncRLJobSpec(SpecModel):
     def _scorer_layout_can_work(self) -> "AsyncRLJobSpec":
         if self.old_logits.strategy is not OldLogitStrategy.DEDICATED:
             return self  # a dedicated section set under another strategy is refused by OldLogitsSpec
-        from asyncrl.api.model_arch import known_arch  # model_arch imports this module
-        from asyncrl.api.old_logits import scorer_layout_problems
-
         layout = self.old_logits.dedicated.layout_for(self.actor)
         raise_all(scorer_layout_problems(layout, known_arch(self.model) if layout.tensor_parallel > 1 else None))
         return self

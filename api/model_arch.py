@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_bounds import (
     COMMON,
     MAX_PARAMETERS,

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 
 Kind = Literal["int", "number", "bool", "str", "list", "object"]
 FIX = "correct it in config.json (re-save it from the model's own config with save_pretrained)"

@@ -7,16 +7,14 @@ accepted and then ignored), with the same words from the model and the CRD's CEL
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule, at_defaults_cel, changed_from_defaults, raise_all
-
-if TYPE_CHECKING:
-    from asyncrl.api.model_arch import ModelArch
-    from asyncrl.api.pods import ActorSpec
+from asyncrl.api.model_arch import ModelArch, parallel_problems
+from asyncrl.api.pods import ActorSpec
 
 
 class OldLogitStrategy(StrEnum):
@@ -103,7 +101,7 @@ class DedicatedSpec(SpecModel):
         "CPU pod running tensorParallel rank processes.",
     )
 
-    def layout_for(self, actor: "ActorSpec") -> "ScorerLayout":
+    def layout_for(self, actor: ActorSpec) -> "ScorerLayout":
         """The scorer's layout in force: the fields set here; where omitted, the actor's TP and, on GPUs, one
         GPU per scorer rank (a scorer has no data parallelism, so more GPUs than its TP would idle)."""
         tp = self.tensor_parallel if self.tensor_parallel is not None else actor.megatron.tensor_parallel
@@ -136,11 +134,9 @@ class ScorerLayout:
         return self.tensor_parallel
 
 
-def scorer_layout_problems(layout: ScorerLayout, arch: "ModelArch | None") -> list[tuple[str, str]]:
+def scorer_layout_problems(layout: ScorerLayout, arch: ModelArch | None) -> list[tuple[str, str]]:
     """What cannot work in a scorer layout: ``(path below spec, message)`` for every problem (GPUs per pod
     not a multiple of TP; heads, KV heads or vocabulary not divisible by TP, as for the actor)."""
-    from asyncrl.api.model_arch import parallel_problems  # model_arch imports the job model
-
     tp, gpus = layout.tensor_parallel, layout.gpus_per_replica
     out: list[tuple[str, str]] = []
     if gpus > 0 and gpus % tp:

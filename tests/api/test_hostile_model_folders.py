@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import (
     PRESETS,
     ModelArch,

@@ -8,7 +8,7 @@ from typing import get_args
 
 import pytest
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import (
     FAMILIES,
     PRESETS,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.rollout.envs.base import CONTINUE, EnvStep
 from asyncrl.rollout.hf_model import build_model

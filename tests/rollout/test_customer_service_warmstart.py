@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import resolve_arch
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.cs_vocab import CS_TOKENIZER

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.api.job import AsyncSpec, ModelSpec
+from asyncrl.api.job import AsyncSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.hf_model import build_model
 from asyncrl.rollout.trajectory import TrajectoryStatus

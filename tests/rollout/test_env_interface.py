@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.api.job import AsyncSpec, ModelSpec
+from asyncrl.api.job import AsyncSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.base import replay

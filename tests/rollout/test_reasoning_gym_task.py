@@ -6,7 +6,7 @@ import random
 import pytest
 import reasoning_gym  # a test extra (pyproject): never a skip
 
-from asyncrl.api.job import ModelSpec  # noqa: E402
+from asyncrl.api.model import ModelSpec  # noqa: E402
 from asyncrl.api.task import TaskSpec  # noqa: E402
 from asyncrl.rollout.envs import replay  # noqa: E402
 from asyncrl.rollout.envs.adapter import TurnAdapter  # noqa: E402

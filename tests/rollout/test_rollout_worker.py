@@ -5,7 +5,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from asyncrl.api.job import AsyncSpec, ModelSpec
+from asyncrl.api.job import AsyncSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.engine import RolloutError
 from asyncrl.rollout.envs.adapter import TurnAdapter

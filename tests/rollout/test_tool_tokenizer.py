@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import resolve_arch
 from asyncrl.rollout.envs import get_task, replay
 from asyncrl.rollout.envs.registry import max_prompt_tokens

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from asyncrl.api.job import AsyncSpec, ModelSpec
+from asyncrl.api.job import AsyncSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.pods import RolloutSpec
 from asyncrl.api.task import TaskSpec

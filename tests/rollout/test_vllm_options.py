@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.rollout import vllm_process
 from asyncrl.rollout.hf_model import build_model

@@ -41,13 +41,13 @@ from asyncrl.api.dataset import (
 from asyncrl.api.evaluation import EVAL_UNUSED_MESSAGE
 from asyncrl.api.job import (
     EXACT_NEEDS_STRATEGY_MESSAGE,
-    GQA_MESSAGE,
     MAX_VERSIONS_MESSAGE,
     MINIBATCHES_MESSAGE,
     STRATEGY_NEEDS_EXACT_MESSAGE,
     TRAINING_SIDE_MEMORY_UNUSED_MESSAGE,
 )
 from asyncrl.api.metadata import NAME_MESSAGE
+from asyncrl.api.model import GQA_MESSAGE
 from asyncrl.api.old_logits import (
     DEDICATED_UNUSED_MESSAGE,
     INTERRUPT_SYNC_UNUSED_MESSAGE,

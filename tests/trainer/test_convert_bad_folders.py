@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import ArchitectureError, arch_from_hf_config, folder_problems, resolve_arch
 from asyncrl.rollout.tokenizer import tokenizer_for
 from asyncrl.trainer.cli import main

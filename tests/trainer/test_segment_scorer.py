@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.api.job import AsyncRLJobSpec, AsyncSpec, ModelSpec
+from asyncrl.api.job import AsyncRLJobSpec, AsyncSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.hf_model import build_model
 from asyncrl.rollout.trajectory import Trajectory

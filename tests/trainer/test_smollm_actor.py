@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.api.job import ModelSpec
+from asyncrl.api.model import ModelSpec
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.envs.registry import get_task
 from asyncrl.rollout.models import MARKER, pull
