@@ -1,0 +1,184 @@
+"""A rollout worker as a Ray actor: :class:`RolloutHost` wraps a :class:`~asyncrl.rollout.worker.RolloutWorker`.
+
+A *threaded* actor (``max_concurrency=2``): ``update_weights`` runs on a second thread while ``generate``
+runs, which is how a weight update reaches a generating worker (partial rollout).
+"""
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.driver.hosts.common import limit_threads
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.weight_sync.objectstore import Received
+
+log = logging.getLogger(__name__)
+
+
+class RolloutHost:
+    """One rollout worker process."""
+
+    def __init__(self, spec_json: dict[str, Any], worker_index: int, threads: int) -> None:
+        limit_threads(threads)
+        from asyncrl.rollout.worker import RolloutWorker
+
+        self.spec = AsyncRLJobSpec.model_validate(spec_json)
+        self.threads = threads
+        self.worker = RolloutWorker(self.spec.task, self.spec.model, self.spec.async_, worker_index=worker_index,
+                                    seed=self.spec.train.seed, rollout=self.spec.rollout,
+                                    workers=self.spec.rollout.replicas)
+        self._weights: Any = None  # the last version's HF tensors received (interrupt-sync scores under them)
+        self._paused_reported = 0.0  # the engine's apply_seconds already reported by update_weights
+        self._scorer: Any = None  # the training-side SegmentScorer, built on the first interrupt-sync window
+        self._group: Any = None  # weight_sync.broadcast.SyncGroup once the driver formed one (transport broadcast)
+
+    def generate(self, n_groups: int) -> list[Any]:
+        return self.worker.generate(n_groups)
+
+    def update_weights(self, weights: Any, version: int) -> dict[str, float]:
+        """Load (first time, worker idle) or hand over (thread-safe) new weights: a weight-sync handle
+        (``objectstore.BucketRefs``: the buckets are pulled here; ``disk.DiskVersion``: the version's file
+        is read; ``actor_side.BroadcastVersion``: the buckets arrive in this worker's broadcast group) or an
+        HF dict of arrays.
+
+        Returns ``transfer_s`` (buckets taken off the transport and reassembled, generation running
+        meanwhile), ``handover_s`` (the engine's private copy), ``pause_s`` (generation stopped installing
+        weights since the last call: this version when applied at once, else the boundary swaps of earlier
+        versions) and ``bytes``; ``{"failed": reason}`` when the broadcast group broke (a member died: the
+        driver sends this version through the object store and forms the group again)."""
+        from asyncrl.trainer.weight_sync.actor_side import BroadcastVersion
+        from asyncrl.trainer.weight_sync.objectstore import receive
+
+        engine = self.worker.engine
+        if isinstance(weights, BroadcastVersion):
+            taken = self._receive_broadcast(weights)
+            if isinstance(taken, str):
+                return {"failed": taken}  # type: ignore[dict-item]
+            got = taken
+        else:
+            got = receive(weights)
+        if got.version is not None and got.version != version:
+            raise RuntimeError(f"weight sync: worker {self.worker.worker_index} was handed version {got.version} "
+                               f"as version {version}")
+        t0 = time.perf_counter()
+        if self.worker.version < 0:
+            self.worker.load_weights(got.state, version)
+        else:
+            self.worker.update_weights(got.state, version)
+        handover = time.perf_counter() - t0
+        # Interrupt-sync scores the outgoing version with the training-side model from host memory: views of
+        # the object store's buckets, of the file read, or of the broadcast buckets (copied off the GPU under
+        # NCCL, so the engine's device memory can be released while the scorer runs). Nobody else reads them:
+        # not kept (under NCCL they would hold a second copy of the model in device memory).
+        self._weights = _on_host(got.state) if self._scores_old_versions else None
+        pause = float(getattr(engine, "apply_seconds", 0.0)) - self._paused_reported
+        self._paused_reported += pause
+        return {"transfer_s": got.transfer_s, "handover_s": handover, "pause_s": pause, "bytes": float(got.nbytes)}
+
+    @property
+    def _scores_old_versions(self) -> bool:
+        """Interrupt-sync: this worker scores ``pi_old`` under the version it holds (``sync_score``)."""
+        from asyncrl.api.old_logits import OldLogitStrategy
+        from asyncrl.trainer.weight_sync.actor_side import needs_training_precision
+
+        return needs_training_precision(self.spec) and self.spec.old_logits.strategy is OldLogitStrategy.INTERRUPT_SYNC
+
+    # ------------------------------------------------------------------ broadcast group (weightSync)
+    def ping_sync(self) -> bool:
+        """The driver checks every member answers before it forms the broadcast group."""
+        return True
+
+    def open_sync_group(self, endpoint: Any, rank: int, world: int, backend: str, timeout_s: float) -> None:
+        """Join (again) the weight-sync broadcast group at ``endpoint`` (address and token) as ``rank`` of ``world``
+        (the actor is rank 0)."""
+        from asyncrl.trainer.weight_sync.broadcast import open_group
+
+        self._group = None  # the previous group is dropped first
+        self._group = open_group(endpoint, rank, world, backend=backend,  # type: ignore[arg-type]
+                                 timeout_s=timeout_s)
+
+    def _receive_broadcast(self, handle: Any) -> "Received | str":
+        from asyncrl.trainer.weight_sync.broadcast import receive_version
+
+        if self._group is None:
+            return f"worker {self.worker.worker_index} is in no broadcast group"
+        try:
+            return receive_version(self._group, handle.version)
+        except Exception as exc:  # noqa: BLE001 -- the group broke (a member died): the driver recovers
+            self._group = None
+            return f"{type(exc).__name__}: {exc}"
+
+    def evaluate(self, problems: list[Any], version: int, temperature: float, seed: int, first: int) -> list[Any]:
+        """One sample of each held-out problem under ``version`` (``RolloutWorker.evaluate``); the driver
+        calls it only while no ``generate`` runs here."""
+        return self.worker.evaluate(problems, version=version, temperature=temperature, seed=seed, first=first)
+
+    # ------------------------------------------------------------------ interrupt-sync (paper §5.1)
+    def sync_interrupt(self, timeout_s: float) -> int:
+        """Phase *interrupt*: stop generation at a token boundary and hold it; in-flight episodes stay
+        suspended here (a running ``generate`` returns its finished trajectories). Returns how many."""
+        return len(self.worker.interrupt(timeout_s, hold=True))
+
+    def sync_score(self, trajs: list[Any], version: int, release: bool) -> dict[str, Any]:
+        """Phase *score*: with the engine's memory released (``release``), score every unscored sampled
+        token of ``version`` -- of the suspended episodes here and of ``trajs`` (finished ones the driver
+        holds) -- with the training-side model code under this worker's weights of ``version``.
+
+        Returns ``{"scores": [(positions, values)] per trajs, "tokens": n, "release_s", "score_s",
+        "acquire_s"}``; the suspended episodes keep their scores and carry them when they finish.
+        """
+        from asyncrl.trainer.oldlogits.precision import actor_bf16
+        from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings, SegmentScorer
+
+        if self.worker.version != version or self._weights is None:
+            raise RuntimeError(
+                f"interrupt-sync: worker {self.worker.worker_index} holds version {self.worker.version}, "
+                f"the driver scores version {version}"
+            )
+        t0 = time.perf_counter()
+        if release:
+            self.worker.release()
+        t1 = time.perf_counter()
+        if self._scorer is None:
+            self._scorer = SegmentScorer(ScorerSettings(self.worker.arch, temperature=self.spec.task.temperature,
+                                                        seed=self.spec.train.seed, bf16=actor_bf16(self.spec)))
+        builds = self._scorer.builds
+        try:
+            self._scorer.load(self._weights, version)
+            episodes = self.worker.suspended_episodes()
+            snaps = [e.to_trajectory() for e in episodes]
+            results = self._scorer.score([*snaps, *trajs], version)
+            for e, (pos, val) in zip(episodes, results[: len(snaps)], strict=True):
+                if pos:
+                    e.set_logp_old(pos, val)
+            scores = results[len(snaps):]
+        finally:
+            if release:
+                self._scorer.free()  # the engine gets the memory back
+        t2 = time.perf_counter()
+        if release:
+            self.worker.acquire()
+        t3 = time.perf_counter()
+        built = self._scorer.builds > builds  # this window built the model (first, or after free())
+        return {"scores": scores, "tokens": sum(len(p) for p, _ in results),
+                "release_s": t1 - t0, "score_s": t2 - t1, "acquire_s": t3 - t2,
+                "scorer_build_s": self._scorer.build_seconds if built else 0.0,
+                "scorer_load_s": self._scorer.load_seconds}
+
+    def set_prompt_cursor(self, n: int) -> None:
+        """Continue the worker's prompt sequence at group ``n`` (resume, replacement)."""
+        self.worker.set_prompt_cursor(n)
+
+    def sync_resume(self) -> None:
+        """Phase *resume*: end the hold (the new weights were handed over in phase *update*)."""
+        self.worker.resume()
+
+    def stats(self) -> dict[str, Any]:
+        return vars(self.worker.stats()).copy()
+
+
+def _on_host(state: dict[str, Any]) -> dict[str, Any]:
+    """``state``'s tensors in host memory (no copy for those already there)."""
+    return {k: v.cpu() for k, v in state.items()}

@@ -1,0 +1,276 @@
+"""The driver's side of the old-logit stage: what each strategy needs from the loop.
+
+The actor's provider (:mod:`asyncrl.trainer.oldlogits`) turns a batch into ``logp_ref``; some
+strategies also need the *driver* to act between rollout and the actor:
+
+- ``snapshot``: the actor keeps the weights of exactly the versions a not-yet-trained token still
+  references; the driver knows them (waiting groups, generate calls in flight) and passes them
+  with every step (:class:`SnapshotStage`);
+- ``interruptSync``: around every weight sync ``v -> v+1`` the rollout workers are interrupted and
+  held, score every untrained token of version ``v`` with the training-side model on their own
+  resources, take the new weights and resume (:class:`InterruptSyncStage`, paper §5.1);
+- ``dedicated``: a separate old-logit model follows the versions and scores trajectories as they
+  arrive (:class:`~asyncrl.trainer.driver.loop.dedicated_stage.DedicatedStage`).
+
+Every other reference uses :class:`Stage` itself: nothing between rollout and the actor, and the
+weight sync is a plain hand-over to every worker.
+"""
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.api.old_logits import OldLogitStrategy
+from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer.driver.loop import weight_sync
+from asyncrl.trainer.driver.loop.accounting import set_sync_phase
+from asyncrl.trainer.driver.loop.staleness import Group
+from asyncrl.trainer.driver.run.step_report import WeightSync
+from asyncrl.trainer.oldlogits.retention import cap_drop, live_versions
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.driver.loop.view import LoopView
+
+log = logging.getLogger(__name__)
+
+PhaseCallback = Callable[[str], None]  # the status reporter's view of the current sync phase
+
+
+class Stage:
+    """No driver-side old-logit work (every reference except the exact strategies below)."""
+
+    name = "none"
+
+    def start(self, loop: "LoopView") -> None:
+        """Once, when the loop starts (after the warm start or resume, rollout holding its weights)."""
+
+    def refs(self) -> list[Any]:
+        """Ray calls of this stage in flight: the loop waits on them beside its own."""
+        return []
+
+    def owns(self, ref: Any) -> bool:
+        return False
+
+    def collect(self, loop: "LoopView", ref: Any) -> None:
+        """One of :meth:`refs` finished."""
+
+    def admitted(self, loop: "LoopView", ref: Any, version: int) -> None:
+        """A generate call was admitted at actor ``version`` (its tokens are of ``version`` or newer)."""
+
+    def returned(self, loop: "LoopView", ref: Any, trajs: list[Trajectory]) -> None:
+        """A generate call came back with ``trajs`` (already in the staleness buffer)."""
+
+    def before_train(self, loop: "LoopView", groups: list[Group]) -> None:
+        """Right before the actor trains on ``groups`` at ``loop.version`` (may wait)."""
+
+    def trained(self, loop: "LoopView", groups: list[Group]) -> None:
+        """The actor's step on ``groups`` returned (applied or skipped): they are never trained again."""
+
+    def released(self, loop: "LoopView", trajs: list[Trajectory]) -> None:
+        """Trajectories dropped before training (stale, or the snapshot cap)."""
+
+    def step_kwargs(self, loop: "LoopView") -> dict[str, Any]:
+        """Extra keyword arguments of this step's ``ActorHost.train_step``."""
+        return {}
+
+    def sync_weights(self, loop: "LoopView", weights: Any, version: int) -> WeightSync:
+        """Hand ``version``'s weights to every rollout worker; returns how it went, for the step's report."""
+        t0 = time.monotonic()
+        outs = weight_sync.to_every_worker(loop.hosts, loop.on_every_worker, weights, version)
+        return sync_report(time.monotonic() - t0, outs)
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+class SnapshotStage(Stage):
+    """``snapshot`` (and the audit of a cheap reference): tell the actor which versions untrained
+    tokens still reference, so it keeps exactly those weight snapshots.
+
+    After the step at version ``v`` the next batch trains at ``v+1`` and takes no token older than
+    ``v+1-W``; of those versions only the ones held by a waiting group or possibly by a generate
+    call in flight (admitted at ``a``: any of ``a .. v+1``) are kept.
+
+    ``cap`` (``oldLogits.snapshot.maxVersions``) is a hard limit. Validation refuses a cap below
+    ``W+1``, the most versions the window can reference, so it binds only if that invariant breaks;
+    then the oldest versions are given up: waiting groups holding them are dropped (counted as
+    ``snapshot_cap``, logged), and so is every group that comes back holding one -- never scored
+    under another version.
+    """
+
+    name = "snapshot"
+
+    def __init__(self, cap: int = 0) -> None:
+        self.cap = cap
+        self.given_up: set[int] = set()
+
+    def _holds_given_up(self, group: Group) -> bool:
+        return any(v in self.given_up for t in group for v in t.sampled_versions)
+
+    def _drop(self, loop: "LoopView") -> None:
+        dropped = loop.buffer.drop_where(self._holds_given_up)
+        if dropped.groups:
+            log.warning("snapshot cap %d: dropped %d groups holding versions %s whose weights were given up",
+                        self.cap, dropped.groups, sorted(self.given_up))
+            loop.m.trajectories_dropped.labels("snapshot_cap").inc(dropped.trajectories)
+            loop.m.tokens_dropped.labels("snapshot_cap").inc(dropped.sampled_tokens)
+
+    def returned(self, loop: "LoopView", ref: Any, trajs: list[Trajectory]) -> None:
+        if self.given_up:
+            self._drop(loop)
+
+    def step_kwargs(self, loop: "LoopView") -> dict[str, Any]:
+        # Rollout samples with the current version until this step's weights arrive, also in calls admitted
+        # while the actor trains: such a call is one in flight since ``loop.version``.
+        in_flight_since = [*loop.admitted_at.values(), loop.version]
+        live = live_versions(loop.buffer.waiting(), in_flight_since, loop.version, loop.W) - self.given_up
+        gone = cap_drop(live, self.cap) if self.cap else set()
+        if gone:
+            self.given_up |= gone
+            live -= gone
+            self._drop(loop)
+        return {"live_versions": sorted(live)}
+
+
+def sync_report(seconds: float, outs: list[Any]) -> WeightSync:
+    """A hand-over of ``seconds`` with the slowest worker's ``RolloutHost.update_weights`` parts: transfer
+    (buckets pulled, generation running), pause (generation stopped installing weights) and bytes (one
+    worker's payload). A replaced worker (None) is left out; with no answer at all the parts are None."""
+    got = [o for o in outs if isinstance(o, dict)]
+    if not got:
+        return WeightSync(seconds)
+    return WeightSync(seconds, transfer_seconds=max(float(o["transfer_s"]) for o in got),
+                      pause_seconds=max(float(o["pause_s"]) for o in got),
+                      bytes=max(float(o["bytes"]) for o in got))
+
+
+@dataclass
+class SyncTimes:
+    """Cumulative interrupt-sync accounting (the run summary's ``interrupt_sync``)."""
+
+    syncs: int = 0
+    tokens_scored: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("interrupt", "score", "update", "resume"), 0.0))
+    release_s: float = 0.0
+    acquire_s: float = 0.0
+    scorer_build_s: float = 0.0  # the training-side model built on the workers (each window with release)
+    scorer_load_s: float = 0.0  # the outgoing version's weights loaded into it
+    stuck: int = 0  # phases that ran past phaseTimeoutSeconds
+
+
+class InterruptSyncStage(Stage):
+    """``interruptSync``: every weight sync ``v -> v+1`` runs four timed phases (paper §5.1).
+
+    1. *interrupt*: every worker stops at a token boundary and holds; the generate calls in flight
+       return their finished trajectories (into the buffer), unfinished episodes stay suspended in
+       their worker;
+    2. *score*: every untrained sampled token of version ``v`` -- in suspended episodes and in the
+       waiting groups -- gets its exact ``pi_old`` from the training-side model code on the rollout
+       workers' own resources (their engines released meanwhile when ``releaseRolloutResources``);
+       tokens of ``v`` in the batch just trained were scored by the actor's own forward;
+    3. *update*: the workers take version ``v+1``;
+    4. *resume*: generation continues (suspended episodes under ``v+1``: a partial rollout).
+
+    So every token is scored exactly once, under its own version, while that version is resident.
+    Rollout makes no token between *interrupt* and *resume*: that stall is this strategy's cost.
+    """
+
+    name = "interruptSync"
+
+    def __init__(self, spec: Any, on_phase: PhaseCallback | None = None) -> None:
+        self.timeout = float(spec.old_logits.interrupt_sync.phase_timeout_seconds)
+        self.release = bool(spec.old_logits.interrupt_sync.release_rollout_resources)
+        self.on_phase = on_phase
+        self.times = SyncTimes()
+
+    def _phase(self, loop: "LoopView", phase: str) -> None:
+        set_sync_phase(loop.m, phase)
+        if self.on_phase is not None:
+            self.on_phase(phase)
+
+    def sync_weights(self, loop: "LoopView", weights: Any, version: int) -> WeightSync:
+        import ray
+
+        old = version - 1
+        workers = loop.hosts.rollout
+        took: dict[str, float] = {}
+
+        def timed(phase: str, work: Callable[[], Any]) -> Any:
+            self._phase(loop, phase)
+            t0 = time.monotonic()
+            out = work()
+            took[phase] = time.monotonic() - t0
+            loop.m.sync_phase_duration.labels(phase).observe(took[phase])
+            self.times.seconds[phase] += took[phase]
+            if took[phase] > self.timeout:
+                self.times.stuck += 1
+            return out
+
+        def interrupt() -> None:
+            ray.get([w.sync_interrupt.remote(self.timeout) for w in workers])
+            while loop.pending:  # held workers return promptly: collect what they finished
+                done, _ = ray.wait(list(loop.pending), num_returns=1)
+                loop.collect(done[0])
+
+        def score() -> int:
+            todo = [t for g in loop.buffer.waiting() for t in g if t.unscored(old)]
+            shares = [todo[i::len(workers)] for i in range(len(workers))]
+            outs = ray.get([w.sync_score.remote(share, old, self.release) for w, share in zip(workers, shares,
+                                                                                            strict=True)])
+            n = 0
+            for share, out in zip(shares, outs, strict=True):
+                for t, (pos, val) in zip(share, out["scores"], strict=True):
+                    if pos:
+                        t.set_logp_old(pos, val)
+                n += int(out["tokens"])
+                self.times.release_s += float(out["release_s"])
+                self.times.acquire_s += float(out["acquire_s"])
+                self.times.scorer_build_s += float(out["scorer_build_s"])
+                self.times.scorer_load_s += float(out["scorer_load_s"])
+            return n
+
+        parts: list[Any] = []
+        try:
+            timed("interrupt", interrupt)
+            self.times.tokens_scored += timed("score", score)
+            parts = timed("update", lambda: weight_sync.to_workers(loop.hosts, workers, weights, version))
+            timed("resume", lambda: ray.get([w.sync_resume.remote() for w in workers]))
+        finally:
+            self._phase(loop, "idle")
+        self.times.syncs += 1
+        # Generation stands still from interrupt to resume: the whole window is this strategy's pause.
+        window = sum(took.values())
+        return dataclasses.replace(sync_report(window, parts), pause_seconds=window, phases=dict(took))
+
+    def summary(self) -> dict[str, Any]:
+        t = self.times
+        return {"interrupt_sync": {"syncs": t.syncs, "tokens_scored": t.tokens_scored,
+                                   "phase_s": {p: round(s, 3) for p, s in t.seconds.items()},
+                                   "release_s": round(t.release_s, 3), "acquire_s": round(t.acquire_s, 3),
+                                   "scorer_build_s": round(t.scorer_build_s, 3),
+                                   "scorer_load_s": round(t.scorer_load_s, 3),
+                                   "phases_over_timeout": t.stuck}}
+
+
+def make_stage(spec: Any, on_phase: PhaseCallback | None = None) -> Stage:
+    """The driver-side stage of ``spec.correction.reference`` / ``spec.oldLogits.strategy``."""
+    from asyncrl.api.correction import ReferencePolicy
+
+    if spec.correction.reference is not ReferencePolicy.EXACT:
+        audit = getattr(spec.correction, "audit", None)
+        # The audit of a cheap reference keeps weight snapshots of the live versions, like snapshot.
+        return SnapshotStage() if audit is not None and audit.every_n_steps > 0 else Stage()
+    strategy = spec.old_logits.strategy
+    if strategy is OldLogitStrategy.SNAPSHOT:
+        return SnapshotStage(spec.old_logits.snapshot.max_versions or spec.async_.max_staleness + 1)
+    if strategy is OldLogitStrategy.INTERRUPT_SYNC:
+        return InterruptSyncStage(spec, on_phase)
+    if strategy is OldLogitStrategy.DEDICATED:
+        from asyncrl.trainer.driver.loop.dedicated_stage import DedicatedStage
+
+        return DedicatedStage(spec)
+    raise ValueError(f"oldLogits.strategy {strategy!r} has no driver stage")

@@ -1,0 +1,128 @@
+"""The driver's weight sync, actor side: publish the actor's current version per ``spec.actor.weightSync``.
+
+Called on every actor rank (SPMD: the TP gathers are collectives); rank 0 packs and publishes, the other
+ranks of a tensor-parallel actor only join the gathers, those of a TP = 1 actor do nothing.
+
+Per transport, what one version costs the actor and what the driver gets back (the *handle*):
+
+- ``objectStore``: the buckets are ``ray.put`` -> :class:`~.objectstore.BucketRefs`;
+- ``disk``: the buckets are written as ``<root>/v<version>/model.safetensors`` -> :class:`~.disk.DiskVersion`;
+- ``broadcast``: nothing moves in ``train_step`` (its receivers are not listening yet: the driver reads the
+  step's stats first) -> :class:`BroadcastVersion`; the bytes leave in :meth:`ActorSync.send`, a separate
+  call the driver makes while every receiver calls its own receive. The version's CPU buckets stay here
+  until the next one is sent: a late joiner (a replaced worker) gets exactly this version from them through
+  the object store, whatever the actor does meanwhile (the same memory the object-store transport keeps
+  alive in ``hosts.weights``).
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.weight_sync import WeightTransport
+from asyncrl.trainer.weight_sync import broadcast, disk, objectstore
+from asyncrl.trainer.weight_sync.buckets import Bucket
+from asyncrl.trainer.weight_sync.source import actor_buckets, hf_tensors, wire_dtype
+
+
+@dataclass(frozen=True)
+class BroadcastVersion:
+    """The handle of a ``broadcast`` version: its bytes travel in the group's collective, not here."""
+
+    version: int
+
+
+def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
+    """Receivers score ``pi_old`` with the training-side model (interrupt-sync on the rollout workers,
+    dedicated scorers): they need the actor's weights as it holds them, not rounded to the engine's dtype, so
+    they travel in fp32 (a bf16 actor's values exactly, at twice the bytes a bf16 wire would need; the scorer
+    rounds them back to the actor's bf16 on load)."""
+    from asyncrl.api.correction import ReferencePolicy
+    from asyncrl.api.old_logits import OldLogitStrategy
+
+    return spec.correction.reference is ReferencePolicy.EXACT and spec.old_logits.strategy in (
+        OldLogitStrategy.INTERRUPT_SYNC, OldLogitStrategy.DEDICATED)
+
+
+def _buckets(actor: Any, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
+    dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
+    return actor_buckets(actor.named_weights(), actor.settings.arch, version=int(actor.version),
+                         bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype)
+
+
+def _join_gathers(actor: Any) -> None:
+    for _ in hf_tensors(actor.named_weights(), actor.settings.arch):  # join every gather, keep nothing
+        pass
+
+
+@dataclass
+class ActorSync:
+    """The actor rank's end of ``spec.actor.weightSync`` (one per :class:`ActorHost`).
+
+    ``disk_root``/``disk_keep``: the disk transport's folder and how many versions stay there;
+    ``group``: the broadcast group once the driver formed it (rank 0 only)."""
+
+    spec: AsyncRLJobSpec
+    rank: int
+    tp: int
+    transport: WeightTransport = WeightTransport.OBJECT_STORE
+    disk_root: str | None = None
+    disk_keep: int = 2
+    group: broadcast.SyncGroup | None = None
+    kept: list[Bucket] = field(default_factory=list)  # broadcast: the last version's CPU buckets
+    kept_version: int = -1
+
+    @property
+    def _joins_only(self) -> bool:
+        return self.rank != 0
+
+    def publish(self, actor: Any, transport: WeightTransport | None = None) -> Any:
+        """The actor's current version through ``transport`` (default: the configured one); the handle
+        on rank 0, None on the others."""
+        transport = transport or self.transport
+        if transport is WeightTransport.BROADCAST:
+            return BroadcastVersion(int(actor.version)) if self.rank == 0 else None
+        if self._joins_only:
+            if self.tp > 1:
+                _join_gathers(actor)
+            return None
+        if transport is WeightTransport.DISK:
+            if self.disk_root is None:
+                raise RuntimeError("weight sync (disk): the driver did not configure the folder (configure_sync)")
+            return disk.write_version(_buckets(actor, self.spec), self.disk_root, int(actor.version),
+                                      keep=self.disk_keep)
+        return objectstore.publish(_buckets(actor, self.spec))
+
+    def send(self, actor: Any, version: int) -> dict[str, Any]:
+        """Broadcast ``version`` (the actor's current one) to the group; ``{"bytes", "send_s"}`` or, when a
+        member is gone (the collective failed), ``{"error": ...}`` -- the driver re-forms the group."""
+        if int(actor.version) != version:
+            raise RuntimeError(f"weight sync (broadcast): asked to send version {version}, the actor holds "
+                               f"{int(actor.version)}")
+        if self._joins_only:
+            if self.tp > 1:
+                _join_gathers(actor)
+            return {}
+        if self.group is None:
+            raise RuntimeError("weight sync (broadcast): no group formed (the driver forms it before a send)")
+        self.kept, self.kept_version = [], -1
+        buckets = list(_buckets(actor, self.spec))  # CPU; kept for late joiners
+        self.kept, self.kept_version = buckets, version
+        try:
+            nbytes, seconds = broadcast.send(self.group, buckets)
+        except Exception as exc:  # noqa: BLE001 -- a member died: the group is broken, the driver re-forms it
+            self.group = None
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"bytes": nbytes, "send_s": seconds}
+
+    def for_joiner(self, actor: Any, version: int) -> objectstore.BucketRefs | None:
+        """``version`` in the object store for a receiver outside the broadcast group, from the buckets kept
+        since it was sent (rank 0; None on the others: no gathers, whatever the actor trains meanwhile)."""
+        if self.rank != 0:
+            return None
+        if self.kept_version != version:
+            raise RuntimeError(
+                f"weight sync (broadcast): a late joiner needs version {version}; the actor kept version "
+                f"{self.kept_version} (the driver sends every version before it hands it to a joiner)")
+        return objectstore.publish(self.kept)
