@@ -336,7 +336,7 @@ class AuditSpec(SpecModel):
 class StartupCheckSpec(SpecModel):
     """The start-up discrepancy probe: before the first step every rollout engine samples ``rollouts``
     held-out problems, the actor scores them, and the job refuses to start (exit code 2, the likely cause
-    named) when ``|log r_d| = |log pi_theta - log mu|`` is above either limit (``trainer/driver/startup_probe.py``)."""
+    named) when ``|log r_d| = |log pi_theta - log mu|`` is above either limit (``trainer/driver/loop/startup_probe.py``)."""
 
     enabled: bool = Field(default=True, description="Run the probe before training.")
     rollouts: int = Field(

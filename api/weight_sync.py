@@ -2,7 +2,7 @@
 
 The weights travel as HF-named tensors cast to the wire dtype, packed in flat buckets
 (``bucketMiB``), through one of three transports (``docs/weight-sync.md``), all run by the
-job driver (``asyncrl.trainer.driver.weight_delivery``):
+job driver (``asyncrl.trainer.driver.loop.weight_sync``):
 
 - ``objectStore``: one Ray object per bucket; every receiver pulls the version's bucket refs. CPU,
   local runs and the default.
@@ -24,7 +24,7 @@ from asyncrl.api.base import SpecModel
 
 
 class WeightTransport(StrEnum):
-    """The transports of :mod:`asyncrl.trainer.weightsync`."""
+    """The transports of :mod:`asyncrl.trainer.weight_sync`."""
 
     OBJECT_STORE = "objectStore"
     BROADCAST = "broadcast"

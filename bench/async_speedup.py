@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.accounting import success_at_loop_seconds
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.accounting import success_at_loop_seconds
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 
 def _spin(n: int = 3_000_000) -> int:

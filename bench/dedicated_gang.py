@@ -6,7 +6,7 @@ Usage::
                                                         [--tokens 128] [--repeats 2]
 
 Side by side, in one run, on one local Ray: a one-process :class:`DedicatedScorer` and a gang of ``--tp``
-ranks (gloo, one Ray actor per rank, ``trainer/driver/actor_group.py`` ``start_gang``) load the same random
+ranks (gloo, one Ray actor per rank, ``trainer/driver/hosts/actor_group.py`` ``start_gang``) load the same random
 HF weights of ``--preset`` from the object store and score the same ``--rows`` x ``--tokens`` segments.
 Columns: parameter bytes held per rank (what a rank needs in device memory: the point of a gang is that a
 model too big for one device fits in ``tp``), the load (``advance_to``: fetch, convert, slice) and score
@@ -56,8 +56,8 @@ def main() -> None:
     import ray
 
     from asyncrl.api.job import AsyncRLJobSpec
-    from asyncrl.trainer.driver.actor_group import start_gang
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.actor_group import start_gang
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
     from asyncrl.trainer.megatron.parallel import Layout
     from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
     from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings

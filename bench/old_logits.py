@@ -329,8 +329,8 @@ class Bench:
 
     def run(self, strategy: str, W: int, weight_bytes: int, ewma_bytes: int) -> RunRow:
         from asyncrl.api.validation import validate_job
-        from asyncrl.trainer.driver.loop import RunOptions, run_job
-        from asyncrl.trainer.driver.step_report import StepReport
+        from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
+        from asyncrl.trainer.driver.run.step_report import StepReport
 
         def progress(event: Any) -> None:  # on_step: a StepReport, or an evaluation's result (none here)
             if not isinstance(event, StepReport):
@@ -427,7 +427,7 @@ def notes(rows: Sequence[RunRow]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from asyncrl.api.validation import validate_job
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
     spec = validate_job(job("ewma", args.ws[0], args)).spec
     weight_bytes, ewma_bytes = weight_bytes_of(spec), ewma_held_bytes(spec)

@@ -13,7 +13,7 @@ version. Side by side, in one run, on one local Ray:
 
 - ``one object``: today's path before buckets: the whole HF state dict converted and cloned in fp32,
   one ``ray.put``; each receiver ``ray.get``s it and casts into its bf16 parameters;
-- ``buckets N MiB``: :mod:`asyncrl.trainer.weightsync` over the object store: per-tensor conversion,
+- ``buckets N MiB``: :mod:`asyncrl.trainer.weight_sync` over the object store: per-tensor conversion,
   bf16 on the wire, flat buckets of N MiB, one object each;
 - ``broadcast``: the same buckets by a gloo collective group (source + receivers; NCCL on GPU runs the
   same code).
@@ -95,7 +95,7 @@ def main() -> int:
     import bench.scale_common
     import bench.scale_step
     import bench.scale_sync
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
     # The Ray actors' classes go to the workers by value, as when they were defined in this script: a worker
     # started outside the checkout's root cannot import bench.*.

@@ -46,8 +46,8 @@ class Source:
     def buckets(self, bucket_mib: int, version: int) -> tuple[Any, float]:
         import torch
 
-        from asyncrl.trainer.weightsync.objectstore import publish
-        from asyncrl.trainer.weightsync.source import actor_buckets
+        from asyncrl.trainer.weight_sync.objectstore import publish
+        from asyncrl.trainer.weight_sync.source import actor_buckets
 
         t0 = time.perf_counter()
         handle = publish(actor_buckets(self.params, self.arch, version=version, bucket_mib=bucket_mib,
@@ -55,15 +55,15 @@ class Source:
         return handle, time.perf_counter() - t0
 
     def join(self, endpoint: Any, world: int) -> None:
-        from asyncrl.trainer.weightsync.broadcast import open_group
+        from asyncrl.trainer.weight_sync.broadcast import open_group
 
         self.group = open_group(endpoint, 0, world, backend="gloo", timeout_s=600)
 
     def broadcast(self, bucket_mib: int, version: int) -> float:
         import torch
 
-        from asyncrl.trainer.weightsync.broadcast import send
-        from asyncrl.trainer.weightsync.source import actor_buckets
+        from asyncrl.trainer.weight_sync.broadcast import send
+        from asyncrl.trainer.weight_sync.source import actor_buckets
 
         t0 = time.perf_counter()
         send(self.group, actor_buckets(self.params, self.arch, version=version, bucket_mib=bucket_mib,
@@ -97,7 +97,7 @@ class Receiver:
 
         import ray
 
-        from asyncrl.trainer.weightsync.objectstore import BucketRefs, receive
+        from asyncrl.trainer.weight_sync.objectstore import BucketRefs, receive
 
         t0 = time.perf_counter()
         if isinstance(handle, BucketRefs):
@@ -109,12 +109,12 @@ class Receiver:
         return time.perf_counter() - t0, self._install(state)
 
     def join(self, endpoint: Any, rank: int, world: int) -> None:
-        from asyncrl.trainer.weightsync.broadcast import open_group
+        from asyncrl.trainer.weight_sync.broadcast import open_group
 
         self.group = open_group(endpoint, rank, world, backend="gloo", timeout_s=600)
 
     def take_broadcast(self) -> tuple[float, float]:
-        from asyncrl.trainer.weightsync.broadcast import receive
+        from asyncrl.trainer.weight_sync.broadcast import receive
 
         t0 = time.perf_counter()
         state = receive(self.group)

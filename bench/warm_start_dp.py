@@ -13,7 +13,7 @@ step are the slowest rank's median after two discarded warm-up steps; ``demos`` 
 generating and padding the demonstrations (each rank draws the whole batch: the token-balanced split needs
 every row's length). ``ranks x threads`` above the cores oversubscribes them: OpenMP workers that spin in
 their barriers while the other rank's hold the cores. The driver gives each rank the cores split between
-the ranks on its host (:func:`asyncrl.trainer.driver.warm.warm_start_threads`: DP=2 on 2 cores, 1 each);
+the ranks on its host (:func:`asyncrl.trainer.driver.hosts.warm_start.warm_start_threads`: DP=2 on 2 cores, 1 each);
 before, every rank got every core (the ``DP=2 x 2`` row).
 
 The machine is shared and loaded: compare rows measured side by side in one run, not absolute times.
@@ -37,7 +37,7 @@ def _rank(rank: int, world: int, init_method: str | None, spec_json: dict[str, A
     import random
 
     from asyncrl.rollout.envs.demos import demonstrations, pad_batch
-    from asyncrl.trainer.driver.actor_host import ActorHost
+    from asyncrl.trainer.driver.hosts.actor_host import ActorHost
 
     spec_json = {**spec_json, "actor": {**spec_json.get("actor", {}), "replicas": world, "gpusPerReplica": 0}}
     host = ActorHost(spec_json, threads, rank=rank, init_method=init_method)

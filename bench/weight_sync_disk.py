@@ -34,8 +34,8 @@ class DiskSource(Source):
     def disk(self, root: str, bucket_mib: int, version: int) -> tuple[Any, float]:
         import torch
 
-        from asyncrl.trainer.weightsync.disk import write_version
-        from asyncrl.trainer.weightsync.source import actor_buckets
+        from asyncrl.trainer.weight_sync.disk import write_version
+        from asyncrl.trainer.weight_sync.source import actor_buckets
 
         t0 = time.perf_counter()
         handle = write_version(actor_buckets(self.params, self.arch, version=version, bucket_mib=bucket_mib,
@@ -45,7 +45,7 @@ class DiskSource(Source):
 
 class DiskReceiver(Receiver):
     def take_disk(self, handle: Any) -> tuple[float, float]:
-        from asyncrl.trainer.weightsync.disk import read_version
+        from asyncrl.trainer.weight_sync.disk import read_version
 
         t0 = time.perf_counter()
         state = read_version(handle)
@@ -105,7 +105,7 @@ def main() -> int:
     p.add_argument("--bucket-mib", type=int, default=512)
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args()
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as root, local_ray(2):

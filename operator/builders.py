@@ -398,7 +398,7 @@ def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, 
     if spec.old_logits.strategy is OldLogitStrategy.DEDICATED:
         # A scorer pod runs one gang of the scorer's own layout (oldLogits.dedicated: tensorParallel ranks, one
         # per GPU), so its env says that layout, not the actor's; a gang of k > 1 ranks also advertises
-        # oldlogits-<i>: k, so all of them land on this pod (trainer/driver/hosts.py dedicated_spawner).
+        # oldlogits-<i>: k, so all of them land on this pod (trainer/driver/hosts/fleet.py dedicated_spawner).
         scorer = spec.old_logits.dedicated.layout_for(actor)
         scorer_env = {
             C.ENV_TENSOR_PARALLEL: str(scorer.tensor_parallel),

@@ -1,7 +1,7 @@
 """``asyncrl export``: the trained policy as a Hugging Face model folder.
 
 Read top to bottom (the first step, resolving a run directory to its checkpoint, is the driver's:
-:mod:`asyncrl.trainer.driver.run_export`, which calls the rest):
+:mod:`asyncrl.trainer.driver.run.export`, which calls the rest):
 
     load      the actor's weights of that checkpoint (``actor.pt``, megatron names) -> HF names through
               the family's converter (:func:`~asyncrl.trainer.megatron.convert.megatron_to_hf`), the
@@ -106,7 +106,7 @@ def model_files(spec: AsyncRLJobSpec) -> ModelFiles:
     from asyncrl.rollout.tokenizer import weights_folder
     from asyncrl.trainer.actor.megatron_actor import ActorSettings
 
-    tokenizer = task_tokenizer(spec.model, spec.task)  # what the actor host resolves (trainer/driver/hosts.py)
+    tokenizer = task_tokenizer(spec.model, spec.task)  # what the actor host resolves (trainer/driver/hosts/fleet.py)
     context = context_length(spec.task, tokenizer)
     arch = ActorSettings.from_spec(spec, tokenizer.vocab_size, max_sequence_length=context).arch
     source = weights_folder(spec.model.weights) if spec.model.weights is not None else None

@@ -91,7 +91,7 @@ def warm_start(scale: Scale, folder: Path, seed: int = 0) -> dict[str, Any]:
     from asyncrl.rollout.envs.binding import context_length, task_tokenizer
     from asyncrl.rollout.envs.demos import pad_batch
     from asyncrl.trainer.actor.megatron_actor import MegatronActor
-    from asyncrl.trainer.driver.warm import warm_start_lr
+    from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 
     marker = folder / "warm.json"
     if marker.exists():
@@ -149,7 +149,7 @@ def _portable(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_one(cfg: harness.Config, scale: Scale, seed: int, weights: Path, out: Path) -> dict[str, Any]:
     from asyncrl.api.validation import validate_job
-    from asyncrl.trainer.driver.loop import RunOptions, run_job
+    from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
     doc = job_doc(cfg, scale, seed, weights)
     rdir = out / "runs" / doc["metadata"]["name"]
@@ -369,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"warm start: {info}", flush=True)
     folder = args.data / "external"
     folder.mkdir(parents=True, exist_ok=True)
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
     with local_ray(num_cpus=2):
         for seed in scale.seeds:  # interleaved: every method of a seed, then the next seed

@@ -133,7 +133,7 @@ def _actor(spec: Any, tok: Any, scale: MeasureScale, warm: bool) -> Any:
     from asyncrl.rollout.envs.binding import context_length
     from asyncrl.rollout.envs.demos import demonstrations, pad_batch
     from asyncrl.trainer.actor.megatron_actor import MegatronActor
-    from asyncrl.trainer.driver.warm import warm_start_lr
+    from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 
     actor = MegatronActor.from_spec(spec, tok.vocab_size, num_threads=1,
                                     max_sequence_length=context_length(spec.task, tok))
@@ -264,7 +264,7 @@ def rl_run(source: Source, steps: int, seed: int, out: Path, quick: bool) -> dic
     import harness
 
     from asyncrl.api.validation import validate_job
-    from asyncrl.trainer.driver.loop import RunOptions, run_job
+    from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
     doc = rl_doc(source, steps, seed, quick)
     rdir = out / "runs" / doc["metadata"]["name"]
@@ -425,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{s.name:14s} tokens {rec['tokens']:5d}  |log r_d| mean {q['mean']:.2e} p50 {q['p50']:.2e} "
               f"p99 {q['p99']:.2e}  in band {rec['in_band_0.99_1.01']:.4f}  ({rec['wall_s']:.0f} s)", flush=True)
     if args.rl_steps:
-        from asyncrl.trainer.driver.ray_env import local_ray
+        from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
         with local_ray(num_cpus=2):
             for seed in args.seeds:

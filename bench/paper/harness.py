@@ -3,7 +3,7 @@
 One *configuration* is a correction (``spec.correction`` and ``spec.oldLogits``) and a maximum
 version gap W; everything else -- task, model, batch, minibatches, learning rate, evaluation -- is
 the :class:`Scale` of the command. Each (configuration, seed) runs once through the driver's
-in-process loop (:func:`asyncrl.trainer.driver.loop.run_job`, one local Ray session per command),
+in-process loop (:func:`asyncrl.trainer.driver.loop.training_loop.run_job`, one local Ray session per command),
 from one supervised warm start per task (cached; the seeds vary the RL phase), and writes one JSON
 record (:mod:`records`) into the record folder: experiments that share a configuration (the methods
 table's ``loglinear`` is Proposition 1's reference, its ``ewma`` the EWMA ablation's auto-with-reset
@@ -183,7 +183,7 @@ class Runner:
             return old
         self._start_ray()
         from asyncrl.api.validation import validate_job
-        from asyncrl.trainer.driver.loop import RunOptions, run_job
+        from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
         rdir = self.work / "runs" / path.stem
         shutil.rmtree(rdir, ignore_errors=True)
@@ -217,7 +217,7 @@ class Runner:
 
     def _start_ray(self) -> None:
         if self._ray is None:
-            from asyncrl.trainer.driver.ray_env import local_ray
+            from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
             for attempt in range(1, 4):  # a loaded machine can time out Ray's node start-up; try again
                 try:

@@ -29,7 +29,7 @@ from asyncrl.api.model_arch import (
 from asyncrl.rollout import tokenizer as tokenizer_module
 from asyncrl.rollout.time_limit import TimeLimitError, call_within
 from asyncrl.rollout.tokenizer import HFTokenizer, render_chat
-from asyncrl.trainer.cli import _model_folder_refused, main
+from asyncrl.trainer.cli.commands import _model_folder_refused, main
 from asyncrl.trainer.megatron.hf_folder import FolderError, HFFolder
 from tests.support.hf_models import tiny_folder
 from tests.support.hostile_model_folders import (

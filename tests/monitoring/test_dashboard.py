@@ -16,7 +16,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from asyncrl.operator.metrics import create_metrics as create_operator_metrics
-from asyncrl.trainer.driver.metrics import create_metrics as create_driver_metrics
+from asyncrl.trainer.driver.run.metrics import create_metrics as create_driver_metrics
 from monitoring import dashboard
 
 ROOT = Path(__file__).resolve().parents[2]

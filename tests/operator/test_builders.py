@@ -14,7 +14,7 @@ from asyncrl.operator import names
 from asyncrl.operator.builders import Desired, JobRef, add_memory, desired, quantity_bytes, spec_hash
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.pod_policy import cpu_millis, merge, ray_num_cpus, shm_size_limit
-from asyncrl.trainer.cli import build_parser
+from asyncrl.trainer.cli.commands import build_parser
 
 REF = JobRef("j", "ns", "uid-1", {"team": "rl", "app.kubernetes.io/name": "spoofed"})
 CFG = OperatorSettings(job_image="img:1")

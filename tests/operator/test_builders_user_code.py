@@ -18,7 +18,7 @@ from asyncrl.api.validation import SpecError, validate_job
 from asyncrl.operator.builders import JobRef, desired
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.driver_pod import task_paths
-from asyncrl.trainer.cli import build_parser
+from asyncrl.trainer.cli.commands import build_parser
 
 REF = JobRef("j", "ns", "uid-1")
 CFG = OperatorSettings(job_image="img:1")

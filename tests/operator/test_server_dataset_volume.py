@@ -65,8 +65,8 @@ def test_the_driver_pod_mounts_the_dataset_volume_and_its_token_only_in_the_side
 
 def test_the_relay_sends_the_summary_with_the_status_token_and_nothing_else(
         apiserver: ApiServer, jobs: Jobs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from asyncrl.trainer.driver.status_api import kubernetes_sender
-    from asyncrl.trainer.driver.status_relay import relay_sender, serve_in_thread
+    from asyncrl.trainer.driver.status.api import kubernetes_sender
+    from asyncrl.trainer.driver.status.relay import relay_sender, serve_in_thread
 
     jobs.create()
     wait_for(lambda: apiserver.kubectl("get", "rolebinding", "job1-status", "-n", jobs.ns,

@@ -30,7 +30,7 @@ def driver_identity(apiserver: ApiServer, jobs: Jobs, job: str) -> Path:
 
 def test_driver_role_patches_only_its_own_jobs_status(apiserver: ApiServer, jobs: Jobs,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncrl.trainer.driver.status_reporter import StatusReporter, kubernetes_sender
+    from asyncrl.trainer.driver.status.reporter import StatusReporter, kubernetes_sender
 
     jobs.create("job1")
     jobs.create("job2")

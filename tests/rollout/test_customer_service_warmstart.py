@@ -3,7 +3,7 @@ demonstrations, with the task's vocabulary, gives a policy whose sampled held-ou
 
 A cheaper stand-in for the job's own warm start (``asyncrl run examples/customer-service.yaml``,
 Megatron actor, 300 steps of 128, held-out success 0.20): the same tiny-llama shape as a
-transformers model, the same demonstrations and learning-rate schedule (``trainer/driver/warm.py``),
+transformers model, the same demonstrations and learning-rate schedule (``trainer/driver/hosts/warm_start.py``),
 smaller steps. It fails for the vocabulary that spells ids in digits (the loss stalls at the cost
 of guessing the digits, 0.34 nats per agent token, and no held-out episode succeeds) and for a warm
 start too short to copy order ids from the tool's answer (175 steps: 0.08).
@@ -23,7 +23,7 @@ from asyncrl.rollout.envs.demos import demonstrations, pad_batch
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_engine import HFEngine
 from asyncrl.rollout.hf_model import build_model
-from asyncrl.trainer.driver.warm import warm_start_lr
+from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 
 T = CS_TOKENIZER
 STEPS, BATCH, EVAL = 300, 64, 64

@@ -44,8 +44,8 @@ def test_a_resumed_dataset_job_trains_no_row_twice(tmp_path: Path) -> None:
     import yaml
 
     from asyncrl.api.validation import validate_job
-    from asyncrl.trainer.driver.loop import RunOptions, run_job
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
+    from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
     data = tmp_path / "many.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Capital of country {i}?", "answer": f"city {i}"}) + "\n"

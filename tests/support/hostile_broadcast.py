@@ -4,7 +4,7 @@ not JSON at all), as a peer that is not the job's source, or a source of another
 - ``mutate(obj)``: the change to the JSON object of a real two-tensor bucket manifest (or raw bytes);
 - ``field``: the field the refusal must name; ``message``: a fragment of the rule.
 
-Used by ``tests/trainer/test_broadcast_manifest.py`` (``weightsync.manifest_wire.decode``).
+Used by ``tests/trainer/test_broadcast_manifest.py`` (``weight_sync.manifest_wire.decode``).
 """
 
 import pickle
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.trainer.weightsync.buckets import BucketManifest, TensorEntry
+from asyncrl.trainer.weight_sync.buckets import BucketManifest, TensorEntry
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """A test plug-in for actor-rank faults: a Ray ``worker_process_setup_hook`` that, inside every worker of
-a test's own Ray, wraps :class:`~asyncrl.trainer.driver.actor_host.ActorHost` so that each rank writes its
+a test's own Ray, wraps :class:`~asyncrl.trainer.driver.hosts.actor_host.ActorHost` so that each rank writes its
 pid to ``<folder>/rank<r>-<pid>.pid`` when it starts and, when :func:`configure` asked for it, rank
 ``raise_rank`` raises in ``train_step`` at ``raise_at_version`` (once, or every time), or rank ``kill_rank``
 SIGKILLs itself on entering ``train_step`` at ``kill_at_version`` (once: the marker ``<folder>/killed`` holds
@@ -17,7 +17,7 @@ def hook(folder: Path) -> Callable[[], None]:
     where = str(folder)
 
     def install() -> None:
-        from asyncrl.trainer.driver import actor_host
+        from asyncrl.trainer.driver.hosts import actor_host
 
         cls: Any = actor_host.ActorHost
         if getattr(cls, "_rank_faults_installed", False):

@@ -5,7 +5,7 @@ from typing import Any
 
 from asyncrl.trainer.actor.reports import TrainStepMetrics
 from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.driver.step_report import ActorStep, StepReport, WeightSync
+from asyncrl.trainer.driver.run.step_report import ActorStep, StepReport, WeightSync
 
 
 def correction_counts(valid: float = 100, keep: float = 1.0, clip_low: float = 0.0,

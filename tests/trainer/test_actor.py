@@ -251,7 +251,7 @@ def test_train_batch_reports_every_shape_problem() -> None:
 
 def test_the_driver_batch_crosses_the_ray_boundary_field_for_field() -> None:
     from asyncrl.rollout.trajectory import Trajectory
-    from asyncrl.trainer.driver.batch import assemble_batch
+    from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch
 
     traj = Trajectory(
         traj_id="t0",

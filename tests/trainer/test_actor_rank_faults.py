@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.actor_group import ActorGroup, ActorRankError, RankInfo
-from asyncrl.trainer.driver.gang_restart import GangRestartLimitError, run_with_restarts
-from asyncrl.trainer.driver.loop import RunOptions
+from asyncrl.trainer.driver.hosts.actor_group import ActorGroup, ActorRankError, RankInfo
+from asyncrl.trainer.driver.loop.gang_restart import GangRestartLimitError, run_with_restarts
+from asyncrl.trainer.driver.loop.training_loop import RunOptions
 from tests.support import rank_faults
 
 pytestmark = pytest.mark.slow  # a Ray of its own (~30 s to start on loaded cores); the jobs ~1-3 min each
@@ -45,7 +45,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A Ray of this module's own whose workers carry the rank-fault plug-in; yields its folder."""
     import ray
 
-    from asyncrl.trainer.driver.ray_env import descendants, reap
+    from asyncrl.trainer.driver.hosts.ray_env import descendants, reap
 
     folder = tmp_path_factory.mktemp("rank-faults")
     rank_faults.configure(folder)

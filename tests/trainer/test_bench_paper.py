@@ -130,7 +130,7 @@ def test_quick_mode_writes_every_record_and_section(tmp_path: Path) -> None:
 def test_probe_median_that_records_read() -> None:
     import torch
 
-    from asyncrl.trainer.driver.startup_probe import engine_discrepancy
+    from asyncrl.trainer.driver.loop.startup_probe import engine_discrepancy
 
     # log r_d = logp_theta - logp_mu on the sampled tokens = [0.5, 0.0, -0.2]: |.| sorted 0, 0.2, 0.5, median 0.2
     logp_theta = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, 0.0]])

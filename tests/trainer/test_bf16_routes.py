@@ -122,7 +122,7 @@ def test_the_scorer_gives_the_bf16_actors_logprobs(route: str) -> None:
         ded.push_version(hf, 2)
         ded.advance_to(2)
         scorer = ded.scorer
-    else:  # the rollout host's scorer (trainer/driver/rollout_host.py builds it from the worker's arch)
+    else:  # the rollout host's scorer (trainer/driver/hosts/rollout_host.py builds it from the worker's arch)
         scorer = SegmentScorer(ScorerSettings(actor.settings.arch, temperature=1.0, seed=3, device="cpu",
                                               bf16=actor_bf16(_spec(route))))
         scorer.load(hf, 2)

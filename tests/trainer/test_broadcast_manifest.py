@@ -1,4 +1,4 @@
-"""Broadcast manifests travel as JSON with caps (weightsync/manifest_wire.py): a real manifest survives bit for
+"""Broadcast manifests travel as JSON with caps (weight_sync/manifest_wire.py): a real manifest survives bit for
 bit, every hostile row is one clear refusal naming the field, and a receiver in a real gloo group checks the
 sizes a source announces before it allocates anything.
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from asyncrl.trainer.collective.endpoint import LOOPBACK, new_endpoint
-from asyncrl.trainer.weightsync.broadcast import SyncGroup, open_group, receive_version, send
-from asyncrl.trainer.weightsync.buckets import pack_buckets
-from asyncrl.trainer.weightsync.manifest_wire import (
+from asyncrl.trainer.weight_sync.broadcast import SyncGroup, open_group, receive_version, send
+from asyncrl.trainer.weight_sync.buckets import pack_buckets
+from asyncrl.trainer.weight_sync.manifest_wire import (
     MAX_MANIFEST_BYTES,
     ManifestError,
     check_length,

@@ -30,8 +30,8 @@ from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, bind_host, n
 from asyncrl.trainer.collective.groups import join
 from asyncrl.trainer.collective.store import StoreServer
 from asyncrl.trainer.megatron.parallel import Layout, rendezvous
-from asyncrl.trainer.weightsync.broadcast import SyncGroup, open_group, receive_version, send
-from asyncrl.trainer.weightsync.buckets import pack_buckets
+from asyncrl.trainer.weight_sync.broadcast import SyncGroup, open_group, receive_version, send
+from asyncrl.trainer.weight_sync.buckets import pack_buckets
 
 WORLD = 3
 TIMEOUT = datetime.timedelta(seconds=60)

@@ -176,7 +176,7 @@ def test_through_ray_with_a_scorer_killed_mid_run(versions: dict[int, Weights]) 
     killed for real while it holds work: it is replaced and bootstrapped, nothing is lost."""
     import ray
 
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
     with local_ray(num_cpus=2):
         remote = ray.remote(DedicatedScorer)

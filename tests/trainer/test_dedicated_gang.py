@@ -36,7 +36,7 @@ def versions() -> dict[int, Weights]:
 
 @pytest.fixture(scope="module")
 def ray_local():
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
     with local_ray(num_cpus=2):
         yield
@@ -45,7 +45,7 @@ def ray_local():
 def _spawn_gang(replica: int) -> Any:
     import ray
 
-    from asyncrl.trainer.driver.actor_group import start_gang
+    from asyncrl.trainer.driver.hosts.actor_group import start_gang
 
     cls: Any = ray.remote(DedicatedScorer)
     settings = ScorerSettings.from_spec(SPEC, VOCAB, device="cpu", token_budget=64)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 from tests.trainer.test_weightsync_job import JOB, RD_TOLERANCE
 
 pytestmark = pytest.mark.slow  # a 3-4 step job with a two-rank scorer gang: ~1.5 min each on loaded cores

@@ -2,13 +2,13 @@
 
 import pytest
 
-from asyncrl.trainer.cli import _load_run_job, main
+from asyncrl.trainer.cli.commands import _load_run_job, main
 
 
 @pytest.fixture
 def no_ray(monkeypatch):
     """Fail the test if the driver tries to start Ray."""
-    import asyncrl.trainer.driver.loop as loop
+    import asyncrl.trainer.driver.loop.training_loop as loop
 
     def refuse(*args, **kwargs):
         raise AssertionError("Ray must not start for a job that is refused")

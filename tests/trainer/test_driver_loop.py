@@ -3,8 +3,8 @@
 from ray.exceptions import RayTaskError
 
 from asyncrl.rollout.engine import RolloutError
-from asyncrl.trainer.driver.accounting import summarise
-from asyncrl.trainer.driver.loop import _cause
+from asyncrl.trainer.driver.loop.accounting import summarise
+from asyncrl.trainer.driver.loop.training_loop import _cause
 
 
 def test_worker_errors_are_reported_with_task_and_trajectories():

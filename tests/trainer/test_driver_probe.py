@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.trainer.cli import main
-from asyncrl.trainer.driver.probe import NodeView, describe, has_joined, split_address, wait_for
+from asyncrl.trainer.cli.probe import NodeView, describe, has_joined, split_address, wait_for
 
 RAY = str(Path(sys.executable).with_name("ray"))
 ASYNCRL = [sys.executable, "-m", "asyncrl.trainer.cli"]

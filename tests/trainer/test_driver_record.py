@@ -5,9 +5,9 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from asyncrl.trainer.driver.loop import _Loop
-from asyncrl.trainer.driver.staleness import StalenessBuffer
-from asyncrl.trainer.driver.step_report import StepReport
+from asyncrl.trainer.driver.loop.staleness import StalenessBuffer
+from asyncrl.trainer.driver.loop.training_loop import _Loop
+from asyncrl.trainer.driver.run.step_report import StepReport
 from tests.support.step_reports import step_report
 
 

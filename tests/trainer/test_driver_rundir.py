@@ -2,7 +2,7 @@
 
 import json
 
-from asyncrl.trainer.driver.rundir import RunDir, write_report
+from asyncrl.trainer.driver.run.rundir import RunDir, write_report
 
 
 def test_steps_summary_and_report(tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
-from asyncrl.trainer.driver.staleness import StalenessBuffer, check_staleness, group_gap
+from asyncrl.trainer.driver.loop.staleness import StalenessBuffer, check_staleness, group_gap
 
 
 def traj(group: str, versions: list[int], idx: int = 0, status=TrajectoryStatus.FINISHED) -> Trajectory:

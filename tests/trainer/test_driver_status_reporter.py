@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from asyncrl.api.status import SYNC_PHASE_REPORT_AFTER_SECONDS, JobStatus, SyncPhase
-from asyncrl.trainer.driver.metrics import SYNC_STATES
-from asyncrl.trainer.driver.status_reporter import StatusReporter, describe_failure, kubernetes_sender
-from asyncrl.trainer.driver.step_report import StepReport
+from asyncrl.trainer.driver.run.metrics import SYNC_STATES
+from asyncrl.trainer.driver.run.step_report import StepReport
+from asyncrl.trainer.driver.status.reporter import StatusReporter, describe_failure, kubernetes_sender
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # tests.support lives at the repository root

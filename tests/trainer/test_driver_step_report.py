@@ -7,8 +7,8 @@ from pathlib import Path
 
 from asyncrl.trainer.actor.reports import TrainStepMetrics
 from asyncrl.trainer.correction.stats import DERIVED, CorrectionStats
-from asyncrl.trainer.driver.rundir import RunDir
-from asyncrl.trainer.driver.step_report import ActorStep, WeightSync, step_line
+from asyncrl.trainer.driver.run.rundir import RunDir
+from asyncrl.trainer.driver.run.step_report import ActorStep, WeightSync, step_line
 from asyncrl.trainer.oldlogits.audit import AuditStats
 
 ROOT = Path(__file__).resolve().parents[2]

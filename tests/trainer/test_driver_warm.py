@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.trainer.driver.warm import warm_start_lr, warm_start_threads
+from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr, warm_start_threads
 
 
 def test_linear_warmup_then_cosine_to_a_tenth():
@@ -30,7 +30,7 @@ def test_warm_start_threads_split_a_machine_between_its_ranks():
 
 
 def test_a_cluster_warm_start_splits_an_actor_pods_cpus_not_the_drivers():
-    from asyncrl.trainer.driver.loop import RunOptions, _warm_threads
+    from asyncrl.trainer.driver.loop.training_loop import RunOptions, _warm_threads
 
     class OneRank:  # HostHandles with a plain actor handle (one rank): only .actor is read
         actor = object()

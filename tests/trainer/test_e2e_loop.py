@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.trajectory import NO_VERSION
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.metrics import CATALOGUE
-from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
+from asyncrl.trainer.driver.run.metrics import CATALOGUE
 
 W = 2
 JOB = {

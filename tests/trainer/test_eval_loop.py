@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.envs.registry import get_task
 from asyncrl.rollout.envs.split import is_heldout
-from asyncrl.trainer.driver.evaluation import EvalResult
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.evaluation import EvalResult
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 EVERY, PROMPTS, STEPS = 2, 6, 5
 JOB: dict[str, Any] = {

@@ -10,15 +10,15 @@ from asyncrl.api.evaluation import EVAL_UNUSED_MESSAGE, EvalMode, EvalSpec
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.envs.split import is_heldout
 from asyncrl.rollout.trajectory import Trajectory
-from asyncrl.trainer.driver.accounting import (
+from asyncrl.trainer.cli.console import format_summary
+from asyncrl.trainer.driver.loop.accounting import (
     count_eval,
     eval_loop_seconds,
     set_job_gauges,
     success_at_loop_seconds,
     summarise,
 )
-from asyncrl.trainer.driver.console import format_summary
-from asyncrl.trainer.driver.evaluation import (
+from asyncrl.trainer.driver.loop.evaluation import (
     GREEDY_TEMPERATURE,
     EvalResult,
     Evaluator,
@@ -26,8 +26,8 @@ from asyncrl.trainer.driver.evaluation import (
     eval_temperature,
     shares,
 )
-from asyncrl.trainer.driver.metrics import create_metrics
-from asyncrl.trainer.driver.rundir import write_report
+from asyncrl.trainer.driver.run.metrics import create_metrics
+from asyncrl.trainer.driver.run.rundir import write_report
 
 
 def _spec(**eval_: object) -> AsyncRLJobSpec:

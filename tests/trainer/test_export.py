@@ -14,7 +14,7 @@ from asyncrl.rollout.tokenizer import TOKENIZER
 from asyncrl.trainer import export
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.cli import main
-from asyncrl.trainer.driver import run_export
+from asyncrl.trainer.driver.run import export as run_export
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.logprobs import full_logits
 from tests.support.hf_models import ALL_FAMILIES, tiny_folder
@@ -273,8 +273,8 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_said(tmp_path: Path, capsys:
 
 
 def test_the_final_export_reaches_the_status_and_the_console() -> None:
-    from asyncrl.trainer.driver.console import format_summary
-    from asyncrl.trainer.driver.status_reporter import StatusReporter
+    from asyncrl.trainer.cli.console import format_summary
+    from asyncrl.trainer.driver.status.reporter import StatusReporter
     from tests.trainer.test_driver_status_reporter import step
 
     patches: list[dict] = []

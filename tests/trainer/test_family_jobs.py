@@ -9,8 +9,8 @@ import pytest
 
 from asyncrl.api.model_arch import FAMILIES, Family
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 from tests.support.hf_models import ALL_FAMILIES, tiny_folder
 
 pytestmark = [pytest.mark.slow]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.trainer.driver import ray_env
-from asyncrl.trainer.driver.ray_env import descendants, local_ray
+from asyncrl.trainer.driver.hosts import ray_env
+from asyncrl.trainer.driver.hosts.ray_env import descendants, local_ray
 
 ATTACH = """
 import sys, ray

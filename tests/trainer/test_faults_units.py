@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.trainer.driver import checkpoints, recovery
-from asyncrl.trainer.driver.faults import describe
-from asyncrl.trainer.driver.rundir import MetricsFileError, RunDir
+from asyncrl.trainer.driver.run import checkpoints, recovery
+from asyncrl.trainer.driver.run.faults import describe
+from asyncrl.trainer.driver.run.rundir import MetricsFileError, RunDir
 from asyncrl.trainer.megatron.checkpoint import (
     CheckpointError,
     read_checkpoint,
@@ -166,7 +166,7 @@ def test_driver_local_refuses_gpus_this_machine_lacks_with_the_fix(tmp_path: Pat
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     from asyncrl.api.validation import quickstart_doc, validate_job
     from asyncrl.trainer.cli import main
-    from asyncrl.trainer.driver.cluster import local_gpu_problem
+    from asyncrl.trainer.cli.cluster import local_gpu_problem
 
     job = validate_job(quickstart_doc(), "quickstart.yaml")
     assert job.spec.actor.gpus_per_replica == 1  # the default: a GPU per actor pod
@@ -190,7 +190,7 @@ def test_session_folders_of_killed_runs_are_swept_and_live_or_new_ones_kept(tmp_
     import sys
     import time
 
-    from asyncrl.trainer.driver.ray_env import sweep_stale_sessions
+    from asyncrl.trainer.driver.hosts.ray_env import sweep_stale_sessions
 
     old, new, busy = (tmp_path / f"asyncrl-ray-{n}" for n in ("old", "new", "busy"))
     for d in (old, new, busy):

@@ -161,7 +161,7 @@ def _torn(root: Path, version: int, text: str = "torn") -> Path:
 
 
 def test_set_aside_folders_are_kept_up_to_the_limit_and_then_pruned(tmp_path: Path) -> None:
-    from asyncrl.trainer.driver import checkpoints
+    from asyncrl.trainer.driver.run import checkpoints
 
     root = tmp_path / "checkpoints"
     for version in (1, 2, 3, 4, 5):
@@ -177,7 +177,7 @@ def test_set_aside_folders_are_kept_up_to_the_limit_and_then_pruned(tmp_path: Pa
 
 
 def test_a_step_set_aside_again_replaces_its_earlier_folder(tmp_path: Path) -> None:
-    from asyncrl.trainer.driver import checkpoints
+    from asyncrl.trainer.driver.run import checkpoints
 
     root = tmp_path / "checkpoints"
     _torn(root, 7, "first")
@@ -190,7 +190,7 @@ def test_a_step_set_aside_again_replaces_its_earlier_folder(tmp_path: Path) -> N
 
 
 def test_a_set_aside_link_is_removed_not_followed(tmp_path: Path) -> None:
-    from asyncrl.trainer.driver import checkpoints
+    from asyncrl.trainer.driver.run import checkpoints
 
     root = tmp_path / "checkpoints"
     elsewhere = tmp_path / "elsewhere"

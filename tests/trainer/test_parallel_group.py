@@ -6,8 +6,8 @@ import math
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def test_the_data_parallel_example_runs_and_its_versions_advance(tmp_path) -> No
     from pathlib import Path
 
     from asyncrl.api.validation import load_jobs
-    from asyncrl.trainer.driver.gang_restart import run_with_restarts
+    from asyncrl.trainer.driver.loop.gang_restart import run_with_restarts
 
     (job,) = load_jobs(str(Path(__file__).resolve().parents[2] / "examples" / "data-parallel.yaml"))
     assert job.spec.actor.world_size == 2 and job.spec.actor.data_parallel == 2

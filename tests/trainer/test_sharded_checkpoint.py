@@ -12,7 +12,7 @@ import torch
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.actor.checkpoint_io import load_actor, model_state, save_actor
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
-from asyncrl.trainer.driver import checkpoints, recovery
+from asyncrl.trainer.driver.run import checkpoints, recovery
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.checkpoint import CheckpointError
@@ -123,7 +123,7 @@ def test_the_export_reader_gives_the_whole_model_of_a_sharded_folder(tmp_path: P
 
 
 def test_the_warm_start_cache_round_trips_and_a_damaged_one_is_redone(tmp_path: Path) -> None:
-    from asyncrl.trainer.driver.actor_host import ActorHost
+    from asyncrl.trainer.driver.hosts.actor_host import ActorHost
 
     job = {"correction": {"reference": "ewma"}, "task": {"name": "calculator", "groupSize": 2},
            "model": {"preset": "tiny-llama", "hiddenSize": 32, "numLayers": 1, "ffnHiddenSize": 64},

@@ -15,8 +15,8 @@ import yaml
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.models import pull
 from asyncrl.rollout.tokenizer import HFTokenizer, tokenizer_for
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.ray_env import local_ray
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = [pytest.mark.slow]
 

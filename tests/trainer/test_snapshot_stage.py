@@ -13,9 +13,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
-from asyncrl.trainer.driver.metrics import DriverMetrics, create_metrics
-from asyncrl.trainer.driver.stages import SnapshotStage
-from asyncrl.trainer.driver.staleness import StalenessBuffer
+from asyncrl.trainer.driver.loop.stages import SnapshotStage
+from asyncrl.trainer.driver.loop.staleness import StalenessBuffer
+from asyncrl.trainer.driver.run.metrics import DriverMetrics, create_metrics
 
 _ids = itertools.count()
 
@@ -31,7 +31,7 @@ def _traj(group: str, versions: list[int]) -> Trajectory:
 
 @dataclass
 class _Loop:
-    """The members of :class:`~asyncrl.trainer.driver.loop_view.LoopView` that the snapshot stage reads."""
+    """The members of :class:`~asyncrl.trainer.driver.loop.view.LoopView` that the snapshot stage reads."""
 
     version: int
     W: int  # noqa: N815 -- the paper's symbol, as LoopView spells it

@@ -17,7 +17,7 @@ from asyncrl.rollout.hf_engine import HFEngine
 from asyncrl.rollout.tokenizer import TOKENIZER
 from asyncrl.rollout.worker import RolloutWorker
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
-from asyncrl.trainer.driver import startup_probe as sp
+from asyncrl.trainer.driver.loop import startup_probe as sp
 from asyncrl.trainer.megatron import compat
 
 SPEC = AsyncRLJobSpec.model_validate({

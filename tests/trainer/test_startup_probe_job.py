@@ -13,8 +13,8 @@ import yaml
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer import export
 from asyncrl.trainer.cli import main
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.status_reporter import StatusReporter
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
+from asyncrl.trainer.driver.status.reporter import StatusReporter
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 from kubernetes.client import ApiException
 
 from asyncrl.api.status import TrainingSummary, training_patch
-from asyncrl.trainer.driver.status_relay import (
+from asyncrl.trainer.driver.status.relay import (
     MAX_REQUEST_BYTES,
     RateLimit,
     Relay,
@@ -23,7 +23,7 @@ from asyncrl.trainer.driver.status_relay import (
     relay_sender,
     serve_in_thread,
 )
-from asyncrl.trainer.driver.status_reporter import StatusReporter
+from asyncrl.trainer.driver.status.reporter import StatusReporter
 
 SUMMARY = TrainingSummary(policy_version=7, keep_ratio=0.25, reported_at="2026-12-01T00:00:00Z")
 

@@ -10,10 +10,10 @@ import torch
 
 from asyncrl.trainer.megatron.convert import hf_to_megatron, megatron_to_hf
 from asyncrl.trainer.megatron.hf_folder import load_hf
-from asyncrl.trainer.weightsync import disk
-from asyncrl.trainer.weightsync.buckets import ALIGN, pack_buckets, total_bytes, unpack_all, unpack_bucket
-from asyncrl.trainer.weightsync.source import actor_buckets, wire_dtype
-from asyncrl.trainer.weightsync.transport import make_transport
+from asyncrl.trainer.weight_sync import disk
+from asyncrl.trainer.weight_sync.buckets import ALIGN, pack_buckets, total_bytes, unpack_all, unpack_bucket
+from asyncrl.trainer.weight_sync.source import actor_buckets, wire_dtype
+from asyncrl.trainer.weight_sync.transport import make_transport
 from tests.support.hf_models import ALL_FAMILIES, folder_arch, tiny_folder
 
 
@@ -99,14 +99,14 @@ def test_disk_transport_round_trip_keeps_newest(tmp_path: Path, root: Path) -> N
 
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
-    from asyncrl.trainer.driver.ray_env import local_ray
+    from asyncrl.trainer.driver.hosts.ray_env import local_ray
 
     with local_ray(1):
         yield
 
 
 def test_object_store_transport_round_trip(ray_local: None, root: Path) -> None:
-    from asyncrl.trainer.weightsync.objectstore import BucketRefs, receive
+    from asyncrl.trainer.weight_sync.objectstore import BucketRefs, receive
 
     folder = tiny_folder(root, "llama")
     arch = folder_arch(folder)

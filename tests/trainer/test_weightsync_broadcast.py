@@ -10,9 +10,9 @@ import torch
 import torch.multiprocessing as mp
 
 from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, new_endpoint
-from asyncrl.trainer.weightsync.broadcast import open_group
-from asyncrl.trainer.weightsync.buckets import pack_buckets
-from asyncrl.trainer.weightsync.transport import make_transport
+from asyncrl.trainer.weight_sync.broadcast import open_group
+from asyncrl.trainer.weight_sync.buckets import pack_buckets
+from asyncrl.trainer.weight_sync.transport import make_transport
 
 WORLD = 3
 

@@ -1,7 +1,7 @@
 """A broadcast group member that dies fails the collective instead of hanging it (three real processes on
 gloo): the source's send raises once the dead member's sockets are closed, the source then drops its group
 (as ``ActorSync.send`` does), and the surviving receiver's receive raises too -- so the driver can hand the
-version over through the object store and form the group again (trainer/driver/weight_delivery.py)."""
+version over through the object store and form the group again (trainer/driver/loop/weight_sync.py)."""
 
 import gc
 import os
@@ -12,8 +12,8 @@ import torch
 import torch.multiprocessing as mp
 
 from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, new_endpoint
-from asyncrl.trainer.weightsync.broadcast import open_group, receive_version, send
-from asyncrl.trainer.weightsync.buckets import pack_buckets
+from asyncrl.trainer.weight_sync.broadcast import open_group, receive_version, send
+from asyncrl.trainer.weight_sync.buckets import pack_buckets
 
 WORLD = 3
 TIMEOUT_S = 240.0  # far above what a failing collective takes; a hang would end in a timeout error instead

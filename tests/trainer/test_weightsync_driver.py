@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.hosts import RolloutHost
-from asyncrl.trainer.driver.ray_env import local_ray
-from asyncrl.trainer.driver.stages import sync_report
+from asyncrl.trainer.driver.hosts.fleet import RolloutHost
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.stages import sync_report
 from asyncrl.trainer.megatron.convert import hf_shapes
-from asyncrl.trainer.weightsync.buckets import pack_buckets
-from asyncrl.trainer.weightsync.objectstore import publish
+from asyncrl.trainer.weight_sync.buckets import pack_buckets
+from asyncrl.trainer.weight_sync.objectstore import publish
 
 JOB = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "ws"},
        "spec": {"task": {"name": "calculator", "groupSize": 2, "maxNewTokens": 8}, "rollout": {"replicas": 2}}}

@@ -14,10 +14,10 @@ import pytest
 
 from asyncrl.api.validation import validate_job
 from asyncrl.api.weight_sync import WeightTransport
-from asyncrl.trainer.driver.loop import RunOptions, run_job
-from asyncrl.trainer.driver.ray_env import local_ray
-from asyncrl.trainer.driver.weight_delivery import disk_keep
-from asyncrl.trainer.weightsync import disk
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
+from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
+from asyncrl.trainer.driver.loop.weight_sync import disk_keep
+from asyncrl.trainer.weight_sync import disk
 
 JOB: dict[str, Any] = {
     "apiVersion": "asyncrl.io/v1alpha1",
@@ -112,7 +112,7 @@ def test_broadcast_replaced_worker_gets_the_current_version_and_joins_the_group(
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
 
-    caplog.set_level(logging.INFO, logger="asyncrl.trainer.driver.weight_delivery")
+    caplog.set_level(logging.INFO, logger="asyncrl.trainer.driver.loop.weight_sync")
     result, versions = _run(_job("broadcast", train={"steps": 4, "promptsPerStep": 2, "warmStartSteps": 0}),
                             tmp_path / "run", on_step=on_step)
     assert killed and result.summary["worker_replacements"] == 1, result.summary

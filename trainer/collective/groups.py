@@ -5,7 +5,7 @@ Rank 0 starts the :class:`~.store.StoreServer` before it connects, the other ran
 it starts) and prove the token; then torch builds the group over the store as it would over a ``TCPStore``.
 The server must outlive the group's set-up: NCCL creates its communicators lazily, at a group's first
 collective, and exchanges their id through the store then. So the default group's server lives as long
-as the process, and a weight-sync group's as long as its :class:`~asyncrl.trainer.weightsync.broadcast.SyncGroup`.
+as the process, and a weight-sync group's as long as its :class:`~asyncrl.trainer.weight_sync.broadcast.SyncGroup`.
 """
 
 import datetime

@@ -84,7 +84,7 @@ class DedicatedScorer:
         self._queued: dict[int, PushedWeights] = {}
         self._busy = self._score_s = self._load_s = 0.0
         self._calls = self._advances = 0
-        self._group: Any = None  # weightsync.broadcast.SyncGroup (transport broadcast), formed by the driver
+        self._group: Any = None  # weight_sync.broadcast.SyncGroup (transport broadcast), formed by the driver
         self._received: dict[int, dict[str, torch.Tensor]] = {}  # versions that arrived by broadcast (host memory)
 
     # ---------------------------------------------------------------- broadcast (actor.weightSync)
@@ -96,7 +96,7 @@ class DedicatedScorer:
         """Join (again) the weight-sync broadcast group at ``endpoint`` (address and token) as ``rank`` of ``world``
         (the actor is rank 0). In a gang only rank 0 joins; its peers get each version from it inside the gang
         (:meth:`receive_broadcast`)."""
-        from asyncrl.trainer.weightsync.broadcast import open_group
+        from asyncrl.trainer.weight_sync.broadcast import open_group
 
         self._group = None
         if self.layout.rank > 0:
@@ -107,7 +107,7 @@ class DedicatedScorer:
     def receive_broadcast(self, version: int) -> dict[str, float]:
         """Take ``version`` off the broadcast group into host memory (used when the plan advances to it; the
         driver pushes its handle as for any transport). ``{"transfer_s", "bytes"}`` or ``{"failed": why}``."""
-        from asyncrl.trainer.weightsync.broadcast import receive_version
+        from asyncrl.trainer.weight_sync.broadcast import receive_version
 
         if self.layout.rank > 0:  # a gang peer: rank 0 passes the version on inside the gang
             return self._take_from_gang_rank0(version)
@@ -146,8 +146,8 @@ class DedicatedScorer:
         """A version this scorer received by broadcast (queued or resident), as object-store bucket refs for a
         respawned peer that was not in the group then; None when it does not hold it (and from a gang's peers,
         whose rank 0 answers for the gang)."""
-        from asyncrl.trainer.weightsync.buckets import pack_buckets
-        from asyncrl.trainer.weightsync.objectstore import publish
+        from asyncrl.trainer.weight_sync.buckets import pack_buckets
+        from asyncrl.trainer.weight_sync.objectstore import publish
 
         state = self._received.get(version)
         if state is None or self.layout.rank > 0:
@@ -259,8 +259,8 @@ def _materialise(weights: PushedWeights) -> HfWeights:
     if isinstance(weights, list):
         import ray
 
-        from asyncrl.trainer.weightsync.actor_side import BroadcastVersion
-        from asyncrl.trainer.weightsync.objectstore import receive
+        from asyncrl.trainer.weight_sync.actor_side import BroadcastVersion
+        from asyncrl.trainer.weight_sync.objectstore import receive
 
         ref: Any = weights[0]  # an ObjectRef of the version's weight-sync handle (or HF weights)
         handle = ray.get(ref)

@@ -9,7 +9,7 @@ driver knows those tokens; the actor's stores only keep what it is told
     # drop (and count) the groups holding a version in `gone`, then
     actor.train_step(batch, live_versions=live - gone)
 
-(``trainer/driver/stages.py``, ``SnapshotStage.step_kwargs``, is that caller.) ``current`` itself is
+(``trainer/driver/loop/stages.py``, ``SnapshotStage.step_kwargs``, is that caller.) ``current`` itself is
 passed as a call in flight since ``current``: rollout keeps sampling with it until the step's weights
 arrive, also in calls admitted while the actor trains, so it stays live while the window admits it.
 
