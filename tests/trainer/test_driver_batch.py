@@ -4,7 +4,11 @@ import pytest
 import torch
 
 from asyncrl.rollout.trajectory import Trajectory
-from asyncrl.trainer.driver.batch import assemble_batch, grpo_advantages, token_staleness
+from asyncrl.trainer.driver.loop.grpo_batch import (
+    assemble_batch,
+    grpo_advantages,
+    token_staleness,
+)
 
 
 def test_advantage_is_reward_minus_group_mean():

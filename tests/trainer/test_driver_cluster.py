@@ -15,9 +15,8 @@ import yaml
 
 from asyncrl.api import constants as C
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.cli import main
-from asyncrl.trainer.driver import cluster
-from asyncrl.trainer.driver.cluster import (
+from asyncrl.trainer.cli import cluster, main
+from asyncrl.trainer.cli.cluster import (
     ClusterTimeoutError,
     GcsHealthServer,
     checkpoint_root,
@@ -262,8 +261,8 @@ def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import ray
 
-    from asyncrl.trainer.driver.loop import RunOptions, run_job
-    from asyncrl.trainer.driver.status_reporter import StatusReporter
+    from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
+    from asyncrl.trainer.driver.status.reporter import StatusReporter
 
     # every test shuts its Ray down: one still running here is a leak in an earlier test, not a reason to skip
     assert not ray.is_initialized(), "an earlier test left Ray running in this process"

@@ -11,13 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.api.job import AsyncRLJob
 from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.driver.accounting import (
+from asyncrl.trainer.driver.loop.accounting import (
     count_correction,
     count_ewma_reset,
     set_job_gauges,
     set_sync_phase,
 )
-from asyncrl.trainer.driver.metrics import (
+from asyncrl.trainer.driver.run.metrics import (
     CATALOGUE,
     SYNC_STATES,
     create_metrics,
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_docs_are_generated_from_the_catalogue():
     doc = (ROOT / "docs" / "metrics.md").read_text()
-    assert doc == metrics_markdown(), "docs/metrics.md drifted: python -m asyncrl.trainer.driver.metrics docs/metrics.md"
+    assert doc == metrics_markdown(), "docs/metrics.md drifted: python -m asyncrl.trainer.driver.run.metrics docs/metrics.md"
 
 
 def test_names_follow_the_prometheus_conventions():
