@@ -132,8 +132,11 @@ def settle(e: Episode, max_new_tokens: int, *, wait: bool) -> bool:
     if not wait and not fut.done():
         return False
     e.pending = None
+    env = e.turn_level
+    if env is None:  # only a turn-level environment's turn is ever pending (add_sampled_token)
+        raise TypeError(f"settle: {type(e.env).__name__} has a pending turn but is no TurnLevelEnvironment")
     try:
-        step = e.env.finish_turn(msg, fut.result())  # type: ignore[attr-defined]
+        step = env.finish_turn(msg, fut.result())
     except EnvFault as fault:
         e.fail(fault.reason, str(fault))
         return True
@@ -148,18 +151,18 @@ def add_sampled_token(e: Episode, token: int, version: int, logp: float, max_new
     the environment's tokens queue in ``e.forced`` for the next turn, or the turn goes on; then the
     token budget. Both backends sample through this, so an episode evolves the same in either.
 
-    A turn-level environment (``envs/adapter.py``: ``end_of_turn``/``submit``/``finish_turn``) is asked
-    only when the turn ends, off the decode loop: ``block`` False leaves ``e.pending`` set for the
+    A :class:`~asyncrl.rollout.envs.base.TurnLevelEnvironment` (``envs/adapter.py``'s ``TurnAdapter``) is
+    asked only when the turn ends, off the decode loop: ``block`` False leaves ``e.pending`` set for the
     engine to :func:`settle` later (the transformers engine keeps decoding the other rows), True
-    waits here. A token-level environment (``step`` per token) answers inline.
+    waits here. Any other environment (``step`` per token) answers inline.
     """
     e.add_sampled(token, version, logp)
     e.turn_text += e.env.tokenizer.decode([token])
-    end_of_turn = getattr(e.env, "end_of_turn", None)
-    if end_of_turn is not None:
-        msg = end_of_turn(e.turn_text)
+    env = e.turn_level
+    if env is not None:
+        msg = env.end_of_turn(e.turn_text)
         if msg is not None:
-            e.pending = (msg, e.env.submit(msg))  # type: ignore[attr-defined]
+            e.pending = (msg, env.submit(msg))
             settle(e, max_new_tokens, wait=block)
         end_at_budget(e, max_new_tokens)
         return

@@ -9,13 +9,15 @@ arrives; the engine keeps decoding the others meanwhile.
 """
 
 import concurrent.futures
+import functools
 import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.rollout.envs.base import Environment
+from asyncrl.rollout.envs.base import Environment, TurnLevelEnvironment, turn_level
+from asyncrl.rollout.envs.interface import AssistantMessage
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
 
 
@@ -44,7 +46,7 @@ class Episode:
     reason: str = ""
     # A finished assistant turn whose environment answer is being computed off the decode loop:
     # (the turn, the future of env.step). The episode samples nothing until it resolves.
-    pending: tuple[Any, "concurrent.futures.Future[Any]"] | None = None
+    pending: tuple[AssistantMessage, "concurrent.futures.Future[Any]"] | None = None
     env_error: str = ""  # the reason (asyncrl_env_errors_total) when user code aborted the episode
 
     @classmethod
@@ -55,6 +57,13 @@ class Episode:
         return cls(
             traj_id, group_id, env, list(prompt), n, [False] * n, [NO_VERSION] * n, [0.0] * n, [-1] * n
         )
+
+    @functools.cached_property
+    def turn_level(self) -> TurnLevelEnvironment | None:
+        """The environment as a :class:`~asyncrl.rollout.envs.base.TurnLevelEnvironment` (asked only when a
+        turn ends, answering off the decode loop), or None: it is stepped per token. Decided once: the
+        protocol check costs microseconds, the engines ask after every token."""
+        return turn_level(self.env)
 
     @property
     def task(self) -> str:

@@ -25,6 +25,8 @@ from asyncrl.rollout.envs.interface import (
     Sample,
     Turn,
     TurnEnvironment,
+    WithInfo,
+    WithTruncatedReward,
     check_messages,
     check_turn,
 )
@@ -70,7 +72,7 @@ class TurnAdapter:
         self.env = env
         self.sample = sample
         self.tokenizer = tokenizer
-        self.truncated_reward = float(getattr(env, "truncated_reward", 0.0))
+        self.truncated_reward = float(env.truncated_reward) if isinstance(env, WithTruncatedReward) else 0.0
         self.runner = runner
         self._parse: Callable[[str], Parsed] = get_parser(tool_call_format)
         self._name = type(env).__name__
@@ -108,11 +110,10 @@ class TurnAdapter:
             raise EnvFault("exception", f"{what} raised {last_line(exc)}") from exc
 
     def info(self) -> dict[str, Any]:
-        get = getattr(self.env, "info", None)
-        if get is None:
+        if not isinstance(self.env, WithInfo):
             return {}
         try:
-            return dict(get())
+            return dict(self.env.info())
         except Exception as exc:  # a broken info() must not lose the trajectory
             return {"info_error": last_line(exc)}
 

@@ -5,13 +5,19 @@ the agent samples, the engine calls :meth:`Environment.step` with the text of th
 turn so far; the environment answers with tokens to force (a tool result: ``loss_mask`` False,
 ``version`` -1), and/or ends the episode with a reward. The turn text restarts after each forced
 observation, so ``turn_ids`` of sampled tokens count the environment answers seen before them.
+
+An environment that also implements :class:`TurnLevelEnvironment` (every turn-level one does, through
+``envs/adapter.py``'s ``TurnAdapter``) is asked only when a turn ends, and answers off the decode loop;
+one that does not is stepped per token, inline.
 """
 
+import concurrent.futures
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from asyncrl.rollout.envs.interface import AssistantMessage, Turn
 from asyncrl.rollout.tokenizer import Tokenizer
 
 
@@ -52,6 +58,38 @@ class Environment(Protocol):
     def info(self) -> dict[str, Any]:
         """Plain-data description of the episode's problem (copied into ``Trajectory.info``)."""
         ...
+
+
+@runtime_checkable
+class TurnLevelEnvironment(Protocol):
+    """Optional on an :class:`Environment`: answer whole assistant turns, off the decode loop.
+
+    The engines dispatch on this protocol (``isinstance``, once per episode: ``Episode.turn_level``).
+    After each sampled token they call :meth:`end_of_turn` with the turn's text so far; when it returns
+    a message, :meth:`submit` starts the environment's answer elsewhere (other episodes keep decoding)
+    and :meth:`finish_turn` turns the answer, once there, into the :class:`EnvStep` to apply. An
+    environment without these three methods is stepped per token with :meth:`Environment.step`, inline.
+    A user's chat-level environment (``envs/interface.py``) never implements this itself: the adapter
+    that wraps it does.
+    """
+
+    def end_of_turn(self, turn_text: str) -> AssistantMessage | None:
+        """The finished turn when ``turn_text`` (ending with the newest token's text) ends it, else None."""
+        ...
+
+    def submit(self, msg: AssistantMessage) -> "concurrent.futures.Future[Any]":
+        """Start the environment's answer to ``msg``; returns at once. The future's value goes to
+        :meth:`finish_turn`; a fault of user code raises ``EnvFault`` from ``result()``."""
+        ...
+
+    def finish_turn(self, msg: AssistantMessage, turn: Turn) -> EnvStep:
+        """The answer to ``msg`` as tokens to force or the episode's end; ``EnvFault`` when it is invalid."""
+        ...
+
+
+def turn_level(env: Environment) -> TurnLevelEnvironment | None:
+    """``env`` when it is a :class:`TurnLevelEnvironment`, else None (it is stepped per token)."""
+    return env if isinstance(env, TurnLevelEnvironment) else None
 
 
 @dataclass

@@ -124,13 +124,29 @@ StepResult = Turn | Awaitable[Turn]
 
 @runtime_checkable
 class TurnEnvironment(Protocol):
-    """One episode of a user's agent task (see the module docstring). Optional: ``info() -> dict``
-    (copied into ``Trajectory.info``) and ``truncated_reward: float`` (an episode cut off by
-    ``maxNewTokens``; default 0)."""
+    """One episode of a user's agent task (see the module docstring). Optional, each its own protocol
+    below: ``info() -> dict`` (:class:`WithInfo`) and ``truncated_reward: float``
+    (:class:`WithTruncatedReward`); an environment without them works as is."""
 
     def reset(self, sample: Sample) -> ResetResult | Awaitable[ResetResult]: ...
 
     def step(self, msg: AssistantMessage) -> StepResult: ...
+
+
+@runtime_checkable
+class WithInfo(Protocol):
+    """Optional on a :class:`TurnEnvironment`: ``info()``, plain data describing the episode's problem,
+    copied into ``Trajectory.info`` (without it: ``{}``; when it raises: ``{"info_error": ...}``)."""
+
+    def info(self) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class WithTruncatedReward(Protocol):
+    """Optional on a :class:`TurnEnvironment`: the reward of an episode cut off by ``maxNewTokens``
+    before it ended (without it: 0)."""
+
+    truncated_reward: float
 
 
 EnvFactory = Callable[..., TurnEnvironment]  # Factory(**spec.task.args) -> a fresh episode
@@ -212,6 +228,8 @@ __all__ = [
     "ToolCall",
     "Turn",
     "TurnEnvironment",
+    "WithInfo",
+    "WithTruncatedReward",
     "check_messages",
     "check_turn",
 ]
