@@ -201,6 +201,7 @@ def train(opts: Options, arch: Any, folder: Path | None, batch: int, seq: int) -
 
     from asyncrl.trainer.megatron import compat
     from asyncrl.trainer.megatron.logprobs import token_logprobs
+    from asyncrl.trainer.megatron.optimizers import make_optimizer
 
     _reset_peak(opts)
     gpt = _build_actor_model(opts, arch, folder)
@@ -209,7 +210,7 @@ def train(opts: Options, arch: Any, folder: Path | None, batch: int, seq: int) -
         gpt = gpt.to(torch.bfloat16)
     ddp = compat.wrap_ddp(gpt, distributed_optimizer=opts.cuda)
     settings = compat.OptimizerSettings(lr=1e-5, max_grad_norm=1.0, bf16=opts.cuda, distributed_optimizer=opts.cuda)
-    optimizer = compat.make_optimizer(ddp, settings)
+    optimizer = make_optimizer(ddp, settings)
     params = sum(p.numel() for p in gpt.parameters())
     gen = torch.Generator().manual_seed(0)
     losses, norms, times = [], [], []

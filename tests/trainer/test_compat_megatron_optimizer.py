@@ -13,7 +13,7 @@ from asyncrl.api.model_arch import LlamaArch
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.logprobs import token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
-from asyncrl.trainer.megatron.optimizers import MegatronAdam
+from asyncrl.trainer.megatron.optimizers import MegatronAdam, make_optimizer
 
 ARCH = LlamaArch(32, 1, 4, 2, 64, 40, 16, tie_embeddings=False)
 
@@ -35,7 +35,7 @@ def _train(settings: compat.OptimizerSettings, steps: int = 3, *, megatron: bool
     torch.manual_seed(0)
     gpt = compat.cast_model(build_gpt_model(ARCH, init_std=0.1), settings)
     ddp = compat.wrap_ddp(gpt, distributed_optimizer=bool(settings.distributed_optimizer))
-    opt = MegatronAdam(ddp, settings) if megatron else compat.make_optimizer(ddp, settings)
+    opt = MegatronAdam(ddp, settings) if megatron else make_optimizer(ddp, settings)
     norms = []
     for step in range(steps):
         opt.zero_grad()
@@ -87,7 +87,7 @@ def test_a_nonfinite_gradient_skips_the_update(runtime: compat.MegatronRuntime, 
     torch.manual_seed(0)
     gpt = compat.cast_model(build_gpt_model(ARCH, init_std=0.1), settings)
     ddp = compat.wrap_ddp(gpt, distributed_optimizer=True)
-    opt = compat.make_optimizer(ddp, settings)
+    opt = make_optimizer(ddp, settings)
     opt.zero_grad()
     (_loss(ddp, 0) * float("inf")).backward()
     before = [p.detach().clone() for p in gpt.parameters()]

@@ -10,6 +10,7 @@ from asyncrl.api.model_arch import LlamaArch
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.logprobs import token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
+from asyncrl.trainer.megatron.optimizers import make_optimizer
 
 ARCH = LlamaArch(32, 1, 4, 2, 64, 40, 16, tie_embeddings=False)
 
@@ -42,7 +43,7 @@ def _loss(ddp: torch.nn.Module) -> torch.Tensor:
 def test_optimizer_steps_on_main_grad_and_clips(runtime, max_grad_norm) -> None:
     torch.manual_seed(0)
     ddp = compat.wrap_ddp(build_gpt_model(ARCH, init_std=0.1))
-    opt = compat.make_optimizer(ddp, compat.OptimizerSettings(lr=1e-2, max_grad_norm=max_grad_norm))
+    opt = make_optimizer(ddp, compat.OptimizerSettings(lr=1e-2, max_grad_norm=max_grad_norm))
     before = [p.detach().clone() for p in ddp.parameters()]
     opt.zero_grad()
     _loss(ddp).backward()
@@ -66,7 +67,7 @@ def test_optimizer_steps_on_main_grad_and_clips(runtime, max_grad_norm) -> None:
 def test_nonfinite_gradient_skips_the_update(runtime) -> None:
     torch.manual_seed(0)
     ddp = compat.wrap_ddp(build_gpt_model(ARCH, init_std=0.1))
-    opt = compat.make_optimizer(ddp, compat.OptimizerSettings(lr=1e-2))
+    opt = make_optimizer(ddp, compat.OptimizerSettings(lr=1e-2))
     opt.zero_grad()
     (_loss(ddp) * float("inf")).backward()
     before = [p.detach().clone() for p in ddp.parameters()]

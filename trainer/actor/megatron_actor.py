@@ -61,6 +61,7 @@ from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
+from asyncrl.trainer.megatron.optimizers import make_optimizer
 from asyncrl.trainer.megatron.update import (
     LossShare,
     in_bounds_ratio,
@@ -118,7 +119,7 @@ class MegatronActor:
         self._ddp = compat.wrap_ddp(self._gpt, distributed_optimizer=bool(self.optimizer_settings.distributed_optimizer))
         self._named = {n: p for n, p in self._gpt.named_parameters() if p.requires_grad}
         self._params = list(self._named.values())
-        self._optimizer = compat.make_optimizer(self._ddp, self.optimizer_settings)
+        self._optimizer = make_optimizer(self._ddp, self.optimizer_settings)
         self._scoring = _LogprobCall(self._gpt)  # functional calls over stored weights (logprobs_under)
         self.version = 0
         self.nonfinite_loss_total = 0

@@ -24,6 +24,7 @@ from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.convert import llama_config, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
+from asyncrl.trainer.megatron.optimizers import make_optimizer
 
 TINY = LlamaArch(128, 2, 4, 2, 256, 40, 128, tie_embeddings=True)
 
@@ -43,7 +44,7 @@ def main() -> None:
     arch = TINY
     gpt = build_gpt_model(arch, init_std=0.1)
     ddp = compat.wrap_ddp(gpt)
-    mc_opt = compat.make_optimizer(ddp, compat.OptimizerSettings(lr=1e-4, max_grad_norm=1.0))
+    mc_opt = make_optimizer(ddp, compat.OptimizerSettings(lr=1e-4, max_grad_norm=1.0))
     hfs = {}
     for attn in ("sdpa", "eager"):
         config = llama_config(arch)

@@ -13,7 +13,8 @@ smallest shim that was measured to work (``docs/architecture.md`` (megatron-core
 3. a gloo process group (the actor's ranks, or a private one of size 1), then ``initialize_model_parallel(tp, pp)``;
 4. by default a ``torch.optim.AdamW`` over the DDP wrapper's ``main_grad`` buffers (``optimizers.MainGradAdamW``);
    megatron's own optimizer when the job asks for it (``OptimizerSettings(distributed_optimizer=True)`` or
-   ``bf16=True``): its code runs under :class:`CudaOnCpu` (6);
+   ``bf16=True``): its code runs under :class:`CudaOnCpu` (6). :meth:`MegatronRuntime.runs_megatron_optimizer`
+   decides; :func:`asyncrl.trainer.megatron.optimizers.make_optimizer` builds the one it names;
 5. (CPU or GPU without TransformerEngine) the MoE router's missing ``te_general_gemm`` global;
 6. while megatron's optimizer code runs (construction, ``step``, state dicts), :class:`CudaOnCpu`, a
    ``TorchFunctionMode`` that rewrites three things and nothing else (measured with megatron-core 0.16.1,
@@ -35,7 +36,9 @@ smallest shim that was measured to work (``docs/architecture.md`` (megatron-core
    torch 2.13 runs the distributed optimizer's ``reduce_scatter_tensor``/``all_gather_into_tensor``.
 
 Nothing outside this module branches on the device kind; callers ask :func:`init_megatron` for a
-:class:`MegatronRuntime` and use its ``device`` and the optimizer from :func:`make_optimizer`.
+:class:`MegatronRuntime` and use its ``device`` and the optimizer from
+:func:`asyncrl.trainer.megatron.optimizers.make_optimizer` (which asks the runtime which one runs). The
+optimizers import this module, never the other way round.
 """
 
 import contextlib
@@ -68,6 +71,11 @@ class MegatronRuntime:
     def use_cpu_initialization(self) -> bool:
         """Initialise weights with the CPU generator (deterministic under ``torch.manual_seed``)."""
         return self.on_cpu
+
+    def runs_megatron_optimizer(self, settings: "OptimizerSettings") -> bool:
+        """Whether megatron's own optimizer runs for ``settings`` here: always on CUDA; on the CPU shim only
+        when the resolved settings ask for bf16 or the distributed optimizer (else a torch AdamW, (4))."""
+        return not self.on_cpu or settings.resolved(self).megatron_optimizer
 
 
 def init_megatron(
@@ -176,7 +184,7 @@ def wrap_ddp(model: Any, *, distributed_optimizer: bool = False) -> Any:
     """
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    _require_runtime()
+    current_runtime()
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer
     )
@@ -235,19 +243,6 @@ class OptimizerSettings:
         return bool(self.bf16 or self.distributed_optimizer)
 
 
-def make_optimizer(ddp_model: Any, settings: OptimizerSettings) -> ActorOptimizer:
-    """The actor's optimizer (:mod:`asyncrl.trainer.megatron.optimizers`): megatron's on a GPU (and on the CPU
-    when ``settings`` ask for bf16 or the distributed optimizer, under :class:`CudaOnCpu`), else
-    ``MainGradAdamW`` on the CPU."""
-    from asyncrl.trainer.megatron.optimizers import MainGradAdamW, MegatronAdam
-
-    runtime = _require_runtime()
-    settings = settings.resolved(runtime)
-    if runtime.on_cpu and not settings.megatron_optimizer:
-        return MainGradAdamW(ddp_model, settings)
-    return MegatronAdam(ddp_model, settings)
-
-
 def optimizer_kind(optimizer: Any) -> str:
     """``MegatronAdam/DistributedOptimizer``, ``MainGradAdamW/AdamW``: ours, then what sits inside."""
     inner = getattr(optimizer, "_opt", None)
@@ -285,14 +280,14 @@ class CudaOnCpu(TorchFunctionMode):
 @contextlib.contextmanager
 def megatron_code() -> Iterator[None]:
     """The context megatron's optimizer runs in: :class:`CudaOnCpu` on the CPU shim, nothing on CUDA."""
-    if _require_runtime().on_cpu:
+    if current_runtime().on_cpu:
         with CudaOnCpu():
             yield
     else:
         yield
 
 
-def _require_runtime() -> MegatronRuntime:
+def current_runtime() -> MegatronRuntime:
     if _RUNTIME is None:
         raise RuntimeError(
             "megatron is not initialised in this process; call compat.init_megatron(seed) first"

@@ -1,5 +1,5 @@
 """The actor's two optimizers behind :class:`~asyncrl.trainer.megatron.compat.ActorOptimizer`
-(:func:`~asyncrl.trainer.megatron.compat.make_optimizer` picks one): :class:`MainGradAdamW`, a torch AdamW over
+(:func:`make_optimizer` builds the one the runtime names): :class:`MainGradAdamW`, a torch AdamW over
 megatron DDP's ``main_grad`` (the CPU default), and :class:`MegatronAdam`, megatron's own optimizer (the GPU
 default; on the CPU under :class:`~asyncrl.trainer.megatron.compat.CudaOnCpu`)."""
 
@@ -8,7 +8,13 @@ from typing import Any
 
 import torch
 
-from asyncrl.trainer.megatron.compat import OptimizerSettings, StepOutcome, megatron_code
+from asyncrl.trainer.megatron.compat import (
+    ActorOptimizer,
+    OptimizerSettings,
+    StepOutcome,
+    current_runtime,
+    megatron_code,
+)
 from asyncrl.trainer.megatron.parallel import clip_grads
 
 
@@ -218,3 +224,14 @@ def _without_step(part: Any) -> Any:
                 state["step"] = step
 
     return set_states
+
+
+def make_optimizer(ddp_model: Any, settings: OptimizerSettings) -> ActorOptimizer:
+    """The actor's optimizer: megatron's on a GPU (and on the CPU when ``settings`` ask for bf16 or the
+    distributed optimizer, under ``compat.CudaOnCpu``), else :class:`MainGradAdamW` on the CPU
+    (:meth:`~asyncrl.trainer.megatron.compat.MegatronRuntime.runs_megatron_optimizer` decides)."""
+    runtime = current_runtime()
+    resolved = settings.resolved(runtime)
+    if runtime.runs_megatron_optimizer(resolved):
+        return MegatronAdam(ddp_model, resolved)
+    return MainGradAdamW(ddp_model, resolved)
