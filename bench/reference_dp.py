@@ -54,9 +54,9 @@ def _rank(rank: int, world: int, threads: int, init_method: str | None, out: str
     from asyncrl.api.job import AsyncRLJobSpec
     from asyncrl.trainer.actor.held_reference import provider_scores
     from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
+    from asyncrl.trainer.actor.update_plan import micro_batches
     from asyncrl.trainer.megatron.batch import TrainBatch
     from asyncrl.trainer.megatron.parallel import Layout
-    from asyncrl.trainer.megatron.update import micro_batches
 
     spec = AsyncRLJobSpec.model_validate(_job(reference, hidden))
     settings = replace(ActorSettings.from_spec(spec, VOCAB, work_dir=str(Path(out) / "work")), device="cpu",

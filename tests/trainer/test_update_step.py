@@ -10,17 +10,17 @@ import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
-from asyncrl.trainer.correction import correction_loss
-from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.megatron.update import (
+from asyncrl.trainer.actor.update_plan import (
     in_bounds_ratio,
     micro_batches,
     select_rows,
     sum_stats,
     update_rows,
 )
+from asyncrl.trainer.correction import correction_loss
+from asyncrl.trainer.correction.stats import CorrectionStats
+from asyncrl.trainer.megatron import compat
+from asyncrl.trainer.megatron.batch import TrainBatch
 
 VOCAB = 40
 B, T, PROMPT = 6, 14, 4

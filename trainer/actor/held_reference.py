@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from asyncrl.trainer.actor.update_plan import micro_batches, select_rows
 from asyncrl.trainer.megatron import parallel
 from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.megatron.update import micro_batches, select_rows
 from asyncrl.trainer.oldlogits.registry import reads_logp_theta
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 One :meth:`MegatronActor.train_step` consumes one rollout batch and makes **one** version (paper §3.2,
 docs/architecture.md, the path of one token), after ``train.epochs x train.minibatches`` optimizer updates
-(:mod:`asyncrl.trainer.megatron.update` plans them):
+(:mod:`asyncrl.trainer.actor.update_plan` plans them):
 
 1. the held reference, once, when the batch arrives and before its first update: the old-logit
    provider's own forwards (``ewma``: ``theta_prox``; ``exact``: each version's snapshot), run by the
@@ -55,14 +55,7 @@ from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
 from asyncrl.trainer.actor.held_reference import HeldReference, hold_reference
 from asyncrl.trainer.actor.reports import NO_TOKENS, SftStepMetrics, TrainStepMetrics, UpdateTally
 from asyncrl.trainer.actor.settings import ActorSettings
-from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.megatron import compat, parallel
-from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
-from asyncrl.trainer.megatron.logprobs import token_logprobs
-from asyncrl.trainer.megatron.model import build_gpt_model
-from asyncrl.trainer.megatron.optimizers import make_optimizer
-from asyncrl.trainer.megatron.update import (
+from asyncrl.trainer.actor.update_plan import (
     LossShare,
     in_bounds_ratio,
     micro_batches,
@@ -70,6 +63,13 @@ from asyncrl.trainer.megatron.update import (
     sum_stats,
     update_rows,
 )
+from asyncrl.trainer.correction.stats import CorrectionStats
+from asyncrl.trainer.megatron import compat, parallel
+from asyncrl.trainer.megatron.batch import TrainBatch
+from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
+from asyncrl.trainer.megatron.logprobs import token_logprobs
+from asyncrl.trainer.megatron.model import build_gpt_model
+from asyncrl.trainer.megatron.optimizers import make_optimizer
 from asyncrl.trainer.oldlogits import OldLogitProvider, ProviderSettings, make_provider
 from asyncrl.trainer.oldlogits.audit import Auditor, AuditStats
 from asyncrl.trainer.oldlogits.protocol import VersionRetention

@@ -1,6 +1,8 @@
 """The megatron-core primitives: model construction, per-token log-probs, the HF weight converter,
-the update step's pure parts and the parallel groups (the actor that composes them is
-``trainer/actor``). ``compat`` is the only module that knows whether it runs on a GPU or the CPU.
+the optimizers, checkpoints and the parallel groups (the actor that composes them, and plans its updates,
+is ``trainer/actor``). :mod:`.batch` holds ``TrainBatch``, the record the old-logit providers and the
+actor both take, so it sits below both. ``compat`` is the only module that knows whether it runs on a
+GPU or the CPU.
 
 Submodules import torch and megatron; this package module imports nothing heavy.
 """

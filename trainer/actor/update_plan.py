@@ -1,5 +1,6 @@
-"""The update step's pure parts: which rows each optimizer update trains, its micro-batches, and the
-sums of the correction counts over them (:meth:`asyncrl.trainer.actor.megatron_actor.MegatronActor.train_step`).
+"""The update plan of one rollout batch, the actor's pure parts of its update step: which rows each optimizer
+update trains, its micro-batches, and the sums of the correction counts over them
+(:meth:`asyncrl.trainer.actor.megatron_actor.MegatronActor.train_step` runs the plan).
 
 One rollout batch of ``B`` rows makes ``epochs x minibatches`` optimizer updates and **one** policy
 version (``api/job.py`` ``TrainSpec``):
