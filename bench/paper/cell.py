@@ -31,7 +31,8 @@ def cells() -> dict[str, list[h.Config]]:
     import ewma
     import thresholds
 
-    return {"methods": list(h.METHODS), "ewma": ewma.grid(), "thresholds": thresholds.grid()}
+    return {"methods": list(h.METHODS), "ewma": ewma.grid(), "ewma-stress": ewma.stress_grid(),
+            "thresholds": thresholds.grid()}
 
 
 def find(experiment: str, name: str) -> h.Config:

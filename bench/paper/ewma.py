@@ -41,8 +41,26 @@ def grid() -> list[h.Config]:
     return out
 
 
+# The stress block: the same decays at STRESS_LR, so the policy moves ~3x as far per version and a lagging
+# reference (decay 0.9: centre of mass 9 versions back) drifts out of the mask faster than at the base scale.
+STRESS_LR = 1e-3
+STRESS_DECAYS: dict[str, float | None] = {"0.9": 0.9, "auto": None}
+
+
+def stress_grid() -> list[h.Config]:
+    out = []
+    for dname, decay in STRESS_DECAYS.items():
+        for rname, on in (("reset", True), ("no reset", False)):
+            ewma: dict[str, Any] = {"reset": h.reset_rule(on)}
+            if decay is not None:
+                ewma["decay"] = decay
+            out.append(h.Config(f"lr {STRESS_LR:g}: decay {dname}, {rname}", h.correction("ewma", ewma=ewma),
+                                learning_rate=STRESS_LR))
+    return out
+
+
 def cfg(name: str) -> h.Config:
-    return next(c for c in grid() if c.name == name)
+    return next(c for c in [*grid(), *stress_grid()] if c.name == name)
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -113,18 +131,62 @@ def reset_versions(runs: list[dict[str, Any]]) -> str:
     return "; ".join(parts) or "none"
 
 
-def section(ctx: rd.Context) -> str:
-    lv = ctx.scale.level
-    header = ["ewma", "seeds", "final held-out success", "AUC", "in-bounds ratio", "in-bounds, last 10 versions",
-              "resets / run", "reset versions (seed: versions)", "versions below tau / run", "longest low streak"]
-    rows = []
-    for c in grid():
+HEADER = ["ewma", "seeds", "final held-out success", "AUC", "in-bounds ratio", "in-bounds, last 10 versions",
+          "resets / run", "reset versions (seed: versions)", "versions below tau / run", "longest low streak"]
+
+
+def table_rows(ctx: rd.Context, cfgs: list[h.Config]) -> list[list[str]]:
+    lv, rows = ctx.scale.level, []
+    for c in cfgs:
         runs = ctx.runs(c)
         rows.append([c.name, str(len(runs)), rd.cell(rd.metric(runs, "final", lv)), rd.cell(rd.metric(runs, "auc", lv)),
                      rd.cell(rd.metric(runs, "mean:in_bounds_ratio", lv), 4),
                      rd.cell(rd.metric(runs, "late:in_bounds_ratio", lv), 4), rd.cell(rd.metric(runs, "resets", lv), 1),
                      reset_versions(runs), rd.cell([float(r["low_streak"]["versions_below"]) for r in runs], 1),
                      str(max((r["low_streak"]["longest"] for r in runs), default=0))])
+    return rows
+
+
+def stress_section(ctx: rd.Context) -> str:
+    """The stress block: decay 0.9 and auto, reset on and off, at :data:`STRESS_LR` (the base scale's 3.3x)."""
+    lv = ctx.scale.level
+    cfgs = stress_grid()
+    run = {c.name.split(": ", 1)[1]: ctx.runs(c) for c in cfgs}
+    tests = [
+        rd.verdict_row(f"Fig. 10 at lr {STRESS_LR:g}: the reset keeps decay 0.9's in-bounds ratio up", "reset",
+                       run["decay 0.9, reset"], "no reset", run["decay 0.9, no reset"], "late:in_bounds_ratio", lv),
+        rd.verdict_row(f"Fig. 4 at lr {STRESS_LR:g}: decay 0.9 lags: its in-bounds ratio falls below auto's (no reset)",
+                       "0.9", run["decay 0.9, no reset"], "auto", run["decay auto, no reset"], "late:in_bounds_ratio",
+                       lv, -1),
+        rd.verdict_row(f"Fig. 10 at lr {STRESS_LR:g}: the reset fires more at decay 0.9 than at auto", "0.9",
+                       run["decay 0.9, reset"], "auto", run["decay auto, reset"], "resets", lv),
+        rd.verdict_row(f"Fig. 10 at lr {STRESS_LR:g}: the reset helps decay 0.9 learn", "reset", run["decay 0.9, reset"],
+                       "no reset", run["decay 0.9, no reset"], "auc", lv),
+        rd.verdict_row(f"Fig. 4 at lr {STRESS_LR:g}: auto above decay 0.9 (no reset)", "auto", run["decay auto, no reset"],
+                       "0.9", run["decay 0.9, no reset"], "auc", lv),
+    ]
+
+    def resets_at(name: str, runs: list[dict[str, Any]]) -> list[tuple[float, float]]:
+        return [(float(v), h.RESET_TAU - 0.02) for r in runs for v in r["resets"]["versions"]]
+
+    fig = rd.figure(ctx, "ewma_stress", f"EWMA at learning rate {STRESS_LR:g}", [
+        ("in-bounds ratio of r_d, 5-version mean (triangles: resets, every seed)", "in-bounds ratio", run,
+         "in_bounds_ratio"),
+        ("held-out success", "success", run, None),
+    ], markers={0: resets_at}, hlines={0: [(h.RESET_TAU, f"tau = {h.RESET_TAU}")]}, smooth=5)
+    return "\n".join([
+        f"**The stress block.** The same rule and thresholds with the policy moving faster: learning rate "
+        f"{STRESS_LR:g} per update (the base scale's {h.FULL.learning_rate:g} x {STRESS_LR / h.FULL.learning_rate:.1f}), "
+        "everything else as above: does a lagging reference (decay 0.9) drift out of the mask when the policy moves "
+        "faster, does the mask collapse without the reset, and does the staleness-aware decay avoid both?",
+        "", rd.markdown_table(HEADER, table_rows(ctx, cfgs)), "",
+        rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig])
+
+
+def section(ctx: rd.Context) -> str:
+    lv = ctx.scale.level
+    header = HEADER
+    rows = table_rows(ctx, grid())
     run = {c.name: ctx.runs(c) for c in grid()}
     tests = [
         rd.verdict_row("Fig. 4: decay 0.9 lags: its in-bounds ratio falls below auto's (no reset)", "0.9",
@@ -171,7 +233,7 @@ def section(ctx: rd.Context) -> str:
                       f"tau = {h.RESET_TAU}, k = {h.RESET_K}; \"versions below tau\" and \"longest low streak\" count the "
                       "versions whose in-bounds ratio was below tau (with the reset off too: what the rule would have "
                       "seen). Paired tests over the seeds:", "",
-                      rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig])
+                      rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig, "", stress_section(ctx)])
 
 
 def main() -> int:

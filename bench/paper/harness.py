@@ -86,18 +86,26 @@ class Config:
     correction: Mapping[str, Any]
     old_logits: Mapping[str, Any] | None = None
     max_staleness: int = W_PAPER
+    learning_rate: float | None = None  # the scale's unless set (the EWMA stress block: a policy that moves faster)
 
     def key(self) -> str:
         """The record's file name: a digest of what the configuration runs (not of its name, so the
-        same run shared by two experiments under two names is one file)."""
+        same run shared by two experiments under two names is one file). A configuration at the scale's
+        learning rate digests as it did before the override existed (the committed records keep their names)."""
         import hashlib
 
-        blob = json.dumps([self.correction, self.old_logits, self.max_staleness], sort_keys=True)
+        parts: list[Any] = [self.correction, self.old_logits, self.max_staleness]
+        if self.learning_rate is not None:
+            parts.append({"learning_rate": self.learning_rate})
+        blob = json.dumps(parts, sort_keys=True)
         return "cfg-" + hashlib.sha1(blob.encode()).hexdigest()[:12]
 
     def spec(self) -> dict[str, Any]:
-        return {"correction": dict(self.correction), "old_logits": None if self.old_logits is None else dict(self.old_logits),
-                "max_staleness": self.max_staleness}
+        out = {"correction": dict(self.correction), "old_logits": None if self.old_logits is None else dict(self.old_logits),
+               "max_staleness": self.max_staleness}
+        if self.learning_rate is not None:
+            out["learning_rate"] = self.learning_rate
+        return out
 
 
 def correction(reference: str, *, mask: Mapping[str, Any] | None = None, clip: Mapping[str, Any] | None = None,
@@ -144,7 +152,8 @@ def job_doc(cfg: Config, scale: Scale, seed: int) -> dict[str, Any]:
         "model": {"preset": "tiny-llama", "rolloutDtype": "bfloat16"},
         "task": {"name": scale.task, "groupSize": scale.group},
         "train": {"steps": scale.steps, "promptsPerStep": scale.prompts, "minibatches": scale.minibatches,
-                  "learningRate": scale.learning_rate, "warmStartSteps": scale.warm_start_steps, "seed": seed},
+                  "learningRate": scale.learning_rate if cfg.learning_rate is None else cfg.learning_rate,
+                  "warmStartSteps": scale.warm_start_steps, "seed": seed},
         "eval": {"everySteps": scale.eval_every, "prompts": scale.eval_prompts, "mode": "temperature"},
         "rollout": {"replicas": 1},
         "checkpoint": {"everySteps": 100_000},
