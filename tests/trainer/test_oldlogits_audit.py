@@ -12,7 +12,8 @@ from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.driver.run.step_report import ActorStep, step_line
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.audit import audit_rows, audit_stats
+from asyncrl.trainer.oldlogits.audit import audit_rows
+from tests.support.audit_stats import audit_stats
 from tests.support.bruteforce import brute_force_logp_old
 from tests.support.step_reports import step_report
 

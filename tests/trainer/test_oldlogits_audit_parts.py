@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from asyncrl.api.correction import CorrectionSpec
-from asyncrl.trainer.oldlogits.audit import audit_parts, audit_stats, merge_parts
+from asyncrl.trainer.oldlogits.audit import audit_parts, merge_parts
+from tests.support.audit_stats import audit_stats
 
 
 def test_the_parts_of_data_parallel_ranks_merge_into_the_one_process_audit() -> None:

@@ -92,25 +92,6 @@ def merge_parts(parts: Sequence[AuditParts], *, rows: int, rows_unscorable: int)
     )
 
 
-def audit_stats(
-    logp_theta: Tensor,
-    logp_ref: Tensor,
-    logp_old: Tensor,
-    logp_mu: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    spec: CorrectionSpec,
-    *,
-    turn_ids: Tensor | None = None,
-    rows: int | None = None,
-    rows_unscorable: int = 0,
-) -> AuditStats:
-    """How far ``logp_ref`` is from the exact ``logp_old`` on these rows (pure; see the module docstring and
-    :func:`audit_parts` for the arguments)."""
-    part = audit_parts(logp_theta, logp_ref, logp_old, logp_mu, advantages, loss_mask, spec, turn_ids=turn_ids)
-    return merge_parts([part], rows=loss_mask.shape[0] if rows is None else rows, rows_unscorable=rows_unscorable)
-
-
 def audit_parts(
     logp_theta: Tensor,
     logp_ref: Tensor,
@@ -144,7 +125,7 @@ def audit_parts(
     if advantages.shape not in (shape, shape[:1]) or loss_mask.dim() != 2:
         bad.append(f"advantages {tuple(advantages.shape)} (must be [b, T] or [b])")
     if bad:
-        raise ValueError(f"audit_stats: shape mismatch with loss_mask {tuple(shape)} = [b, T]: " + ", ".join(bad))
+        raise ValueError(f"audit_parts: shape mismatch with loss_mask {tuple(shape)} = [b, T]: " + ", ".join(bad))
     dtype = torch.float64  # a diagnostic: exact counts, no rounding ties between the two references
     with torch.no_grad():
         theta, ref, old, mu = (t.detach().to(dtype) for t in (logp_theta, logp_ref, logp_old, logp_mu))
