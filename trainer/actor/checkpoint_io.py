@@ -11,27 +11,74 @@ before. megatron's own optimizer (the GPU default: bf16 + ``DistributedOptimizer
 folder of one optimizer kind does not load into the other (the error names both). Folders of the former
 single-file format (``actor.pt``) still load, at any layout: their full
 tensors are cut to this rank's shards.
+
+What a checkpoint reads and restores of the actor is :class:`CheckpointedActor` (the
+:class:`~asyncrl.trainer.actor.megatron_actor.MegatronActor` is one): the actor imports this module, never the
+other way round.
 """
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from asyncrl.api.correction import ReferencePolicy
+from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.megatron import sharded_checkpoint
 from asyncrl.trainer.megatron.checkpoint import read_checkpoint
+from asyncrl.trainer.megatron.compat import ActorOptimizer, MegatronRuntime, init_megatron
 from asyncrl.trainer.oldlogits import provider_key
+from asyncrl.trainer.oldlogits.audit import Auditor
+from asyncrl.trainer.oldlogits.protocol import OldLogitProvider
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.actor.megatron_actor import MegatronActor
     from asyncrl.trainer.megatron.optimizers import MegatronAdam
 
 COUNTERS = ("nonfinite_loss_total", "nonfinite_grad_total", "ewma_resets_total")
 
 
-def save_rank(actor: "MegatronActor", directory: str, *, rank: int, spread: bool = True) -> None:
+class CheckpointedActor(Protocol):
+    """What a checkpoint holds of the actor and restores into it: the model and optimizer, the version,
+    the old-logit provider's and the audit's state, and the counters of :data:`COUNTERS`."""
+
+    version: int
+    nonfinite_loss_total: int
+    nonfinite_grad_total: int
+    ewma_resets_total: int
+
+    @property
+    def settings(self) -> ActorSettings: ...
+
+    @property
+    def runtime(self) -> MegatronRuntime: ...
+
+    @property
+    def reference(self) -> ReferencePolicy: ...
+
+    @property
+    def old_logits(self) -> OldLogitProvider: ...
+
+    @property
+    def auditor(self) -> Auditor | None: ...
+
+    @property
+    def gpt(self) -> Any:
+        """megatron-core's ``GPTModel`` (untyped), not its DDP wrapper: its state dicts are saved."""
+        ...
+
+    @property
+    def optimizer(self) -> ActorOptimizer: ...
+
+    def named_weights(self) -> Mapping[str, torch.Tensor]: ...
+
+    def renew_old_logits(self) -> None:
+        """A fresh old-logit provider and audit (a resume then loads their state); the old ones' weight
+        versions are released."""
+        ...
+
+
+def save_rank(actor: CheckpointedActor, directory: str, *, rank: int, spread: bool = True) -> None:
     """One rank's share of a group checkpoint (every rank calls this, SPMD): its shards; rank 0 seals
     the folder once every rank has written (``rank`` is the caller's, checked against the group's).
     ``spread``: the DP replicas share the writing of replicated tensors (False: DP rank 0 writes them)."""
@@ -44,14 +91,14 @@ def save_rank(actor: "MegatronActor", directory: str, *, rank: int, spread: bool
         "arch": dataclasses.asdict(actor.settings.arch),
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.data_parallel, "world": lay.world},
     }
-    model_sd = actor._gpt.sharded_state_dict(prefix="")
+    model_sd = actor.gpt.sharded_state_dict(prefix="")
     megatron = _megatron_optimizer(actor)
     optimizer = megatron.sharded_state_dict(model_sd) if megatron is not None else None
     sharded_checkpoint.save(directory, model_sd, _extra(actor), actor.named_weights(), meta, optimizer=optimizer,
                             spread=spread)
 
 
-def load_rank(actor: "MegatronActor", directory: str, *, rank: int, old_logits: bool = True) -> int:
+def load_rank(actor: CheckpointedActor, directory: str, *, rank: int, old_logits: bool = True) -> int:
     """One rank's share of a group resume (every rank calls this); returns the restored version.
 
     ``old_logits=False`` (a warm start) leaves the old-logit provider fresh: it starts from the weights RL
@@ -63,7 +110,8 @@ def load_rank(actor: "MegatronActor", directory: str, *, rank: int, old_logits: 
     if sharded_checkpoint.is_sharded(meta):
         megatron = _megatron_optimizer(actor)
         template = (lambda model_sd: megatron.sharded_state_dict(model_sd, is_loading=True)) if megatron else None
-        extra, megatron_state = sharded_checkpoint.load(directory, actor._gpt, actor.named_weights(), optimizer=template)
+        extra, megatron_state = sharded_checkpoint.load(directory, actor.gpt, actor.named_weights(),
+                                                        optimizer=template)
         if megatron is not None and megatron_state is not None:
             megatron.load_sharded(megatron_state)
     else:
@@ -72,18 +120,18 @@ def load_rank(actor: "MegatronActor", directory: str, *, rank: int, old_logits: 
     return int(actor.version)
 
 
-def save_actor(actor: "MegatronActor", directory: str) -> None:
+def save_actor(actor: CheckpointedActor, directory: str) -> None:
     """:func:`save_rank` of a one-process actor (the same format)."""
     save_rank(actor, directory, rank=0)
 
 
-def load_actor(actor: "MegatronActor", directory: str, *, old_logits: bool = True) -> None:
+def load_actor(actor: CheckpointedActor, directory: str, *, old_logits: bool = True) -> None:
     """:func:`load_rank` of a one-process actor."""
     load_rank(actor, directory, rank=0, old_logits=old_logits)
 
 
 # ---------------------------------------------------------------- what goes in
-def _extra(actor: "MegatronActor") -> dict[str, Any]:
+def _extra(actor: CheckpointedActor) -> dict[str, Any]:
     return {
         "optimizer": _optimizer_state(actor),
         "old_logits": {
@@ -96,25 +144,25 @@ def _extra(actor: "MegatronActor") -> dict[str, Any]:
     }
 
 
-def _megatron_optimizer(actor: "MegatronActor") -> "MegatronAdam | None":
+def _megatron_optimizer(actor: CheckpointedActor) -> "MegatronAdam | None":
     """megatron's own optimizer (the GPU default; on the CPU when the job asks), else None (the torch AdamW)."""
     from asyncrl.trainer.megatron.optimizers import MegatronAdam
 
-    return actor._optimizer if isinstance(actor._optimizer, MegatronAdam) else None
+    return actor.optimizer if isinstance(actor.optimizer, MegatronAdam) else None
 
 
-def _torch_optimizer(actor: "MegatronActor") -> torch.optim.Optimizer | None:
-    inner = getattr(actor._optimizer, "_opt", None)  # optimizers.MainGradAdamW: a torch AdamW (the CPU shim)
+def _torch_optimizer(actor: CheckpointedActor) -> torch.optim.Optimizer | None:
+    inner = getattr(actor.optimizer, "_opt", None)  # optimizers.MainGradAdamW: a torch AdamW (the CPU shim)
     return inner if isinstance(inner, torch.optim.Optimizer) else None
 
 
-def _param_names(opt: torch.optim.Optimizer, actor: "MegatronActor") -> list[str]:
+def _param_names(opt: torch.optim.Optimizer, actor: CheckpointedActor) -> list[str]:
     """The parameter name of every optimizer index (torch numbers parameters in group order)."""
     name_of = {id(p): n for n, p in actor.named_weights().items()}
     return [name_of[id(p)] for g in opt.param_groups for p in g["params"]]
 
 
-def _optimizer_state(actor: "MegatronActor") -> dict[str, Any]:
+def _optimizer_state(actor: CheckpointedActor) -> dict[str, Any]:
     """The optimizer's state keyed by parameter *name* (torch keys it by index), so its moments are owned
     by their parameters (sharded like them) and the folder does not depend on the layout."""
     opt = _torch_optimizer(actor)
@@ -128,11 +176,11 @@ def _optimizer_state(actor: "MegatronActor") -> dict[str, Any]:
     }
 
 
-def _load_optimizer(actor: "MegatronActor", saved: dict[str, Any]) -> None:
+def _load_optimizer(actor: CheckpointedActor, saved: dict[str, Any]) -> None:
     if "megatron_sharded" in saved:  # loaded with the model (load_rank)
         return
     if "megatron" in saved:  # a single-file folder of one process
-        actor._optimizer.load_state_dict(saved["megatron"])
+        actor.optimizer.load_state_dict(saved["megatron"])
         return
     opt = _torch_optimizer(actor)
     if opt is None:
@@ -145,19 +193,17 @@ def _load_optimizer(actor: "MegatronActor", saved: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- what comes out
-def _restore(actor: "MegatronActor", directory: str, extra: dict[str, Any], *, old_logits: bool) -> None:
+def _restore(actor: CheckpointedActor, directory: str, extra: dict[str, Any], *, old_logits: bool) -> None:
     _load_optimizer(actor, extra["optimizer"])
     actor.version = int(extra["version"])
-    actor.close()  # the old stores' versions (and files) are replaced
-    actor.old_logits = actor._new_provider()
-    actor.auditor = actor._new_auditor()
+    actor.renew_old_logits()  # the old stores' versions (and files) are replaced
     if old_logits:
         _load_provider_state(actor, directory, extra)
     for name, value in extra["counters"].items():
         setattr(actor, name, int(value))
 
 
-def _load_provider_state(actor: "MegatronActor", directory: str, state: dict[str, Any]) -> None:
+def _load_provider_state(actor: CheckpointedActor, directory: str, state: dict[str, Any]) -> None:
     key = provider_key(actor.reference, actor.settings.old_logits)
     saved = state.get("old_logits")
     if saved is None:  # written before the old-logit providers: only an EWMA state was kept
@@ -175,7 +221,7 @@ def _load_provider_state(actor: "MegatronActor", directory: str, state: dict[str
 
 
 # ---------------------------------------------------------------- the single-file format (actor.pt)
-def _single_file(actor: "MegatronActor", directory: str) -> dict[str, Any]:
+def _single_file(actor: CheckpointedActor, directory: str) -> dict[str, Any]:
     """Load a former ``actor.pt`` folder: the model now, the rest as :func:`_restore` reads it. Its tensors
     are whole (written by one process): at TP > 1 each is cut to this rank's shard (``parallel.shard_of``)."""
     from asyncrl.trainer.megatron.parallel import shard_of
@@ -188,7 +234,7 @@ def _single_file(actor: "MegatronActor", directory: str) -> dict[str, Any]:
 
     device = actor.runtime.device
     model = {k: (shard(k, v) if k in params else v).to(device) for k, v in state["model"].items()}
-    actor._gpt.load_state_dict(model, strict=True)
+    actor.gpt.load_state_dict(model, strict=True)
     opt = _torch_optimizer(actor)
     if opt is not None:  # index-keyed (torch's own state_dict): name it, then cut the moments
         names = _param_names(opt, actor)
@@ -220,7 +266,6 @@ def model_state(directory: str, arch: Any) -> tuple[dict[str, torch.Tensor], dic
     """The whole megatron-named model tensors (CPU, no ``_extra_state``) and the marker of a checkpoint
     folder of either format, read in this one process (``asyncrl export``): a sharded folder is resharded
     to one rank (megatron is set up here at world 1 if it is not yet)."""
-    from asyncrl.trainer.megatron import compat
     from asyncrl.trainer.megatron.checkpoint import CheckpointError
     from asyncrl.trainer.megatron.model import build_gpt_model
 
@@ -232,7 +277,7 @@ def model_state(directory: str, arch: Any) -> tuple[dict[str, torch.Tensor], dic
     if not sharded_checkpoint.is_sharded(meta):
         state, meta = read_checkpoint(directory)
         return {k: v for k, v in state["model"].items() if not k.endswith("_extra_state")}, meta
-    runtime = compat.init_megatron(0, device="cpu")
+    runtime = init_megatron(0, device="cpu")
     gpt = build_gpt_model(arch, use_cpu_initialization=runtime.use_cpu_initialization, random_init=False)
     sharded_checkpoint.load_model(directory, gpt)
     return {k: v.detach().cpu() for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}, meta

@@ -12,22 +12,46 @@ only (:func:`asyncrl.trainer.megatron.parallel.dp_share`, the split the updates 
 replica share a DP rank, so they score the same rows in lockstep), and the shares' results are all-gathered
 over the DP group: every rank then holds the same ``[B, T]`` reference as one process would, at ``1/DP`` of
 the forwards. Providers treat rows independently (``protocol.py``), so a share's values are the batch's.
+
+What this stage needs of the actor is :class:`ReferenceActor` (the
+:class:`~asyncrl.trainer.actor.megatron_actor.MegatronActor` is one): the actor imports this module, never the
+other way round.
 """
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
+from asyncrl.api.correction import ReferencePolicy
+from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.actor.update_plan import micro_batches, select_rows
 from asyncrl.trainer.megatron import parallel
 from asyncrl.trainer.megatron.batch import TrainBatch
+from asyncrl.trainer.oldlogits.protocol import OldLogitProvider, Scorer
 from asyncrl.trainer.oldlogits.registry import reads_logp_theta
 
-if TYPE_CHECKING:
-    from asyncrl.trainer.actor.megatron_actor import MegatronActor
+
+class ReferenceActor(Scorer, Protocol):
+    """What stage 1 needs of the actor: the provider's :class:`Scorer` (its version, weights and forwards),
+    its settings (micro-batch budget, old-logit spec), its reference and provider, and its DP rank."""
+
+    @property
+    def settings(self) -> ActorSettings: ...
+
+    @property
+    def reference(self) -> ReferencePolicy: ...
+
+    @property
+    def old_logits(self) -> OldLogitProvider: ...
+
+    @property
+    def dp_rank(self) -> int: ...
+
+    @property
+    def dp_size(self) -> int: ...
 
 
 @dataclass
@@ -41,7 +65,7 @@ class HeldReference:
     rows: torch.Tensor  # [b_r] the batch rows this rank's reference forwards ran over (all B alone)
 
 
-def hold_reference(actor: "MegatronActor", batch: TrainBatch, version: int, *, fused: bool,
+def hold_reference(actor: ReferenceActor, batch: TrainBatch, version: int, *, fused: bool,
                    audited: bool) -> HeldReference:
     """The provider's own forwards and, unless ``fused``, ``logp_ref`` of the whole batch now (each DP rank
     scores its share, the shares are all-gathered: every rank holds the same reference)."""
@@ -62,7 +86,7 @@ def hold_reference(actor: "MegatronActor", batch: TrainBatch, version: int, *, f
     return HeldReference(scored=None, theta0=theta0, held=held, seen=held, rows=mine)
 
 
-def _share_reference(actor: "MegatronActor", batch: TrainBatch, mine: torch.Tensor, version: int,
+def _share_reference(actor: ReferenceActor, batch: TrainBatch, mine: torch.Tensor, version: int,
                      arrival: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(theta0, logp_ref)``, each ``[b_r, T]``, of this rank's rows ``mine`` ``[b_r]`` (the whole batch alone).
 
@@ -97,7 +121,8 @@ def gather_rows(part: torch.Tensor, shares: list[torch.Tensor], batch_size: int)
     return out
 
 
-def provider_scores(actor: "MegatronActor", batch: TrainBatch, chunks: list[torch.Tensor]) -> torch.Tensor | None:
+def provider_scores(actor: ReferenceActor, batch: TrainBatch,
+                    chunks: list[torch.Tensor]) -> torch.Tensor | None:
     """The provider's own forwards (``[B, T]`` or None) over the micro-batches ``chunks`` (consecutive rows
     in order), so that ``train.microBatchTokens`` bounds these forwards too."""
     if len(chunks) == 1:

@@ -46,6 +46,7 @@ import logging
 import math
 import time
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import torch
 
@@ -451,6 +452,14 @@ class MegatronActor:
             )
         return Auditor(every, float(spec.fraction), seed=s.seed, capacity=s.max_staleness + 1)
 
+    def renew_old_logits(self) -> None:
+        """A fresh old-logit provider and audit in place of the current ones, whose weight versions (and
+        files) are released first (a resume, :mod:`asyncrl.trainer.actor.checkpoint_io`, then loads their
+        state)."""
+        self.close()
+        self.old_logits = self._new_provider()
+        self.auditor = self._new_auditor()
+
     def _version_holders(self) -> list[VersionRetention]:
         """What keeps weight versions: the provider (snapshot strategy) and the audit."""
         holders: list[VersionRetention] = []
@@ -466,6 +475,17 @@ class MegatronActor:
             holder.close()
 
     # ---------------------------------------------------------------- weights and checkpoints
+    @property
+    def gpt(self) -> Any:
+        """megatron-core's ``GPTModel`` (untyped), not its DDP wrapper: what a checkpoint saves and loads."""
+        return self._gpt
+
+    @property
+    def optimizer(self) -> compat.ActorOptimizer:
+        """The optimizer (:func:`asyncrl.trainer.megatron.optimizers.make_optimizer`), whose state a
+        checkpoint holds."""
+        return self._optimizer
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """HF Llama-named fp32 CPU copies of the weights (weight sync to the rollout engine).
 
