@@ -39,11 +39,12 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.hosts.ray_env import local_ray
-from asyncrl.trainer.driver.loop.accounting import success_at_loop_seconds
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 
@@ -113,6 +114,13 @@ def run(max_staleness: int, args: argparse.Namespace, root: Path, warm: Path, re
         "final_success": result.summary["final_success"],
         "eval_curve": result.summary["eval_curve"],
     }
+
+
+def success_at_loop_seconds(curve: Sequence[Mapping[str, Any]], seconds: float) -> Mapping[str, Any] | None:
+    """The newest entry of an ``eval_curve`` (summary.json's, with ``loop_s``) evaluated by ``seconds`` of
+    training (None when even the first came later)."""
+    done = [c for c in curve if c["loop_s"] <= seconds + 1e-9]
+    return done[-1] if done else None
 
 
 def equal_versions(sync: dict, asyn: dict) -> list[tuple[int, float, float]]:

@@ -28,11 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from async_speedup import parallel_capacity  # same folder (bench/ is sys.path[0] when run as a script)
+from async_speedup import (  # same folder (bench/ is sys.path[0] when run as a script)
+    parallel_capacity,
+    success_at_loop_seconds,
+)
 
 from asyncrl.api.validation import quickstart_doc, validate_job
 from asyncrl.trainer.driver.hosts.ray_env import local_ray
-from asyncrl.trainer.driver.loop.accounting import success_at_loop_seconds
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 

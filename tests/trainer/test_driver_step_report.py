@@ -33,7 +33,7 @@ READ_KEYS = {
 def test_an_applied_step_is_one_flat_line_with_the_keys_readers_use() -> None:
     sync = WeightSync(0.123456, transfer_seconds=0.1, pause_seconds=0.02, bytes=4096.0)
     report = step_report(3, valid=200, keep=0.75, staleness=2, sync=sync, checkpoint="/c/step-000003",
-                         export="/c/exports/step-000003", export_s=0.5, stage_extra={"dedicated_wait_s": 0.25})
+                         export="/c/exports/step-000003", export_s=0.5, dedicated_wait_s=0.25)
     line = step_line(report)
     assert READ_KEYS <= set(line), READ_KEYS - set(line)
     assert (line["applied"], line["version"], line["step"]) == (True, 3, 3)

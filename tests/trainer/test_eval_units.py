@@ -15,7 +15,6 @@ from asyncrl.trainer.driver.loop.accounting import (
     count_eval,
     eval_loop_seconds,
     set_job_gauges,
-    success_at_loop_seconds,
     summarise,
 )
 from asyncrl.trainer.driver.loop.evaluation import (
@@ -28,6 +27,7 @@ from asyncrl.trainer.driver.loop.evaluation import (
 )
 from asyncrl.trainer.driver.run.metrics import create_metrics
 from asyncrl.trainer.driver.run.rundir import write_report
+from bench.async_speedup import success_at_loop_seconds
 
 
 def _spec(**eval_: object) -> AsyncRLJobSpec:

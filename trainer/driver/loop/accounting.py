@@ -151,9 +151,3 @@ def eval_loop_seconds(evals: Sequence[dict[str, Any]]) -> list[float]:
         out.append(max(0.0, float(r["wall_s"]) - float(evals[0]["wall_s"]) - spent))
     return [0.0, *out]
 
-
-def success_at_loop_seconds(curve: Sequence[dict[str, Any]], seconds: float) -> dict[str, Any] | None:
-    """The newest entry of an ``eval_curve`` (with ``loop_s``) evaluated by ``seconds`` of training
-    (None when even the first came later)."""
-    done = [c for c in curve if c["loop_s"] <= seconds + 1e-9]
-    return done[-1] if done else None

@@ -575,7 +575,7 @@ class _Loop:
             partial_frac=sum(t.is_partial for g in groups for t in g) / max(1, len(rewards)),
             step_s=step_s,
             env_errors=self._env_errors_total(),  # episodes the environment's code aborted so far
-            actor=actor, stage_extra=self.step_extra,
+            actor=actor, dedicated_wait_s=self.step_extra.get("dedicated_wait_s"),
         )
         self.step_extra = {}
         if not out.applied:

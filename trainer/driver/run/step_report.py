@@ -59,7 +59,7 @@ class StepReport:
     step_s: float  # the actor's step as the driver waited for it
     env_errors: int  # episodes the environment's code aborted so far (a running total)
     actor: ActorStep
-    stage_extra: Mapping[str, float] = field(default_factory=dict)  # what the old-logit stage adds
+    dedicated_wait_s: float | None = None  # the dedicated stage: the wait for the batch's old logits (None: no wait)
     sync: WeightSync | None = None  # None: not applied (nothing synced)
     checkpoint: str | None = None
     export: str | None = None
@@ -122,8 +122,9 @@ def step_line(r: StepReport) -> dict[str, Any]:
         "trajectories": r.trajectories, "partial_frac": r.partial_frac, "step_s": round(r.step_s, 4),
         "env_errors": r.env_errors,
         **_actor_part(r.actor),
-        **r.stage_extra,
     }
+    if r.dedicated_wait_s is not None:  # what the old-logit stage adds
+        out["dedicated_wait_s"] = r.dedicated_wait_s
     if r.applied:
         out["version"] = r.version
         if r.sync is not None:
