@@ -31,6 +31,7 @@ from asyncrl.api.old_logits import (
     OldLogitStrategy,
     scorer_layout_problems,
 )
+from asyncrl.api.old_logits_route import OldLogitsRoute, old_logits_route
 from asyncrl.api.paths import CHECKPOINT_DIR_RULE, MAX_PATH_LENGTH, checkpoint_dir_problem
 from asyncrl.api.pods import (
     DEFAULT_TRAINING_SIDE_MEMORY,
@@ -335,6 +336,12 @@ class AsyncRLJobSpec(SpecModel):
                 f"{self.train.prompts_per_step} x groupSize={self.task.group_size} = {rows} rows",
             )])
         return self
+
+    @property
+    def old_logits_route(self) -> OldLogitsRoute:
+        """How ``pi_old`` is obtained (``none`` for a cheap reference, else the exact strategy): the one place
+        that reads ``correction.reference`` with ``oldLogits.strategy`` (:mod:`asyncrl.api.old_logits_route`)."""
+        return old_logits_route(self.correction, self.old_logits)
 
     @property
     def snapshot_versions(self) -> int:

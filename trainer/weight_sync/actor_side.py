@@ -38,11 +38,7 @@ def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
     dedicated scorers): they need the actor's weights as it holds them, not rounded to the engine's dtype, so
     they travel in fp32 (a bf16 actor's values exactly, at twice the bytes a bf16 wire would need; the scorer
     rounds them back to the actor's bf16 on load)."""
-    from asyncrl.api.correction import ReferencePolicy
-    from asyncrl.api.old_logits import OldLogitStrategy
-
-    return spec.correction.reference is ReferencePolicy.EXACT and spec.old_logits.strategy in (
-        OldLogitStrategy.INTERRUPT_SYNC, OldLogitStrategy.DEDICATED)
+    return spec.old_logits_route.scores_outside_the_actor
 
 
 def _buckets(actor: Any, spec: AsyncRLJobSpec) -> Iterator[Bucket]:

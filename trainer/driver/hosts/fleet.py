@@ -20,6 +20,7 @@ from typing import Any
 
 from asyncrl.api import constants as C
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.old_logits_route import OldLogitsRoute
 from asyncrl.trainer.driver.hosts.actor_group import (
     ActorGroup,
     ActorRankError,
@@ -124,7 +125,7 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
     pad_id: int = ray.get(actor.pad_id.remote())
     ray.get([w.stats.remote() for w in rollout])  # surfaces construction errors here, not mid-loop
     spawn_dedicated = None
-    if spec.correction.reference == "exact" and spec.old_logits.strategy == "dedicated":
+    if spec.old_logits_route is OldLogitsRoute.DEDICATED:
         spawn_dedicated = dedicated_spawner(spec, n_procs_cpus=n_procs_cpus, threads=rollout_threads,
                                             placement=placement)
     return HostHandles(actor, rollout, pad_id, new_rollout, spawn_dedicated=spawn_dedicated)

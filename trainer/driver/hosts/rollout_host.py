@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.old_logits_route import OldLogitsRoute
 from asyncrl.trainer.driver.hosts.common import limit_threads
 
 if TYPE_CHECKING:
@@ -80,10 +81,7 @@ class RolloutHost:
     @property
     def _scores_old_versions(self) -> bool:
         """Interrupt-sync: this worker scores ``pi_old`` under the version it holds (``sync_score``)."""
-        from asyncrl.api.old_logits import OldLogitStrategy
-        from asyncrl.trainer.weight_sync.actor_side import needs_training_precision
-
-        return needs_training_precision(self.spec) and self.spec.old_logits.strategy is OldLogitStrategy.INTERRUPT_SYNC
+        return self.spec.old_logits_route is OldLogitsRoute.INTERRUPT_SYNC
 
     # ------------------------------------------------------------------ broadcast group (weightSync)
     def ping_sync(self) -> bool:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.old_logits_route import OldLogitsRoute
 from asyncrl.api.weight_sync import DISK_NEEDS_VOLUME_MESSAGE, WeightTransport
 from asyncrl.trainer.driver.hosts.fleet import HostHandles
 
@@ -87,10 +88,8 @@ class Broadcast:
 def disk_keep(spec: AsyncRLJobSpec) -> int:
     """Versions the disk transport keeps: the newest (rollout loads it) and the one being written, plus what a
     dedicated scorer may still advance to (``maxLagVersions`` behind, and the staleness window W)."""
-    from asyncrl.trainer.weight_sync.actor_side import needs_training_precision
-
     keep = 2
-    if needs_training_precision(spec) and spec.old_logits.strategy == "dedicated":
+    if spec.old_logits_route is OldLogitsRoute.DEDICATED:
         keep += spec.old_logits.dedicated.max_lag_versions + spec.async_.max_staleness
     return keep
 
