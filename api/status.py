@@ -25,14 +25,19 @@ Status-patch contract for the driver (the in-job status reporter):
 4. ``keepRatio`` is the train–inference keep ratio over the report window (kept / valid tokens),
    the value ``monitoring.maskGuard`` compares with its thresholds; ``keepPercent`` is derived.
 
+The operator reads the status once per reconcile with :func:`read_status` (the boundary: a
+mapping in, a :class:`JobStatus` out), plans on the typed record, and writes it back with
+:meth:`JobStatus.to_status_dict` (the one serialisation).
+
 This module imports nothing heavy: the driver imports it, so does the operator.
 """
 
 import datetime as dt
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 
 MIN_REPORT_INTERVAL_SECONDS = 30.0
@@ -88,8 +93,21 @@ class SyncPhase(StrEnum):
                          f"(or in lower case: {', '.join(p.metric_label for p in cls)})")
 
 
+# Validation context of read_status: keys a model does not know are dropped, not refused.
+_TOLERANT = "asyncrl.status.tolerant"
+
+
 class _StatusModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: object, info: ValidationInfo) -> object:
+        # Only under read_status: a copy written by another version may name a field this one lacks.
+        if isinstance(data, dict) and info.context is not None and info.context.get(_TOLERANT):
+            known = {f.alias or name for name, f in cls.model_fields.items()}
+            return {k: v for k, v in data.items() if k in known}
+        return data
 
     def to_status_dict(self) -> dict[str, Any]:
         """The section as written into ``status`` (camelCase, unset optional fields left out)."""
@@ -168,7 +186,13 @@ class SyncPhaseStatus(_StatusModel):
 
 
 class JobStatus(_StatusModel):
-    """The whole ``status`` of an AsyncRLJob (the CRD's status schema is generated from it)."""
+    """The whole ``status`` of an AsyncRLJob (the CRD's status schema is generated from it).
+
+    Not frozen, unlike its parts: the planner brings its own copy up to date field by field (each
+    assignment validated) and hands it on; a part (a condition, the replica counts) is replaced whole.
+    """
+
+    model_config = ConfigDict(frozen=False, validate_assignment=True)
 
     phase: Phase | None = Field(default=None, description="Lifecycle phase.")
     reason: str | None = Field(default=None, description="Reason of the last phase change.")
@@ -192,6 +216,56 @@ class JobStatus(_StatusModel):
         "recognised after the pod is gone, even across operator restarts.")
     sync_phase: SyncPhaseStatus | None = Field(default=None, description="Interrupt-sync phase (surfaced).")
     training: TrainingSummary | None = Field(default=None, description="Training summary (written by the driver).")
+
+    def to_status_dict(self) -> dict[str, Any]:
+        """The status as written to the API server: camelCase, None left out, and an empty list left
+        out too (``disruptedPods`` with no pod is no field: a merge patch of the operator deletes it)."""
+        empty = {name for name in ("conditions", "disrupted_pods") if not getattr(self, name)}
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude=empty)
+
+
+# Every field of JobStatus but ``training``, in the order a tamper warning names them (status_guard).
+OPERATOR_FIELDS = ("phase", "reason", "message", "observedGeneration", "conditions", "replicas", "restarts",
+                   "preemptions", "rolloutReplacements", "epoch", "startTime", "attemptStartTime",
+                   "completionTime", "restartAfter", "syncPhase", "disruptedPods")
+
+
+def read_status(raw: Mapping[str, Any]) -> tuple[JobStatus, dict[str, str]]:
+    """A job's ``status`` as the API server (or the operator's copy) holds it, typed; and what was left out.
+
+    The boundary of the operator's planner, tolerant because a status that cannot be read must not
+    stop the job: (1) a key no model knows is dropped, at any depth (the CRD prunes unknown fields,
+    so only a copy written by another operator version can hold one); (2) an operator field whose
+    value does not validate is left out as if absent (an unknown phase reads as none, i.e. Pending)
+    and named in the second value, field -> pydantic's words; (3) ``training`` is validated as the
+    driver's :class:`TrainingSummary`, strictly: a malformed report is left out and named the same
+    way (the planner reports it: ``Degraded``/``BadTrainingReport``); an empty one is no report.
+    """
+    unreadable: dict[str, str] = {}
+    training: TrainingSummary | None = None
+    if raw.get("training"):
+        try:
+            training = TrainingSummary.model_validate(raw["training"])
+        except ValidationError as exc:
+            unreadable["training"] = str(exc)
+    own = {k: v for k, v in raw.items() if k in OPERATOR_FIELDS}
+    for _ in OPERATOR_FIELDS:  # each round leaves out at least one field, or ends
+        try:
+            status = JobStatus.model_validate(own, context={_TOLERANT: True})
+            break
+        except ValidationError as exc:
+            bad: dict[str, list[str]] = {}
+            for err in exc.errors():
+                field = str(err["loc"][0]) if err["loc"] else ""
+                bad.setdefault(field, []).append(f"{'.'.join(str(part) for part in err['loc'])}: {err['msg']}")
+            if "" in bad or not bad.keys() <= own.keys():
+                raise  # not one field's fault: nothing to leave out
+            unreadable.update({k: "; ".join(msgs) for k, msgs in bad.items()})
+            own = {k: v for k, v in own.items() if k not in bad}
+    else:
+        status = JobStatus()
+    status.training = training
+    return status, unreadable
 
 
 def rfc3339(t: dt.datetime) -> str:

@@ -4,8 +4,10 @@ Phases: ``Pending -> Initializing -> Running -> Succeeded | Failed``, plus ``Sus
 ``Restarting`` and ``ValidationFailed``. The operator is the single writer of every status field
 except ``training`` (the driver's; see ``asyncrl.api.status``), and the ``job.status`` it plans from
 holds its own copy of those fields, not what the driver's token may have written there
-(``asyncrl.operator.status_guard``); conditions are recomputed here
-as a whole list on every reconcile, keeping ``lastTransitionTime`` when a status does not change.
+(``asyncrl.operator.status_guard``), read as a typed :class:`~asyncrl.api.status.JobStatus`
+(``asyncrl.api.status.read_status``); the plan's status is one too, serialised by the reconciler.
+Conditions are recomputed here as a whole list on every reconcile, keeping ``lastTransitionTime``
+when a status does not change.
 
 Failure policy:
 - a lost or failed **rollout** pod is replaced alone (not counted);
@@ -37,7 +39,17 @@ from typing import Any, Literal
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.pods import MaskGuardAction
-from asyncrl.api.status import Phase, SyncPhase, TrainingSummary, parse_time, rfc3339
+from asyncrl.api.status import (
+    Condition,
+    JobStatus,
+    Phase,
+    ReplicaCounts,
+    SyncPhase,
+    SyncPhaseStatus,
+    TrainingSummary,
+    parse_time,
+    rfc3339,
+)
 from asyncrl.api.validation import SpecError
 from asyncrl.operator import names
 from asyncrl.operator.builders import Desired
@@ -65,7 +77,7 @@ SYNC_STUCK_REASON = "SyncPhaseTimeout"
 # A gang pod gone from the list, with no disruption known, is judged after this long: its DELETED event
 # (the pod's last state) may trail the list, and it tells a preemption from a deletion.
 VANISHED_SETTLE_SECONDS = 5.0
-INVALID_SPEC_EXIT_CODE = 2  # ``asyncrl driver`` (trainer/cli.py): the spec is refused, retrying cannot help
+INVALID_SPEC_EXIT_CODE = 2  # ``asyncrl driver`` (trainer/cli/commands.py): the spec is refused, retrying cannot help
 
 
 # ---------------------------------------------------------------- outputs
@@ -93,7 +105,7 @@ class Event:
 @dataclass
 class Plan:
     actions: list[Action] = field(default_factory=list)
-    status: dict[str, Any] = field(default_factory=dict)
+    status: JobStatus = field(default_factory=JobStatus)  # the operator's fields (training: None, the driver's)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
     counted_restarts: int = 0
@@ -120,10 +132,6 @@ class CreateFailure:
 
 # ---------------------------------------------------------------- the planner
 
-OPERATOR_FIELDS = ("phase", "reason", "message", "observedGeneration", "conditions", "replicas", "restarts",
-                   "preemptions", "rolloutReplacements", "epoch", "startTime", "attemptStartTime",
-                   "completionTime", "restartAfter", "syncPhase", "disruptedPods")
-
 
 def plan(
     job: JobView,
@@ -146,40 +154,34 @@ class _Planner:
     def __init__(self, job: JobView, spec: AsyncRLJobSpec | SpecError, desired: Desired | None,
                  observed: Observed, now: dt.datetime, settings: OperatorSettings) -> None:
         self.job, self.spec, self.desired, self.obs, self.now, self.cfg = job, spec, desired, observed, now, settings
-        self.prev = job.status or {}
-        self.st: dict[str, Any] = {k: self.prev[k] for k in OPERATOR_FIELDS if k in self.prev}
-        self.st.setdefault("restarts", 0)
-        self.st.setdefault("preemptions", 0)
-        self.st.setdefault("rolloutReplacements", 0)
-        self.st.setdefault("epoch", 0)
+        self.prev = job.status
+        # The status to write: the operator's fields of the last one, brought up to date below.
+        self.st = job.status.model_copy(update={"training": None}, deep=True)
         self.out = Plan()
         self.degraded: tuple[str, str, str] = ("False", "NoTrainingReport", "the driver has not reported yet")
         self.conflicts: list[str] | None = None  # None: children not read this time (keep the last verdict)
         self.waiting: list[tuple[str, str, str]] = []  # (pod, reason, message) of pods stuck before running
         # The last pod create failed (quota, admission): missing pods are not-yet-created, not lost.
-        self.create_failing = _condition(self.prev, "FailedCreate").get("status") == "True"
+        self.create_failing = _is_true(_condition(self.prev, "FailedCreate"))
         self.create_retry_due = False  # missing pods still wait for the create backoff
         self.sync_stuck: str | None = None  # the SyncStuck message, when a phase timed out now
 
     # -- helpers
     @property
     def phase(self) -> Phase:
-        try:
-            return Phase(self.st.get("phase") or Phase.PENDING)
-        except ValueError:
-            return Phase.PENDING
+        return self.st.phase or Phase.PENDING  # none yet (or one read_status could not read): Pending
 
     def _set_phase(self, phase: Phase, reason: str, message: str) -> None:
-        if phase is not self.phase or not self.st.get("phase"):
+        if phase is not self.phase or self.st.phase is None:
             warn = phase in (Phase.FAILED, Phase.RESTARTING, Phase.VALIDATION_FAILED)
             self.out.events.append(Event("Warning" if warn else "Normal", reason, message))
-        self.st.update(phase=phase.value, reason=reason, message=message)
+        self.st.phase, self.st.reason, self.st.message = phase, reason, message
 
     def _now(self) -> str:
         return rfc3339(self.now)
 
-    def _elapsed(self, key: str) -> float | None:
-        t = parse_time(self.st.get(key))
+    def _elapsed(self, since: str | None) -> float | None:
+        t = parse_time(since)
         return None if t is None else (self.now - t).total_seconds()
 
     def _delete_pod(self, p: PodView, reason: str, message: str) -> None:
@@ -192,8 +194,8 @@ class _Planner:
 
     def _fail(self, reason: str, message: str) -> None:
         self._set_phase(Phase.FAILED, reason, message)
-        self.st["completionTime"] = self._now()
-        self.st.pop("restartAfter", None)
+        self.st.completion_time = self._now()
+        self.st.restart_after = None
 
     def _resume_point(self) -> str:
         return resume_point(self.spec) if isinstance(self.spec, AsyncRLJobSpec) else "from scratch"
@@ -215,22 +217,18 @@ class _Planner:
         self._waiting_reasons()
         self._remember_disruptions()
         if not self.create_retry_due and self.phase is not Phase.RESTARTING:
-            self.st.pop("restartAfter", None)  # no create backoff pending any more
-        self.st["observedGeneration"] = self.job.generation
-        self.st["conditions"] = self._conditions()
+            self.st.restart_after = None  # no create backoff pending any more
+        self.st.observed_generation = self.job.generation
+        self.st.conditions = self._conditions()
         self.out.status = self.st
         return self.out
 
     def _remember_disruptions(self) -> None:
         """Persist the disruptions of the current epoch's pods (a pod seen with DisruptionTarget may be gone
         by the next look, and the operator may restart in between): ``status.disruptedPods``."""
-        epoch = int(self.st["epoch"])
+        epoch = self.st.epoch
         seen = set(self.obs.disrupted) | {(p.name, p.epoch) for p in self.obs.pods.values() if p.disrupted}
-        keep = sorted(f"{name}@{e}" for name, e in seen if e >= epoch)
-        if keep:
-            self.st["disruptedPods"] = keep
-        else:
-            self.st.pop("disruptedPods", None)
+        self.st.disrupted_pods = sorted(f"{name}@{e}" for name, e in seen if e >= epoch)  # none: no field
 
     def _invalid(self, err: SpecError) -> None:
         paths = "; ".join(str(p) for p in err.problems)
@@ -244,7 +242,7 @@ class _Planner:
             if p.phase not in ("Succeeded", "Failed"):
                 self._delete_pod(p, "DeletedPod", f"job is {self.phase.value}; freeing its resources")
         ttl = None if isinstance(self.spec, SpecError) else self.spec.run_policy.ttl_seconds_after_finished
-        done = self._elapsed("completionTime")
+        done = self._elapsed(self.st.completion_time)
         if ttl is not None and done is not None:
             if done >= ttl:
                 self.out.actions.append(Action("delete", "AsyncRLJob", self.job.ref.name, reason="DeletedJob",
@@ -277,18 +275,17 @@ class _Planner:
     @property
     def conflicted(self) -> bool:
         if self.conflicts is None:  # not read this time: the last full reconcile's verdict holds
-            return _condition(self.prev, "ChildConflict").get("status") == "True"
+            return _is_true(_condition(self.prev, "ChildConflict"))
         return bool(self.conflicts)
 
     # -- training summary: mask guard and sync phase
     def _training(self, spec: AsyncRLJobSpec) -> None:
-        raw = self.prev.get("training")
-        if not raw:
+        problem = self.job.unreadable.get("training")
+        if problem is not None:  # read_status left a malformed report out
+            self.degraded = ("Unknown", "BadTrainingReport", f"status.training is malformed: {problem}"[:300])
             return
-        try:
-            tr = TrainingSummary.model_validate(raw)
-        except ValueError as exc:
-            self.degraded = ("Unknown", "BadTrainingReport", f"status.training is malformed: {exc}"[:300])
+        tr = self.prev.training
+        if tr is None:
             return
         self._mask_guard(spec, tr)
         self._sync_phase(spec, tr)
@@ -299,7 +296,7 @@ class _Planner:
         if not guard.enabled or tr.keep_ratio is None:
             return
         prev = _condition(self.prev, "Degraded")
-        was = prev.get("reason") if prev.get("status") == "True" else None
+        was = prev.reason if prev is not None and prev.status == "True" else None
         k = tr.keep_ratio
         if k < guard.critical_keep_ratio:
             msg = (f"keep ratio {k:.3f} < criticalKeepRatio {guard.critical_keep_ratio} at policy version "
@@ -325,11 +322,11 @@ class _Planner:
         """Surface the driver's interrupt-sync phase; one that outlives phaseTimeoutSeconds is stuck
         (``SyncStuck`` condition, one Warning event, counted) until the driver reports another phase."""
         if tr.sync_phase is None:
-            self.st.pop("syncPhase", None)
+            self.st.sync_phase = None
             return
-        prev = self.prev.get("syncPhase") or {}
-        same = prev.get("since") == tr.sync_phase_since and prev.get("phase") == tr.sync_phase.value
-        timed_out = bool(prev.get("timedOut")) and same
+        prev = self.prev.sync_phase
+        same = prev is not None and prev.since == tr.sync_phase_since and prev.phase is tr.sync_phase
+        timed_out = prev is not None and prev.timed_out and same
         since = parse_time(tr.sync_phase_since)
         limit = spec.old_logits.interrupt_sync.phase_timeout_seconds
         if (tr.sync_phase is not SyncPhase.IDLE and since is not None and not timed_out
@@ -343,25 +340,23 @@ class _Planner:
                 self.out.sync_stuck += 1
             else:  # no other event may come while a phase hangs: look again when it would time out
                 self.out.requeue(limit - took + 1.0)
-        sp: dict[str, Any] = {"phase": tr.sync_phase.value, "timedOut": timed_out}
-        if tr.sync_phase_since:
-            sp["since"] = tr.sync_phase_since
-        self.st["syncPhase"] = sp
+        self.st.sync_phase = SyncPhaseStatus(phase=tr.sync_phase, since=tr.sync_phase_since or None,
+                                             timed_out=timed_out)
 
     def _from_this_attempt(self, tr: TrainingSummary) -> bool:
         """Whether the summary was sent by the current pods' driver (after a gang restart, the dead
         driver's last phase stays in status.training until the new driver reports)."""
-        reported, attempt = parse_time(tr.reported_at), parse_time(self.st.get("attemptStartTime"))
+        reported, attempt = parse_time(tr.reported_at), parse_time(self.st.attempt_start_time)
         return reported is None or attempt is None or reported >= attempt
 
     def _sync_stuck_condition(self) -> tuple[str, str, str]:
-        sp = self.st.get("syncPhase") or {}
-        if not sp.get("timedOut") or self.phase is not Phase.RUNNING:
+        sp = self.st.sync_phase
+        if sp is None or not sp.timed_out or self.phase is not Phase.RUNNING:
             return "False", "NoSyncPhaseTimeout", ""
         if self.sync_stuck is None:  # detected by an earlier reconcile: keep its words
             prev = _condition(self.prev, "SyncStuck")
-            self.sync_stuck = prev.get("message") if prev.get("status") == "True" else \
-                f"interrupt-sync phase {sp.get('phase')} running since {sp.get('since')} > phaseTimeoutSeconds"
+            self.sync_stuck = prev.message if prev is not None and prev.status == "True" else \
+                f"interrupt-sync phase {sp.phase.value} running since {sp.since} > phaseTimeoutSeconds"
         return "True", SYNC_STUCK_REASON, self.sync_stuck or ""
 
     # -- the active state machine
@@ -381,7 +376,7 @@ class _Planner:
             self._set_phase(Phase.PENDING, "Validated", "the corrected spec was accepted")
         if self.phase is Phase.SUSPENDED:
             self._set_phase(Phase.PENDING, "Resumed", f"runPolicy.suspend is false: resuming {resume_point(spec)}")
-            self.st.pop("startTime", None)  # activeDeadlineSeconds counts from the resume
+            self.st.start_time = None  # activeDeadlineSeconds counts from the resume
 
         if self._deadlines(rp.active_deadline_seconds, rp.pre_running_deadline_seconds):
             return
@@ -394,14 +389,14 @@ class _Planner:
             return
 
         # Initializing / Running: watch every desired pod of the current epoch.
-        epoch = int(self.st["epoch"])
+        epoch = self.st.epoch
         driver = pods.get(names.pod_name(self.job.ref.name, Role.DRIVER, 0))
         if driver is not None and driver.epoch == epoch:
             # A driver stopped by SIGTERM (preemption, drain) checkpoints and exits 0 too: a terminating
             # driver pod is a lost gang pod (restart from that checkpoint), not a finished job.
             if driver.phase == "Succeeded" and not driver.terminating:
                 self._set_phase(Phase.SUCCEEDED, "Completed", "the driver finished training")
-                self.st["completionTime"] = self._now()
+                self.st.completion_time = self._now()
                 return
             if driver.phase == "Failed" and driver.exit_code == INVALID_SPEC_EXIT_CODE:
                 said = driver.termination_message.strip() or f"see `kubectl logs {driver.name}`"
@@ -443,7 +438,7 @@ class _Planner:
         pods = self.obs.pods
         missing = [n for n in self.desired.pods if n not in pods]
         if missing and self.create_failing:
-            after = parse_time(self.st.get("restartAfter"))
+            after = parse_time(self.st.restart_after)
             if after is not None and after > self.now:
                 self.create_retry_due = True  # the backoff of the failed create is not over yet
                 self.out.requeue((after - self.now).total_seconds())
@@ -452,7 +447,7 @@ class _Planner:
                     self._create_pod(name, "CreatedPod", f"created pod {name} (retry after a failed create)")
             missing = []
         for name in missing:  # only rollout pods can be missing here: replace alone
-            self.st["rolloutReplacements"] = int(self.st["rolloutReplacements"]) + 1
+            self.st.rollout_replacements += 1
             self._create_pod(name, "ReplacedRolloutPod", f"rollout pod {name} was lost; replaced alone")
         for name, seen in pods.items():
             if name in self.desired.pods and (seen.phase == "Failed" or seen.epoch != epoch):
@@ -463,7 +458,7 @@ class _Planner:
                 self._delete_pod(seen, "DeletedPod", f"pod {name} is not desired (spec changed)")
 
     def _deadlines(self, active: int | None, pre_running: int | None) -> bool:
-        started = self._elapsed("startTime")
+        started = self._elapsed(self.st.start_time)
         if active is not None and started is not None and started > active:
             self._fail("DeadlineExceeded", f"activeDeadlineSeconds={active} exceeded ({started:.0f} s)")
             return True
@@ -472,7 +467,7 @@ class _Planner:
         # Per attempt: only the Initializing of the current pods counts. A restart after hours of
         # training starts a fresh clock, and the backoff wait (Restarting) or a Pending start
         # waiting for old pods to go is not "stuck initializing".
-        attempt = self._elapsed("attemptStartTime")
+        attempt = self._elapsed(self.st.attempt_start_time)
         if pre_running is None or attempt is None or self.phase is not Phase.INITIALIZING:
             return False
         if attempt > pre_running:
@@ -503,14 +498,15 @@ class _Planner:
             return
         for name in self.desired.pods:
             self._create_pod(name, "CreatedPod", f"created pod {name}")
-        self.st.setdefault("startTime", self._now())
-        self.st["attemptStartTime"] = self._now()
+        if self.st.start_time is None:
+            self.st.start_time = self._now()
+        self.st.attempt_start_time = self._now()
         self._set_phase(Phase.INITIALIZING, "PodsCreated", message)
         if isinstance(self.spec, AsyncRLJobSpec) and self.spec.run_policy.pre_running_deadline_seconds is not None:
             self.out.requeue(self.spec.run_policy.pre_running_deadline_seconds)  # this attempt's own clock
 
     def _gang_failure(self, spec: AsyncRLJobSpec, lost: list[str]) -> None:
-        pods, epoch = self.obs.pods, int(self.st["epoch"])
+        pods, epoch = self.obs.pods, self.st.epoch
         lines, preempted = [], False
         for name in lost:
             p = pods.get(name)
@@ -526,22 +522,22 @@ class _Planner:
         what = "; ".join(lines)
         rp = spec.run_policy
         if preempted:
-            n = int(self.st["preemptions"]) + 1
+            n = self.st.preemptions + 1
             if n > rp.preemption_limit:
                 self._fail("PreemptionLimitExceeded", f"{what}; preemptionLimit={rp.preemption_limit} reached")
                 return
-            self.st["preemptions"] = n
+            self.st.preemptions = n
             self.out.preemptions += 1
             delay = self.cfg.restart_delay(1)
             cause = "Preempted"
             msg = (f"{what}; preemption {n}/{rp.preemption_limit} (not counted against backoffLimit), "
                    f"restarting {resume_point(spec)} in {delay:g} s")
         else:
-            restarts = int(self.st["restarts"]) + 1
+            restarts = self.st.restarts + 1
             if restarts > rp.backoff_limit:
                 self._fail("BackoffLimitExceeded", f"{what}; backoffLimit={rp.backoff_limit} reached")
                 return
-            self.st["restarts"] = restarts
+            self.st.restarts = restarts
             self.out.counted_restarts += 1
             delay = self.cfg.restart_delay(restarts)
             cause = "PodFailed"
@@ -556,8 +552,8 @@ class _Planner:
                            f"{resume_point(spec)} (not counted against backoffLimit)", 0.0)
 
     def _restart_gang(self, cause: str, message: str, delay: float) -> None:
-        self.st["epoch"] = int(self.st["epoch"]) + 1
-        self.st["restartAfter"] = rfc3339(self.now + dt.timedelta(seconds=delay))
+        self.st.epoch += 1
+        self.st.restart_after = rfc3339(self.now + dt.timedelta(seconds=delay))
         self._set_phase(Phase.RESTARTING, cause, message)
         for p in self.obs.pods.values():
             self._delete_pod(p, "DeletedPod", f"gang restart ({cause})")
@@ -570,11 +566,11 @@ class _Planner:
         if leftover:
             self.out.requeue(1.0)
             return
-        after = parse_time(self.st.get("restartAfter"))
+        after = parse_time(self.st.restart_after)
         if after is not None and after > self.now:
             self.out.requeue((after - self.now).total_seconds())
             return
-        self._start_pods(f"restart (epoch {self.st['epoch']}): resuming {self._resume_point()}")
+        self._start_pods(f"restart (epoch {self.st.epoch}): resuming {self._resume_point()}")
 
     # -- status pieces
     def _replicas(self) -> None:
@@ -591,9 +587,9 @@ class _Planner:
             elif slot.role is Role.DRIVER:
                 driver_ready = ok
         (rr, rd), (ar, ad) = counts[Role.ROLLOUT], counts[Role.ACTOR]
-        self.st["replicas"] = {"rollout": f"{rr}/{rd}", "actor": f"{ar}/{ad}", "rolloutReady": rr,
-                               "rolloutDesired": rd, "actorReady": ar, "actorDesired": ad,
-                               "driverReady": driver_ready}
+        self.st.replicas = ReplicaCounts(rollout=f"{rr}/{rd}", actor=f"{ar}/{ad}", rollout_ready=rr,
+                                         rollout_desired=rd, actor_ready=ar, actor_desired=ad,
+                                         driver_ready=driver_ready)
 
     def _waiting_reasons(self) -> None:
         """While Initializing, why pods are not running yet goes to ``status.message``, the PodsReady
@@ -602,20 +598,20 @@ class _Planner:
             return
         self.waiting = stuck_pods(self.obs.pods)
         prev = _condition(self.prev, "PodsReady")
-        before = {WAITING_FAMILY.get(r, r) for r in STUCK_REASON.findall(prev.get("message") or "")}
+        before = {WAITING_FAMILY.get(r, r) for r in STUCK_REASON.findall(prev.message if prev is not None else "")}
         for reason, pods, message in by_reason(self.waiting):
             if WAITING_FAMILY.get(reason, reason) not in before:
                 self.out.events.append(Event("Warning", reason, reason_text(reason, pods, message)))
         if self.waiting:
-            self.st["message"] = f"waiting for pods: {stuck_text(self.waiting)}"
-        elif self.prev.get("phase") == Phase.INITIALIZING.value and not self.create_retry_due:
+            self.st.message = f"waiting for pods: {stuck_text(self.waiting)}"
+        elif self.prev.phase is Phase.INITIALIZING and not self.create_retry_due:
             # The phase did not change now: say where the start-up stands instead of a stale reason.
             assert self.desired is not None
             ready = sum(1 for n in self.desired.pods if (p := self.obs.pods.get(n)) is not None and p.ready)
-            self.st["message"] = f"{ready}/{len(self.desired.pods)} pods running and ready"
+            self.st.message = f"{ready}/{len(self.desired.pods)} pods running and ready"
 
-    def _conditions(self) -> list[dict[str, Any]]:
-        ph, reason, message = self.phase, self.st.get("reason", ""), self.st.get("message", "")
+    def _conditions(self) -> list[Condition]:
+        ph, reason, message = self.phase, self.st.reason or "", self.st.message or ""
         all_ready = bool(self.desired) and all(
             (p := self.obs.pods.get(n)) is not None and p.ready and p.phase == "Running"
             for n in (self.desired.pods if self.desired else {}))
@@ -647,37 +643,31 @@ class _Planner:
     def _conflict_condition(self) -> tuple[str, str, str]:
         if self.conflicts is None:
             prev = _condition(self.prev, "ChildConflict")
-            return _triple(prev) if prev else ("False", "NoConflict", "")
+            return _triple(prev) if prev is not None else ("False", "NoConflict", "")
         if not self.conflicts:
             return "False", "NoConflict", ""
         text = "; ".join(self.conflicts)[:MESSAGE_LIMIT]
-        if _condition(self.prev, "ChildConflict").get("message") != text:
+        if (prev := _condition(self.prev, "ChildConflict")) is None or prev.message != text:
             self.out.events.append(Event("Warning", "ChildConflict", text))
         return "True", "ChildConflict", text
 
-    def _condition(self, ctype: str, status: str, why: str, msg: str) -> dict[str, Any]:
+    def _condition(self, ctype: str, status: str, why: str, msg: str) -> Condition:
         old = _condition(self.prev, ctype)
-        changed = old.get("status") != status
-        return {
-            "type": ctype,
-            "status": status,
-            "reason": why or ctype,
-            "message": msg or "",
-            "lastTransitionTime": self._now() if changed or not old.get("lastTransitionTime")
-            else old["lastTransitionTime"],
-            "observedGeneration": self.job.generation,
-        }
+        kept = old.last_transition_time if old is not None and old.status == status else ""
+        return Condition(type=ctype, status=status, reason=why or ctype, message=msg or "",
+                         last_transition_time=kept or self._now(), observed_generation=self.job.generation)
 
 
-def _condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
-    for c in status.get("conditions") or []:
-        if c.get("type") == ctype:
-            return c
-    return {}
+def _condition(status: JobStatus, ctype: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == ctype), None)
 
 
-def _triple(cond: dict[str, Any]) -> tuple[str, str, str]:
-    return cond.get("status", "Unknown"), cond.get("reason", ""), cond.get("message", "")
+def _is_true(cond: Condition | None) -> bool:
+    return cond is not None and cond.status == "True"
+
+
+def _triple(cond: Condition | None) -> tuple[str, str, str]:
+    return ("Unknown", "", "") if cond is None else (cond.status, cond.reason, cond.message)
 
 
 def _child_patch(kind: str, seen: dict[str, Any], want: dict[str, Any]) -> dict[str, Any] | None:
@@ -694,7 +684,7 @@ def _child_patch(kind: str, seen: dict[str, Any], want: dict[str, Any]) -> dict[
 
 # ---------------------------------------------------------------- failed creates (after apply)
 
-def fold_create_failures(prev_status: dict[str, Any], planned: Plan, failures: list[CreateFailure],
+def fold_create_failures(prev_status: JobStatus, planned: Plan, failures: list[CreateFailure],
                          now: dt.datetime, settings: OperatorSettings) -> Plan:
     """The plan's status and events once some of its creates were refused by the API server.
 
@@ -705,35 +695,36 @@ def fold_create_failures(prev_status: dict[str, Any], planned: Plan, failures: l
     """
     if not failures:
         return planned
-    st = dict(planned.status)
-    conds = {c["type"]: dict(c) for c in st.get("conditions") or []}
+    st = planned.status.model_copy(deep=True)
+    conds = {c.type: c for c in st.conditions}
     events = list(planned.events)
 
     def since(ctype: str) -> dt.datetime | None:
         was = _condition(prev_status, ctype)
-        return parse_time(was.get("lastTransitionTime")) if was.get("status") == "True" else None
+        return parse_time(was.last_transition_time) if was is not None and was.status == "True" else None
 
     def set_true(ctype: str, message: str) -> None:
-        conds[ctype] = {"type": ctype, "observedGeneration": st.get("observedGeneration"), **conds.get(ctype, {}),
-                        "status": "True", "reason": ctype, "message": message,
-                        "lastTransitionTime": rfc3339(since(ctype) or now)}
+        planned_cond = conds.get(ctype)
+        generation = st.observed_generation if planned_cond is None else planned_cond.observed_generation
+        conds[ctype] = Condition(type=ctype, status="True", reason=ctype, message=message,
+                                 last_transition_time=rfc3339(since(ctype) or now), observed_generation=generation)
 
     first = since("FailedCreate")
     failing_for = 0.0 if first is None else (now - first).total_seconds()
     delay = min(max(failing_for, settings.restart_backoff_seconds), settings.restart_backoff_max_seconds)
     text = "; ".join(f"create {f.kind} {f.name}: {f.code} {f.message}" for f in failures)[:MESSAGE_LIMIT]
     set_true("FailedCreate", text)
-    st["restartAfter"] = rfc3339(now + dt.timedelta(seconds=delay))
-    if st.get("phase") == Phase.INITIALIZING.value:  # recomputed there each reconcile (never left stale)
-        st["message"] = f"the API server refused to create pods, retrying in {delay:g} s: {text}"[:MESSAGE_LIMIT]
+    st.restart_after = rfc3339(now + dt.timedelta(seconds=delay))
+    if st.phase is Phase.INITIALIZING:  # recomputed there each reconcile (never left stale)
+        st.message = f"the API server refused to create pods, retrying in {delay:g} s: {text}"[:MESSAGE_LIMIT]
     events += [Event("Warning", "FailedCreate", f"create {f.kind} {f.name} refused: {f.code} {f.message}"
                      [:MESSAGE_LIMIT]) for f in failures]
     taken = "; ".join(f.message for f in failures if f.conflict)[:MESSAGE_LIMIT]
     if taken:
-        if _condition(prev_status, "ChildConflict").get("message") != taken:
+        if (was := _condition(prev_status, "ChildConflict")) is None or was.message != taken:
             events.append(Event("Warning", "ChildConflict", taken))
         set_true("ChildConflict", taken)
-    st["conditions"] = [conds[c["type"]] for c in st.get("conditions") or []]
+    st.conditions = [conds[c.type] for c in st.conditions]
     out = dataclasses.replace(planned, status=st, events=events)
     out.requeue(delay)
     return out

@@ -19,13 +19,13 @@ from kubernetes.client import ApiException
 
 from asyncrl.api.constants import API_VERSION, KIND
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.status import OPERATOR_FIELDS, Phase
 from asyncrl.api.validation import SpecError, validate_job
 from asyncrl.operator import builders, names
 from asyncrl.operator.admission import admission_problems
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.kube import Kube, server_message
 from asyncrl.operator.lifecycle import (
-    OPERATOR_FIELDS,
     Action,
     CreateFailure,
     Plan,
@@ -63,7 +63,8 @@ def job_ref(body: dict[str, Any]) -> builders.JobRef:
 
 
 def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Merge patch of the operator's fields (None deletes); empty when nothing changed."""
+    """Merge patch of the operator's fields (None deletes); empty when nothing changed. Both are the
+    status as the API server holds it: ``old`` as read, ``new`` as ``JobStatus.to_status_dict`` writes it."""
     patch = {k: v for k, v in new.items() if k in OPERATOR_FIELDS and old.get(k) != v}
     patch.update({k: None for k in OPERATOR_FIELDS if k in old and k not in new})
     return patch
@@ -223,16 +224,18 @@ class Reconciler:
             return None
         ref = job_ref(body)
         guard = trusted_status(body)  # the operator's fields from its own copy, never the driver's
-        status = guard.status
+        view = JobView.read(ref, int(body["metadata"].get("generation") or 1), guard.status)  # typed from here on
+        if unreadable := {k: v for k, v in view.unreadable.items() if k != "training"}:  # training: Degraded says it
+            log.warning("status of %s/%s: left out unreadable field(s) %s", namespace, name, unreadable)
+        status = view.status
         spec = parse_spec(body)
         # A fresh token each time: it is used only if the Secret is missing (created once, never patched).
         desired = None if isinstance(spec, SpecError) else builders.desired(
-            ref, spec, self.cfg, int(status.get("epoch") or 0), ray_token=secrets.token_urlsafe(32))
+            ref, spec, self.cfg, status.epoch, ray_token=secrets.token_urlsafe(32))
         if desired is not None and isinstance(spec, AsyncRLJobSpec) and (
                 inadmissible := admission_problems(spec, namespace, self.cfg, desired.pods)):
             spec, desired = SpecError(inadmissible), None  # ValidationFailed: nothing is created
-        observed = self.observe(ref, desired, children=full, remembered=status.get("disruptedPods"))
-        view = JobView(ref, int(body["metadata"].get("generation") or 1), status)
+        observed = self.observe(ref, desired, children=full, remembered=status.disrupted_pods)
         now = self.clock()
         p = plan(view, spec, desired, observed, now, self.cfg)
         failures: list[str] = []
@@ -248,13 +251,14 @@ class Reconciler:
             self.events(body, ev.type, ev.reason, ev.message)
         if guard.overwritten:
             self.events(body, "Warning", TAMPER_REASON, guard.message())
-        if (own := copy_patch(guard, p.status)) is not None:
+        written = p.status.to_status_dict()  # the one serialisation: the copy and the status patch carry it
+        if (own := copy_patch(guard, written)) is not None:
             self.kube.patch_job(namespace, name, own)  # first: a failed status write leaves the copy ahead
-        patch = status_patch(body.get("status") or {}, p.status)  # also rewrites what someone else changed
+        patch = status_patch(body.get("status") or {}, written)  # also rewrites what someone else changed
         if patch:
             self.kube.patch_job_status(namespace, name, patch)
-        self._forget_disruptions(ref.uid, int(p.status.get("epoch") or 0))
-        self.metrics.observe_phase(namespace, name, p.status.get("phase", "Pending"))
+        self._forget_disruptions(ref.uid, p.status.epoch)
+        self.metrics.observe_phase(namespace, name, (p.status.phase or Phase.PENDING).value)
         self.metrics.restarted(namespace, name, "failure", p.counted_restarts)
         self.metrics.restarted(namespace, name, "preemption", p.preemptions)
         self.metrics.restarted(namespace, name, "spec_change", p.spec_restarts)

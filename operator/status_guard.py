@@ -7,7 +7,7 @@ back, steer the operator: restarts past ``backoffLimit``, a deadline that never 
 ``Succeeded`` that deletes the pods. Code inside the job (a task plug-in, a reward function) runs
 with that token.
 
-So the operator keeps its own copy of every field it owns (``lifecycle.OPERATOR_FIELDS``) in the
+So the operator keeps its own copy of every field it owns (``asyncrl.api.status.OPERATOR_FIELDS``) in the
 annotation :data:`ANNOTATION` on the job object, which the driver cannot write (its Role has no verb
 on ``asyncrljobs`` itself). Each reconcile plans from that copy (:func:`trusted_status`), never from
 the status' own values of those fields; a status field that differs from the copy is rewritten
@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.api.status import OPERATOR_FIELDS
 from asyncrl.operator import names
-from asyncrl.operator.lifecycle import OPERATOR_FIELDS
 
 ANNOTATION = names.ANNOTATION_STATUS
 TAMPER_REASON = "StatusOverwritten"
