@@ -18,13 +18,16 @@ Semantics every backend keeps:
   ``hold=True`` no token is sampled anywhere until ``resume()`` (the interrupt-sync window:
   interrupt+hold, compute old logits with the resident version, update weights, resume); a
   ``generate`` called while held returns at once with its episodes unfinished, never waits.
+
+This module holds the protocol and how one episode takes a token (:func:`add_sampled_token`, the
+environment's answers, the budget); ``rollout/generation_loop.py`` the machinery both backends run around
+their token loop (weight hand-over, interrupt and hold, the token boundary); ``rollout/engine_registry.py``
+the backends by name.
 """
 
 import concurrent.futures
-import threading
-import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -179,180 +182,3 @@ def wait_any(episodes: Sequence[Episode], timeout_s: float) -> None:
     futs = [e.pending[1] for e in episodes if e.pending is not None]
     if futs:
         concurrent.futures.wait(futs, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
-
-
-class BoundaryWeightSwap:
-    """The weight hand-over both backends share (``update_weights`` in the module docstring).
-
-    ``load_weights`` applies at once and is refused while a generate runs. ``update_weights`` when idle:
-    applied now; while generating: it waits in ``_pending`` (a newer one replaces it and is counted in
-    ``counters.updates_superseded``) until the engine's loop calls :meth:`_swap_pending` at a token
-    boundary. A backend provides ``_lock``, ``_generating``, ``_pending``, ``counters``, ``_copy``
-    (a private copy of the caller's tensors, made outside the lock) and ``_apply`` (install them).
-    """
-
-    _lock: threading.Lock
-    _generating: bool
-    _pending: tuple[Any, int] | None
-    counters: Any
-    # Seconds generation stood still installing weights (``_apply`` under the lock): the sync's pause,
-    # apart from the transfer and the private copy made while generation still runs.
-    apply_seconds: float = 0.0
-
-    def _timed_apply(self, weights: Any, version: int) -> None:
-        t0 = time.perf_counter()
-        self._apply(weights, version)
-        self.apply_seconds += time.perf_counter() - t0
-
-    def _copy(self, state_dict: Mapping[str, torch.Tensor]) -> Any:
-        raise NotImplementedError
-
-    def _apply(self, weights: Any, version: int) -> None:
-        raise NotImplementedError
-
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        weights = self._copy(state_dict)
-        with self._lock:
-            if self._generating:
-                raise RuntimeError(
-                    f"{type(self).__name__}.load_weights: a generate() is running; use update_weights() to swap "
-                    "at a token boundary"
-                )
-            self._pending = None
-            self._timed_apply(weights, version)
-
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        weights = self._copy(state_dict)
-        with self._lock:
-            if not self._generating:
-                self._pending = None
-                self._timed_apply(weights, version)
-                return
-            if self._pending is not None:
-                self.counters.updates_superseded += 1
-            self._pending = (weights, version)
-
-    def _swap_pending(self) -> bool:
-        """Apply a pending update now (the caller is at a token boundary); True when there was one."""
-        with self._lock:
-            if self._pending is None:
-                return False
-            weights, version = self._pending
-            self._pending = None
-            self._timed_apply(weights, version)
-            return True
-
-
-class BoundaryEngine(BoundaryWeightSwap):
-    """What both backends share around their token loop: the weight hand-over (above), ``interrupt``
-    with ``hold``, ``resume`` and the frame of ``generate`` (one call at a time, the held check, the
-    generating state, the interrupt count, the deferred swap).
-
-    A backend calls :meth:`_init_boundary` in its constructor and provides ``_begin`` (under the lock:
-    raise when it cannot generate, else return what its loop needs), ``_loop_rows`` (the token loop; at
-    each boundary it checks ``_interrupt_req`` and stores ``_snapshots``) and optionally ``_end`` (cleanup
-    after the loop, before the state is cleared).
-    """
-
-    _version: int  # the loaded weights' version (the backend sets it)
-    _released: bool  # the engine's memory is released (the backend sets it)
-    _interrupt_req: threading.Event
-    _running: threading.Event
-    _stopped: threading.Event
-    _gen_lock: threading.Lock
-    _snapshots: list[Trajectory]
-
-    def _init_boundary(self) -> None:
-        self._lock = threading.Lock()  # guards _pending, _generating, _snapshots (and the backend's state)
-        self._gen_lock = threading.Lock()  # one generate at a time
-        self._pending = None
-        self._generating = False
-        self._interrupt_req = threading.Event()
-        self._running = threading.Event()  # cleared by interrupt(hold=True) until resume()
-        self._running.set()
-        self._stopped = threading.Event()
-        self._snapshots = []
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def _begin(self, seed: int | None) -> Any:
-        raise NotImplementedError
-
-    def _loop_rows(self, episodes: list[Episode], max_new_tokens: int, temperature: float,
-                   partial_rollout: bool, state: Any) -> None:
-        raise NotImplementedError
-
-    def _end(self) -> None:
-        """After the token loop (also when it raised), before the generating state is cleared."""
-
-    def interrupt(self, timeout_s: float = 30.0, *, hold: bool = False) -> list[Trajectory]:
-        with self._lock:
-            if hold:
-                self._running.clear()
-            if not self._generating:
-                return []
-            self._interrupt_req.set()
-        if not self._stopped.wait(timeout_s):
-            raise TimeoutError(
-                f"{type(self).__name__}.interrupt: generate() did not reach a token boundary within {timeout_s} s"
-            )
-        with self._lock:
-            return list(self._snapshots)
-
-    def resume(self) -> None:
-        with self._lock:
-            self._running.set()
-
-    @property
-    def held(self) -> bool:
-        return not self._running.is_set()
-
-    def generate(
-        self,
-        episodes: Sequence[Episode],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        partial_rollout: bool = True,
-        seed: int | None = None,
-    ) -> list[Episode]:
-        name = type(self).__name__
-        if temperature <= 0:
-            raise ValueError(f"{name}.generate: temperature must be > 0, got {temperature}")
-        if not self._gen_lock.acquire(blocking=False):
-            raise RuntimeError(f"{name}.generate: another generate() is running on this engine")
-        try:
-            with self._lock:
-                if not self._running.is_set():
-                    # Held (interrupt(hold=True) ... resume()): a generate arriving now samples nothing and
-                    # returns at once, its episodes unfinished (resumable), exactly like an interrupted one.
-                    # Waiting instead would keep its caller -- and whoever waits for it, e.g. a driver
-                    # collecting calls in flight before an interrupt-sync window -- blocked until resume().
-                    return list(episodes)
-                state = self._begin(seed)  # raises when released / never loaded
-                self._generating = True
-                self._snapshots = []
-                self._interrupt_req.clear()
-                self._stopped.clear()
-            try:
-                self._loop_rows(list(episodes), max_new_tokens, temperature, partial_rollout, state)
-            finally:
-                try:
-                    self._end()
-                finally:
-                    with self._lock:
-                        self._generating = False
-                        if self._interrupt_req.is_set():
-                            self.counters.interrupts += 1
-                        self._interrupt_req.clear()
-                    self._stopped.set()
-                    self._swap_pending()  # partial_rollout False: the batch finished under the old weights
-        finally:
-            self._gen_lock.release()
-        return list(episodes)

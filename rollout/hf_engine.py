@@ -21,25 +21,17 @@ same temperature-scaled distribution, so the actor must divide its logits by ``T
 
 import gc
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from asyncrl.api.model_arch import ModelArch
-from asyncrl.rollout.engine import (
-    BoundaryEngine,
-    EngineReleasedError,
-    RolloutError,
-    add_sampled_token,
-    end_at_budget,
-    settle,
-    wait_any,
-)
+from asyncrl.rollout.engine import EngineReleasedError, add_sampled_token, end_at_budget, settle, wait_any
 from asyncrl.rollout.episode import Episode
+from asyncrl.rollout.generation_loop import Boundary, BoundaryEngine, TokenBatch
 from asyncrl.rollout.hf_model import LM_HEAD, build_model, load_hf_state_dict, torch_dtype
-from asyncrl.rollout.trajectory import NO_VERSION, TrajectoryStatus
+from asyncrl.rollout.trajectory import NO_VERSION
 
 StateDict = Mapping[str, torch.Tensor]
 NORM = "model.norm.weight"
@@ -59,7 +51,7 @@ class EngineCounters:
     interrupts: int = 0
 
 
-class HFEngine(BoundaryEngine):
+class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, torch.Generator]]):
     """Samples episodes with the transformers model of ``arch``'s family (``rollout/hf_model.build_model``).
 
     Args:
@@ -74,6 +66,8 @@ class HFEngine(BoundaryEngine):
             than rl-on-cpu.md §5b reports for its variant.
         device: ``"cuda"``, ``"cpu"`` or None: CUDA when available, else the CPU.
     """
+
+    counters: EngineCounters
 
     def __init__(
         self,
@@ -217,96 +211,75 @@ class HFEngine(BoundaryEngine):
         sampler: torch.Generator,
         captured: list[torch.Tensor],
     ) -> None:
-        rows = [e for e in episodes if not e.done]
-        for e in rows:
-            if e.new_tokens >= max_new_tokens:
-                e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
-        rows = [e for e in rows if not e.done]
-        need_prefill = True
-        cache: DynamicCache | None = None
-        attn = last_pos = torch.empty(0)
-        fresh = [True] * len(rows)  # row appended a token the model has not read yet (False: waiting for its env)
-        while True:
-            # ---- token boundary: weight swap (partial rollout), interrupt, end of batch
-            if partial_rollout and self._swap_pending():
-                model = self.model
-                need_prefill = True  # the old cache was computed with the old weights
-                if rows:
-                    self.counters.swaps_in_flight += 1
-            if self._interrupt_req.is_set():
-                with self._lock:
-                    self._snapshots = [e.to_trajectory(TrajectoryStatus.INTERRUPTED) for e in rows]
-                return
-            if not rows:
-                return
-            if not need_prefill and not any(fresh):
+        batch = TokenBatch.start(self, episodes, max_new_tokens, partial_rollout=partial_rollout)
+        kv = _Decode(fresh=[True] * len(batch.rows))
+        while (at := batch.boundary()) is not Boundary.STOP:
+            if at is Boundary.SWAPPED:
+                model, kv.need_prefill = self.model, True  # the old cache was computed with the old weights
+            rows = batch.rows
+            if not kv.need_prefill and not any(kv.fresh):
                 # every row waits for its environment: block briefly (no forward on pads), then force
                 # the answers that arrived; the loop comes back to the boundary checks either way
                 wait_any(rows, 0.05)
-                fresh = self._settle_waiting(rows, max_new_tokens)
-                keep = [i for i, e in enumerate(rows) if not e.done]
-                rows, fresh, attn, last_pos = self._compact(keep, rows, fresh, attn, last_pos, cache)
+                kv.fresh = self._settle_waiting(rows, max_new_tokens)
+                batch.rows = self._compact([i for i, e in enumerate(rows) if not e.done], rows, kv)
                 continue
             version = self._version
             try:
                 with torch.inference_mode():
-                    if need_prefill:
-                        ids, attn, pos = (t.to(self.device) for t in _left_pad([e.tokens for e in rows], self.pad_id))
-                        cache = DynamicCache(config=model.config)
-                        out = model(
-                            input_ids=ids,
-                            attention_mask=attn,
-                            position_ids=pos,
-                            cache=cache,
-                            use_cache=True,
-                            logits_to_keep=1,
-                        )
-                        last_pos = pos[:, -1]
-                        need_prefill = False
-                        self.counters.prefills += 1
-                    else:
-                        # a waiting row reads a masked pad and keeps its position (it samples nothing)
-                        ids = torch.tensor([[e.tokens[-1] if f else self.pad_id] for e, f in zip(rows, fresh, strict=True)],
-                                           dtype=torch.long, device=self.device)
-                        step = torch.tensor(fresh, dtype=torch.long, device=self.device)
-                        attn = torch.cat([attn, step[:, None].to(attn.dtype)], dim=1)
-                        last_pos = last_pos + step
-                        out = model(
-                            input_ids=ids,
-                            attention_mask=attn,
-                            position_ids=last_pos[:, None],
-                            cache=cache,
-                            use_cache=True,
-                        )
-                        self.counters.decode_steps += 1
-                    logits = self._fp32_logits(captured[-1]) if captured else out.logits[:, -1, :].float()
-                    captured.clear()
-                    # [B, V] fp32 log-probs of the temperature-scaled sampling distribution
-                    logp = torch.log_softmax(logits / temperature, dim=-1)
-                    sampled = torch.multinomial(logp.exp(), 1, generator=sampler)  # [B, 1]
-                    sampled_logp = logp.gather(1, sampled).squeeze(1)  # [B]
+                    sampled, sampled_logp = self._sample(model, rows, kv, temperature, sampler, captured)
             except Exception as exc:
-                tasks = ",".join(sorted({e.task for e in rows}))
-                raise RolloutError(
-                    f"engine forward failed: {exc!r}", task=tasks, traj_ids=[e.traj_id for e in rows]
-                ) from exc
-            keep, fresh = self._advance(
+                raise batch.failure(f"engine forward failed: {exc!r}") from exc
+            keep, kv.fresh = self._advance(
                 rows, sampled.squeeze(1).tolist(), sampled_logp.tolist(), version, max_new_tokens
             )
-            rows, fresh, attn, last_pos = self._compact(keep, rows, fresh, attn, last_pos, cache)
+            batch.rows = self._compact(keep, rows, kv)
 
-    def _compact(
-        self, keep: list[int], rows: list[Episode], fresh: list[bool], attn: torch.Tensor, last_pos: torch.Tensor,
-        cache: Any,
-    ) -> tuple[list[Episode], list[bool], torch.Tensor, torch.Tensor]:
-        """Drop the finished rows from the batch: ``keep`` indexes the rows that go on; ``attn`` [B, L] and
-        ``last_pos`` [B] and the KV cache (batch dimension) are cut to them."""
+    def _sample(
+        self, model: PreTrainedModel, rows: list[Episode], kv: "_Decode", temperature: float,
+        sampler: torch.Generator, captured: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over ``rows`` (the whole prefixes when ``kv.need_prefill``, else one token each) and
+        one token sampled per row -> ``(sampled [B, 1], its log-prob [B])`` under ``softmax(z / T)``."""
+        if kv.need_prefill:
+            ids, kv.attn, pos = (t.to(self.device) for t in _left_pad([e.tokens for e in rows], self.pad_id))
+            kv.cache = DynamicCache(config=model.config)
+            out = model(
+                input_ids=ids, attention_mask=kv.attn, position_ids=pos, cache=kv.cache, use_cache=True,
+                logits_to_keep=1,
+            )
+            kv.last_pos = pos[:, -1]
+            kv.need_prefill = False
+            self.counters.prefills += 1
+        else:
+            # a waiting row reads a masked pad and keeps its position (it samples nothing)
+            ids = torch.tensor([[e.tokens[-1] if f else self.pad_id] for e, f in zip(rows, kv.fresh, strict=True)],
+                               dtype=torch.long, device=self.device)
+            step = torch.tensor(kv.fresh, dtype=torch.long, device=self.device)
+            kv.attn = torch.cat([kv.attn, step[:, None].to(kv.attn.dtype)], dim=1)
+            kv.last_pos = kv.last_pos + step
+            out = model(
+                input_ids=ids, attention_mask=kv.attn, position_ids=kv.last_pos[:, None], cache=kv.cache,
+                use_cache=True,
+            )
+            self.counters.decode_steps += 1
+        logits = self._fp32_logits(captured[-1]) if captured else out.logits[:, -1, :].float()
+        captured.clear()
+        # [B, V] fp32 log-probs of the temperature-scaled sampling distribution
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        sampled = torch.multinomial(logp.exp(), 1, generator=sampler)  # [B, 1]
+        return sampled, logp.gather(1, sampled).squeeze(1)
+
+    def _compact(self, keep: list[int], rows: list[Episode], kv: "_Decode") -> list[Episode]:
+        """Drop the finished rows from the batch: ``keep`` indexes the rows that go on; ``kv.attn`` [B, L],
+        ``kv.last_pos`` [B], ``kv.fresh`` and the KV cache (batch dimension) are cut to them."""
         if len(keep) == len(rows):
-            return rows, fresh, attn, last_pos
+            return rows
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        if cache is not None and keep:
-            cache.batch_select_indices(idx)
-        return [rows[i] for i in keep], [fresh[i] for i in keep], attn[idx], last_pos[idx]
+        if kv.cache is not None and keep:
+            kv.cache.batch_select_indices(idx)
+        kv.fresh, kv.attn, kv.last_pos = [kv.fresh[i] for i in keep], kv.attn[idx], kv.last_pos[idx]
+        return [rows[i] for i in keep]
 
     def _advance(
         self, rows: list[Episode], tokens: list[int], logps: list[float], version: int, max_new_tokens: int
@@ -344,6 +317,17 @@ class HFEngine(BoundaryEngine):
                 appended = True
             fresh.append(appended)
         return fresh
+
+
+@dataclass
+class _Decode:
+    """The lock-step decode's state over the rows in flight (row ``b`` of each is episode ``rows[b]``)."""
+
+    fresh: list[bool]  # row appended a token the model has not read yet (False: waiting for its env)
+    need_prefill: bool = True  # next forward reads whole prefixes (batch start, after a weight swap)
+    cache: DynamicCache | None = None
+    attn: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B, L] attention mask
+    last_pos: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B] position of each row's last token
 
 
 def _left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -38,15 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from asyncrl.rollout.engine import (
-    BoundaryEngine,
-    EngineReleasedError,
-    RolloutError,
-    add_sampled_token,
-    end_at_budget,
-)
+from asyncrl.rollout.engine import EngineReleasedError, RolloutError, add_sampled_token, end_at_budget
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.trajectory import NO_VERSION, TrajectoryStatus
+from asyncrl.rollout.generation_loop import Boundary, BoundaryEngine, TokenBatch
+from asyncrl.rollout.trajectory import NO_VERSION
 from asyncrl.rollout.vllm_process import EngineProcess, VLLMProcessError
 
 if TYPE_CHECKING:
@@ -160,7 +155,7 @@ class VLLMCounters:
 Weights = tuple[list[str], list[np.ndarray]]
 
 
-class VLLMEngine(BoundaryEngine):
+class VLLMEngine(BoundaryEngine[Weights, random.Random]):
     """Samples episodes with vLLM in an engine process (see the module docstring).
 
     Args:
@@ -171,6 +166,8 @@ class VLLMEngine(BoundaryEngine):
         engine_args: ``spec.rollout.engineArgs`` (:data:`VLLM_ENGINE_ARGS`).
         python: the vLLM interpreter (default: :func:`~asyncrl.rollout.vllm_process.vllm_python`).
     """
+
+    counters: VLLMCounters
 
     def __init__(
         self,
@@ -329,74 +326,75 @@ class VLLMEngine(BoundaryEngine):
         partial_rollout: bool,
         rng: random.Random,
     ) -> None:
-        rows = [e for e in episodes if not e.done]
-        for e in rows:
-            if e.new_tokens >= max_new_tokens:
-                e.finish(TrajectoryStatus.TRUNCATED, e.env.truncated_reward, False, "maxNewTokens reached")
-        rows = [e for e in rows if not e.done]
+        # Before a swap: the requests' KV cache holds old-weight keys/values; abort them first (the prefix
+        # cache can only be reset with no request running), then resubmit each with its prefix (recomputed).
+        batch = TokenBatch.start(self, episodes, max_new_tokens, partial_rollout=partial_rollout,
+                                 before_swap=lambda: self.proc.call("abort_all"))
         live: dict[str, Episode] = {}  # request id -> its episode (in vLLM now)
-        submit = list(rows)  # episodes needing a request (new, resumed, after an environment answer)
+        submit = list(batch.rows)  # episodes needing a request (new, resumed, after an environment answer)
         aborts: list[str] = []
-        while True:
-            # ---- token boundary: weight swap (partial rollout), interrupt, end of batch
-            if partial_rollout and self._pending is not None:
-                # Their KV cache holds old-weight keys/values: abort them first (the prefix cache can only
-                # be reset with no request running), swap, resubmit each with its prefix (recomputed).
-                self.proc.call("abort_all")
+        while (at := batch.boundary()) is not Boundary.STOP:
+            if at is Boundary.SWAPPED:
                 live.clear()
-                aborts = []
-                if self._swap_pending() and rows:
-                    self.counters.swaps_in_flight += 1
-                submit = list(rows)
-            if self._interrupt_req.is_set():
-                with self._lock:
-                    self._snapshots = [e.to_trajectory(TrajectoryStatus.INTERRUPTED) for e in rows]
-                return
-            adds = []
-            for e in submit:
-                if self._force(e, max_new_tokens):
-                    rows.remove(e)
-                    continue
-                rid = f"{e.traj_id}#{self._next_id}"
-                self._next_id += 1
-                live[rid] = e
-                adds.append(
-                    {
-                        "id": rid,
-                        "tokens": list(e.tokens),
-                        "max_tokens": max_new_tokens - e.new_tokens,
-                        "temperature": float(temperature),
-                        "seed": rng.randrange(2**31),
-                    }
-                )
-            submit = []
+                aborts, submit = [], list(batch.rows)
+            adds = self._requests(submit, batch.rows, live, max_new_tokens, temperature, rng)
             self.counters.submits += len(adds)
-            if not rows:
+            if not batch.rows:
                 return
             version = self._version
             try:
                 outputs = self.proc.call("step", aborts=aborts, adds=adds)
             except VLLMProcessError as exc:
-                tasks = ",".join(sorted({e.task for e in rows}))
-                raise RolloutError(f"vLLM step failed: {exc}", task=tasks, traj_ids=[e.traj_id for e in rows]) from exc
-            aborts = []
+                raise batch.failure(f"vLLM step failed: {exc}") from exc
             self.counters.steps += 1
-            for rid, tokens, logps, finished in outputs:
-                ep = live.get(rid)
-                if ep is None:
-                    continue  # a request aborted at this boundary
-                for tok, lp in zip(tokens, logps, strict=True):
-                    self._sampled(ep, tok, lp, version, max_new_tokens)
-                    if ep.done or ep.forced:
-                        break
-                if ep.done or ep.forced or finished:
-                    del live[rid]
-                    if not finished:
-                        aborts.append(rid)
-                    if ep.done:
-                        rows.remove(ep)
-                    else:
-                        submit.append(ep)  # environment answer to force (or vLLM stopped early): resubmit
+            aborts, submit = self._take(outputs, live, batch.rows, version, max_new_tokens)
+
+    def _requests(self, submit: list[Episode], rows: list[Episode], live: dict[str, Episode], max_new_tokens: int,
+                  temperature: float, rng: random.Random) -> list[dict[str, Any]]:
+        """A new request per episode of ``submit`` (its queued environment tokens forced first; one that
+        this ends leaves ``rows``), each recorded in ``live``; returns the ``step`` command's ``adds``."""
+        adds = []
+        for e in submit:
+            if self._force(e, max_new_tokens):
+                rows.remove(e)
+                continue
+            rid = f"{e.traj_id}#{self._next_id}"
+            self._next_id += 1
+            live[rid] = e
+            adds.append(
+                {
+                    "id": rid,
+                    "tokens": list(e.tokens),
+                    "max_tokens": max_new_tokens - e.new_tokens,
+                    "temperature": float(temperature),
+                    "seed": rng.randrange(2**31),
+                }
+            )
+        return adds
+
+    def _take(self, outputs: list[tuple[str, list[int], list[float], bool]], live: dict[str, Episode],
+              rows: list[Episode], version: int, max_new_tokens: int) -> tuple[list[str], list[Episode]]:
+        """Append one ``step``'s tokens to their episodes (stamped ``version``); returns the requests to abort
+        at the next step and the episodes to resubmit. An episode that ends leaves ``live`` and ``rows``."""
+        aborts: list[str] = []
+        submit: list[Episode] = []
+        for rid, tokens, logps, finished in outputs:
+            ep = live.get(rid)
+            if ep is None:
+                continue  # a request aborted at this boundary
+            for tok, lp in zip(tokens, logps, strict=True):
+                self._sampled(ep, tok, lp, version, max_new_tokens)
+                if ep.done or ep.forced:
+                    break
+            if ep.done or ep.forced or finished:
+                del live[rid]
+                if not finished:
+                    aborts.append(rid)
+                if ep.done:
+                    rows.remove(ep)
+                else:
+                    submit.append(ep)  # environment answer to force (or vLLM stopped early): resubmit
+        return aborts, submit
 
     def _force(self, e: Episode, max_new_tokens: int) -> bool:
         """Append the queued environment tokens of ``e``; True when that ends it (token budget)."""
