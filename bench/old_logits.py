@@ -297,7 +297,7 @@ def ewma_held_bytes(spec: Any) -> int:
     from asyncrl.api.model_arch import resolve_arch
     from asyncrl.rollout.tokenizer import tokenizer_for
     from asyncrl.rollout.vllm_engine import hf_weight_shapes
-    from asyncrl.trainer.correction.ewma import EwmaController
+    from asyncrl.trainer.correction.ewma_controller import EwmaController
 
     arch = resolve_arch(spec.model, tokenizer_for(spec.model).vocab_size)
     weights = {k: torch.randn(s) for k, s in hf_weight_shapes(arch).items()}

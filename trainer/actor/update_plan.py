@@ -126,7 +126,7 @@ class LossShare:
 def in_bounds_ratio(stats: CorrectionStats[float]) -> float:
     """Share of valid tokens whose (level-aggregated) ``r_d`` lies inside ``mask.bounds``, whatever
     ``mask.mode``: ``1 - (rd_below_tokens + rd_above_tokens) / valid_tokens`` (1 when none is valid).
-    The EWMA reset reads it (:mod:`asyncrl.trainer.correction.ewma`): the keep ratio under ``mask``
+    The EWMA reset reads it (:mod:`asyncrl.trainer.correction.ewma_controller`): the keep ratio under ``mask``
     (vetoed sequences aside) that ``truncate`` and ``none`` would have, where nothing is rejected."""
     if stats.valid_tokens <= 0:
         return 1.0

@@ -10,7 +10,7 @@ from asyncrl.trainer.correction.discrepancy import (
     ModeRule,
     discrepancy_weights,
 )
-from asyncrl.trainer.correction.ewma import EwmaController, EwmaStepReport
+from asyncrl.trainer.correction.ewma_controller import EwmaController, EwmaStepReport
 from asyncrl.trainer.correction.loss import CorrectionResult, correction_loss, decoupled_pg_loss
 from asyncrl.trainer.correction.stats import METRICS, CorrectionStats, MetricDoc, metrics_markdown
 

@@ -3,7 +3,7 @@
 Cost: one weight copy (``theta_prox``, kept here) and one no-grad forward per batch (at its arrival;
 the result is held across the batch's minibatches and epochs). ``theta_prox`` folds in the weights
 once per version, after all the batch's updates (the controller's module docstring says why). The EWMA math
-(decay, bias correction, resets) is :class:`asyncrl.trainer.correction.ewma.EwmaController`; this
+(decay, bias correction, resets) is :class:`asyncrl.trainer.correction.ewma_controller.EwmaController`; this
 provider owns the controller, starts it from the weights RL starts with, feeds it every update and
 checkpoints it.
 
@@ -26,7 +26,7 @@ from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits.protocol import Scorer
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.correction.ewma import EwmaController
+    from asyncrl.trainer.correction.ewma_controller import EwmaController
 
 
 def same_on_every_rank(flag: bool, what: str) -> None:
@@ -60,7 +60,7 @@ class EwmaProvider:
     def _ensure(self, scorer: Scorer) -> "EwmaController":
         if self.controller is None:
             # Imported here: asyncrl.trainer.correction re-exports names of this package (no cycle).
-            from asyncrl.trainer.correction.ewma import EwmaController
+            from asyncrl.trainer.correction.ewma_controller import EwmaController
 
             self.controller = EwmaController.from_spec(self.spec, max_staleness=self.max_staleness)
             self.controller.init(scorer.named_weights())
@@ -96,7 +96,7 @@ class EwmaProvider:
         if state["ewma"] is None:
             self.controller = None
             return
-        from asyncrl.trainer.correction.ewma import EwmaController
+        from asyncrl.trainer.correction.ewma_controller import EwmaController
 
         self.controller = EwmaController.from_spec(self.spec, max_staleness=self.max_staleness)
         self.controller.load_state_dict(state["ewma"])

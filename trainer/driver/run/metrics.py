@@ -21,7 +21,7 @@ from prometheus_client.exposition import start_http_server
 
 from asyncrl.api.correction import ReferencePolicy
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
-from asyncrl.trainer.correction.ewma import ResetReason
+from asyncrl.trainer.correction.ewma_controller import ResetReason
 
 REFERENCES = tuple(r.value for r in ReferencePolicy)
 TRAJECTORY_STATUSES = ("finished", "truncated", "aborted")
