@@ -10,7 +10,7 @@ import torch
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.hosts.fleet import RolloutHost
 from asyncrl.trainer.driver.hosts.ray_env import local_ray
-from asyncrl.trainer.driver.loop.stages import sync_report
+from asyncrl.trainer.driver.loop.stage import sync_report
 from asyncrl.trainer.megatron.convert import hf_shapes
 from asyncrl.trainer.weight_sync.buckets import pack_buckets
 from asyncrl.trainer.weight_sync.objectstore import publish

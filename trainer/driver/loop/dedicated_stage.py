@@ -24,14 +24,16 @@ stage connects both to the loop:
 import time
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver.loop import weight_sync
-from asyncrl.trainer.driver.loop.stages import Stage
+from asyncrl.trainer.driver.loop.stage import Stage
 from asyncrl.trainer.driver.loop.staleness import Group
+from asyncrl.trainer.driver.loop.view import LoopView
+from asyncrl.trainer.driver.run.step_report import WeightSync
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.driver.loop.view import LoopView
-    from asyncrl.trainer.driver.run.step_report import WeightSync
+    from ray import ObjectRef
 
 
 class DedicatedStage(Stage):
@@ -39,7 +41,7 @@ class DedicatedStage(Stage):
 
     name = "dedicated"
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: AsyncRLJobSpec) -> None:
         self.spec = spec
         self.plan: Any = None
         self.fleet: Any = None
@@ -47,7 +49,7 @@ class DedicatedStage(Stage):
         self.waits = 0
         self._replaced_seen = 0
 
-    def start(self, loop: "LoopView") -> None:
+    def start(self, loop: LoopView) -> None:
         from asyncrl.trainer.driver.hosts.fleet import dedicated_spawner
         from asyncrl.trainer.oldlogits.dedicated_fleet import DedicatedFleet
         from asyncrl.trainer.oldlogits.dedicated_plan import DedicatedPlan
@@ -64,10 +66,10 @@ class DedicatedStage(Stage):
         self.fleet.dispatch()
 
     # ---------------------------------------------------------------- what happened
-    def admitted(self, loop: "LoopView", ref: Any, version: int) -> None:
+    def admitted(self, loop: LoopView, ref: "ObjectRef", version: int) -> None:
         self.plan.admitted(ref, version)
 
-    def returned(self, loop: "LoopView", ref: Any, trajs: list[Trajectory]) -> None:
+    def returned(self, loop: LoopView, ref: "ObjectRef", trajs: list[Trajectory]) -> None:
         unscorable = self.plan.returned(ref, trajs)
         if unscorable:  # the plan's admission rule was broken: a bug, never trained with a wrong pi_old
             raise RuntimeError(
@@ -76,23 +78,20 @@ class DedicatedStage(Stage):
             )
         self.fleet.dispatch()
 
-    def released(self, loop: "LoopView", trajs: list[Trajectory]) -> None:
+    def released(self, loop: LoopView, trajs: list[Trajectory]) -> None:
         self.plan.released(t.traj_id for t in trajs)
 
     # ---------------------------------------------------------------- the loop's waits
-    def refs(self) -> list[Any]:
+    def refs(self) -> list["ObjectRef"]:
         return self.fleet.refs() if self.fleet is not None else []
 
-    def owns(self, ref: Any) -> bool:
-        return self.fleet is not None and self.fleet.owns(ref)
-
-    def collect(self, loop: "LoopView", ref: Any) -> None:
+    def collect(self, loop: LoopView, ref: "ObjectRef") -> None:
         self.fleet.collect(ref)
         if self.fleet.replaced > self._replaced_seen:
             loop.m.worker_replacements.labels("oldlogits").inc(self.fleet.replaced - self._replaced_seen)
             self._replaced_seen = self.fleet.replaced
 
-    def before_train(self, loop: "LoopView", groups: list[Group]) -> None:
+    def before_train(self, loop: LoopView, groups: list[Group]) -> None:
         trajs = [t for g in groups for t in g]
         t0 = time.monotonic()
         gate = self.plan.gate(trajs, loop.version)
@@ -109,10 +108,10 @@ class DedicatedStage(Stage):
         loop.m.oldlogits_lag.set(gate.lag)
         loop.step_extra["dedicated_wait_s"] = round(took, 4)
 
-    def trained(self, loop: "LoopView", groups: list[Group]) -> None:
+    def trained(self, loop: LoopView, groups: list[Group]) -> None:
         self.released(loop, [t for g in groups for t in g])
 
-    def sync_weights(self, loop: "LoopView", weights: Any, version: int) -> "WeightSync":
+    def sync_weights(self, loop: LoopView, weights: Any, version: int) -> WeightSync:
         out = super().sync_weights(loop, weights, version)
         # hosts.weights: this version's handle (under broadcast the scorers already hold it, or -- when they
         # missed it -- its object-store copy)

@@ -1,7 +1,5 @@
-"""The driver's side of the old-logit stage: what each strategy needs from the loop.
-
-The actor's provider (:mod:`asyncrl.trainer.oldlogits`) turns a batch into ``logp_ref``; some
-strategies also need the *driver* to act between rollout and the actor:
+"""The driver's side of the snapshot and interrupt-sync strategies: what each needs from the loop
+(:class:`~asyncrl.trainer.driver.loop.stage.Stage` is the hooks; this module, two of its subclasses):
 
 - ``snapshot``: the actor keeps the weights of exactly the versions a not-yet-trained token still
   references; the driver knows them (waiting groups, generate calls in flight) and passes them
@@ -9,11 +7,8 @@ strategies also need the *driver* to act between rollout and the actor:
 - ``interruptSync``: around every weight sync ``v -> v+1`` the rollout workers are interrupted and
   held, score every untrained token of version ``v`` with the training-side model on their own
   resources, take the new weights and resume (:class:`InterruptSyncStage`, paper §5.1);
-- ``dedicated``: a separate old-logit model follows the versions and scores trajectories as they
-  arrive (:class:`~asyncrl.trainer.driver.loop.dedicated_stage.DedicatedStage`).
-
-Every other reference uses :class:`Stage` itself: nothing between rollout and the actor, and the
-weight sync is a plain hand-over to every worker.
+- ``dedicated`` has a module of its own (:mod:`.dedicated_stage`); every other reference uses
+  :class:`~asyncrl.trainer.driver.loop.stage.Stage` itself.
 """
 
 import dataclasses
@@ -23,68 +18,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.api.old_logits import OldLogitStrategy
+from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver.loop import weight_sync
 from asyncrl.trainer.driver.loop.accounting import set_sync_phase
+from asyncrl.trainer.driver.loop.stage import PhaseCallback, Stage, sync_report
 from asyncrl.trainer.driver.loop.staleness import Group
+from asyncrl.trainer.driver.loop.view import LoopView
 from asyncrl.trainer.driver.run.step_report import WeightSync
 from asyncrl.trainer.oldlogits.retention import cap_drop, live_versions
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.driver.loop.view import LoopView
+    from ray import ObjectRef
 
 log = logging.getLogger(__name__)
-
-PhaseCallback = Callable[[str], None]  # the status reporter's view of the current sync phase
-
-
-class Stage:
-    """No driver-side old-logit work (every reference except the exact strategies below)."""
-
-    name = "none"
-
-    def start(self, loop: "LoopView") -> None:
-        """Once, when the loop starts (after the warm start or resume, rollout holding its weights)."""
-
-    def refs(self) -> list[Any]:
-        """Ray calls of this stage in flight: the loop waits on them beside its own."""
-        return []
-
-    def owns(self, ref: Any) -> bool:
-        return False
-
-    def collect(self, loop: "LoopView", ref: Any) -> None:
-        """One of :meth:`refs` finished."""
-
-    def admitted(self, loop: "LoopView", ref: Any, version: int) -> None:
-        """A generate call was admitted at actor ``version`` (its tokens are of ``version`` or newer)."""
-
-    def returned(self, loop: "LoopView", ref: Any, trajs: list[Trajectory]) -> None:
-        """A generate call came back with ``trajs`` (already in the staleness buffer)."""
-
-    def before_train(self, loop: "LoopView", groups: list[Group]) -> None:
-        """Right before the actor trains on ``groups`` at ``loop.version`` (may wait)."""
-
-    def trained(self, loop: "LoopView", groups: list[Group]) -> None:
-        """The actor's step on ``groups`` returned (applied or skipped): they are never trained again."""
-
-    def released(self, loop: "LoopView", trajs: list[Trajectory]) -> None:
-        """Trajectories dropped before training (stale, or the snapshot cap)."""
-
-    def step_kwargs(self, loop: "LoopView") -> dict[str, Any]:
-        """Extra keyword arguments of this step's ``ActorHost.train_step``."""
-        return {}
-
-    def sync_weights(self, loop: "LoopView", weights: Any, version: int) -> WeightSync:
-        """Hand ``version``'s weights to every rollout worker; returns how it went, for the step's report."""
-        t0 = time.monotonic()
-        outs = weight_sync.to_every_worker(loop.hosts, loop.on_every_worker, weights, version)
-        return sync_report(time.monotonic() - t0, outs)
-
-    def summary(self) -> dict[str, Any]:
-        return {}
-
 
 class SnapshotStage(Stage):
     """``snapshot`` (and the audit of a cheap reference): tell the actor which versions untrained
@@ -110,7 +57,7 @@ class SnapshotStage(Stage):
     def _holds_given_up(self, group: Group) -> bool:
         return any(v in self.given_up for t in group for v in t.sampled_versions)
 
-    def _drop(self, loop: "LoopView") -> None:
+    def _drop(self, loop: LoopView) -> None:
         dropped = loop.buffer.drop_where(self._holds_given_up)
         if dropped.groups:
             log.warning("snapshot cap %d: dropped %d groups holding versions %s whose weights were given up",
@@ -118,11 +65,11 @@ class SnapshotStage(Stage):
             loop.m.trajectories_dropped.labels("snapshot_cap").inc(dropped.trajectories)
             loop.m.tokens_dropped.labels("snapshot_cap").inc(dropped.sampled_tokens)
 
-    def returned(self, loop: "LoopView", ref: Any, trajs: list[Trajectory]) -> None:
+    def returned(self, loop: LoopView, ref: "ObjectRef", trajs: list[Trajectory]) -> None:
         if self.given_up:
             self._drop(loop)
 
-    def step_kwargs(self, loop: "LoopView") -> dict[str, Any]:
+    def step_kwargs(self, loop: LoopView) -> dict[str, Any]:
         # Rollout samples with the current version until this step's weights arrive, also in calls admitted
         # while the actor trains: such a call is one in flight since ``loop.version``.
         in_flight_since = [*loop.admitted_at.values(), loop.version]
@@ -133,18 +80,6 @@ class SnapshotStage(Stage):
             live -= gone
             self._drop(loop)
         return {"live_versions": sorted(live)}
-
-
-def sync_report(seconds: float, outs: list[Any]) -> WeightSync:
-    """A hand-over of ``seconds`` with the slowest worker's ``RolloutHost.update_weights`` parts: transfer
-    (buckets pulled, generation running), pause (generation stopped installing weights) and bytes (one
-    worker's payload). A replaced worker (None) is left out; with no answer at all the parts are None."""
-    got = [o for o in outs if isinstance(o, dict)]
-    if not got:
-        return WeightSync(seconds)
-    return WeightSync(seconds, transfer_seconds=max(float(o["transfer_s"]) for o in got),
-                      pause_seconds=max(float(o["pause_s"]) for o in got),
-                      bytes=max(float(o["bytes"]) for o in got))
 
 
 @dataclass
@@ -181,18 +116,18 @@ class InterruptSyncStage(Stage):
 
     name = "interruptSync"
 
-    def __init__(self, spec: Any, on_phase: PhaseCallback | None = None) -> None:
+    def __init__(self, spec: AsyncRLJobSpec, on_phase: PhaseCallback | None = None) -> None:
         self.timeout = float(spec.old_logits.interrupt_sync.phase_timeout_seconds)
         self.release = bool(spec.old_logits.interrupt_sync.release_rollout_resources)
         self.on_phase = on_phase
         self.times = SyncTimes()
 
-    def _phase(self, loop: "LoopView", phase: str) -> None:
+    def _phase(self, loop: LoopView, phase: str) -> None:
         set_sync_phase(loop.m, phase)
         if self.on_phase is not None:
             self.on_phase(phase)
 
-    def sync_weights(self, loop: "LoopView", weights: Any, version: int) -> WeightSync:
+    def sync_weights(self, loop: LoopView, weights: Any, version: int) -> WeightSync:
         import ray
 
         old = version - 1
@@ -254,23 +189,3 @@ class InterruptSyncStage(Stage):
                                    "scorer_build_s": round(t.scorer_build_s, 3),
                                    "scorer_load_s": round(t.scorer_load_s, 3),
                                    "phases_over_timeout": t.stuck}}
-
-
-def make_stage(spec: Any, on_phase: PhaseCallback | None = None) -> Stage:
-    """The driver-side stage of ``spec.correction.reference`` / ``spec.oldLogits.strategy``."""
-    from asyncrl.api.correction import ReferencePolicy
-
-    if spec.correction.reference is not ReferencePolicy.EXACT:
-        audit = getattr(spec.correction, "audit", None)
-        # The audit of a cheap reference keeps weight snapshots of the live versions, like snapshot.
-        return SnapshotStage() if audit is not None and audit.every_n_steps > 0 else Stage()
-    strategy = spec.old_logits.strategy
-    if strategy is OldLogitStrategy.SNAPSHOT:
-        return SnapshotStage(spec.old_logits.snapshot.max_versions or spec.async_.max_staleness + 1)
-    if strategy is OldLogitStrategy.INTERRUPT_SYNC:
-        return InterruptSyncStage(spec, on_phase)
-    if strategy is OldLogitStrategy.DEDICATED:
-        from asyncrl.trainer.driver.loop.dedicated_stage import DedicatedStage
-
-        return DedicatedStage(spec)
-    raise ValueError(f"oldLogits.strategy {strategy!r} has no driver stage")

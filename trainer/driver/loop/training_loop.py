@@ -37,6 +37,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from asyncrl.api.job import AsyncRLJob
+from asyncrl.api.old_logits_route import OldLogitsRoute
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer import export
@@ -57,7 +58,8 @@ from asyncrl.trainer.driver.loop.accounting import (
 )
 from asyncrl.trainer.driver.loop.evaluation import EvalResult, Evaluator
 from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch, token_staleness
-from asyncrl.trainer.driver.loop.stages import PhaseCallback, Stage, make_stage
+from asyncrl.trainer.driver.loop.stage import PhaseCallback, Stage
+from asyncrl.trainer.driver.loop.stage_registry import make_stage
 from asyncrl.trainer.driver.loop.staleness import Group, StalenessBuffer, check_staleness
 from asyncrl.trainer.driver.loop.startup_probe import startup_check
 from asyncrl.trainer.driver.run import checkpoints, faults, recovery
@@ -162,7 +164,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
             summary["metrics_url"] = server.url
         n_procs = (spec.rollout.replicas + spec.actor.world_size  # every scorer rank is a process too
                    + (spec.old_logits.dedicated.replicas * spec.old_logits.dedicated.layout_for(spec.actor).world_size
-                      if _dedicated(spec) else 0))
+                      if spec.old_logits_route is OldLogitsRoute.DEDICATED else 0))
         with local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray:
             restore_sigterm = install_sigterm_handler(stop)  # after ray.init: Ray sets its own
             try:
@@ -698,14 +700,6 @@ class _Loop:
         self.m.buffer_ready.set(self.buffer.ready)
         self.m.rollout_running.set(self.buffer.running)
         self.m.admission_capacity.set(self.buffer.capacity(self.version))
-
-
-def _dedicated(spec: Any) -> bool:
-    from asyncrl.api.correction import ReferencePolicy
-    from asyncrl.api.old_logits import OldLogitStrategy
-
-    return bool(spec.correction.reference is ReferencePolicy.EXACT
-                and spec.old_logits.strategy is OldLogitStrategy.DEDICATED)
 
 
 def _cause(exc: BaseException) -> str:
