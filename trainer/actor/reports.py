@@ -2,7 +2,7 @@
 step), and :class:`UpdateTally`, what the updates of one batch did while they ran.
 
 The reports are frozen and typed; they cross Ray as they are and are flattened to text only where text
-is written (:func:`asyncrl.trainer.driver.step_report.step_line`). ``applied`` is the one name for "the
+is written (:func:`asyncrl.trainer.driver.run.step_report.step_line`). ``applied`` is the one name for "the
 version advanced": at least one optimizer update of the batch was applied.
 """
 

@@ -1,6 +1,6 @@
 """The one batch record from the driver to the actor: a padded, per-token-aligned training batch.
 
-The driver builds it (:func:`asyncrl.trainer.driver.batch.assemble_batch`), sends it over the Ray
+The driver builds it (:func:`asyncrl.trainer.driver.loop.grpo_batch.assemble_batch`), sends it over the Ray
 boundary as ``{field: numpy array}`` (:meth:`TrainBatch.to_numpy` / :meth:`TrainBatch.from_numpy`,
 both derived from the record's fields) and the actor trains on it. Every field keeps its name from
 the trajectory to the actor.

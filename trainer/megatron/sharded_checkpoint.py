@@ -4,7 +4,7 @@ Every rank of the actor group writes its own shards into one temporary folder (`
 ``__<rank>_<n>.distcp`` per writer, ``common.pt`` and ``metadata.json`` from rank 0); after a barrier
 on the actor's process group rank 0 seals it (:func:`asyncrl.trainer.megatron.checkpoint.seal_folder`:
 checksums of every file, ``meta.json`` last, atomic rename). A folder is complete only when it verifies;
-the driver's fallback and ``.corrupt`` logic (:mod:`asyncrl.trainer.driver.checkpoints`) is unchanged.
+the driver's fallback and ``.corrupt`` logic (:mod:`asyncrl.trainer.driver.run.checkpoints`) is unchanged.
 
 **Why it reshards.** Every tensor is saved as a ``ShardedTensor``: the local shard *and* its place in the
 global tensor (megatron's ``GPTModel.sharded_state_dict()``). Loading asks for the shards of the
