@@ -60,8 +60,8 @@ def single_file(actor: Any, directory: str) -> None:
     import dataclasses
 
     from asyncrl.trainer.actor.checkpoint_io import COUNTERS
-    from asyncrl.trainer.megatron.checkpoint import write_checkpoint
     from asyncrl.trainer.oldlogits import provider_key
+    from tests.support.megatron_parts import write_checkpoint
 
     state = {
         "model": {k: v for k, v in actor._gpt.state_dict().items() if not k.endswith("_extra_state")},

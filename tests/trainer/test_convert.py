@@ -12,10 +12,9 @@ from asyncrl.trainer.megatron.convert import (
     llama_config,
     load_hf,
     megatron_to_hf,
-    save_hf,
 )
-from asyncrl.trainer.megatron.logprobs import full_logits
 from asyncrl.trainer.megatron.model import build_gpt_model
+from tests.support.megatron_parts import full_logits, save_hf
 
 # GQA (4 query heads over 2 kv heads), a non-default epsilon and RoPE base so a dropped setting shows.
 ARCH = LlamaArch(64, 2, 4, 2, 96, 40, 32, tie_embeddings=False, rope_theta=50000.0, norm_epsilon=1e-6)

@@ -16,7 +16,7 @@ from asyncrl.rollout.tokenizer import HFTokenizer
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.convert import hf_to_megatron, megatron_to_hf
 from asyncrl.trainer.megatron.hf_folder import HFFolder, folder_problems, load_hf
-from asyncrl.trainer.megatron.logprobs import full_logits, token_logprobs
+from asyncrl.trainer.megatron.logprobs import token_logprobs
 from tests.support.hf_models import (
     ALL_FAMILIES,
     SHARDED,
@@ -27,6 +27,7 @@ from tests.support.hf_models import (
     tokens,
     transformers_model,
 )
+from tests.support.megatron_parts import full_logits
 
 torch.set_num_threads(1)
 

@@ -17,9 +17,9 @@ from asyncrl.trainer.megatron.checkpoint import (
     CheckpointError,
     read_checkpoint,
     verify_checkpoint,
-    write_checkpoint,
 )
 from tests.support.filesystems import fill, small_filesystem
+from tests.support.megatron_parts import write_checkpoint
 
 
 def _save(root: Path, version: int, numel: int = 1 << 16) -> Path:

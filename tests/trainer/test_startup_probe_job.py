@@ -38,7 +38,7 @@ def test_a_job_probes_exports_and_reports_the_final_export(tmp_path: Path) -> No
 
     from asyncrl.rollout.tokenizer import TOKENIZER
     from asyncrl.trainer.actor.megatron_actor import MegatronActor
-    from asyncrl.trainer.megatron.logprobs import full_logits
+    from tests.support.megatron_parts import full_logits
 
     job = validate_job(_doc(checkpoint={"everySteps": 3, "exportEverySteps": 1, "exportKeep": 2}), "job.yaml")
     patches: list[dict] = []

@@ -220,37 +220,6 @@ def _remove_entry(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], meta: dict[str, Any]) -> Path:
-    """Write ``state`` (torch-serialisable: tensors, numbers, dicts, lists) as one file ``actor.pt`` and
-    ``meta`` (JSON): the single-file format (the actor writes sharded folders,
-    :mod:`asyncrl.trainer.megatron.sharded_checkpoint`; this stays for tests and the benchmark).
-
-    Returns the final folder. ``meta`` gains ``files`` (size and SHA-256 of ``actor.pt``).
-    """
-    import torch
-
-    final = Path(directory)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(final)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    writing = final / STATE_FILE
-    try:
-        tmp.mkdir()
-        with open(tmp / STATE_FILE, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        writing = final / META_FILE
-        return seal_folder(tmp, final, meta)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves nothing half-written behind
-        err = disk_error(exc, writing)
-        if err is exc:
-            raise
-        raise err from exc
-
-
 def disk_error(exc: BaseException, writing: Path) -> BaseException:
     """``exc`` as the error to raise: an ``OSError`` naming the file when a failed write hides one.
 
@@ -263,7 +232,7 @@ def disk_error(exc: BaseException, writing: Path) -> BaseException:
 
 
 def read_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(state, meta)`` of a folder written by :func:`write_checkpoint` (tensors on the CPU).
+    """``(state, meta)`` of a single-file folder (``actor.pt`` + ``meta.json``, the format before sharded folders; tensors on the CPU).
 
     Verifies sizes and checksums first; any fault is a :class:`CheckpointError` naming the folder.
     """

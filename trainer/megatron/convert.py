@@ -26,8 +26,6 @@ the shape the architecture implies first; a mismatch names the key and both shap
 """
 
 import dataclasses
-import json
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -46,7 +44,7 @@ Shapes = dict[str, tuple[int, ...]]
 
 __all__ = [
     "LoadReport", "hf_shapes", "hf_to_megatron", "iter_hf_to_megatron", "iter_megatron_to_hf", "llama_config",
-    "load_folder", "load_folder_into", "load_hf", "megatron_shapes", "megatron_to_hf", "save_hf",
+    "load_folder", "load_folder_into", "load_hf", "megatron_shapes", "megatron_to_hf",
 ]
 
 
@@ -304,24 +302,6 @@ def iter_megatron_to_hf(mcore: Mapping[str, torch.Tensor], arch: ModelArch) -> I
 def megatron_to_hf(mcore: Mapping[str, torch.Tensor], arch: ModelArch) -> dict[str, torch.Tensor]:
     """HF-named tensors from a megatron ``GPTModel`` state dict (see :func:`iter_megatron_to_hf`)."""
     return dict(iter_megatron_to_hf(mcore, arch))
-
-
-def save_hf(hf: dict[str, torch.Tensor], arch: ModelArch, directory: str) -> None:
-    """Write ``model.safetensors`` (fp32, contiguous, tied head left out) and ``config.json``.
-
-    The folder loads with ``AutoModelForCausalLM.from_pretrained(directory)``.
-    """
-    from safetensors.torch import save_file
-
-    os.makedirs(directory, exist_ok=True)
-    tensors = {
-        k: v.detach().to("cpu", torch.float32).contiguous()
-        for k, v in hf.items()
-        if not (arch.tie_embeddings and k == "lm_head.weight")
-    }
-    save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
-    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-        json.dump(arch.to_hf_config(), f, indent=2, sort_keys=True)
 
 
 # ----------------------------------------------------------------------------------------------- checks

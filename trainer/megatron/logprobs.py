@@ -73,12 +73,6 @@ def final_hidden_states(model: torch.nn.Module, tokens: torch.Tensor) -> torch.T
         return model(tokens, position_ids(B, T, tokens.device), attention_mask(model, T, tokens.device))
 
 
-def full_logits(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """All logits ``[B, T, V]`` (for parity tests and debugging; training uses :func:`token_logprobs`)."""
-    B, T = tokens.shape
-    return model(tokens, position_ids(B, T, tokens.device), attention_mask(model, T, tokens.device))
-
-
 @contextlib.contextmanager
 def _hidden_states_only(gpt: Any) -> Iterator[None]:
     # GPTModel._postprocess returns the decoder output unchanged when post_process is False (the
