@@ -13,7 +13,7 @@ from asyncrl.trainer.megatron.hf_folder import load_hf
 from asyncrl.trainer.weight_sync import disk
 from asyncrl.trainer.weight_sync.buckets import ALIGN, pack_buckets, total_bytes, unpack_all, unpack_bucket
 from asyncrl.trainer.weight_sync.source import actor_buckets, wire_dtype
-from asyncrl.trainer.weight_sync.transport import make_transport
+from asyncrl.trainer.weight_sync.transport import make_transport, receive
 from tests.support.hf_models import ALL_FAMILIES, folder_arch, tiny_folder
 
 
@@ -89,7 +89,7 @@ def test_disk_transport_round_trip_keeps_newest(tmp_path: Path, root: Path) -> N
     assert not [p for p in (tmp_path / "sync").iterdir() if p.name.startswith(".tmp")]  # nothing half-written
     latest = disk.latest(tmp_path / "sync")
     assert latest == handles[-1]
-    got = t.receive(latest)
+    got = t.receive(latest).state
     expected = _expected(mcore, arch, torch.bfloat16)
     assert set(got) == set(expected)
     assert all(torch.equal(got[k], v) for k, v in expected.items())
@@ -106,7 +106,7 @@ def ray_local() -> Iterator[None]:
 
 
 def test_object_store_transport_round_trip(ray_local: None, root: Path) -> None:
-    from asyncrl.trainer.weight_sync.objectstore import BucketRefs, receive
+    from asyncrl.trainer.weight_sync.objectstore import BucketRefs
 
     folder = tiny_folder(root, "llama")
     arch = folder_arch(folder)

@@ -1,6 +1,6 @@
 """The broadcast transport on gloo with three real processes: the source packs a model's HF tensors in
 buckets, both receivers reassemble them bit for bit, two versions in a row (the protocol's end marker
-keeps versions apart)."""
+keeps versions apart); through the transport registry, as the actor and the receivers use it."""
 
 from typing import Any
 
@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, new_endpoint
-from asyncrl.trainer.weight_sync.broadcast import open_group
+from asyncrl.trainer.weight_sync.broadcast import BroadcastVersion, open_group
 from asyncrl.trainer.weight_sync.buckets import pack_buckets
 from asyncrl.trainer.weight_sync.transport import make_transport
 
@@ -30,10 +30,11 @@ def _member(rank: int, endpoint: Endpoint, results: Any) -> None:
     t = make_transport("broadcast", group=group)
     for version in (1, 2):
         if rank == 0:
-            t.publish(pack_buckets(_model(version).items(), version=version, bucket_bytes=16384,
-                                   dtype=torch.bfloat16), version)
+            buckets = pack_buckets(_model(version).items(), version=version, bucket_bytes=16384, dtype=torch.bfloat16)
+            assert t.publish(buckets, version) == BroadcastVersion(version)  # the handle; the bytes leave in send
+            t.send(buckets)
         else:
-            got = t.receive(version)
+            got = t.receive(BroadcastVersion(version)).state
             # Plain bytes through the queue (a shared tensor would die with this process): bf16 -> fp32 is exact.
             results.put((rank, version, {k: (str(v.dtype), v.float().numpy().tobytes(), tuple(v.shape))
                                          for k, v in got.items()}))

@@ -14,6 +14,7 @@ from asyncrl.trainer.driver.loop.stage import sync_report
 from asyncrl.trainer.megatron.convert import hf_shapes
 from asyncrl.trainer.weight_sync.buckets import pack_buckets
 from asyncrl.trainer.weight_sync.objectstore import publish
+from asyncrl.trainer.weight_sync.outcome import Delivered
 
 JOB = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "ws"},
        "spec": {"task": {"name": "calculator", "groupSize": 2, "maxNewTokens": 8}, "rollout": {"replicas": 2}}}
@@ -40,9 +41,9 @@ def test_rollout_host_installs_bucketed_versions_and_a_late_joiner_matches(ray_l
     assert len(handle.refs) > 3
     out = host.update_weights(handle, 3)
     assert host.worker.version == 3
-    assert set(out) == {"transfer_s", "handover_s", "pause_s", "bytes"}
-    assert out["bytes"] == sum(v.numel() * 2 for v in hf.values())  # bf16 payload
-    assert out["pause_s"] > 0  # the first load installs at once (the worker is idle)
+    assert isinstance(out, Delivered)  # every part: transfer, handover, pause, bytes
+    assert out.nbytes == sum(v.numel() * 2 for v in hf.values())  # bf16 payload
+    assert out.pause_seconds > 0  # the first load installs at once (the worker is idle)
     model = host.worker.engine.model.state_dict()
     for k, v in hf.items():
         assert torch.equal(model[k], v.to(model[k].dtype)), k  # bf16 rounding once, as the engine's own cast
@@ -53,5 +54,6 @@ def test_rollout_host_installs_bucketed_versions_and_a_late_joiner_matches(ray_l
     other = late.worker.engine.model.state_dict()
     assert all(torch.equal(other[k], model[k]) for k in hf)
 
-    parts = sync_report(0.5, [out, None, {"transfer_s": 9.0, "handover_s": 0.0, "pause_s": 0.0, "bytes": 1.0}])
-    assert parts.transfer_seconds == 9.0 and parts.pause_seconds == out["pause_s"]  # the slowest of each
+    slow = Delivered(transfer_seconds=9.0, nbytes=1, handover_seconds=0.0, pause_seconds=0.0)
+    parts = sync_report(0.5, [out, None, slow])
+    assert parts.transfer_seconds == 9.0 and parts.pause_seconds == out.pause_seconds  # the slowest of each

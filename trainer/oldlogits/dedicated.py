@@ -44,6 +44,9 @@ from asyncrl.trainer.oldlogits.segment_scorer import HfWeights, ScorerSettings, 
 if TYPE_CHECKING:
     import torch
 
+    from asyncrl.trainer.weight_sync.objectstore import BucketRefs
+    from asyncrl.trainer.weight_sync.outcome import SyncOutcome
+
 # A version's weights as pushed: a mapping (held here), a one-element list around a Ray ObjectRef
 # (fetched on advance), or a zero-argument callable returning the mapping (fetched on advance).
 LazyWeights: TypeAlias = list[Any]
@@ -104,26 +107,28 @@ class DedicatedScorer:
         self._group = open_group(endpoint, rank, world, backend=backend,  # type: ignore[arg-type]
                                  timeout_s=timeout_s)
 
-    def receive_broadcast(self, version: int) -> dict[str, float]:
+    def receive_broadcast(self, version: int) -> "SyncOutcome":
         """Take ``version`` off the broadcast group into host memory (used when the plan advances to it; the
-        driver pushes its handle as for any transport). ``{"transfer_s", "bytes"}`` or ``{"failed": why}``."""
-        from asyncrl.trainer.weight_sync.broadcast import receive_version
+        driver pushes its handle as for any transport): ``Delivered``, or ``SyncFailed`` when the group broke."""
+        from asyncrl.trainer.weight_sync.broadcast import BroadcastVersion
+        from asyncrl.trainer.weight_sync.outcome import Delivered, SyncFailed
+        from asyncrl.trainer.weight_sync.transport import receive
 
         if self.layout.rank > 0:  # a gang peer: rank 0 passes the version on inside the gang
             return self._take_from_gang_rank0(version)
         state: dict[str, torch.Tensor] | None = None
-        out: dict[str, float]
+        out: SyncOutcome
         if self._group is None:
-            out = {"failed": "this scorer is in no broadcast group"}  # type: ignore[dict-item]
+            out = SyncFailed("this scorer is in no broadcast group")
         else:
             try:
-                got = receive_version(self._group, version)
+                got = receive(BroadcastVersion(version), self._group)
             except Exception as exc:  # noqa: BLE001 -- the group broke (a member died): the driver recovers
                 self._group = None
-                out = {"failed": f"{type(exc).__name__}: {exc}"}  # type: ignore[dict-item]
+                out = SyncFailed(f"{type(exc).__name__}: {exc}")
             else:
                 state = {k: v.cpu() for k, v in got.state.items()}
-                out = {"transfer_s": got.transfer_s, "bytes": float(got.nbytes)}
+                out = Delivered(transfer_seconds=got.transfer_seconds, nbytes=got.nbytes)
         if self.layout.world > 1:
             from asyncrl.trainer.oldlogits.gang_share import share_from_rank0
 
@@ -132,27 +137,29 @@ class DedicatedScorer:
             self._received[version] = state
         return out
 
-    def _take_from_gang_rank0(self, version: int) -> dict[str, float]:
+    def _take_from_gang_rank0(self, version: int) -> "SyncOutcome":
         from asyncrl.trainer.oldlogits.gang_share import share_from_rank0
+        from asyncrl.trainer.weight_sync.outcome import Delivered, SyncFailed
 
         state = share_from_rank0(None)
         if state is None:
-            return {"failed": "the gang's rank 0 did not receive this version"}  # type: ignore[dict-item]
+            return SyncFailed("the gang's rank 0 did not receive this version")
         if version > self.resident_version:
             self._received[version] = state
-        return {"transfer_s": 0.0, "bytes": float(sum(t.numel() * t.element_size() for t in state.values()))}
+        return Delivered(transfer_seconds=0.0, nbytes=sum(t.numel() * t.element_size() for t in state.values()))
 
-    def export_version(self, version: int) -> Any:
+    def export_version(self, version: int) -> "BucketRefs | None":
         """A version this scorer received by broadcast (queued or resident), as object-store bucket refs for a
         respawned peer that was not in the group then; None when it does not hold it (and from a gang's peers,
         whose rank 0 answers for the gang)."""
         from asyncrl.trainer.weight_sync.buckets import pack_buckets
-        from asyncrl.trainer.weight_sync.objectstore import publish
+        from asyncrl.trainer.weight_sync.transport import ObjectStoreTransport
 
         state = self._received.get(version)
         if state is None or self.layout.rank > 0:
             return None
-        return publish(pack_buckets(state.items(), version=version, bucket_bytes=512 * 2**20))
+        return ObjectStoreTransport().publish(pack_buckets(state.items(), version=version, bucket_bytes=512 * 2**20),
+                                              version)
 
     # ---------------------------------------------------------------- versions
     @property
@@ -259,8 +266,8 @@ def _materialise(weights: PushedWeights) -> HfWeights:
     if isinstance(weights, list):
         import ray
 
-        from asyncrl.trainer.weight_sync.actor_side import BroadcastVersion
-        from asyncrl.trainer.weight_sync.objectstore import receive
+        from asyncrl.trainer.weight_sync.broadcast import BroadcastVersion
+        from asyncrl.trainer.weight_sync.transport import receive
 
         ref: Any = weights[0]  # an ObjectRef of the version's weight-sync handle (or HF weights)
         handle = ray.get(ref)

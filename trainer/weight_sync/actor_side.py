@@ -1,18 +1,19 @@
 """The driver's weight sync, actor side: publish the actor's current version per ``spec.actor.weightSync``.
 
-Called on every actor rank (SPMD: the TP gathers are collectives); rank 0 packs and publishes, the other
-ranks of a tensor-parallel actor only join the gathers, those of a TP = 1 actor do nothing.
+Called on every actor rank (SPMD: the TP gathers are collectives); rank 0 packs and publishes through the
+configured transport (:func:`~.transport.make_transport`), the other ranks of a tensor-parallel actor only join
+the gathers, those of a TP = 1 actor do nothing.
 
 Per transport, what one version costs the actor and what the driver gets back (the *handle*):
 
 - ``objectStore``: the buckets are ``ray.put`` -> :class:`~.objectstore.BucketRefs`;
 - ``disk``: the buckets are written as ``<root>/v<version>/model.safetensors`` -> :class:`~.disk.DiskVersion`;
 - ``broadcast``: nothing moves in ``train_step`` (its receivers are not listening yet: the driver reads the
-  step's stats first) -> :class:`BroadcastVersion`; the bytes leave in :meth:`ActorSync.send`, a separate
-  call the driver makes while every receiver calls its own receive. The version's CPU buckets stay here
-  until the next one is sent: a late joiner (a replaced worker) gets exactly this version from them through
-  the object store, whatever the actor does meanwhile (the same memory the object-store transport keeps
-  alive in ``hosts.weights``).
+  step's stats first) -> :class:`~.broadcast.BroadcastVersion`; the bytes leave in :meth:`ActorSync.send`, a
+  separate call the driver makes while every receiver calls its own receive. The version's CPU buckets stay
+  here until the next one is sent: a late joiner (a replaced worker) gets exactly this version from them
+  through the object store, whatever the actor does meanwhile (the same memory the object-store transport
+  keeps alive in ``hosts.weights``).
 """
 
 from collections.abc import Iterator
@@ -21,16 +22,18 @@ from typing import Any
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.weight_sync import WeightTransport
-from asyncrl.trainer.weight_sync import broadcast, disk, objectstore
+from asyncrl.trainer.weight_sync.broadcast import SyncGroup
 from asyncrl.trainer.weight_sync.buckets import Bucket
+from asyncrl.trainer.weight_sync.objectstore import BucketRefs
+from asyncrl.trainer.weight_sync.outcome import SendOutcome, SyncFailed
 from asyncrl.trainer.weight_sync.source import actor_buckets, hf_tensors, wire_dtype
-
-
-@dataclass(frozen=True)
-class BroadcastVersion:
-    """The handle of a ``broadcast`` version: its bytes travel in the group's collective, not here."""
-
-    version: int
+from asyncrl.trainer.weight_sync.transport import (
+    BroadcastTransport,
+    ObjectStoreTransport,
+    Transport,
+    WeightHandle,
+    make_transport,
+)
 
 
 def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
@@ -42,6 +45,7 @@ def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
 
 
 def _buckets(actor: Any, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
+    """The actor's current version as buckets, lazily: nothing is gathered until they are read."""
     dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
     return actor_buckets(actor.named_weights(), actor.settings.arch, version=int(actor.version),
                          bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype)
@@ -65,7 +69,7 @@ class ActorSync:
     transport: WeightTransport = WeightTransport.OBJECT_STORE
     disk_root: str | None = None
     disk_keep: int = 2
-    group: broadcast.SyncGroup | None = None
+    group: SyncGroup | None = None
     kept: list[Bucket] = field(default_factory=list)  # broadcast: the last version's CPU buckets
     kept_version: int = -1
 
@@ -73,46 +77,42 @@ class ActorSync:
     def _joins_only(self) -> bool:
         return self.rank != 0
 
-    def publish(self, actor: Any, transport: WeightTransport | None = None) -> Any:
-        """The actor's current version through ``transport`` (default: the configured one); the handle
-        on rank 0, None on the others."""
-        transport = transport or self.transport
-        if transport is WeightTransport.BROADCAST:
-            return BroadcastVersion(int(actor.version)) if self.rank == 0 else None
+    def _configured(self) -> Transport:
+        return make_transport(self.transport, root=self.disk_root, keep=self.disk_keep, group=self.group)
+
+    def publish(self, actor: Any) -> WeightHandle | None:
+        """The actor's current version through the configured transport: the handle on rank 0, None on the
+        others (which join the TP gathers when the transport reads the buckets now)."""
+        transport = self._configured()
         if self._joins_only:
-            if self.tp > 1:
+            if self.tp > 1 and transport.moves_at_publish:
                 _join_gathers(actor)
             return None
-        if transport is WeightTransport.DISK:
-            if self.disk_root is None:
-                raise RuntimeError("weight sync (disk): the driver did not configure the folder (configure_sync)")
-            return disk.write_version(_buckets(actor, self.spec), self.disk_root, int(actor.version),
-                                      keep=self.disk_keep)
-        return objectstore.publish(_buckets(actor, self.spec))
+        return transport.publish(_buckets(actor, self.spec), int(actor.version))
 
-    def send(self, actor: Any, version: int) -> dict[str, Any]:
-        """Broadcast ``version`` (the actor's current one) to the group; ``{"bytes", "send_s"}`` or, when a
-        member is gone (the collective failed), ``{"error": ...}`` -- the driver re-forms the group."""
+    def send(self, actor: Any, version: int) -> SendOutcome | None:
+        """Broadcast ``version`` (the actor's current one) to the group: :class:`~.outcome.Sent`, or, when a
+        member is gone (the collective failed), :class:`~.outcome.SyncFailed` -- the driver re-forms the group.
+        None on the other ranks (they join the TP gathers)."""
         if int(actor.version) != version:
             raise RuntimeError(f"weight sync (broadcast): asked to send version {version}, the actor holds "
                                f"{int(actor.version)}")
         if self._joins_only:
             if self.tp > 1:
                 _join_gathers(actor)
-            return {}
+            return None
         if self.group is None:
             raise RuntimeError("weight sync (broadcast): no group formed (the driver forms it before a send)")
         self.kept, self.kept_version = [], -1
         buckets = list(_buckets(actor, self.spec))  # CPU; kept for late joiners
         self.kept, self.kept_version = buckets, version
         try:
-            nbytes, seconds = broadcast.send(self.group, buckets)
+            return BroadcastTransport(self.group).send(buckets)
         except Exception as exc:  # noqa: BLE001 -- a member died: the group is broken, the driver re-forms it
             self.group = None
-            return {"error": f"{type(exc).__name__}: {exc}"}
-        return {"bytes": nbytes, "send_s": seconds}
+            return SyncFailed(f"{type(exc).__name__}: {exc}")
 
-    def for_joiner(self, actor: Any, version: int) -> objectstore.BucketRefs | None:
+    def for_joiner(self, actor: Any, version: int) -> BucketRefs | None:
         """``version`` in the object store for a receiver outside the broadcast group, from the buckets kept
         since it was sent (rank 0; None on the others: no gathers, whatever the actor trains meanwhile)."""
         if self.rank != 0:
@@ -121,4 +121,4 @@ class ActorSync:
             raise RuntimeError(
                 f"weight sync (broadcast): a late joiner needs version {version}; the actor kept version "
                 f"{self.kept_version} (the driver sends every version before it hands it to a joiner)")
-        return objectstore.publish(self.kept)
+        return ObjectStoreTransport().publish(self.kept, version)

@@ -28,9 +28,16 @@ from asyncrl.trainer.collective.endpoint import Endpoint, is_loopback
 from asyncrl.trainer.collective.groups import join
 from asyncrl.trainer.weight_sync import manifest_wire
 from asyncrl.trainer.weight_sync.buckets import Bucket, BucketManifest, unpack_bucket
-from asyncrl.trainer.weight_sync.objectstore import Received
+from asyncrl.trainer.weight_sync.outcome import Received
 
 Backend = Literal["gloo", "nccl"]
+
+
+@dataclass(frozen=True)
+class BroadcastVersion:
+    """The handle of a ``broadcast`` version: its bytes travel in the group's collective, not here."""
+
+    version: int
 
 
 @dataclass

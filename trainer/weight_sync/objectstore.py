@@ -10,7 +10,7 @@ object of the whole dict on this machine (``docs/architecture.md``, memory of sn
 
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from asyncrl.trainer.weight_sync.buckets import Bucket, BucketManifest, total_bytes, unpack_all
+from asyncrl.trainer.weight_sync.outcome import Received
 
 
 @dataclass(frozen=True)
@@ -60,30 +61,8 @@ def fetch(handle: BucketRefs) -> dict[str, torch.Tensor]:
     return unpack_all(zip(handle.manifests, datas, strict=True))
 
 
-@dataclass(frozen=True)
-class Received:
-    """What a receiver got and how long taking it off the transport took (the generation keeps running)."""
-
-    state: dict[str, torch.Tensor]
-    version: int | None
-    transfer_s: float
-    nbytes: int
-
-
-def receive(weights: BucketRefs | Mapping[str, Any]) -> Received:
-    """A handle of any transport (or a plain HF dict of numpy arrays / tensors, the one-object path)
-    as an HF state dict of tensors."""
+def receive(handle: BucketRefs) -> Received:
+    """The version of ``handle`` and how long fetching and reassembling it took."""
     t0 = time.perf_counter()
-    if isinstance(weights, BucketRefs):
-        state = fetch(weights)
-        return Received(state, weights.version, time.perf_counter() - t0, weights.payload_bytes)
-    from asyncrl.trainer.weight_sync.disk import DiskVersion, read_version
-
-    if isinstance(weights, DiskVersion):
-        state = read_version(weights)
-        return Received(state, weights.version, time.perf_counter() - t0,
-                        sum(t.numel() * t.element_size() for t in state.values()))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        state = {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(v) for k, v in weights.items()}
-    return Received(state, None, time.perf_counter() - t0, sum(t.numel() * t.element_size() for t in state.values()))
+    state = fetch(handle)
+    return Received(state, handle.version, time.perf_counter() - t0, handle.payload_bytes)

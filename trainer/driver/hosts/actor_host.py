@@ -17,6 +17,9 @@ from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 if TYPE_CHECKING:
     from asyncrl.trainer.collective.endpoint import Endpoint
     from asyncrl.trainer.driver.run.step_report import ActorStep
+    from asyncrl.trainer.weight_sync.objectstore import BucketRefs
+    from asyncrl.trainer.weight_sync.outcome import SendOutcome
+    from asyncrl.trainer.weight_sync.transport import WeightHandle
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ class ActorHost:
         self.save_checkpoint(cache_dir)
 
     def train_step(self, batch: dict[str, np.ndarray], version: int,
-                   live_versions: list[int] | None = None) -> tuple["ActorStep", Any]:
+                   live_versions: list[int] | None = None) -> tuple["ActorStep", "WeightHandle | None"]:
         """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (the step's typed report, the new
         weights' sync handle or None when no update applied). ``live_versions``: the versions untrained tokens
         may still carry after this step (weight snapshots of every other version are released)."""
@@ -147,13 +150,11 @@ class ActorHost:
         """Every rank, once, from the driver: where the disk transport writes and how many versions stay."""
         self._sync.disk_root, self._sync.disk_keep = disk_root, disk_keep
 
-    def weight_handle(self, transport: str | None = None) -> Any:
-        """This version's weights for rollout through ``actor.weightSync`` (or ``transport``): bucket refs
-        in the object store, a version folder on disk, or a broadcast handle whose bytes :meth:`send_weights`
-        sends (rank 0; the other ranks join the TP gathers and return None)."""
-        from asyncrl.api.weight_sync import WeightTransport
-
-        return self._sync.publish(self.actor, None if transport is None else WeightTransport(transport))
+    def weight_handle(self) -> "WeightHandle | None":
+        """This version's weights for rollout through ``actor.weightSync``: bucket refs in the object store, a
+        version folder on disk, or a broadcast handle whose bytes :meth:`send_weights` sends (rank 0; the other
+        ranks join the TP gathers and return None)."""
+        return self._sync.publish(self.actor)
 
     def sync_endpoint(self) -> "Endpoint":
         """A new endpoint for the broadcast group's store (rank 0 serves it): a free port on this node's
@@ -171,12 +172,12 @@ class ActorHost:
             self._sync.group = open_group(endpoint, 0, world, backend=backend,  # type: ignore[arg-type]
                                           timeout_s=timeout_s)
 
-    def send_weights(self, version: int) -> dict[str, Any]:
-        """Broadcast ``version`` to the group (every rank: the TP gathers); rank 0's ``{"bytes", "send_s"}``
-        or ``{"error"}`` when a member was gone."""
+    def send_weights(self, version: int) -> "SendOutcome | None":
+        """Broadcast ``version`` to the group (every rank: the TP gathers); rank 0's ``Sent``, or ``SyncFailed``
+        when a member was gone."""
         return self._sync.send(self.actor, version)
 
-    def weights_for_joiner(self, version: int) -> Any:
+    def weights_for_joiner(self, version: int) -> "BucketRefs | None":
         """``version`` as object-store bucket refs for a receiver outside the broadcast group (rank 0)."""
         return self._sync.for_joiner(self.actor, version)
 

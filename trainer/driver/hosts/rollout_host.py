@@ -13,7 +13,10 @@ from asyncrl.api.old_logits_route import OldLogitsRoute
 from asyncrl.trainer.driver.hosts.common import limit_threads
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.weight_sync.objectstore import Received
+    from asyncrl.trainer.oldlogits.score_result import ScoreResult
+    from asyncrl.trainer.weight_sync.broadcast import BroadcastVersion, SyncGroup
+    from asyncrl.trainer.weight_sync.outcome import Received, SyncFailed, SyncOutcome
+    from asyncrl.trainer.weight_sync.transport import HfArrays, WeightHandle
 
 log = logging.getLogger(__name__)
 
@@ -33,30 +36,32 @@ class RolloutHost:
         self._weights: Any = None  # the last version's HF tensors received (interrupt-sync scores under them)
         self._paused_reported = 0.0  # the engine's apply_seconds already reported by update_weights
         self._scorer: Any = None  # the training-side SegmentScorer, built on the first interrupt-sync window
-        self._group: Any = None  # weight_sync.broadcast.SyncGroup once the driver formed one (transport broadcast)
+        self._group: SyncGroup | None = None  # once the driver formed one (transport broadcast)
 
     def generate(self, n_groups: int) -> list[Any]:
         return self.worker.generate(n_groups)
 
-    def update_weights(self, weights: Any, version: int) -> dict[str, float]:
+    def update_weights(self, weights: "WeightHandle | HfArrays", version: int) -> "SyncOutcome":
         """Load (first time, worker idle) or hand over (thread-safe) new weights: a weight-sync handle
         (``objectstore.BucketRefs``: the buckets are pulled here; ``disk.DiskVersion``: the version's file
-        is read; ``actor_side.BroadcastVersion``: the buckets arrive in this worker's broadcast group) or an
-        HF dict of arrays.
+        is read; ``broadcast.BroadcastVersion``: the buckets arrive in this worker's broadcast group) or an
+        HF dict of arrays, each taken through its transport (``weight_sync.transport.receive``).
 
-        Returns ``transfer_s`` (buckets taken off the transport and reassembled, generation running
-        meanwhile), ``handover_s`` (the engine's private copy), ``pause_s`` (generation stopped installing
-        weights since the last call: this version when applied at once, else the boundary swaps of earlier
-        versions) and ``bytes``; ``{"failed": reason}`` when the broadcast group broke (a member died: the
-        driver sends this version through the object store and forms the group again)."""
-        from asyncrl.trainer.weight_sync.actor_side import BroadcastVersion
-        from asyncrl.trainer.weight_sync.objectstore import receive
+        Returns :class:`~asyncrl.trainer.weight_sync.outcome.Delivered`: ``transfer_seconds`` (buckets taken off
+        the transport and reassembled, generation running meanwhile), ``handover_seconds`` (the engine's private
+        copy), ``pause_seconds`` (generation stopped installing weights since the last call: this version when
+        applied at once, else the boundary swaps of earlier versions) and ``nbytes``; ``SyncFailed`` when the
+        broadcast group broke (a member died: the driver sends this version through the object store and forms
+        the group again)."""
+        from asyncrl.trainer.weight_sync.broadcast import BroadcastVersion
+        from asyncrl.trainer.weight_sync.outcome import Delivered, SyncFailed
+        from asyncrl.trainer.weight_sync.transport import receive
 
         engine = self.worker.engine
         if isinstance(weights, BroadcastVersion):
             taken = self._receive_broadcast(weights)
-            if isinstance(taken, str):
-                return {"failed": taken}  # type: ignore[dict-item]
+            if isinstance(taken, SyncFailed):
+                return taken
             got = taken
         else:
             got = receive(weights)
@@ -76,7 +81,8 @@ class RolloutHost:
         self._weights = _on_host(got.state) if self._scores_old_versions else None
         pause = float(getattr(engine, "apply_seconds", 0.0)) - self._paused_reported
         self._paused_reported += pause
-        return {"transfer_s": got.transfer_s, "handover_s": handover, "pause_s": pause, "bytes": float(got.nbytes)}
+        return Delivered(transfer_seconds=got.transfer_seconds, nbytes=got.nbytes, handover_seconds=handover,
+                         pause_seconds=pause)
 
     @property
     def _scores_old_versions(self) -> bool:
@@ -97,16 +103,17 @@ class RolloutHost:
         self._group = open_group(endpoint, rank, world, backend=backend,  # type: ignore[arg-type]
                                  timeout_s=timeout_s)
 
-    def _receive_broadcast(self, handle: Any) -> "Received | str":
-        from asyncrl.trainer.weight_sync.broadcast import receive_version
+    def _receive_broadcast(self, handle: "BroadcastVersion") -> "Received | SyncFailed":
+        from asyncrl.trainer.weight_sync.outcome import SyncFailed
+        from asyncrl.trainer.weight_sync.transport import receive
 
         if self._group is None:
-            return f"worker {self.worker.worker_index} is in no broadcast group"
+            return SyncFailed(f"worker {self.worker.worker_index} is in no broadcast group")
         try:
-            return receive_version(self._group, handle.version)
+            return receive(handle, self._group)
         except Exception as exc:  # noqa: BLE001 -- the group broke (a member died): the driver recovers
             self._group = None
-            return f"{type(exc).__name__}: {exc}"
+            return SyncFailed(f"{type(exc).__name__}: {exc}")
 
     def evaluate(self, problems: list[Any], version: int, temperature: float, seed: int, first: int) -> list[Any]:
         """One sample of each held-out problem under ``version`` (``RolloutWorker.evaluate``); the driver
@@ -119,15 +126,16 @@ class RolloutHost:
         suspended here (a running ``generate`` returns its finished trajectories). Returns how many."""
         return len(self.worker.interrupt(timeout_s, hold=True))
 
-    def sync_score(self, trajs: list[Any], version: int, release: bool) -> dict[str, Any]:
+    def sync_score(self, trajs: list[Any], version: int, release: bool) -> "ScoreResult":
         """Phase *score*: with the engine's memory released (``release``), score every unscored sampled
         token of ``version`` -- of the suspended episodes here and of ``trajs`` (finished ones the driver
         holds) -- with the training-side model code under this worker's weights of ``version``.
 
-        Returns ``{"scores": [(positions, values)] per trajs, "tokens": n, "release_s", "score_s",
-        "acquire_s"}``; the suspended episodes keep their scores and carry them when they finish.
+        Returns a :class:`~asyncrl.trainer.oldlogits.score_result.ScoreResult` (the scores per trajs, the tokens
+        scored, the phases' seconds); the suspended episodes keep their scores and carry them when they finish.
         """
         from asyncrl.trainer.oldlogits.precision import actor_bf16
+        from asyncrl.trainer.oldlogits.score_result import ScoreResult
         from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings, SegmentScorer
 
         if self.worker.version != version or self._weights is None:
@@ -160,10 +168,10 @@ class RolloutHost:
             self.worker.acquire()
         t3 = time.perf_counter()
         built = self._scorer.builds > builds  # this window built the model (first, or after free())
-        return {"scores": scores, "tokens": sum(len(p) for p, _ in results),
-                "release_s": t1 - t0, "score_s": t2 - t1, "acquire_s": t3 - t2,
-                "scorer_build_s": self._scorer.build_seconds if built else 0.0,
-                "scorer_load_s": self._scorer.load_seconds}
+        return ScoreResult(scores=scores, tokens=sum(len(p) for p, _ in results),
+                           release_seconds=t1 - t0, score_seconds=t2 - t1, acquire_seconds=t3 - t2,
+                           scorer_build_seconds=self._scorer.build_seconds if built else 0.0,
+                           scorer_load_seconds=self._scorer.load_seconds)
 
     def set_prompt_cursor(self, n: int) -> None:
         """Continue the worker's prompt sequence at group ``n`` (resume, replacement)."""

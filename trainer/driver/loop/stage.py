@@ -8,7 +8,7 @@ reference: nothing between rollout and the actor, and the weight sync is a plain
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.rollout.trajectory import Trajectory
@@ -16,6 +16,7 @@ from asyncrl.trainer.driver.loop import weight_sync
 from asyncrl.trainer.driver.loop.staleness import Group
 from asyncrl.trainer.driver.loop.view import LoopView
 from asyncrl.trainer.driver.run.step_report import WeightSync
+from asyncrl.trainer.weight_sync.outcome import Delivered, SyncOutcome
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -67,13 +68,13 @@ class Stage:
         return {}
 
 
-def sync_report(seconds: float, outs: list[Any]) -> WeightSync:
+def sync_report(seconds: float, outs: Sequence[SyncOutcome | None]) -> WeightSync:
     """A hand-over of ``seconds`` with the slowest worker's ``RolloutHost.update_weights`` parts: transfer
     (buckets pulled, generation running), pause (generation stopped installing weights) and bytes (one
     worker's payload). A replaced worker (None) is left out; with no answer at all the parts are None."""
-    got = [o for o in outs if isinstance(o, dict)]
+    got = [o for o in outs if isinstance(o, Delivered)]
     if not got:
         return WeightSync(seconds)
-    return WeightSync(seconds, transfer_seconds=max(float(o["transfer_s"]) for o in got),
-                      pause_seconds=max(float(o["pause_s"]) for o in got),
-                      bytes=max(float(o["bytes"]) for o in got))
+    return WeightSync(seconds, transfer_seconds=max(o.transfer_seconds for o in got),
+                      pause_seconds=max(o.pause_seconds for o in got),
+                      bytes=max(float(o.nbytes) for o in got))

@@ -27,6 +27,7 @@ from asyncrl.trainer.driver.loop.staleness import Group
 from asyncrl.trainer.driver.loop.view import LoopView
 from asyncrl.trainer.driver.run.step_report import WeightSync
 from asyncrl.trainer.oldlogits.retention import cap_drop, live_versions
+from asyncrl.trainer.oldlogits.score_result import ScoreResult
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -154,18 +155,18 @@ class InterruptSyncStage(Stage):
         def score() -> int:
             todo = [t for g in loop.buffer.waiting() for t in g if t.unscored(old)]
             shares = [todo[i::len(workers)] for i in range(len(workers))]
-            outs = ray.get([w.sync_score.remote(share, old, self.release) for w, share in zip(workers, shares,
-                                                                                            strict=True)])
+            outs: list[ScoreResult] = ray.get([w.sync_score.remote(share, old, self.release)
+                                               for w, share in zip(workers, shares, strict=True)])
             n = 0
             for share, out in zip(shares, outs, strict=True):
-                for t, (pos, val) in zip(share, out["scores"], strict=True):
+                for t, (pos, val) in zip(share, out.scores, strict=True):
                     if pos:
                         t.set_logp_old(pos, val)
-                n += int(out["tokens"])
-                self.times.release_s += float(out["release_s"])
-                self.times.acquire_s += float(out["acquire_s"])
-                self.times.scorer_build_s += float(out["scorer_build_s"])
-                self.times.scorer_load_s += float(out["scorer_load_s"])
+                n += out.tokens
+                self.times.release_s += out.release_seconds
+                self.times.acquire_s += out.acquire_seconds
+                self.times.scorer_build_s += out.scorer_build_seconds
+                self.times.scorer_load_s += out.scorer_load_seconds
             return n
 
         parts: list[Any] = []

@@ -28,12 +28,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.old_logits_route import OldLogitsRoute
 from asyncrl.api.weight_sync import DISK_NEEDS_VOLUME_MESSAGE, WeightTransport
 from asyncrl.trainer.driver.hosts.fleet import HostHandles
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.weight_sync.outcome import SendOutcome, SyncOutcome
 
 log = logging.getLogger(__name__)
 
@@ -125,29 +128,32 @@ def _group(hosts: HostHandles) -> Broadcast | None:
 
 
 def _broadcast(hosts: HostHandles, group: Broadcast, version: int,
-               to_rollout: Callable[[Callable[[Any], Any]], list[Any]]) -> list[Any]:
+               to_rollout: Callable[[Callable[[Any], Any]], list[Any]]) -> list["SyncOutcome | None"]:
     """Send ``version`` to the whole group: the actor's send, every scorer's and rollout worker's receive
     started together; a receiver that missed it (the group broke) gets it from the object store."""
     import ray
+
+    from asyncrl.trainer.weight_sync.outcome import SyncFailed
 
     if group.stale(hosts) and not group.form(hosts):
         hosts.weights = hosts.actor.weights_for_joiner.remote(version)  # the scorers' push reads it too
         return to_rollout(lambda w: w.update_weights.remote(hosts.weights, version))
     send = hosts.actor.send_weights.remote(version)
     scorers = [s.receive_broadcast.remote(version) for s in group.extra]
-    outs = to_rollout(lambda w: w.update_weights.remote(hosts.weights, version))
-    sent = ray.get(send)
-    missed = [i for i, o in enumerate(outs) if isinstance(o, dict) and "failed" in o]
-    scorer_outs = []
+    outs: list[SyncOutcome | None] = to_rollout(lambda w: w.update_weights.remote(hosts.weights, version))
+    sent: SendOutcome = ray.get(send)
+    missed = [i for i, o in enumerate(outs) if isinstance(o, SyncFailed)]
+    scorer_outs: list[SyncOutcome] = []
     for ref in scorers:
         try:
             scorer_outs.append(ray.get(ref))
         except ray.exceptions.RayActorError as exc:  # the fleet finds it dead on its next call, and respawns it
-            scorer_outs.append({"failed": str(exc)})
-    if "error" in sent or missed or any("failed" in o for o in scorer_outs):
+            scorer_outs.append(SyncFailed(str(exc)))
+    scorers_missed = any(isinstance(o, SyncFailed) for o in scorer_outs)
+    if isinstance(sent, SyncFailed) or missed or scorers_missed:
         log.warning("weight sync: broadcast of version %d failed (%s); %d rollout worker(s) take it from the "
-                    "object store, the group is formed again", version, sent.get("error", "a receiver failed"),
-                    len(missed))
+                    "object store, the group is formed again", version,
+                    sent.reason if isinstance(sent, SyncFailed) else "a receiver failed", len(missed))
         group.members = ()  # re-formed before the next version
         if missed:
             handle = hosts.actor.weights_for_joiner.remote(version)
@@ -155,7 +161,7 @@ def _broadcast(hosts: HostHandles, group: Broadcast, version: int,
             for i, o in zip(missed, fixed, strict=True):
                 outs[i] = o
         # A scorer that missed it: its push of this version is resolved from the object store instead.
-        if any("failed" in o for o in scorer_outs):
+        if scorers_missed:
             hosts.weights = hosts.actor.weights_for_joiner.remote(version)
     return outs
 
@@ -172,10 +178,11 @@ def initial(hosts: HostHandles, version: int) -> None:
     ray.get([w.update_weights.remote(hosts.weights, version) for w in hosts.rollout])
 
 
-def to_every_worker(hosts: HostHandles, on_every_worker: OnEveryWorker, weights: Any, version: int) -> list[Any]:
+def to_every_worker(hosts: HostHandles, on_every_worker: OnEveryWorker, weights: Any,
+                    version: int) -> list["SyncOutcome | None"]:
     """``version``'s ``weights`` (a step's sync handle, also ``hosts.weights``) to every worker (and, under
-    broadcast, every scorer in the group); each worker's ``RolloutHost.update_weights`` parts, None for a
-    worker found dead and replaced."""
+    broadcast, every scorer in the group); each worker's ``RolloutHost.update_weights`` outcome (``Delivered``),
+    None for a worker found dead and replaced."""
     hosts.weights = weights
     group = _group(hosts)
     if group is not None:
@@ -183,7 +190,7 @@ def to_every_worker(hosts: HostHandles, on_every_worker: OnEveryWorker, weights:
     return on_every_worker(lambda w: w.update_weights.remote(weights, version))
 
 
-def to_workers(hosts: HostHandles, workers: list[Any], weights: Any, version: int) -> list[Any]:
+def to_workers(hosts: HostHandles, workers: list[Any], weights: Any, version: int) -> list["SyncOutcome | None"]:
     """``weights`` to exactly ``workers`` (an interrupt-sync window: generation is stopped on all of them)."""
     import ray
 
@@ -202,7 +209,7 @@ def for_joiner(hosts: HostHandles, version: int) -> Any:
     return hosts.actor.weights_for_joiner.remote(version)
 
 
-def to_replacement(hosts: HostHandles, worker: Any, version: int) -> Any:
+def to_replacement(hosts: HostHandles, worker: Any, version: int) -> "SyncOutcome":
     """The version rollout holds now to a worker that joined late (a replacement): ``hosts.weights``, or under
     broadcast its object-store copy (the group takes the new worker in before the next version)."""
     import ray
