@@ -82,9 +82,6 @@ class DedicatedFleet:
         """The calls in flight (``ray.wait`` on them beside the generate calls and the train step)."""
         return list(self._pending)
 
-    def owns(self, ref: Any) -> bool:
-        return ref in self._pending
-
     def collect(self, ref: Any) -> None:
         """One call finished: record its scores, or, if its scorer died, re-queue the scorer's work and
         replace it (a scorer's own error, e.g. a bad version, is re-raised: that is a bug, not a fault)."""
