@@ -5,5 +5,7 @@
 - transports: :mod:`.objectstore` (Ray objects, the default), :mod:`.broadcast` (a collective group:
   NCCL on GPU, gloo on CPU, over an authenticated store; its manifests as capped JSON, :mod:`.manifest_wire`),
   :mod:`.disk` (safetensors per version on shared storage);
-- :mod:`.transport`: the registry of ``spec.actor.weightSync.transport``.
+- :mod:`.transport`: the registry of ``spec.actor.weightSync.transport``, the one path production takes: the
+  actor publishes through it (:mod:`.actor_side`), every receiver takes a handle through it (``receive``);
+- :mod:`.outcome`: what a sync answers across Ray (``Delivered``, ``Sent``, ``SyncFailed``), typed records.
 """
