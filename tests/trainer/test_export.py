@@ -16,8 +16,8 @@ from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.cli import main
 from asyncrl.trainer.driver.run import export as run_export
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.logprobs import full_logits
 from tests.support.hf_models import ALL_FAMILIES, tiny_folder
+from tests.support.megatron_parts import full_logits
 
 VERSION = 3
 
@@ -274,6 +274,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_and_said(tmp_path: Path, capsys:
 
 def test_the_final_export_reaches_the_status_and_the_console() -> None:
     from asyncrl.trainer.cli.console import format_summary
+    from asyncrl.trainer.driver.run.summary import RunSummary
     from asyncrl.trainer.driver.status.reporter import StatusReporter
     from tests.trainer.test_driver_status_reporter import step
 
@@ -285,6 +286,6 @@ def test_the_final_export_reaches_the_status_and_the_console() -> None:
     training = patches[-1]["status"]["training"]
     assert (training["lastExport"], training["lastExportVersion"]) == ("/ckpt/exports/step-000002", 2)
     assert (training["lastCheckpoint"], training["lastCheckpointVersion"]) == ("/ckpt/step-000001", 1)
-    text = format_summary({"job": "j", "status": "succeeded", "export": {"path": "/ckpt/exports/step-000002",
-                                                                         "version": 2}})
+    text = format_summary(RunSummary.from_json({"job": "j", "status": "succeeded", "export": {
+        "path": "/ckpt/exports/step-000002", "version": 2}}))
     assert "exported: /ckpt/exports/step-000002 (version 2;" in text
