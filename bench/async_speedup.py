@@ -99,7 +99,8 @@ def run(max_staleness: int, args: argparse.Namespace, root: Path, warm: Path, re
     options = RunOptions(run_dir=root / f"w{max_staleness}-{reference}", warm_start_dir=warm,
                          actor_threads=1, rollout_threads=1, num_cpus=2.0)
     result = run_job(validate_job(job(max_staleness, args, reference)), options)
-    loop = result.summary["loop"]
+    summary = result.summary.to_json()  # summary.json's form
+    loop = summary["loop"]
     n = len(result.steps)
     return {
         "max_staleness": max_staleness, "reference": reference,
@@ -109,10 +110,10 @@ def run(max_staleness: int, args: argparse.Namespace, root: Path, warm: Path, re
         "rollout_idle_ratio": loop["rollout_idle_s"] / max(loop["rollout_worker_s"], 1e-9),
         "t_rollout": loop["trainer_idle_s"] / n,  # sync: the trainer waits exactly for rollout
         "t_train": loop["train_s"] / n,
-        "dropped_groups": result.summary["buffer"]["groups_dropped_stale"],
+        "dropped_groups": summary["buffer"]["groups_dropped_stale"],
         "partial_frac": sum(r.get("partial_frac", 0.0) for r in result.steps) / n,
-        "final_success": result.summary["final_success"],
-        "eval_curve": result.summary["eval_curve"],
+        "final_success": summary["final_success"],
+        "eval_curve": summary["eval_curve"],
     }
 
 

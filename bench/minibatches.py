@@ -58,9 +58,10 @@ def first_reaching(curve: list[dict[str, Any]], target: float) -> dict[str, Any]
 def run(minibatches: int, args: argparse.Namespace, root: Path, warm: Path) -> dict[str, Any]:
     options = RunOptions(run_dir=root / f"mb{minibatches}", warm_start_dir=warm)
     result = run_job(validate_job(job(minibatches, args)), options)
-    loop, curve = result.summary["loop"], result.summary["eval_curve"]
+    summary = result.summary.to_json()  # summary.json's form
+    loop, curve = summary["loop"], summary["eval_curve"]
     loop_s = loop["wall_s"] - loop["eval_s"]
-    versions = result.summary["final_version"] or 0
+    versions = summary["final_version"] or 0
     reached = first_reaching(curve, args.target)
     return {
         "minibatches": minibatches, "epochs": args.epochs, "versions": versions,
@@ -68,7 +69,7 @@ def run(minibatches: int, args: argparse.Namespace, root: Path, warm: Path) -> d
         "loop_s": round(loop_s, 2), "s_per_version": round(loop_s / max(1, versions), 3),
         "eval_curve": curve,
         "target_version": reached and reached["version"], "target_loop_s": reached and reached["loop_s"],
-        "training_success_last10": result.summary["final_success"],
+        "training_success_last10": summary["final_success"],
     }
 
 

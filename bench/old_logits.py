@@ -347,9 +347,9 @@ class Bench:
         options = RunOptions(run_dir=self.root / f"{strategy}-w{W}", warm_start_dir=self.root / "warm_start",
                              num_cpus=self.args.cpus, actor_threads=1, rollout_threads=1)
         result = run_job(validate_job(job(strategy, W, self.args)), options, on_step=progress, on_warm=warm)
-        if result.summary["status"] != "succeeded":
-            raise RuntimeError(f"{strategy} W={W}: run {result.summary['status']}: {result.summary.get('error')}")
-        row = measure(strategy, W, result.steps, result.summary, weight_bytes, ewma_bytes, self.args.replicas)
+        if result.summary.status != "succeeded":
+            raise RuntimeError(f"{strategy} W={W}: run {result.summary.status}: {result.summary.error}")
+        row = measure(strategy, W, result.steps, result.summary.to_json(), weight_bytes, ewma_bytes, self.args.replicas)
         self.rows.append(row)
         print(f"{strategy} W={W}: done: step wall {row.step_wall_s:.3f} s, step {row.step_s:.3f} s, reference "
               f"{row.reference_s:.3f} s, stall {row.stall_s:.3f} s, r_d [{row.rd_min:.6f}, {row.rd_max:.6f}]",

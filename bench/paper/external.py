@@ -157,7 +157,7 @@ def run_one(cfg: harness.Config, scale: Scale, seed: int, weights: Path, out: Pa
     t0 = time.monotonic()
     load0 = os.getloadavg()
     res = run_job(validate_job(doc), RunOptions(run_dir=rdir, actor_threads=1, rollout_threads=1, num_cpus=2.0))
-    run = harness.condense(res.summary, res.steps)
+    run = harness.condense(res.summary.to_json(), res.steps)
     shutil.rmtree(rdir, ignore_errors=True)
     keep = [s["keep_ratio"] for s in run["steps"] if "keep_ratio" in s]
     clip = [s["clip_or_reject_frac"] for s in run["steps"] if "clip_or_reject_frac" in s]

@@ -273,7 +273,7 @@ def rl_run(source: Source, steps: int, seed: int, out: Path, quick: bool) -> dic
     t0 = time.monotonic()
     res = run_job(validate_job(doc), RunOptions(run_dir=rdir, warm_start_dir=warm, actor_threads=1,
                                                 rollout_threads=1, num_cpus=2.0))
-    run = harness.condense(res.summary, res.steps)
+    run = harness.condense(res.summary.to_json(), res.steps)
     shutil.rmtree(rdir, ignore_errors=True)
     keep = [s["keep_ratio"] for s in run["steps"] if "keep_ratio" in s]
     return {

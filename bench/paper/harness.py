@@ -202,11 +202,11 @@ class Runner:
                              actor_threads=1, rollout_threads=1, num_cpus=2.0)
         load0, t0 = os.getloadavg()[0], time.monotonic()
         res = run_job(validate_job(job_doc(cfg, self.scale, seed)), options)
-        if res.summary.get("status") != "succeeded":
-            raise SystemExit(f"run {path.stem} ({cfg.name}, seed {seed}) ended {res.summary.get('status')!r}: "
-                             f"{res.summary.get('error')}; see {rdir}")
+        if res.summary.status != "succeeded":
+            raise SystemExit(f"run {path.stem} ({cfg.name}, seed {seed}) ended {res.summary.status!r}: "
+                             f"{res.summary.error}; see {rdir}")
         record = rec.build(key=cfg.key(), seed=seed, tag=tag, config=cfg.spec(), scale=scale_record(self.scale),
-                           summary=res.summary, steps=res.steps, bench_s=time.monotonic() - t0,
+                           summary=res.summary.to_json(), steps=res.steps, bench_s=time.monotonic() - t0,
                            load_avg=(load0, os.getloadavg()[0]))
         rec.write(self.records, record)
         self.done.add(path.name)

@@ -64,8 +64,8 @@ def test_a_resumed_dataset_job_trains_no_row_twice(tmp_path: Path) -> None:
 
         with local_ray(num_cpus=2):
             result = run_job(job, RunOptions(run_dir=tmp_path / "run", steps=steps, port=0), on_batch=keep)
-        assert result.summary["status"] == "succeeded" and result.summary["final_version"] == steps
-        summaries.append(result.summary)
+        assert result.summary.status == "succeeded" and result.summary.totals.final_version == steps
+        summaries.append(result.summary.to_json())
     cursors = summaries[1]["resume"]["cursors"]  # each worker's cursor at the checkpoint of version 2
     assert len(groups[0]) == 2 * 8 and len(groups[1]) == 2 * 8
     trained = groups[0] + groups[1]

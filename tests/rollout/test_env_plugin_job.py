@@ -36,12 +36,12 @@ def test_a_plugin_environment_trains_two_steps_with_faults_counted(tmp_path: Pat
         result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path, port=0),
                          on_batch=lambda groups, version: batches.append([t for g in groups for t in g]))
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2]
-    assert "warm_start" not in result.summary and result.summary["env_errors"]["exception"] > 0
+    assert result.summary.warm_start is None and result.summary.env_errors["exception"] > 0
     trained = [t for b in batches for t in b]
     assert trained and all(t.task == "toy_envs:AsyncRelay" and t.status is not TrajectoryStatus.ABORTED
                            for t in trained)
     for t in trained:  # observations forced, never trained on; assistant tokens stamped
         for v, m in zip(t.versions, t.loss_mask, strict=True):
             assert (v == NO_VERSION) != m
-    errors = result.summary["buffer"]["trajectories_aborted"]
+    errors = result.summary.buffer["trajectories_aborted"]
     assert errors > 0  # the faulty samples' episodes were aborted and counted, the job finished

@@ -46,11 +46,11 @@ def test_async_job_with_vllm_reports_rd_of_one(strategy: str, tmp_path) -> None:
     spec = validate_job(job)
     with local_ray(num_cpus=2):
         result = run_job(spec, RunOptions(run_dir=tmp_path))
-    assert result.summary["status"] == "succeeded", result.summary
+    assert result.summary.status == "succeeded", result.summary
     records = result.steps
     assert len(records) == 3
     for r in records:
         assert r["reference"] == "exact" and r["keep_ratio"] == 1.0
         assert abs(r["rd_min"] - 1.0) < RD_TOLERANCE and abs(r["rd_max"] - 1.0) < RD_TOLERANCE, (strategy, r)
     if strategy == "interruptSync":
-        assert result.summary["interrupt_sync"]["syncs"] == 3
+        assert result.summary.interrupt_sync["syncs"] == 3

@@ -195,7 +195,7 @@ def test_a_rank_killed_mid_step_restarts_the_gang_from_the_checkpoint_once(fault
 
     result = run_with_restarts(validate_job(JOB), RunOptions(run_dir=tmp_path / "run", num_cpus=2),
                                on_batch=on_batch, on_restart=on_restart)
-    s = result.summary
+    s = result.summary.to_json()  # summary.json's form
     killed = rank_faults.killed_at(faults)
     assert killed is not None and s["status"] == "succeeded", s
     assert len(restarts) == 1 and s["restarts"] == 1, (restarts, s)  # counted once
@@ -218,7 +218,7 @@ def test_a_rank_that_raises_mid_run_restarts_the_gang_once(faults: Path, tmp_pat
     causes: list[ActorRankError] = []
     result = run_with_restarts(validate_job(JOB), RunOptions(run_dir=tmp_path / "run", num_cpus=2),
                                on_restart=lambda n, exc: causes.append(exc))
-    s = result.summary
+    s = result.summary.to_json()  # summary.json's form
     assert s["status"] == "succeeded" and s["restarts"] == 1, s
     assert [(c.rank, c.died, c.method) for c in causes] == [(1, False, "train_step")], causes
     assert causes[0].cause == "RuntimeError: injected fault in rank 1 at version 3", causes[0].cause

@@ -38,7 +38,7 @@ def _scorer_pids() -> list[int]:
 
 
 def _check_exact(result: Any, steps: int) -> None:
-    s = result.summary
+    s = result.summary.to_json()  # summary.json's form
     assert s["status"] == "succeeded", s
     assert [r["version"] for r in result.steps if "version" in r] == list(range(1, steps + 1))
     for r in result.steps:
@@ -53,7 +53,7 @@ def test_broadcast_to_a_tp2_scorer_gang(tmp_path: Path) -> None:
     with local_ray(num_cpus=2):
         result = run_job(validate_job(_job("broadcast", 3)), RunOptions(run_dir=tmp_path / "run"))
     _check_exact(result, 3)
-    assert result.summary["dedicated"]["replacements"] == 0
+    assert result.summary.dedicated["replacements"] == 0
 
 
 def test_a_killed_gang_rank_gets_its_gang_replaced_once(tmp_path: Path) -> None:
@@ -70,5 +70,5 @@ def test_a_killed_gang_rank_gets_its_gang_replaced_once(tmp_path: Path) -> None:
         result = run_job(validate_job(_job("objectStore", 4)), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
     assert killed
     _check_exact(result, 4)
-    assert result.summary["dedicated"]["replacements"] == 1, result.summary["dedicated"]
+    assert result.summary.dedicated["replacements"] == 1, result.summary.dedicated
     assert len(_scorer_pids()) == 0  # nothing left running after the job

@@ -315,6 +315,6 @@ def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
         # the driver switched this process's Ray to token mode; later tests' local Ray runs without
         monkeypatch.undo()
         cluster.reload_ray_auth()
-    assert result.summary["status"] == "succeeded" and result.summary["final_version"] == 2
+    assert result.summary.status == "succeeded" and result.summary.totals.final_version == 2
     assert all(h.get("rollout", 0.0) == 0.0 and h.get("actor", 0.0) == 0.0 for h in held)  # the hosts hold them
     assert sent[-1]["status"]["training"]["policyVersion"] == 2

@@ -69,7 +69,7 @@ def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(tmp_path: Path
 
     with local_ray(num_cpus=2):
         result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
-    s = result.summary
+    s = result.summary.to_json()  # summary.json's form
     assert killed and s["status"] == "succeeded", s
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5, 6]
     assert s["worker_replacements"] == 1, s
@@ -95,7 +95,7 @@ def test_kill_and_resume_continues_the_versions_without_replaying_prompts(tmp_pa
                     on_batch=lambda groups, v: first.extend(g[0].group_id for g in groups if v < 2))
         result = run_job(validate_job(JOB), RunOptions(run_dir=run_dir),
                          on_batch=lambda groups, v: second.extend(g[0].group_id for g in groups))
-    s = result.summary
+    s = result.summary.to_json()  # summary.json's form
     assert s["status"] == "succeeded" and s["start_version"] == 2, s
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5, 6]
     # Steps 1-2 are in the checkpoint; steps 3-6 were trained after the resume on fresh prompts.
@@ -120,7 +120,7 @@ def test_a_killed_dedicated_scorer_is_replaced_and_nothing_is_lost(tmp_path: Pat
 
     with local_ray(num_cpus=2):
         result = run_job(validate_job(job), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
-    s = result.summary
+    s = result.summary.to_json()  # summary.json's form
     assert killed and s["status"] == "succeeded", s
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5]
     assert s["dedicated"]["replacements"] == 1, s["dedicated"]

@@ -57,7 +57,7 @@ def _job(strategy: str) -> dict[str, Any]:
 def run(request, tmp_path_factory):
     with local_ray(num_cpus=2):
         result = run_job(validate_job(_job(request.param)), RunOptions(run_dir=tmp_path_factory.mktemp("exact")))
-    assert result.summary["status"] == "succeeded", result.summary
+    assert result.summary.status == "succeeded", result.summary
     return request.param, result
 
 
@@ -72,6 +72,6 @@ def test_exact_old_logits_leave_only_the_train_inference_discrepancy(run):
         # fp32 engine vs fp32 megatron: the same function up to kernel rounding (measured ~1e-5).
         assert abs(r["rd_min"] - 1.0) < RD_TOLERANCE and abs(r["rd_max"] - 1.0) < RD_TOLERANCE, (strategy, r)
     if strategy == "interruptSync":
-        sync = result.summary["interrupt_sync"]
+        sync = result.summary.interrupt_sync
         assert sync["syncs"] == 5 and sync["tokens_scored"] > 0, sync
         assert all(f"sync_{p}_s" in r for r in records for p in ("interrupt", "score", "update", "resume"))

@@ -64,8 +64,8 @@ def test_a_rerun_resumes_from_the_checkpoint(run):
     first, _, _ = run
     assert (first.run_dir / "checkpoints" / "step-000005" / "meta.json").exists()
     again = run_job(validate_job(JOB), RunOptions(run_dir=first.run_dir, steps=6, port=0))
-    assert again.summary["resumed_from"].endswith("step-000005")
-    assert "warm_start" not in again.summary  # resumed weights, no second warm start
+    assert again.summary.resumed_from.endswith("step-000005")
+    assert again.summary.warm_start is None  # resumed weights, no second warm start
     assert [r["version"] for r in again.steps] == [1, 2, 3, 4, 5, 6]  # the log continues
     assert len(again.run_dir.joinpath("metrics.jsonl").read_text().splitlines()) == 6
     # The last step is checkpointed too, so rerunning a finished job has nothing to redo.
@@ -106,7 +106,7 @@ def test_loss_is_finite_and_run_dir_is_complete(run):
     result, _, _ = run
     assert len(result.steps) == 5
     assert all(math.isfinite(r["loss"]) for r in result.steps)
-    assert result.summary["status"] == "succeeded" and result.summary["final_version"] == 5
+    assert result.summary.status == "succeeded" and result.summary.totals.final_version == 5
     for name in ("metrics.jsonl", "summary.json", "report.png", "job.yaml"):
         assert (result.run_dir / name).exists(), name
 

@@ -63,7 +63,7 @@ def run(request, tmp_path_factory):
         result = run_job(validate_job(job), RunOptions(run_dir=tmp_path_factory.mktemp("eval"), port=0),
                          on_step=on_step, on_batch=on_batch,
                          on_start=lambda info: url.setdefault("metrics", info["metrics_url"]))
-    assert result.summary["status"] == "succeeded", result.summary
+    assert result.summary.status == "succeeded", result.summary
     return result, trained, scraped
 
 
@@ -104,7 +104,7 @@ def test_evaluation_takes_no_admission_capacity_and_reports_what_it_saw(run):
             # nothing was admitted during the evaluation: the capacity left is what the step left
             assert now["asyncrl_admission_capacity_groups"] == then["asyncrl_admission_capacity_groups"]
     assert evals == 4
-    buf = result.summary["buffer"]
+    buf = result.summary.buffer
     # every admitted group is accounted for by training: the evaluation reserved none
     # (calls in flight at the end are aborted by the drain: counted in groups_aborted; interrupt-sync leaves
     # groups whose members are still suspended in their workers)
@@ -114,7 +114,7 @@ def test_evaluation_takes_no_admission_capacity_and_reports_what_it_saw(run):
 
 def test_summary_and_run_dir_carry_the_evaluation(run):
     result, _, _ = run
-    s = result.summary
+    s = result.summary.to_json()  # summary.json's form
     curve = [r for r in result.steps if "eval_version" in r]
     assert [c["version"] for c in s["eval_curve"]] == [0, 2, 4, 5]
     assert s["eval_first"] == round(curve[0]["eval_success"], 4) and s["eval_last"] == round(curve[-1]["eval_success"], 4)

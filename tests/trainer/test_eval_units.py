@@ -26,7 +26,9 @@ from asyncrl.trainer.driver.loop.evaluation import (
     shares,
 )
 from asyncrl.trainer.driver.run.metrics import create_metrics
+from asyncrl.trainer.driver.run.metrics_log import parse_lines
 from asyncrl.trainer.driver.run.rundir import write_report
+from asyncrl.trainer.driver.run.summary import RunSummary
 from bench.async_speedup import success_at_loop_seconds
 
 
@@ -99,14 +101,14 @@ def test_record_metrics_and_summary() -> None:
     steps = [{"step": v, "version": v, "applied": True, "success_rate": 0.1 * v, "reward_mean": 0.1 * v} for v in range(1, 9)]
     records = [EvalResult(0, 4, 1, 1.0, 9, 1.0, 0.0).record(1.0), *steps[:4], rec, *steps[4:],
                EvalResult(8, 4, 4, 4.0, 9, 0.5, 0.0).record(20.0)]
-    s = summarise(records, wall_s=30.0)
+    s = summarise(records, wall_s=30.0).to_json()
     assert s["steps_done"] == 8 and s["final_version"] == 8  # evaluation records are not steps
     assert (s["eval_first"], s["eval_last"], s["eval_first_version"], s["eval_last_version"]) == (0.25, 1.0, 0, 8)
     assert [c["version"] for c in s["eval_curve"]] == [0, 4, 8] and s["eval_s"] == 3.0
-    assert summarise(steps, 1.0)["eval_first"] is None and summarise(steps, 1.0)["eval_curve"] == []
-    text = format_summary({**s, "job": "q", "status": "succeeded"})
+    assert summarise(steps, 1.0).eval_first is None and summarise(steps, 1.0).eval_curve == ()
+    text = format_summary(RunSummary.from_json({**s, "job": "q", "status": "succeeded"}))
     assert "success went from 25.0% to 100.0% (held-out evaluation, version 0 -> 8, 3 evaluations)" in text
-    assert "success went from" not in format_summary(summarise(steps, 1.0))
+    assert "success went from" not in format_summary(RunSummary.from_json(summarise(steps, 1.0).to_json()))
 
 
 def test_report_plots_the_evaluation(tmp_path) -> None:
@@ -152,9 +154,9 @@ def test_eval_curve_carries_training_seconds_without_the_evaluations_own_time() 
     evals = [EvalResult(0, 4, 1, 1.0, 9, 0.5, 0.0).record(10.0),   # loop starts after eval 0
              EvalResult(4, 4, 2, 2.0, 9, 1.0, 0.2).record(16.0),   # 6 s later, 1 s of it evaluating
              EvalResult(8, 4, 4, 4.0, 9, 2.0, 0.0).record(30.0)]   # 14 s later, 2 s evaluating
-    assert eval_loop_seconds(evals) == [0.0, 5.0, 17.0]
+    assert eval_loop_seconds(parse_lines(evals)) == [0.0, 5.0, 17.0]  # type: ignore[arg-type]
     assert eval_loop_seconds([]) == []
-    curve = summarise(evals, wall_s=31.0)["eval_curve"]
+    curve = summarise(evals, wall_s=31.0).to_json()["eval_curve"]
     assert [c["loop_s"] for c in curve] == [0.0, 5.0, 17.0]
     assert success_at_loop_seconds(curve, 4.9)["version"] == 0  # type: ignore[index]
     assert success_at_loop_seconds(curve, 5.0)["version"] == 4  # type: ignore[index]

@@ -42,8 +42,8 @@ def test_two_steps_per_family_report_rd_of_one(family: Family, tmp_path: Path) -
     job = validate_job(_job(family, folder))
     with local_ray(num_cpus=2):
         result = run_job(job, RunOptions(run_dir=tmp_path / "run", steps=2))
-    assert result.summary["status"] == "succeeded", result.summary
-    load = result.summary["model_load"]
+    assert result.summary.status == "succeeded", result.summary
+    load = result.summary.model_load
     assert load["architecture"] == FAMILIES[family].architecture
     assert load["folder"] == str(folder) and load["seconds"] > 0 and load["peak_rss_bytes"] > 0
     assert len(result.steps) == 2

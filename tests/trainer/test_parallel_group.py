@@ -33,7 +33,7 @@ def test_a_data_parallel_actor_group_trains_checkpoints_and_resumes(tmp_path) ->
         assert all(math.isfinite(r["loss"]) for r in first.steps)
         assert (first.run_dir / "checkpoints" / "step-000004" / "meta.json").exists()
         again = run_job(validate_job(JOB), RunOptions(run_dir=first.run_dir, steps=5, port=0))
-    assert again.summary["resumed_from"].endswith("step-000004")
+    assert again.summary.resumed_from.endswith("step-000004")
     assert [r["version"] for r in again.steps] == [1, 2, 3, 4, 5]
 
 
@@ -49,6 +49,6 @@ def test_the_data_parallel_example_runs_and_its_versions_advance(tmp_path) -> No
     assert job.spec.actor.world_size == 2 and job.spec.actor.data_parallel == 2
     with local_ray(num_cpus=2):
         result = run_with_restarts(job, RunOptions(run_dir=tmp_path / "run", port=0, steps=3, warm_start=False))
-    assert result.summary["status"] == "succeeded" and result.summary["restarts"] == 0, result.summary
+    assert result.summary.status == "succeeded" and result.summary.restarts == 0, result.summary
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in result.steps if "version" in r)

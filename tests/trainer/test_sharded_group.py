@@ -39,5 +39,5 @@ def test_a_tensor_parallel_actor_group_checkpoints_and_resumes(tmp_path) -> None
         assert meta["format"] == "sharded" and meta["layout"]["tp"] == 2 and meta["layout"]["world"] == 2
         assert {"__0_0.distcp", "__1_0.distcp"} <= set(meta["files"])  # both TP ranks wrote their shards
         again = run_job(validate_job(JOB), RunOptions(run_dir=first.run_dir, steps=3, port=0))
-    assert again.summary["resumed_from"].endswith("step-000002")
+    assert again.summary.resumed_from.endswith("step-000002")
     assert [r["version"] for r in again.steps] == [1, 2, 3]

@@ -39,7 +39,7 @@ def run(tmp_path_factory: pytest.TempPathFactory):
 
 def test_two_steps_of_the_example_train_on_smollm2_text(run) -> None:
     job, result, batches = run
-    assert result.summary["status"] == "succeeded" and result.summary["final_version"] == 2
+    assert result.summary.status == "succeeded" and result.summary.totals.final_version == 2
     assert len(result.steps) == 2 and all(math.isfinite(r["loss"]) for r in result.steps)
     tok = tokenizer_for(job.spec.model)
     assert isinstance(tok, HFTokenizer)

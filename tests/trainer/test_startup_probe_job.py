@@ -50,7 +50,7 @@ def test_a_job_probes_exports_and_reports_the_final_export(tmp_path: Path) -> No
     assert probe["passed"] and [e["engine"] for e in probe["engines"]] == ["rollout-0 (transformers, bfloat16)"]
     assert probe["engines"][0]["cause"] == "dtype" and probe["engines"][0]["tokens"] > 0
     final = tmp_path / "run" / "checkpoints" / "exports" / "step-000003"
-    assert summary["export"]["path"] == result.summary["export"]["path"] == str(final)
+    assert summary["export"]["path"] == result.summary.export["path"] == str(final)
     assert [v for v, _ in export.complete_exports(tmp_path / "run" / "checkpoints")] == [2, 3]  # keep 2 of 3
     training = patches[-1]["status"]["training"]
     assert training["lastExport"] == str(final) and training["lastExportVersion"] == 3

@@ -56,7 +56,7 @@ def _run(job: dict[str, Any], run_dir: Path, **kw: Any) -> tuple[Any, _Versions]
     versions = _Versions()
     with local_ray(num_cpus=2):
         result = run_job(validate_job(job), RunOptions(run_dir=run_dir), on_batch=versions, **kw)
-    assert result.summary["status"] == "succeeded", result.summary
+    assert result.summary.status == "succeeded", result.summary
     return result, versions
 
 
@@ -115,7 +115,7 @@ def test_broadcast_replaced_worker_gets_the_current_version_and_joins_the_group(
     caplog.set_level(logging.INFO, logger="asyncrl.trainer.driver.loop.weight_sync")
     result, versions = _run(_job("broadcast", train={"steps": 4, "promptsPerStep": 2, "warmStartSteps": 0}),
                             tmp_path / "run", on_step=on_step)
-    assert killed and result.summary["worker_replacements"] == 1, result.summary
+    assert killed and result.summary.worker_replacements == 1, result.summary
     _check_learned_and_synced(result, versions, 4)
     assert "broadcast group formed again" in caplog.text  # the replacement joined before a later version
 
@@ -135,7 +135,7 @@ def test_exact_pi_old_when_weights_arrive_by_broadcast(tmp_path: Path, strategy:
         # every token scored under its own version: r_d = pi_old / mu_old is 1 up to kernel rounding
         assert abs(r["rd_min"] - 1.0) < RD_TOLERANCE and abs(r["rd_max"] - 1.0) < RD_TOLERANCE, r
     if strategy == "dedicated":
-        d = result.summary["dedicated"]
+        d = result.summary.dedicated
         assert d["scored_tokens"] > 0 and d["latest_version"] == 3, d
     else:
-        assert result.summary["interrupt_sync"]["syncs"] == 3
+        assert result.summary.interrupt_sync["syncs"] == 3

@@ -404,8 +404,9 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
         if reporter is not None and reporter.flush():  # the last word, whatever happened
             log.info("final status report sent: policyVersion %d (%d reports, %d failed)",
                      reporter.policy_version, reporter.sent, reporter.failures)
-    print(json.dumps({"job": job.metadata.name, "status": result.summary.get("status"),
-                      "final_version": result.summary.get("final_version"),
+    totals = result.summary.totals
+    print(json.dumps({"job": job.metadata.name, "status": result.summary.status,
+                      "final_version": totals.final_version if totals is not None else None,
                       "status_reports": None if reporter is None else reporter.sent,
                       "status_failures": None if reporter is None else reporter.failures}))
     return 0

@@ -2,6 +2,7 @@
 
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,56 +18,64 @@ from asyncrl.trainer.driver.loop.training_loop import (
     default_run_dir,
 )
 from asyncrl.trainer.driver.run.faults import describe
+from asyncrl.trainer.driver.run.metrics_log import JSON, JSONObject
+from asyncrl.trainer.driver.run.summary import RunSummary
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: RunSummary) -> str:
     """The final lines printed after a run (also after Ctrl-C or a failure)."""
 
-    def pct(x: Any) -> str:
+    def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{100 * x:.1f}%"
 
+    t = summary.totals  # None: the run ended before its totals (a summary read back, or none at all)
     lines = [
-        f"{summary.get('job')}: {summary.get('status')} after {summary.get('steps_done', 0)} steps "
-        f"in {summary.get('wall_s', 0):.1f} s (maxStaleness {summary.get('max_staleness')}, "
-        f"reference {summary.get('reference')})",
-        f"  training success (mean of the first / last 10 steps): {pct(summary.get('start_success'))} -> "
-        f"{pct(summary.get('final_success'))}",
-        f"  run directory: {summary.get('run_dir')}  (report: {summary.get('report')})",
+        f"{summary.job}: {summary.status} after {t.steps_done if t else 0} steps "
+        f"in {t.wall_s if t else 0:.1f} s (maxStaleness {summary.max_staleness}, "
+        f"reference {summary.reference})",
+        f"  training success (mean of the first / last 10 steps): {pct(t.start_success if t else None)} -> "
+        f"{pct(t.final_success if t else None)}",
+        f"  run directory: {summary.run_dir}  (report: {summary.report})",
     ]
-    if summary.get("eval_first") is not None:
+    if t is not None and t.eval_first is not None:
         # The held-out evaluation is the honest learning signal: the current version, on prompts never trained on.
-        lines.insert(1, f"  success went from {pct(summary['eval_first'])} to {pct(summary['eval_last'])} "
-                        f"(held-out evaluation, version {summary.get('eval_first_version')} -> "
-                        f"{summary.get('eval_last_version')}, {len(summary.get('eval_curve') or [])} evaluations)")
-    warm = summary.get("warm_start")
+        lines.insert(1, f"  success went from {pct(t.eval_first)} to {pct(t.eval_last)} "
+                        f"(held-out evaluation, version {t.eval_first_version} -> "
+                        f"{t.eval_last_version}, {len(t.eval_curve)} evaluations)")
+    warm = summary.warm_start
     if warm:
         how = ("reused from the run directory" if warm.get("cached") else
                "stopped by SIGTERM, not cached" if warm.get("interrupted") else f"{warm.get('seconds')} s")
         lines.insert(1, f"  warm start: {warm.get('steps')} supervised steps ({how})")
-    elif summary.get("resumed_from"):
-        lines.insert(1, f"  resumed from {summary['resumed_from']}")
-    for notice in summary.get("notices") or []:  # a checkpoint skipped, a torn log line repaired
+    elif summary.resumed_from:
+        lines.insert(1, f"  resumed from {summary.resumed_from}")
+    for notice in summary.notices or ():  # a checkpoint skipped, a torn log line repaired
         lines.append(f"  note: {notice}")
-    if summary.get("status") == "preempted":
-        version = (summary.get("stopped") or {}).get("version", summary.get("final_version"))
-        saved = summary.get("final_checkpoint") or "none needed (nothing trained since the last one)"
+    if summary.status == "preempted":
+        version = (summary.stopped or {}).get("version", t.final_version if t else None)
+        saved = summary.final_checkpoint or "none needed (nothing trained since the last one)"
         lines.append(f"  stopped by SIGTERM at version {version}; final checkpoint: {saved} (a rerun resumes there)")
-    probe = summary.get("startup_check")
+    probe = summary.startup_check
     if probe:  # the start-up discrepancy probe, one engine per line
-        for e in probe.get("engines", []):
+        for e in _objects(probe.get("engines")):
             verdict = "ok" if e["passed"] else f"REFUSED, looks like {e['cause']}"
             lines.append(f"  start-up probe {e['engine']}: mean |log r_d| {e['mean_abs_log_ratio']:.2e}, p99 "
                          f"{e['p99_abs_log_ratio']:.2e} over {e['tokens']} tokens ({verdict})")
-    if summary.get("export"):
-        lines.append(f"  exported: {summary['export']['path']} (version {summary['export']['version']}; "
+    if summary.export:
+        lines.append(f"  exported: {summary.export['path']} (version {summary.export['version']}; "
                      "AutoModelForCausalLM.from_pretrained loads it)")
-    errors = {r: n for r, n in (summary.get("env_errors") or {}).items() if n}
+    errors = {r: n for r, n in (summary.env_errors or {}).items() if n}
     if errors:  # episodes the environment's code aborted (the job went on without them)
         lines.append("  environment errors: " + ", ".join(f"{n} {r}" for r, n in errors.items())
                      + " (episodes aborted; docs/runbooks/AsyncRLEnvErrors.md)")
-    if summary.get("error"):
-        lines.append(f"  error: {summary['error']}")
+    if summary.error:
+        lines.append(f"  error: {summary.error}")
     return "\n".join(lines)
+
+
+def _objects(value: JSON) -> list[JSONObject]:
+    """The JSON objects of a JSON list (none: not a list)."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = False) -> int:
@@ -144,7 +153,7 @@ def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = Fal
     return code
 
 
-def _summary_from_disk(job: AsyncRLJob, options: RunOptions, began: float, error: str | None) -> dict[str, Any]:
+def _summary_from_disk(job: AsyncRLJob, options: RunOptions, began: float, error: str | None) -> RunSummary:
     """After an exception run_job has written this attempt's summary (last-attempt.json when it logged no
     step, else summary.json); read it back for the printout. A file older than the attempt is a previous
     run's, and a full disk may have left none: then the error itself is the summary."""
@@ -155,8 +164,8 @@ def _summary_from_disk(job: AsyncRLJob, options: RunOptions, began: float, error
         path = run_dir / name
         try:
             if path.stat().st_mtime >= began - 1.0:  # file systems with coarse timestamps
-                return dict(json.loads(path.read_text()))
+                return RunSummary.from_json(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-    return {"job": job.metadata.name, "status": "failed", "run_dir": str(run_dir), "error": error,
-            "report": "(not written)"}
+    return RunSummary(job=job.metadata.name, status="failed", run_dir=str(run_dir), error=error,
+                      report="(not written)")

@@ -3,17 +3,20 @@
 Plain functions over the catalogue's metrics (:mod:`.metrics`) and the actor's typed step report
 (:class:`~asyncrl.trainer.actor.reports.TrainStepMetrics`). The correction loss's counts arrive as its
 own record (:class:`CorrectionStats`) and go into the counters as they are: nothing is divided and
-multiplied back. :func:`summarise` reads the ``metrics.jsonl`` lines (a resumed run's earlier lines too).
+multiplied back. :func:`summarise` adds up the ``metrics.jsonl`` lines (a resumed run's earlier lines too), typed by
+:mod:`.metrics_log`, into the summary's :class:`StepTotals`.
 """
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.run.metrics import SYNC_STATES, TRAJECTORY_STATUSES, DriverMetrics
+from asyncrl.trainer.driver.run.metrics_log import EvalLine, JSONObject, StepLine, parse_lines
+from asyncrl.trainer.driver.run.summary import EvalPoint, StepTotals
 
 if TYPE_CHECKING:
     from asyncrl.trainer.actor.reports import TrainStepMetrics
@@ -109,36 +112,38 @@ def success_rate(groups: Sequence[Sequence[Trajectory]]) -> float:
     return sum(t.success for t in trajs) / max(1, len(trajs))
 
 
-def summarise(records: Sequence[dict[str, Any]], wall_s: float, window: int = 10) -> dict[str, Any]:
-    """From the run's ``metrics.jsonl`` lines (a resumed log included, so read back as text): start/final success and reward (means over the first/last ``window`` applied steps), wall time,
-    and the held-out evaluation's first/last success and curve (``eval_*``; None/empty without one)."""
+def summarise(records: Sequence[JSONObject], wall_s: float, window: int = 10) -> StepTotals:
+    """From the run's ``metrics.jsonl`` lines (a resumed log included, so read back as text): start/final
+    success and reward (means over the first/last ``window`` applied steps), wall time, and the held-out
+    evaluation's first/last success and curve (``eval_*``; None/empty without one)."""
 
     def mean(xs: list[float]) -> float | None:
         return round(sum(xs) / len(xs), 4) if xs else None
 
-    ok = [r for r in records if r.get("applied") is True]  # metrics.jsonl lines of the applied steps
-    evals = [r for r in records if "eval_version" in r]  # evaluations of the current policy, in order
-    curve = [{"version": r["eval_version"], "success": round(r["eval_success"], 4),
-              "reward": round(r["eval_reward"], 4), "seconds": r.get("eval_s"), "loop_s": round(t, 3)}
-             for r, t in zip(evals, eval_loop_seconds(evals), strict=True)]
-    return {
-        "steps_done": len(ok), "wall_s": round(wall_s, 2),
-        "start_success": mean([r["success_rate"] for r in ok[:window]]),
-        "final_success": mean([r["success_rate"] for r in ok[-window:]]),
-        "start_reward": mean([r["reward_mean"] for r in ok[:window]]),
-        "final_reward": mean([r["reward_mean"] for r in ok[-window:]]),
-        "final_version": ok[-1]["version"] if ok else None,
+    lines = parse_lines(records)
+    ok = [r for r in lines if isinstance(r, StepLine) and r.applied]  # the applied steps
+    evals = [r for r in lines if isinstance(r, EvalLine)]  # evaluations of the current policy, in order
+    curve = tuple(EvalPoint(version=r.version, success=round(r.success, 4), reward=round(r.reward, 4),
+                            seconds=r.seconds, loop_s=round(t, 3))
+                  for r, t in zip(evals, eval_loop_seconds(evals), strict=True))
+    success = [r.success_rate for r in ok if r.success_rate is not None]
+    reward = [r.reward_mean for r in ok if r.reward_mean is not None]
+    return StepTotals(
+        steps_done=len(ok), wall_s=round(wall_s, 2),
+        start_success=mean(success[:window]), final_success=mean(success[-window:]),
+        start_reward=mean(reward[:window]), final_reward=mean(reward[-window:]),
+        final_version=ok[-1].version if ok else None,
         # held-out evaluation (spec.eval): first and last evaluated success, and every evaluation
-        "eval_first": curve[0]["success"] if curve else None,
-        "eval_last": curve[-1]["success"] if curve else None,
-        "eval_first_version": curve[0]["version"] if curve else None,
-        "eval_last_version": curve[-1]["version"] if curve else None,
-        "eval_curve": curve,
-        "eval_s": round(sum(r.get("eval_s", 0.0) for r in evals), 3),
-    }
+        eval_first=curve[0].success if curve else None,
+        eval_last=curve[-1].success if curve else None,
+        eval_first_version=curve[0].version if curve else None,
+        eval_last_version=curve[-1].version if curve else None,
+        eval_curve=curve,
+        eval_s=round(sum(r.seconds if r.seconds is not None else 0.0 for r in evals), 3),
+    )
 
 
-def eval_loop_seconds(evals: Sequence[dict[str, Any]]) -> list[float]:
+def eval_loop_seconds(evals: Sequence[EvalLine]) -> list[float]:
     """Training-loop seconds at which each evaluation saw its version: wall time since the first
     evaluation (version 0, at the loop's start) without the evaluations' own time (``eval_s``, the
     drain included), so runs that evaluate equally often compare at equal training wall-clock."""
@@ -147,7 +152,6 @@ def eval_loop_seconds(evals: Sequence[dict[str, Any]]) -> list[float]:
     spent = 0.0
     out = []
     for r in evals[1:]:
-        spent += float(r.get("eval_s", 0.0))
-        out.append(max(0.0, float(r["wall_s"]) - float(evals[0]["wall_s"]) - spent))
+        spent += float(r.seconds or 0.0)
+        out.append(max(0.0, float(r.wall_s) - float(evals[0].wall_s) - spent))
     return [0.0, *out]
-

@@ -26,6 +26,7 @@ loop's trainer and rollout-worker seconds (the idle ratios' denominators) leave 
 """
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from asyncrl.api.evaluation import EvalMode
 from asyncrl.rollout.envs.binding import task_samples
 from asyncrl.rollout.envs.interface import Sample
 from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer.driver.run.metrics_log import EvalLine, JSONObject, parse_lines
 
 if TYPE_CHECKING:
     from asyncrl.trainer.driver.loop.view import LoopView
@@ -81,13 +83,18 @@ class EvalResult:
 
     def record(self, wall_s: float) -> dict[str, Any]:
         """The ``metrics.jsonl`` line: ``step`` is the evaluated version (the step record that made it has
-        the same ``step``); no ``version`` key, so step-record readers skip it."""
+        the same ``step``); no ``version`` key, so step-record readers skip it (read back: ``metrics_log.EvalLine``)."""
         return {
             "step": self.version, "wall_s": round(wall_s, 3), "eval_version": self.version,
             "eval_success": self.success, "eval_reward": self.reward, "eval_prompts": self.prompts,
             "eval_sampled_tokens": self.sampled_tokens, "eval_s": round(self.seconds, 4),
             "eval_drain_s": round(self.drain_seconds, 4),
         }
+
+
+def evaluated_versions(records: Sequence[JSONObject]) -> set[int]:
+    """The versions a run's ``metrics.jsonl`` lines already evaluated (a resumed run skips them)."""
+    return {line.version for line in parse_lines(records) if isinstance(line, EvalLine)}
 
 
 def check_versions(trajs: list[Trajectory], version: int) -> None:
@@ -127,8 +134,8 @@ class Evaluator:
 
         version, n = loop.version, len(loop.hosts.rollout)
         t0 = time.monotonic()
-        for seconds in loop.workers.hold_idle(t0):  # idle until now; from here the wait is the evaluation's
-            loop.m.rollout_idle.inc(seconds)
+        for i in list(loop.idle_since):  # idle until now; from here the wait is the evaluation's
+            loop.m.rollout_idle.inc(t0 - loop.idle_since.pop(i))
         todo = {i: r for i, r in enumerate(shares(len(self.problems), n)) if r[1] > r[0]}
         calls: dict[Any, int] = {}  # evaluate ref -> worker index
         trajs: list[Trajectory] = []
@@ -136,7 +143,7 @@ class Evaluator:
         loop.paused = True
         try:
             while todo or calls:
-                busy = loop.workers.generating()
+                busy = {i for ref, (i, _) in loop.pending.items() if loop.called[ref] is loop.hosts.rollout[i]}
                 for i in [i for i in todo if i not in busy]:
                     start, stop = todo.pop(i)
                     ref = loop.hosts.rollout[i].evaluate.remote(
@@ -153,11 +160,14 @@ class Evaluator:
                     trajs.extend(ray.get(ref))
                 except ray.exceptions.RayActorError as exc:  # replaced; it holds this version's weights
                     loop.replace_rollout(i, exc)
-                    loop.workers.hold(i)
+                    loop.idle_since.pop(i, None)
                     todo[i] = shares(len(self.problems), n)[i]
         finally:
             loop.paused = False
-            loop.workers.end_pause(time.monotonic())  # the pause is not rollout idle time
+            now = time.monotonic()
+            for i in range(n):  # the pause is not rollout idle time
+                if i in loop.idle_since or not any(j == i for j, _ in loop.pending.values()):
+                    loop.idle_since[i] = now
         check_versions(trajs, version)
         if len(trajs) != len(self.problems):
             raise RuntimeError(f"evaluation of version {version}: {len(trajs)} trajectories for "

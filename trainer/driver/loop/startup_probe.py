@@ -48,6 +48,7 @@ from typing import Any, Literal
 import torch
 
 from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer.driver.run.summary import SummaryDraft
 
 log = logging.getLogger(__name__)
 
@@ -311,15 +312,15 @@ def run_probe(hosts: Any, spec: Any, version: int) -> list[Verdict]:
     return out
 
 
-def startup_check(hosts: Any, spec: Any, version: int, summary: dict[str, Any], metrics: Any) -> list[Verdict]:
-    """The driver's step: probe every engine, record it (``summary["startup_check"]``, the
+def startup_check(hosts: Any, spec: Any, version: int, summary: SummaryDraft, metrics: Any) -> list[Verdict]:
+    """The driver's step: probe every engine, record it (``summary.startup_check``, the
     ``asyncrl_startup_log_ratio_abs`` gauges of the worst engine, one log line per engine), then
     :func:`check`: a refused engine raises :class:`StartupCheckError` (the summary says why)."""
     import time
 
     t0 = time.monotonic()
     verdicts = run_probe(hosts, spec, version)
-    summary["startup_check"] = {
+    summary.startup_check = {
         "passed": all(v.passed for v in verdicts), "seconds": round(time.monotonic() - t0, 3),
         "max_mean_abs_log_ratio": spec.correction.startup_check.max_mean_abs_log_ratio,
         "max_p99_abs_log_ratio": spec.correction.startup_check.max_p99_abs_log_ratio,

@@ -56,17 +56,17 @@ from asyncrl.trainer.driver.loop.accounting import (
     success_rate,
     summarise,
 )
-from asyncrl.trainer.driver.loop.evaluation import EvalResult, Evaluator
+from asyncrl.trainer.driver.loop.evaluation import EvalResult, Evaluator, evaluated_versions
 from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch, token_staleness
 from asyncrl.trainer.driver.loop.stage import PhaseCallback, Stage
 from asyncrl.trainer.driver.loop.stage_registry import make_stage
 from asyncrl.trainer.driver.loop.staleness import Group, StalenessBuffer, check_staleness
 from asyncrl.trainer.driver.loop.startup_probe import startup_check
-from asyncrl.trainer.driver.loop.workers import GenerateCall, WorkerPool
 from asyncrl.trainer.driver.run import checkpoints, faults, recovery
 from asyncrl.trainer.driver.run.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
 from asyncrl.trainer.driver.run.rundir import RunDir, sweep_temporaries, write_report
 from asyncrl.trainer.driver.run.step_report import ActorStep, StepReport, step_line
+from asyncrl.trainer.driver.run.summary import RunStatus, RunSummary, SummaryDraft
 from asyncrl.trainer.driver.run.termination import StopRequest, install_sigterm_handler
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class RunResult:
     """What ``run_job`` hands back (also written to ``summary.json``)."""
 
     run_dir: Path
-    summary: dict[str, Any]
+    summary: RunSummary
     steps: list[dict[str, Any]] = field(default_factory=list)  # the metrics.jsonl lines (a resumed log included)
     metrics_url: str | None = None
 
@@ -147,13 +147,13 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     server: MetricsServer | None = None
     port = spec.monitoring.port if options.port is None else options.port
     started = time.monotonic()
-    summary: dict[str, Any] = {
-        "job": job.metadata.name, "run_dir": str(run.path), "status": "running",
-        "max_staleness": spec.async_.max_staleness, "reference": spec.correction.reference.value,
-        "metrics_url": None, "restarts": len(options.restarts),
-    }
+    summary = SummaryDraft(job=job.metadata.name, run_dir=str(run.path), max_staleness=spec.async_.max_staleness,
+                           reference=spec.correction.reference.value, restarts=len(options.restarts))
     if options.restarts:  # gang restarts before this attempt (gang_restart), counted once each
-        summary["restart_causes"] = list(options.restarts)
+        summary.restart_causes = tuple(options.restarts)
+    status: RunStatus = "running"
+    error: str | None = None
+    final: RunSummary | None = None  # made once, when the run ends
     records: list[dict[str, Any]] = []
     hosts: HostHandles | None = None
     stop = StopRequest()  # SIGTERM (preemption, drain): stop cleanly, checkpoint, exit 0
@@ -162,7 +162,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     try:
         if spec.monitoring.enabled:
             server = serve_metrics(registry, port, options.metrics_host)
-            summary["metrics_url"] = server.url
+            summary.metrics_url = server.url
         n_procs = (spec.rollout.replicas + spec.actor.world_size  # every scorer rank is a process too
                    + (spec.old_logits.dedicated.replicas * spec.old_logits.dedicated.layout_for(spec.actor).world_size
                       if spec.old_logits_route is OldLogitsRoute.DEDICATED else 0))
@@ -175,18 +175,18 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                                     # snapshot.device disk: under the run directory locally; in a cluster the
                                     # actor's pod has its own disk (a private folder there)
                                     work_dir=str(run.path / "snapshots") if options.placement == "local" else None)
-                summary["startup_s"] = round(time.monotonic() - started, 2)
+                summary.startup_s = round(time.monotonic() - started, 2)
                 _model_load(hosts, summary)
                 weight_sync.setup(hosts, spec, run.checkpoint_dir(spec.checkpoint.dir), options.placement)
                 if on_start is not None:
-                    on_start({**summary, "total_steps": total_steps})
+                    on_start({**summary.to_json(), "total_steps": total_steps})
                 # --- warm start or resume --------------------------------------------------
                 version, driver_state = _warm_or_resume(hosts, job, run, options, summary, on_warm, stop)
-                summary["start_version"] = version
+                summary.start_version = version
                 if job.spec.correction.startup_check.enabled:  # refuses (exit 2) before any step
                     startup_check(hosts, job.spec, version, summary, metrics)
                 # a resumed run continues its log (a torn last line is cut off and said)
-                records.extend(run.keep_steps_up_to(version, summary.setdefault("notices", [])))
+                records.extend(run.keep_steps_up_to(version, summary.notes()))
                 logged_from = len(records)
                 # --- the loop -----------------------------------------------------------------
                 loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
@@ -207,16 +207,16 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
                     if not own_ray:
                         hosts.kill()  # a shared Ray (tests, benchmarks) outlives this job's processes
         # SIGTERM: the loop stopped early and saved a final checkpoint; the operator's rerun resumes there
-        summary["status"] = "preempted" if stop.requested else "succeeded"
+        status = "preempted" if stop.requested else "succeeded"
     except KeyboardInterrupt as exc:
         failure = exc
-        summary["status"] = "interrupted"
+        status = "interrupted"
         raise
     except BaseException as exc:
         failure = exc
-        summary["status"] = "failed"
-        summary["error"] = faults.describe(exc)  # errno, path and bytes free for an OSError (a full disk)
-        log.error("job %s failed: %s", job.metadata.name, summary["error"])
+        status = "failed"
+        error = faults.describe(exc)  # errno, path and bytes free for an OSError (a full disk)
+        log.error("job %s failed: %s", job.metadata.name, error)
         raise
     finally:
         # --- cleanup: always leave a usable run directory -------------------------------------
@@ -225,9 +225,9 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
         attempt_only = (failure is not None and len(records) <= max(0, logged_from)
                         and run.summary_json.exists())
         try:
-            summary.update(summarise(records, time.monotonic() - started))
-            summary["report"] = str(run.report_png)
-            run.write_summary(summary, attempt_only=attempt_only)
+            final = summary.finish(status, error=error, totals=summarise(records, time.monotonic() - started),
+                                   report=str(run.report_png))
+            run.write_summary(final.to_json(), attempt_only=attempt_only)
             if not attempt_only:
                 write_report(records, run.report_png,
                              f"{job.metadata.name} (maxStaleness {spec.async_.max_staleness})")
@@ -235,19 +235,20 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
             if failure is None:
                 raise
             log.error("could not write the run's summary/report (%s); the run's own error: %s",
-                      faults.describe(exc), summary.get("error", summary["status"]))
+                      faults.describe(exc), error or status)
         finally:
             if server is not None:
                 server.close()
-    return RunResult(run.path, summary, records, summary.get("metrics_url"))
+    assert final is not None  # written in the finally above, which raised otherwise
+    return RunResult(run.path, final, records, final.metrics_url)
 
 
-def _model_load(hosts: HostHandles, summary: dict[str, Any]) -> None:
+def _model_load(hosts: HostHandles, summary: SummaryDraft) -> None:
     """Put how the actor loaded ``spec.model.weights`` (seconds, peak RSS) into the summary and the log."""
     import ray
 
     if (model_load := ray.get(hosts.actor.model_load.remote())) is not None:
-        summary["model_load"] = model_load
+        summary.model_load = model_load
         log.info("actor loaded %s (%s): %.2f s, peak RSS %.0f MiB", model_load["folder"],
                  model_load["architecture"], model_load["seconds"], model_load["peak_rss_bytes"] / 2**20)
 
@@ -286,7 +287,7 @@ def _warm_start(hosts: HostHandles, total: int, cache: Path, options: RunOptions
 
 
 def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: RunOptions,
-                    summary: dict[str, Any], on_warm: WarmCallback | None, sigterm: StopRequest | None = None
+                    summary: SummaryDraft, on_warm: WarmCallback | None, sigterm: StopRequest | None = None
                     ) -> tuple[int, recovery.DriverState | None]:
     """Resume from the newest checkpoint (with the driver's state saved beside it), else warm-start
     (reusing a cached warm start)."""
@@ -300,14 +301,14 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
     # aside and said, so one corrupt folder never blocks a resume.
     point = checkpoints.choose_resume(ckpt_dir) if spec.checkpoint.resume else checkpoints.ResumePoint(None)
     latest = point.checkpoint
-    summary.setdefault("notices", []).extend(point.notices())
+    summary.notes().extend(point.notices())
     state: recovery.DriverState | None = None
     if latest is not None:
         version = ray.get(hosts.actor.load_checkpoint.remote(str(latest.path)))
-        summary["resumed_from"] = str(latest.path)
+        summary.resumed_from = str(latest.path)
         state = point.state
     elif options.warm_start and spec.train.warm_start_steps > 0 and has_demonstrations(spec.task):
-        summary["warm_start"] = _warm_start(hosts, spec.train.warm_start_steps,
+        summary.warm_start = _warm_start(hosts, spec.train.warm_start_steps,
                                             options.warm_start_dir or run.warm_start_dir, options, on_warm,
                                             sigterm=sigterm)
         version = 0
@@ -322,7 +323,7 @@ class _Loop:
 
     def __init__(self, *, spec: Any, hosts: HostHandles, metrics: DriverMetrics, run: RunDir, version: int,
                  on_step: StepCallback | None, on_batch: BatchCallback | None, records: list[dict[str, Any]],
-                 summary: dict[str, Any], started: float, stage: Stage | None = None,
+                 summary: SummaryDraft, started: float, stage: Stage | None = None,
                  stop: StopRequest | None = None) -> None:
         self.spec, self.hosts, self.m, self.run_dir = spec, hosts, metrics, run
         self.version = version
@@ -334,8 +335,11 @@ class _Loop:
         self.buffer = StalenessBuffer(self.W, B, base_version=version, group_size=spec.task.group_size)
         n = len(hosts.rollout)
         self.chunk = max(1, math.ceil(B / n))  # groups per generate call
-        self.workers = WorkerPool(n, time.monotonic())  # each worker: idle since when, or its call in flight
+        self.pending: dict[Any, tuple[int, int]] = {}  # ref -> (worker index, reserved groups)
+        self.admitted_at: dict[Any, int] = {}  # ref -> actor version when the call was admitted
+        self.called: dict[Any, Any] = {}  # ref -> the worker handle that runs it
         self.stage = stage or Stage()
+        self.idle_since: dict[int, float] = {i: time.monotonic() for i in range(n)}
         self.consecutive_nonfinite = 0
         self.total_steps = version
         self.m.policy_version.set(version)
@@ -344,7 +348,7 @@ class _Loop:
         self.step_extra: dict[str, float] = {}  # what the stage adds to the next step's report
         self.reports: list[StepReport] = []  # this session's steps
         # versions already evaluated (a resumed run's log says which; read back from its lines once)
-        self.evaluated: set[int] = {int(r["eval_version"]) for r in records if "eval_version" in r}
+        self.evaluated: set[int] = evaluated_versions(records)
         self.evaluator = Evaluator(spec)
         self.paused = False  # an evaluation runs: no training generate call is admitted
         self.stop = stop or StopRequest()  # SIGTERM: admit nothing more, checkpoint, leave
@@ -364,7 +368,7 @@ class _Loop:
         self.cursors = list(state.cursors)
         ray.get([w.set_prompt_cursor.remote(c) for w, c in zip(self.hosts.rollout, self.cursors, strict=True)])
         # a copy: self.cursors moves on, the summary keeps where the resume started
-        self.summary["resume"] = {"cursors": list(self.cursors), "groups_aborted_at_resume": state.groups_open}
+        self.summary.resume = {"cursors": list(self.cursors), "groups_aborted_at_resume": state.groups_open}
 
     # ---------------------------------------------------------------------------------------------
     def run(self, total_steps: int) -> None:
@@ -397,14 +401,14 @@ class _Loop:
         None otherwise, and False when nothing is in flight at all."""
         import ray
 
-        refs = [*extra, *self.workers.refs(), *self.stage.refs()]
+        refs = [*extra, *self.pending, *self.stage.refs()]
         if not refs:
             return False
         done, _ = ray.wait(refs, num_returns=1)
         ref = done[0]
         if ref in extra:
             return ref
-        if ref in self.workers:
+        if ref in self.pending:
             self.collect(ref)
             self._admit()
         else:
@@ -412,14 +416,16 @@ class _Loop:
         return None
 
     def _account_time(self, wall: float) -> None:
-        for seconds in self.workers.restart_idle_clocks(time.monotonic()):
-            self.m.rollout_idle.inc(seconds)
+        now = time.monotonic()
+        for i, since in self.idle_since.items():
+            self.m.rollout_idle.inc(now - since)
+            self.idle_since[i] = now
         # An evaluation pauses training and rollout on purpose: its seconds are not the loop's to idle in.
         working = max(0.0, wall - self.evaluator.seconds)
         self.m.trainer_seconds.inc(working)
         self.m.rollout_worker.inc(working * len(self.hosts.rollout))
         value = self.m.registry.get_sample_value
-        self.summary["loop"] = {
+        self.summary.loop = {
             "wall_s": round(wall, 3),
             "eval_s": round(self.evaluator.seconds, 3),
             "trainer_idle_s": round(value("asyncrl_trainer_idle_seconds_total") or 0.0, 3),
@@ -433,12 +439,12 @@ class _Loop:
         """After SIGTERM: a final checkpoint of the current version (unless it has one), within the grace period."""
         t0 = time.monotonic()
         if self.version > self.saved_version:
-            self.summary["final_checkpoint"] = str(self._checkpoint())
-        self.summary["stopped"] = {"signal": "SIGTERM", "version": self.version,
+            self.summary.final_checkpoint = str(self._checkpoint())
+        self.summary.stopped = {"signal": "SIGTERM", "version": self.version,
                                    "checkpoint_s": round(time.monotonic() - t0, 3),
                                    "seconds_after_signal": round(self.stop.seconds_since(), 3)}
         log.warning("stopped at version %d after SIGTERM: checkpoint %s, %.1f s after the signal",
-                    self.version, self.summary.get("final_checkpoint", "(already saved)"), self.stop.seconds_since())
+                    self.version, self.summary.final_checkpoint or "(already saved)", self.stop.seconds_since())
 
     def _admit(self) -> None:
         """Give every idle worker as many new groups as the staleness capacity allows (none while an
@@ -447,15 +453,17 @@ class _Loop:
             return
         now = time.monotonic()
         for i, worker in enumerate(self.hosts.rollout):
-            if not self.workers.slots[i].idle:
+            if i not in self.idle_since:
                 continue
             n = self.buffer.reserve(self.chunk, self.version)
             if n == 0:
                 break
-            self.m.rollout_idle.inc(self.workers.leave_idle(i, now))
+            self.m.rollout_idle.inc(now - self.idle_since.pop(i))
             ref = worker.generate.remote(n)
             self.cursors[i] += n
-            self.workers.admitted(GenerateCall(ref, i, n, self.version))
+            self.pending[ref] = (i, n)
+            self.called[ref] = worker
+            self.admitted_at[ref] = self.version
             self.stage.admitted(self, ref, self.version)
         self._gauges()
 
@@ -463,17 +471,18 @@ class _Loop:
         """One generate call came back: count it and put its groups in the buffer."""
         import ray
 
-        # own: the call of the worker now at its slot, which idles from here; else an orphan (a replacement
-        # runs at the slot and is already counted idle or busy)
-        call, own = self.workers.returned(ref, time.monotonic())
-        i, reserved = call.worker, call.groups
+        i, reserved = self.pending.pop(ref)
+        self.admitted_at.pop(ref, None)
+        worker = self.called.pop(ref)
+        if self.hosts.rollout[i] is worker:  # else: a replacement runs at i and is already counted idle/busy
+            self.idle_since[i] = time.monotonic()
         try:
             trajs: list[Trajectory] = ray.get(ref)
         except ray.exceptions.RayActorError as exc:  # the worker's process died: replace it, go on
             self.m.rollout_errors.inc()
             self.buffer.abort(reserved)
             self.stage.returned(self, ref, [])
-            if own:  # not yet replaced (a weight sync may have found it first)
+            if self.hosts.rollout[i] is worker:  # not yet replaced (a weight sync may have found it first)
                 self.replace_rollout(i, exc)
             return
         except Exception as exc:  # noqa: BLE001 -- reported with the task and trajectories it hit
@@ -503,7 +512,7 @@ class _Loop:
         ray.get(worker.set_prompt_cursor.remote(self.cursors[i]))
         weight_sync.to_replacement(self.hosts, worker, self.version)
         self.m.worker_replacements.labels("rollout").inc()
-        self.workers.replaced(i, time.monotonic())  # a call of the dead one still in flight is an orphan now
+        self.idle_since[i] = time.monotonic()
 
     def on_every_worker(self, call: Callable[[Any], Any]) -> list[Any]:
         """``ray.get`` of ``call(worker)`` on every rollout worker; a worker found dead is replaced (it
@@ -526,10 +535,10 @@ class _Loop:
             self.m.trajectories_dropped.labels("stale").inc(dropped.trajectories)
             self.m.tokens_dropped.labels("stale").inc(dropped.sampled_tokens)
             self.stage.released(self, list(dropped.dropped))
-        if batch is None and not self.workers.in_flight and not self.stop.requested:
+        if batch is None and not self.pending and not self.stop.requested:
             # Nothing in flight and not enough ready: admission must be able to make progress.
             self._admit()
-            if not self.workers.in_flight:
+            if not self.pending:
                 raise RuntimeError(
                     f"staleness buffer stalled: {self.buffer.ready} groups ready, capacity "
                     f"{self.buffer.capacity(self.version)} at version {self.version}"
@@ -641,8 +650,8 @@ class _Loop:
         result = export.export_weights(
             ray.get(self.hosts.actor.weights.remote()), export.model_files(self.spec),
             self.run_dir.checkpoint_dir(self.spec.checkpoint.dir), self.version,
-            job_name=str(self.summary.get("job")), keep=self.spec.checkpoint.export_keep)
-        self.summary["export"] = result.record()  # the newest: at the end, the final export
+            job_name=self.summary.job, keep=self.spec.checkpoint.export_keep)
+        self.summary.export = result.record()  # the newest: at the end, the final export
         return str(result.path), round(result.seconds, 3)
 
     def _record(self, event: StepReport | EvalResult) -> dict[str, Any]:
@@ -665,19 +674,22 @@ class _Loop:
 
     def _drain(self) -> None:
         """Stop: in-flight generate calls are abandoned (Ray shutdown ends them) and counted as aborted."""
-        abandoned = self.workers.abandon()
-        in_flight = sum(c.groups for c in abandoned)
-        for c in abandoned:
-            self.buffer.abort(c.groups)
-        self.summary.update(self.stage.summary())
-        self.summary["worker_replacements"] = self.replacements
+        in_flight = sum(reserved for _, reserved in self.pending.values())
+        for _, reserved in self.pending.values():
+            self.buffer.abort(reserved)
+        self.pending.clear()
+        self.admitted_at.clear()
+        self.called.clear()
+        self.summary.add_stage(self.stage.summary())
+        self.summary.worker_replacements = self.replacements
         # episodes the environment's code aborted, by reason (asyncrl_env_errors_total; the job went on)
-        self.summary["env_errors"] = self._env_errors()
-        self.summary["buffer"] = vars(self.buffer.counts).copy()
-        self.summary["buffer"]["groups_in_flight_at_end"] = in_flight
-        self.summary["buffer"]["groups_left_unused"] = self.buffer.ready
+        self.summary.env_errors = self._env_errors()
+        buffer = vars(self.buffer.counts).copy()
+        buffer["groups_in_flight_at_end"] = in_flight
+        buffer["groups_left_unused"] = self.buffer.ready
         # interrupt-sync: groups whose members are still suspended in their workers when the run ends
-        self.summary["buffer"]["groups_suspended_at_end"] = self.buffer.running
+        buffer["groups_suspended_at_end"] = self.buffer.running
+        self.summary.buffer = buffer
 
     def _env_errors(self) -> dict[str, int]:
         """``asyncrl_env_errors_total`` by reason, as counted so far."""

@@ -22,22 +22,32 @@ import logging
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.run import faults
+from asyncrl.trainer.driver.run.metrics_log import (
+    JSON,
+    EvalLine,
+    JSONObject,
+    MetricsFileError,
+    MetricsLine,
+    StepLine,
+    parse_lines,
+    read_metrics,
+    read_records,
+)
+
+__all__ = ["MetricsFileError", "RunDir", "sweep_temporaries", "write_report"]
 
 log = logging.getLogger(__name__)
 
 # What an interrupted write leaves in the run directory (summary, report, the warm start's folders).
 _TEMPORARY = re.compile(r"^(summary|last-attempt)\.json\.tmp$|^\.(report\.png|metrics\.jsonl)\.tmp-\d+$"
                         r"|^\.warm_start\.(tmp|old)-\d+$")
-
-
-class MetricsFileError(ValueError):
-    """``metrics.jsonl`` is damaged before its last line: a resume would lose or invent steps."""
 
 
 @dataclass(frozen=True)
@@ -88,67 +98,24 @@ class RunDir:
         with self.metrics_jsonl.open("a") as f:
             f.write(json.dumps(_jsonable(record)) + "\n")
 
-    def read_steps(self, notices: list[str] | None = None) -> list[dict[str, Any]]:
-        """The logged records. A torn last line (a kill mid-write) is cut off the file and said (logged,
-        and appended to ``notices``); a damaged line before the last is a :class:`MetricsFileError`."""
-        path = self.metrics_jsonl
-        if not path.exists():
-            return []
-        data = path.read_bytes()
-        lines = data.split(b"\n")
-        # Every full record ends in a newline: the last piece is empty unless the final write was cut.
-        tail = lines.pop()
-        records: list[dict[str, Any]] = []
-        bad: tuple[int, str] | None = None
-        for i, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise ValueError(f"a JSON {type(record).__name__}, not an object")
-            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-                bad = (i, str(exc))
-                break
-            records.append(record)
-        if bad is not None and (bad[0] < len(lines) or tail.strip()):
-            raise MetricsFileError(
-                f"{path}:{bad[0]}: not a JSON record ({bad[1]}); only a torn last line is repaired on resume. "
-                f"Fix or delete that line (the records after it stay), or move {path.name} away to start the log afresh"
-            )
-        if bad is None and tail.strip():
-            try:
-                record = json.loads(tail)
-            except ValueError:
-                record = None
-            if isinstance(record, dict):  # killed between the record and its newline: the record is whole
-                with open(path, "ab") as f:
-                    f.write(b"\n")
-                records.append(record)
-                return records
-        if bad is not None or tail.strip():
-            # The torn line: the last newline-terminated line that does not parse, or an unterminated tail.
-            keep = len(b"".join(line + b"\n" for line in lines[: bad[0] - 1])) if bad is not None else len(data) - len(tail)
-            line_no = bad[0] if bad is not None else len(lines) + 1
-            with open(path, "r+b") as f:
-                f.truncate(keep)
-            said = (f"{path}: line {line_no} was torn (the process was killed while writing it): cut the file "
-                    f"to its {len(records)} complete records ({len(data) - keep} bytes removed)")
-            log.warning("%s", said)
-            if notices is not None:
-                notices.append(said)
-        return records
+    def read_steps(self, notices: list[str] | None = None) -> list[dict[str, JSON]]:
+        """The logged objects (:func:`.metrics_log.read_records`: a torn last line is cut off and said)."""
+        return read_records(self.metrics_jsonl, notices)
 
-    def keep_steps_up_to(self, version: int, notices: list[str] | None = None) -> list[dict[str, Any]]:
+    def read_metrics(self, notices: list[str] | None = None) -> list[MetricsLine]:
+        """The logged lines, typed (:func:`.metrics_log.read_metrics`)."""
+        return read_metrics(self.metrics_jsonl, notices)
+
+    def keep_steps_up_to(self, version: int, notices: list[str] | None = None) -> list[dict[str, JSON]]:
         """On resume from ``version``: drop logged steps after it (they will be redone); return the rest."""
-        kept = [s for s in self.read_steps(notices) if s.get("step", 0) <= version]
+        kept = [line.record for line in self.read_metrics(notices) if line.step <= version]
         if self.metrics_jsonl.exists():
-            _atomic_write(self.metrics_jsonl, "".join(json.dumps(s) + "\n" for s in kept).encode())
-        return kept
+            _atomic_write(self.metrics_jsonl, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        return [dict(r) for r in kept]
 
-    def write_summary(self, summary: dict[str, Any], *, attempt_only: bool = False) -> Path:
-        """Write ``summary.json`` (``attempt_only``: ``last-attempt.json``, leaving summary.json as it is);
-        a failed write removes its temporary file and raises."""
+    def write_summary(self, summary: JSONObject, *, attempt_only: bool = False) -> Path:
+        """Write ``summary.json`` (``attempt_only``: ``last-attempt.json``, leaving summary.json as it is) from
+        its JSON form (:meth:`.summary.RunSummary.to_json`); a failed write removes its temporary file and raises."""
         target = self.last_attempt_json if attempt_only else self.summary_json
         _atomic_write(target, (json.dumps(_jsonable(summary), indent=2) + "\n").encode(),
                       tmp=target.with_suffix(".json.tmp"))
@@ -181,7 +148,7 @@ def _atomic_write(target: Path, data: bytes, tmp: Path | None = None) -> None:
         raise
 
 
-def _jsonable(record: dict[str, Any]) -> dict[str, Any]:
+def _jsonable(record: Mapping[str, Any]) -> dict[str, Any]:
     """JSON has no NaN/Inf: non-finite floats become strings ("nan", "inf") so the file stays valid."""
     out: dict[str, Any] = {}
     for k, v in record.items():
@@ -194,43 +161,62 @@ def _jsonable(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _series(steps: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+Series = Callable[[MetricsLine], float | None]  # a line's value on one curve (None: not on it)
+
+
+def _step(value: Callable[[StepLine], float | None]) -> Series:
+    return lambda line: value(line) if isinstance(line, StepLine) else None
+
+
+def _correction(value: Callable[[CorrectionStats[float]], float]) -> Series:
+    return _step(lambda s: value(s.correction) if s.correction is not None else None)
+
+
+def _held_out(line: MetricsLine) -> float | None:
+    return line.success if isinstance(line, EvalLine) else None
+
+
+def _series(lines: Sequence[MetricsLine], value: Series) -> tuple[list[float], list[float]]:
     xs, ys = [], []
-    for s in steps:
-        v = s.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(float(s["step"]))
+    for line in lines:
+        v = value(line)
+        if v is not None and math.isfinite(v):
+            xs.append(float(line.step))
             ys.append(float(v))
     return xs, ys
 
 
-def write_report(steps: Sequence[dict[str, Any]], out: Path, title: str = "") -> Path:
-    """Plot the per-step records to ``out`` (PNG, matplotlib Agg: no display needed)."""
+def write_report(records: Sequence[JSONObject], out: Path, title: str = "") -> Path:
+    """Plot the ``metrics.jsonl`` lines to ``out`` (PNG, matplotlib Agg: no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    lines = parse_lines(records)
     fig, axes = plt.subplots(5, 1, figsize=(8, 12), sharex=True)
-    panels = [
-        ("reward / success", [("reward_mean", "mean reward"), ("success_rate", "success rate (training batch)"),
-                              ("eval_success", "held-out eval success (current version)")]),
-        ("discrepancy keep ratio", [("keep_ratio", "keep ratio")]),
-        ("staleness clip fractions", [("clip_low_frac", "clip low"), ("clip_high_frac", "clip high")]),
-        ("token staleness (versions)", [("staleness_mean", "mean"), ("staleness_max", "max")]),
+    panels: list[tuple[str, list[tuple[Series, str]]]] = [
+        ("reward / success", [(_step(lambda s: s.reward_mean), "mean reward"),
+                              (_step(lambda s: s.success_rate), "success rate (training batch)"),
+                              (_held_out, "held-out eval success (current version)")]),
+        ("discrepancy keep ratio", [(_correction(lambda c: c.keep_ratio), "keep ratio")]),
+        ("staleness clip fractions", [(_correction(lambda c: c.clip_low_frac), "clip low"),
+                                      (_correction(lambda c: c.clip_high_frac), "clip high")]),
+        ("token staleness (versions)", [(_step(lambda s: s.staleness_mean), "mean"),
+                                        (_step(lambda s: s.staleness_max), "max")]),
     ]
-    for ax, (name, keys) in zip(axes[:4], panels, strict=True):
-        for key, label in keys:
-            xs, ys = _series(steps, key)
+    for ax, (name, curves) in zip(axes[:4], panels, strict=True):
+        for value, label in curves:
+            xs, ys = _series(lines, value)
             if xs:
-                evaluation = key.startswith("eval_")  # a few points, one per evaluated version
+                evaluation = value is _held_out  # a few points, one per evaluated version
                 ax.plot(xs, ys, label=label, marker="o" if evaluation else "." if len(xs) < 50 else None,
                         color="black" if evaluation else None, linewidth=2 if evaluation else None)
         ax.set_ylabel(name, fontsize=8)
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7, loc="best")
-    xs, ys = _series(steps, "ewma_reset")
+    xs, ys = _series(lines, _step(lambda s: s.ewma_reset))
     cumulative = [sum(ys[: i + 1]) for i in range(len(ys))]
     axes[4].step(xs, cumulative, where="post", label="EWMA resets (cumulative)")
     axes[4].set_ylabel("EWMA resets", fontsize=8)
