@@ -23,10 +23,9 @@ class Checkpointer:
         import tempfile
 
         from asyncrl.trainer.actor.checkpoint_io import COUNTERS, load_actor, save_actor
-        from asyncrl.trainer.megatron.checkpoint import read_checkpoint
-        from tests.support.megatron_parts import (
-            write_checkpoint,  # the single-file format, which only tests write
-        )
+        from asyncrl.trainer.checkpoint.folder import read_checkpoint
+        # the single-file format, which only tests and this bench write
+        from tests.support.megatron_parts import write_checkpoint
 
         actor = self.trainer.actor
         root = Path(tempfile.mkdtemp(prefix="scale-ckpt-", dir=work))

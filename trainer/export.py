@@ -118,7 +118,7 @@ def checkpoint_weights(checkpoint: Path, files: ModelFiles) -> tuple[dict[str, t
     import dataclasses
 
     from asyncrl.trainer.actor.checkpoint_io import model_state
-    from asyncrl.trainer.megatron.checkpoint import CheckpointError
+    from asyncrl.trainer.checkpoint.folder import CheckpointError
     from asyncrl.trainer.megatron.convert import megatron_to_hf
 
     try:
@@ -223,7 +223,7 @@ def write_hf_folder(hf: Mapping[str, torch.Tensor], files: ModelFiles, out: Path
     """
     from safetensors.torch import save_file
 
-    from asyncrl.trainer.megatron.checkpoint import replace_folder
+    from asyncrl.trainer.checkpoint.folder import replace_folder
 
     t0 = time.monotonic()
     out = out.expanduser()

@@ -1,7 +1,7 @@
 """Where ``asyncrl export`` may write: the ``--out`` folder's rules, and what a crashed export left beside it.
 
 An export is written into ``.<out>.tmp-<pid>`` and renamed into place
-(:func:`asyncrl.trainer.megatron.checkpoint.replace_folder`, which moves an existing folder aside as
+(:func:`asyncrl.trainer.checkpoint.folder.replace_folder`, which moves an existing folder aside as
 ``.<out>.old-<pid>`` and deletes it). ``--force`` replaces only what an earlier export wrote: a folder
 holding :data:`MARKER_FILE` (every export writes one). A symbolic link at ``--out`` is refused, forced or
 not: the export never writes through a link, and never replaces one.

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.trainer.megatron.checkpoint import FILES_KEY, META_FILE, file_record
+from asyncrl.trainer.checkpoint.folder import FILES_KEY, META_FILE, file_record
 
 
 @dataclass(frozen=True)

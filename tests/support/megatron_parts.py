@@ -1,7 +1,7 @@
 """Writers and probes of megatron parts that only tests and benches call (production never writes these).
 
 - :func:`write_checkpoint`: the single-file checkpoint folder (``actor.pt`` + ``meta.json``) that production still
-  reads (:func:`asyncrl.trainer.megatron.checkpoint.read_checkpoint`, a resume from an older run);
+  reads (:func:`asyncrl.trainer.checkpoint.folder.read_checkpoint`, a resume from an older run);
 - :func:`save_hf`: a bare HF folder (``model.safetensors`` + ``config.json``) from HF-named tensors, for the
   converter's round trips (the export a user runs is ``asyncrl.trainer.export.write_hf_folder``);
 - :func:`full_logits`: every logit ``[B, T, V]`` of a megatron model, for parity tests against transformers
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from asyncrl.api.model_arch import ModelArch
-from asyncrl.trainer.megatron.checkpoint import (
+from asyncrl.trainer.checkpoint.folder import (
     META_FILE,
     STATE_FILE,
     disk_error,
@@ -31,8 +31,8 @@ from asyncrl.trainer.megatron.logprobs import attention_mask, position_ids
 def write_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any], meta: dict[str, Any]) -> Path:
     """Write ``state`` (torch-serialisable: tensors, numbers, dicts, lists) as one file ``actor.pt`` and
     ``meta`` (JSON): the single-file format (the actor writes sharded folders,
-    :mod:`asyncrl.trainer.megatron.sharded_checkpoint`; production still reads this format,
-    :func:`~asyncrl.trainer.megatron.checkpoint.read_checkpoint`, and tests and ``bench/scale_checkpoint.py`` write it).
+    :mod:`asyncrl.trainer.checkpoint.sharded`; production still reads this format,
+    :func:`~asyncrl.trainer.checkpoint.folder.read_checkpoint`, and tests and ``bench/scale_checkpoint.py`` write it).
 
     Returns the final folder. ``meta`` gains ``files`` (size and SHA-256 of ``actor.pt``).
     """

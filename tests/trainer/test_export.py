@@ -16,8 +16,8 @@ from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.cli import main
 from asyncrl.trainer.driver.run import export as run_export
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.logprobs import full_logits
 from tests.support.hf_models import ALL_FAMILIES, tiny_folder
+from tests.support.megatron_parts import full_logits
 
 VERSION = 3
 

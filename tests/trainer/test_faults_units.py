@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.trainer.driver.run import checkpoints, recovery
-from asyncrl.trainer.driver.run.faults import describe
-from asyncrl.trainer.driver.run.rundir import MetricsFileError, RunDir
-from asyncrl.trainer.megatron.checkpoint import (
+from asyncrl.trainer.checkpoint.folder import (
     CheckpointError,
     read_checkpoint,
     verify_checkpoint,
 )
+from asyncrl.trainer.driver.run import checkpoints, recovery
+from asyncrl.trainer.driver.run.faults import describe
+from asyncrl.trainer.driver.run.rundir import MetricsFileError, RunDir
 from tests.support.filesystems import fill, small_filesystem
 from tests.support.megatron_parts import write_checkpoint
 

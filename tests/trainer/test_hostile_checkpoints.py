@@ -15,9 +15,11 @@ from asyncrl.api.job import AsyncRLJob
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.actor.checkpoint_io import load_actor
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
+from asyncrl.trainer.checkpoint import safe_load
+from asyncrl.trainer.checkpoint import sharded as sharded_checkpoint
+from asyncrl.trainer.checkpoint.folder import CheckpointError
 from asyncrl.trainer.cli import main
-from asyncrl.trainer.megatron import compat, safe_load, sharded_checkpoint
-from asyncrl.trainer.megatron.checkpoint import CheckpointError
+from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.model import build_gpt_model
 from tests.support.hostile_checkpoints import HOSTILE_FOLDERS, HostileFolder
 

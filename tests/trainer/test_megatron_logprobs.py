@@ -5,8 +5,9 @@ import torch
 
 from asyncrl.api.model_arch import LlamaArch
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.logprobs import full_logits, token_logprobs
+from asyncrl.trainer.megatron.logprobs import token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model
+from tests.support.megatron_parts import full_logits
 
 ARCH = LlamaArch(64, 2, 4, 2, 96, 40, 32, tie_embeddings=True)
 

@@ -62,7 +62,7 @@ def test_a_torch_adamw_folder_does_not_load_into_megatrons_optimizer(tmp_path: A
     from asyncrl.api.job import AsyncRLJobSpec
     from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
     from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
-    from asyncrl.trainer.megatron.checkpoint import CheckpointError
+    from asyncrl.trainer.checkpoint.folder import CheckpointError
     from tests.support.parallel_ranks import VOCAB
 
     def actor(distributed_optimizer: bool) -> MegatronActor:

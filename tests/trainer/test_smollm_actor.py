@@ -21,8 +21,8 @@ from asyncrl.rollout.tokenizer import HFTokenizer, tokenizer_for
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.convert import hf_to_megatron, load_hf
-from asyncrl.trainer.megatron.logprobs import full_logits
 from asyncrl.trainer.megatron.model import build_gpt_model
+from tests.support.megatron_parts import full_logits
 
 pytestmark = [pytest.mark.slow]
 

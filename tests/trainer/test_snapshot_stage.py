@@ -8,13 +8,13 @@ implementation, tested here through its caller and in ``test_oldlogits_snapshot.
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
 from asyncrl.trainer.driver.loop.stages import SnapshotStage
 from asyncrl.trainer.driver.loop.staleness import StalenessBuffer
+from asyncrl.trainer.driver.loop.workers import GenerateCall, WorkerPool
 from asyncrl.trainer.driver.run.metrics import DriverMetrics, create_metrics
 
 _ids = itertools.count()
@@ -37,7 +37,7 @@ class _Loop:
     W: int  # noqa: N815 -- the paper's symbol, as LoopView spells it
     buffer: StalenessBuffer
     m: DriverMetrics
-    admitted_at: dict[Any, int] = field(default_factory=dict)
+    workers: WorkerPool = field(default_factory=lambda: WorkerPool(0, now=0.0))
 
 
 def _loop(version: int, W: int, groups: list[list[list[int]]], admitted: list[int]) -> _Loop:  # noqa: N803
@@ -45,7 +45,11 @@ def _loop(version: int, W: int, groups: list[list[list[int]]], admitted: list[in
     for gi, members in enumerate(groups):
         assert buffer.reserve(1, 0) == 1
         buffer.put([_traj(f"g{gi}", vs) for vs in members], reserved=1)
-    return _Loop(version, W, buffer, create_metrics(CollectorRegistry()), {f"call{i}": a for i, a in enumerate(admitted)})
+    workers = WorkerPool(len(admitted), now=0.0)  # one generate call in flight per worker, admitted at a
+    for i, a in enumerate(admitted):
+        workers.leave_idle(i, now=0.0)
+        workers.admitted(GenerateCall(f"call{i}", worker=i, groups=1, admitted_at=a))  # type: ignore[arg-type]
+    return _Loop(version, W, buffer, create_metrics(CollectorRegistry()), workers)
 
 
 def _brute_force(version: int, W: int, groups: list[list[list[int]]], admitted: list[int]) -> set[int]:  # noqa: N803

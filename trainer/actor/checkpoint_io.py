@@ -2,7 +2,7 @@
 reads back (model, optimizer, version, the old-logit provider's and the audit's state, the counters).
 
 One format for every layout, one process included: a sharded folder written by all ranks and sealed by
-rank 0 (:mod:`asyncrl.trainer.megatron.sharded_checkpoint`), so a checkpoint resumes at another TP/DP
+rank 0 (:mod:`asyncrl.trainer.checkpoint.sharded`), so a checkpoint resumes at another TP/DP
 layout. Tensors that belong to a parameter (Adam's moments, the EWMA ``theta_prox``, every resident
 snapshot version, the audit's snapshots) are sharded like it; the rest is saved once. Resident snapshot
 versions are kept (resharded on load), so a resumed run scores every token under its own version as
@@ -25,8 +25,8 @@ import torch
 
 from asyncrl.api.correction import ReferencePolicy
 from asyncrl.trainer.actor.settings import ActorSettings
-from asyncrl.trainer.megatron import sharded_checkpoint
-from asyncrl.trainer.megatron.checkpoint import read_checkpoint
+from asyncrl.trainer.checkpoint import sharded as sharded_checkpoint
+from asyncrl.trainer.checkpoint.folder import read_checkpoint
 from asyncrl.trainer.megatron.compat import ActorOptimizer, MegatronRuntime, init_megatron
 from asyncrl.trainer.oldlogits import provider_key
 from asyncrl.trainer.oldlogits.audit import Auditor
@@ -253,7 +253,7 @@ def _map_owned(tree: Any, params: Mapping[str, torch.Tensor], fn: Callable[[str,
                owner: str | None = None) -> Any:
     """``tree`` with ``fn(parameter, tensor)`` applied to each tensor owned by a parameter (a key on its
     path names the parameter, and the tensor has its full shape), the rule of
-    :func:`asyncrl.trainer.megatron.sharded_checkpoint.shard_tree`."""
+    :func:`asyncrl.trainer.checkpoint.sharded.shard_tree`."""
     if isinstance(tree, dict):
         return {k: _map_owned(v, params, fn, k if isinstance(k, str) and k in params else owner)
                 for k, v in tree.items()}
@@ -266,7 +266,7 @@ def model_state(directory: str, arch: Any) -> tuple[dict[str, torch.Tensor], dic
     """The whole megatron-named model tensors (CPU, no ``_extra_state``) and the marker of a checkpoint
     folder of either format, read in this one process (``asyncrl export``): a sharded folder is resharded
     to one rank (megatron is set up here at world 1 if it is not yet)."""
-    from asyncrl.trainer.megatron.checkpoint import CheckpointError
+    from asyncrl.trainer.checkpoint.folder import CheckpointError
     from asyncrl.trainer.megatron.model import build_gpt_model
 
     meta = sharded_checkpoint.verified(directory)

@@ -67,8 +67,8 @@ class ActorHost:
     def load_warm_start(self, cache_dir: str) -> bool:
         """Load a cached warm start (True) or report there is none (False)."""
         from asyncrl.trainer.actor.checkpoint_io import load_rank
-        from asyncrl.trainer.megatron.checkpoint import CheckpointError
-        from asyncrl.trainer.megatron.sharded_checkpoint import verified
+        from asyncrl.trainer.checkpoint.folder import CheckpointError
+        from asyncrl.trainer.checkpoint.sharded import verified
 
         cache = Path(cache_dir)
         if not (cache / "meta.json").exists():  # the actor writes checkpoints atomically

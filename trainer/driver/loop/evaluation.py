@@ -134,8 +134,8 @@ class Evaluator:
 
         version, n = loop.version, len(loop.hosts.rollout)
         t0 = time.monotonic()
-        for i in list(loop.idle_since):  # idle until now; from here the wait is the evaluation's
-            loop.m.rollout_idle.inc(t0 - loop.idle_since.pop(i))
+        for seconds in loop.workers.hold_idle(t0):  # idle until now; from here the wait is the evaluation's
+            loop.m.rollout_idle.inc(seconds)
         todo = {i: r for i, r in enumerate(shares(len(self.problems), n)) if r[1] > r[0]}
         calls: dict[Any, int] = {}  # evaluate ref -> worker index
         trajs: list[Trajectory] = []
@@ -143,7 +143,7 @@ class Evaluator:
         loop.paused = True
         try:
             while todo or calls:
-                busy = {i for ref, (i, _) in loop.pending.items() if loop.called[ref] is loop.hosts.rollout[i]}
+                busy = loop.workers.generating()
                 for i in [i for i in todo if i not in busy]:
                     start, stop = todo.pop(i)
                     ref = loop.hosts.rollout[i].evaluate.remote(
@@ -160,14 +160,11 @@ class Evaluator:
                     trajs.extend(ray.get(ref))
                 except ray.exceptions.RayActorError as exc:  # replaced; it holds this version's weights
                     loop.replace_rollout(i, exc)
-                    loop.idle_since.pop(i, None)
+                    loop.workers.hold(i)
                     todo[i] = shares(len(self.problems), n)[i]
         finally:
             loop.paused = False
-            now = time.monotonic()
-            for i in range(n):  # the pause is not rollout idle time
-                if i in loop.idle_since or not any(j == i for j, _ in loop.pending.values()):
-                    loop.idle_since[i] = now
+            loop.workers.end_pause(time.monotonic())  # the pause is not rollout idle time
         check_versions(trajs, version)
         if len(trajs) != len(self.problems):
             raise RuntimeError(f"evaluation of version {version}: {len(trajs)} trajectories for "

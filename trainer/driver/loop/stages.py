@@ -73,7 +73,7 @@ class SnapshotStage(Stage):
     def step_kwargs(self, loop: LoopView) -> dict[str, Any]:
         # Rollout samples with the current version until this step's weights arrive, also in calls admitted
         # while the actor trains: such a call is one in flight since ``loop.version``.
-        in_flight_since = [*loop.admitted_at.values(), loop.version]
+        in_flight_since = [*loop.workers.admitted_versions(), loop.version]
         live = live_versions(loop.buffer.waiting(), in_flight_since, loop.version, loop.W) - self.given_up
         gone = cap_drop(live, self.cap) if self.cap else set()
         if gone:
@@ -148,8 +148,8 @@ class InterruptSyncStage(Stage):
 
         def interrupt() -> None:
             ray.get([w.sync_interrupt.remote(self.timeout) for w in workers])
-            while loop.pending:  # held workers return promptly: collect what they finished
-                done, _ = ray.wait(list(loop.pending), num_returns=1)
+            while refs := loop.workers.refs():  # held workers return promptly: collect what they finished
+                done, _ = ray.wait(refs, num_returns=1)
                 loop.collect(done[0])
 
         def score() -> int:

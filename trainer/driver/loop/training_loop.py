@@ -62,6 +62,7 @@ from asyncrl.trainer.driver.loop.stage import PhaseCallback, Stage
 from asyncrl.trainer.driver.loop.stage_registry import make_stage
 from asyncrl.trainer.driver.loop.staleness import Group, StalenessBuffer, check_staleness
 from asyncrl.trainer.driver.loop.startup_probe import startup_check
+from asyncrl.trainer.driver.loop.workers import GenerateCall, WorkerPool
 from asyncrl.trainer.driver.run import checkpoints, faults, recovery
 from asyncrl.trainer.driver.run.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
 from asyncrl.trainer.driver.run.rundir import RunDir, sweep_temporaries, write_report
@@ -335,11 +336,8 @@ class _Loop:
         self.buffer = StalenessBuffer(self.W, B, base_version=version, group_size=spec.task.group_size)
         n = len(hosts.rollout)
         self.chunk = max(1, math.ceil(B / n))  # groups per generate call
-        self.pending: dict[Any, tuple[int, int]] = {}  # ref -> (worker index, reserved groups)
-        self.admitted_at: dict[Any, int] = {}  # ref -> actor version when the call was admitted
-        self.called: dict[Any, Any] = {}  # ref -> the worker handle that runs it
+        self.workers = WorkerPool(n, time.monotonic())  # each worker: idle since when, or its call in flight
         self.stage = stage or Stage()
-        self.idle_since: dict[int, float] = {i: time.monotonic() for i in range(n)}
         self.consecutive_nonfinite = 0
         self.total_steps = version
         self.m.policy_version.set(version)
@@ -401,14 +399,14 @@ class _Loop:
         None otherwise, and False when nothing is in flight at all."""
         import ray
 
-        refs = [*extra, *self.pending, *self.stage.refs()]
+        refs = [*extra, *self.workers.refs(), *self.stage.refs()]
         if not refs:
             return False
         done, _ = ray.wait(refs, num_returns=1)
         ref = done[0]
         if ref in extra:
             return ref
-        if ref in self.pending:
+        if ref in self.workers:
             self.collect(ref)
             self._admit()
         else:
@@ -416,10 +414,8 @@ class _Loop:
         return None
 
     def _account_time(self, wall: float) -> None:
-        now = time.monotonic()
-        for i, since in self.idle_since.items():
-            self.m.rollout_idle.inc(now - since)
-            self.idle_since[i] = now
+        for seconds in self.workers.restart_idle_clocks(time.monotonic()):
+            self.m.rollout_idle.inc(seconds)
         # An evaluation pauses training and rollout on purpose: its seconds are not the loop's to idle in.
         working = max(0.0, wall - self.evaluator.seconds)
         self.m.trainer_seconds.inc(working)
@@ -453,17 +449,15 @@ class _Loop:
             return
         now = time.monotonic()
         for i, worker in enumerate(self.hosts.rollout):
-            if i not in self.idle_since:
+            if not self.workers.slots[i].idle:
                 continue
             n = self.buffer.reserve(self.chunk, self.version)
             if n == 0:
                 break
-            self.m.rollout_idle.inc(now - self.idle_since.pop(i))
+            self.m.rollout_idle.inc(self.workers.leave_idle(i, now))
             ref = worker.generate.remote(n)
             self.cursors[i] += n
-            self.pending[ref] = (i, n)
-            self.called[ref] = worker
-            self.admitted_at[ref] = self.version
+            self.workers.admitted(GenerateCall(ref, i, n, self.version))
             self.stage.admitted(self, ref, self.version)
         self._gauges()
 
@@ -471,18 +465,17 @@ class _Loop:
         """One generate call came back: count it and put its groups in the buffer."""
         import ray
 
-        i, reserved = self.pending.pop(ref)
-        self.admitted_at.pop(ref, None)
-        worker = self.called.pop(ref)
-        if self.hosts.rollout[i] is worker:  # else: a replacement runs at i and is already counted idle/busy
-            self.idle_since[i] = time.monotonic()
+        # own: the call of the worker now at its slot, which idles from here; else an orphan (a replacement
+        # runs at the slot and is already counted idle or busy)
+        call, own = self.workers.returned(ref, time.monotonic())
+        i, reserved = call.worker, call.groups
         try:
             trajs: list[Trajectory] = ray.get(ref)
         except ray.exceptions.RayActorError as exc:  # the worker's process died: replace it, go on
             self.m.rollout_errors.inc()
             self.buffer.abort(reserved)
             self.stage.returned(self, ref, [])
-            if self.hosts.rollout[i] is worker:  # not yet replaced (a weight sync may have found it first)
+            if own:  # not yet replaced (a weight sync may have found it first)
                 self.replace_rollout(i, exc)
             return
         except Exception as exc:  # noqa: BLE001 -- reported with the task and trajectories it hit
@@ -512,7 +505,7 @@ class _Loop:
         ray.get(worker.set_prompt_cursor.remote(self.cursors[i]))
         weight_sync.to_replacement(self.hosts, worker, self.version)
         self.m.worker_replacements.labels("rollout").inc()
-        self.idle_since[i] = time.monotonic()
+        self.workers.replaced(i, time.monotonic())  # a call of the dead one still in flight is an orphan now
 
     def on_every_worker(self, call: Callable[[Any], Any]) -> list[Any]:
         """``ray.get`` of ``call(worker)`` on every rollout worker; a worker found dead is replaced (it
@@ -535,10 +528,10 @@ class _Loop:
             self.m.trajectories_dropped.labels("stale").inc(dropped.trajectories)
             self.m.tokens_dropped.labels("stale").inc(dropped.sampled_tokens)
             self.stage.released(self, list(dropped.dropped))
-        if batch is None and not self.pending and not self.stop.requested:
+        if batch is None and not self.workers.in_flight and not self.stop.requested:
             # Nothing in flight and not enough ready: admission must be able to make progress.
             self._admit()
-            if not self.pending:
+            if not self.workers.in_flight:
                 raise RuntimeError(
                     f"staleness buffer stalled: {self.buffer.ready} groups ready, capacity "
                     f"{self.buffer.capacity(self.version)} at version {self.version}"
@@ -674,12 +667,10 @@ class _Loop:
 
     def _drain(self) -> None:
         """Stop: in-flight generate calls are abandoned (Ray shutdown ends them) and counted as aborted."""
-        in_flight = sum(reserved for _, reserved in self.pending.values())
-        for _, reserved in self.pending.values():
-            self.buffer.abort(reserved)
-        self.pending.clear()
-        self.admitted_at.clear()
-        self.called.clear()
+        abandoned = self.workers.abandon()
+        in_flight = sum(c.groups for c in abandoned)
+        for c in abandoned:
+            self.buffer.abort(c.groups)
         self.summary.add_stage(self.stage.summary())
         self.summary.worker_replacements = self.replacements
         # episodes the environment's code aborted, by reason (asyncrl_env_errors_total; the job went on)

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from asyncrl.trainer.driver.hosts.fleet import HostHandles
 from asyncrl.trainer.driver.loop.staleness import StalenessBuffer
+from asyncrl.trainer.driver.loop.workers import WorkerPool
 from asyncrl.trainer.driver.run.metrics import DriverMetrics
 
 
@@ -35,20 +36,9 @@ class LoopView(Protocol):
     def buffer(self) -> StalenessBuffer: ...
 
     @property
-    def pending(self) -> dict[Any, tuple[int, int]]:
-        """Generate calls in flight: ref -> (worker index, groups reserved)."""
-
-    @property
-    def called(self) -> dict[Any, Any]:
-        """Generate calls in flight: ref -> the worker handle that runs it."""
-
-    @property
-    def admitted_at(self) -> dict[Any, int]:
-        """Generate calls in flight: ref -> the actor version when the call was admitted."""
-
-    @property
-    def idle_since(self) -> dict[int, float]:
-        """Idle rollout workers: index -> monotonic seconds since when (the evaluation moves them)."""
+    def workers(self) -> WorkerPool:
+        """Every rollout worker's slot (idle since when, or its generate call in flight: admitted at which
+        version, holding how many groups); the evaluation holds and releases them."""
 
     @property
     def step_extra(self) -> dict[str, float]:

@@ -2,8 +2,8 @@
 
 The actor writes each folder atomically (a temporary sibling renamed into place) with a marker
 ``meta.json`` that records the size and SHA-256 of its files
-(:mod:`asyncrl.trainer.megatron.checkpoint`): every rank of the actor group writes its shards into the
-sibling and rank 0 seals it (:mod:`asyncrl.trainer.megatron.sharded_checkpoint`), so one folder resumes at
+(:mod:`asyncrl.trainer.checkpoint.folder`): every rank of the actor group writes its shards into the
+sibling and rank 0 seals it (:mod:`asyncrl.trainer.checkpoint.sharded`), so one folder resumes at
 any TP/DP layout. The driver names, verifies, chooses and prunes folders.
 
 A checkpoint is complete only when it verifies: its marker parses, every recorded file has its
@@ -21,8 +21,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncrl.trainer.checkpoint.folder import META_FILE, CheckpointError, verify_checkpoint
 from asyncrl.trainer.driver.run import faults, recovery
-from asyncrl.trainer.megatron.checkpoint import META_FILE, CheckpointError, verify_checkpoint
 
 log = logging.getLogger(__name__)
 

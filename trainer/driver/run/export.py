@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from asyncrl.api.job import AsyncRLJob
+from asyncrl.trainer.checkpoint.folder import META_FILE, CheckpointError, verify_checkpoint
 from asyncrl.trainer.driver.run import checkpoints
 from asyncrl.trainer.export import (
     DEFAULT_MAX_SHARD_BYTES,
@@ -25,7 +26,6 @@ from asyncrl.trainer.export import (
     model_files,
     write_hf_folder,
 )
-from asyncrl.trainer.megatron.checkpoint import META_FILE, CheckpointError, verify_checkpoint
 
 
 def find_job_file(path: Path) -> Path | None:

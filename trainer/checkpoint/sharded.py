@@ -2,7 +2,7 @@
 
 Every rank of the actor group writes its own shards into one temporary folder (``torch_dist``: a
 ``__<rank>_<n>.distcp`` per writer, ``common.pt`` and ``metadata.json`` from rank 0); after a barrier
-on the actor's process group rank 0 seals it (:func:`asyncrl.trainer.megatron.checkpoint.seal_folder`:
+on the actor's process group rank 0 seals it (:func:`asyncrl.trainer.checkpoint.folder.seal_folder`:
 checksums of every file, ``meta.json`` last, atomic rename). A folder is complete only when it verifies;
 the driver's fallback and ``.corrupt`` logic (:mod:`asyncrl.trainer.driver.run.checkpoints`) is unchanged.
 
@@ -33,7 +33,7 @@ exchange). ``spread=False`` is the former rank-0 writer (``bench/scale.py`` meas
 
 Two shims make ``dist_checkpointing`` run here (:func:`checkpoint_shims`, beside the actor's others in
 :mod:`asyncrl.trainer.megatron.compat`), and a third makes it read a folder as data, never as code
-(:mod:`asyncrl.trainer.megatron.safe_load`: DCP's ``.metadata`` through an unpickler that admits only its own
+(:mod:`asyncrl.trainer.checkpoint.safe_load`: DCP's ``.metadata`` through an unpickler that admits only its own
 classes, byte items and ``common.pt`` weights-only); :func:`verified` checks every such file of a folder with
 the same unpicklers before megatron opens it, on every rank.
 """
@@ -51,14 +51,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncrl.trainer.megatron import compat, safe_load
-from asyncrl.trainer.megatron.checkpoint import (
+from asyncrl.trainer.checkpoint import safe_load
+from asyncrl.trainer.checkpoint.folder import (
     CheckpointError,
     disk_error,
     seal_folder,
     temporary_folder,
     verify_checkpoint,
 )
+from asyncrl.trainer.megatron import compat
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def checkpoint_shims() -> None:
       writers report to the calling process, which puts the result on the queue and reads it back within
       the same call, so a plain ``queue.Queue`` carries it. The manager costs a fresh interpreter per
       process (5-8 s on the first save, measured) and crashes under a main module without a main guard.
-    - Everywhere: DCP's readers unpickle only data (:func:`asyncrl.trainer.megatron.safe_load.install`).
+    - Everywhere: DCP's readers unpickle only data (:func:`asyncrl.trainer.checkpoint.safe_load.install`).
     """
     import queue
 
@@ -294,7 +295,7 @@ def is_sharded(meta: Mapping[str, Any]) -> bool:
 def verified(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The marker of ``directory`` once every rank agrees it verifies (rank 0 checks the checksums, every
     rank the files and sizes it sees, and every file megatron would unpickle is data:
-    :func:`~asyncrl.trainer.megatron.safe_load.check_folder`); a :class:`CheckpointError` on every rank
+    :func:`~asyncrl.trainer.checkpoint.safe_load.check_folder`); a :class:`CheckpointError` on every rank
     otherwise (none waits in a collective another skipped)."""
     rank = group_rank()
     meta: dict[str, Any] | None = None

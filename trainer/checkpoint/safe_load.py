@@ -21,7 +21,7 @@ unpickler that admits only data. Here:
 - ``metadata.json`` (megatron's choice of loader) must name the backends written here (:data:`BACKENDS`).
 
 :func:`check_folder` does all of it before megatron opens anything (every rank, from
-:func:`~asyncrl.trainer.megatron.sharded_checkpoint.verified`), each refusal a :class:`CheckpointError`
+:func:`~asyncrl.trainer.checkpoint.sharded.verified`), each refusal a :class:`CheckpointError`
 naming the file. :func:`install` (one of the checkpoint shims) makes DCP's own reads in this process go
 through the same unpicklers, so a file swapped after the check is refused too; :class:`CommonLoader` is
 megatron's common-state loader with ``weights_only=True`` spelled out.
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.trainer.megatron.checkpoint import CheckpointError
+from asyncrl.trainer.checkpoint.folder import CheckpointError
 
 METADATA_FILE = ".metadata"  # DCP's index (a pickle)
 COMMON_FILE = "common.pt"  # megatron's common state (torch.save)

@@ -15,7 +15,7 @@ The marker also says what the folder *is*: every file in it must be listed (noth
 beside the checked ones), every listed name is a plain relative path inside the folder (no ``..``, not
 absolute), and nothing in the folder is a symbolic link (a listed name resolves to itself, never to a
 file elsewhere). Checksums detect corruption, not tampering: whoever writes a folder can compute them;
-that a folder's *content* is data and never code is :mod:`asyncrl.trainer.megatron.safe_load`'s part.
+that a folder's *content* is data and never code is :mod:`asyncrl.trainer.checkpoint.safe_load`'s part.
 """
 
 import hashlib
