@@ -16,11 +16,14 @@ Per transport, what one version costs the actor and what the driver gets back (t
   keeps alive in ``hosts.weights``).
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
+
+import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.model_arch import ModelArch
 from asyncrl.api.weight_sync import WeightTransport
 from asyncrl.trainer.weight_sync.broadcast import SyncGroup
 from asyncrl.trainer.weight_sync.buckets import Bucket
@@ -36,6 +39,23 @@ from asyncrl.trainer.weight_sync.transport import (
 )
 
 
+class _Arch(Protocol):
+    @property
+    def arch(self) -> ModelArch: ...
+
+
+class SyncedActor(Protocol):
+    """What the weight sync reads of the actor (``MegatronActor``): its live parameters, their architecture and
+    the version they are."""
+
+    version: int
+
+    @property
+    def settings(self) -> _Arch: ...
+
+    def named_weights(self) -> Mapping[str, torch.Tensor]: ...
+
+
 def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
     """Receivers score ``pi_old`` with the training-side model (interrupt-sync on the rollout workers,
     dedicated scorers): they need the actor's weights as it holds them, not rounded to the engine's dtype, so
@@ -44,14 +64,14 @@ def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
     return spec.old_logits_route.scores_outside_the_actor
 
 
-def _buckets(actor: Any, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
+def _buckets(actor: SyncedActor, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
     """The actor's current version as buckets, lazily: nothing is gathered until they are read."""
     dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
     return actor_buckets(actor.named_weights(), actor.settings.arch, version=int(actor.version),
                          bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype)
 
 
-def _join_gathers(actor: Any) -> None:
+def _join_gathers(actor: SyncedActor) -> None:
     for _ in hf_tensors(actor.named_weights(), actor.settings.arch):  # join every gather, keep nothing
         pass
 
@@ -80,7 +100,7 @@ class ActorSync:
     def _configured(self) -> Transport:
         return make_transport(self.transport, root=self.disk_root, keep=self.disk_keep, group=self.group)
 
-    def publish(self, actor: Any) -> WeightHandle | None:
+    def publish(self, actor: SyncedActor) -> WeightHandle | None:
         """The actor's current version through the configured transport: the handle on rank 0, None on the
         others (which join the TP gathers when the transport reads the buckets now)."""
         transport = self._configured()
@@ -90,7 +110,7 @@ class ActorSync:
             return None
         return transport.publish(_buckets(actor, self.spec), int(actor.version))
 
-    def send(self, actor: Any, version: int) -> SendOutcome | None:
+    def send(self, actor: SyncedActor, version: int) -> SendOutcome | None:
         """Broadcast ``version`` (the actor's current one) to the group: :class:`~.outcome.Sent`, or, when a
         member is gone (the collective failed), :class:`~.outcome.SyncFailed` -- the driver re-forms the group.
         None on the other ranks (they join the TP gathers)."""
@@ -112,7 +132,7 @@ class ActorSync:
             self.group = None
             return SyncFailed(f"{type(exc).__name__}: {exc}")
 
-    def for_joiner(self, actor: Any, version: int) -> BucketRefs | None:
+    def for_joiner(self, actor: SyncedActor, version: int) -> BucketRefs | None:
         """``version`` in the object store for a receiver outside the broadcast group, from the buckets kept
         since it was sent (rank 0; None on the others: no gathers, whatever the actor trains meanwhile)."""
         if self.rank != 0:
