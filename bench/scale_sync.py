@@ -113,11 +113,11 @@ class Receiver:
 
         self.group = open_group(endpoint, rank, world, backend="gloo", timeout_s=600)
 
-    def take_broadcast(self) -> tuple[float, float]:
-        from asyncrl.trainer.weight_sync.broadcast import receive
+    def take_broadcast(self, version: int) -> tuple[float, float]:
+        from asyncrl.trainer.weight_sync.broadcast import receive_version
 
         t0 = time.perf_counter()
-        state = receive(self.group)
+        state = receive_version(self.group, version).state  # what a rollout worker runs
         return time.perf_counter() - t0, self._install(state)
 
 
@@ -155,7 +155,7 @@ def _size_rows(millions: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     def bcast(v: int) -> dict[str, float]:
         t0 = time.perf_counter()
         pub_ref = src.broadcast.remote(args.bucket_mib[0], v)
-        parts = ray.get([r.take_broadcast.remote() for r in recv])
+        parts = ray.get([r.take_broadcast.remote(v) for r in recv])
         pub = ray.get(pub_ref)
         return {"publish": pub, "transfer": max(p[0] for p in parts), "pause": max(p[1] for p in parts),
                 "total": time.perf_counter() - t0}

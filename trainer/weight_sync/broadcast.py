@@ -10,7 +10,7 @@ engine do). Per version the source broadcasts, for each bucket, its manifest as 
 whatever the number of receivers (slime ``update_weight_from_distributed.py``: ``dist.broadcast`` per
 bucket). A receiver checks every length it reads against a cap before it allocates.
 
-Every member must call :func:`send` (source) or :func:`receive` (the others) for every version, in
+Every member must call :func:`send` (source) or :func:`receive_version` (the others) for every version, in
 order: a collective with a missing member blocks until the group's timeout.
 """
 
@@ -144,13 +144,3 @@ def receive_version(group: SyncGroup, version: int) -> Received:
     if versions != {version}:
         raise RuntimeError(f"weight sync (broadcast): expected version {version}, received buckets of {sorted(versions)}")
     return Received(state, version, time.perf_counter() - t0, nbytes)
-
-
-def receive(group: SyncGroup) -> dict[str, torch.Tensor]:
-    """Receive one version (on ``group.device``); the HF state dict as views of the received buckets."""
-    out: dict[str, torch.Tensor] = {}
-    while (manifest := _receive_manifest(group)) is not None:
-        data = torch.empty(manifest.nbytes, dtype=torch.uint8, device=group.device)
-        group._bcast(data)
-        out |= unpack_bucket(manifest, data)
-    return out
