@@ -33,10 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-from prometheus_client import CollectorRegistry
-
-from asyncrl.api.job import AsyncRLJob
+from asyncrl.api.job import AsyncRLJob, AsyncRLJobSpec
 from asyncrl.api.old_logits_route import OldLogitsRoute
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.rollout.trajectory import Trajectory
@@ -52,23 +49,29 @@ from asyncrl.trainer.driver.loop.accounting import (
     count_ewma_reset,
     count_old_logits,
     count_rollouts,
-    set_job_gauges,
     success_rate,
-    summarise,
 )
 from asyncrl.trainer.driver.loop.evaluation import EvalResult, Evaluator, evaluated_versions
 from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch, token_staleness
+from asyncrl.trainer.driver.loop.run_scope import (
+    JobHosts,
+    MetricsEndpoint,
+    RunOutcome,
+    job_metrics,
+    open_run_dir,
+    sigterm_stops,
+)
 from asyncrl.trainer.driver.loop.stage import PhaseCallback, Stage
 from asyncrl.trainer.driver.loop.stage_registry import make_stage
 from asyncrl.trainer.driver.loop.staleness import Group, StalenessBuffer, check_staleness
 from asyncrl.trainer.driver.loop.startup_probe import startup_check
 from asyncrl.trainer.driver.loop.workers import GenerateCall, WorkerPool
-from asyncrl.trainer.driver.run import checkpoints, faults, recovery
-from asyncrl.trainer.driver.run.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
-from asyncrl.trainer.driver.run.rundir import RunDir, sweep_temporaries, write_report
+from asyncrl.trainer.driver.run import checkpoints, recovery
+from asyncrl.trainer.driver.run.metrics import DriverMetrics
+from asyncrl.trainer.driver.run.rundir import RunDir
 from asyncrl.trainer.driver.run.step_report import ActorStep, StepReport, step_line
-from asyncrl.trainer.driver.run.summary import RunStatus, RunSummary, SummaryDraft
-from asyncrl.trainer.driver.run.termination import StopRequest, install_sigterm_handler
+from asyncrl.trainer.driver.run.summary import RunSummary, SummaryDraft
+from asyncrl.trainer.driver.run.termination import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -129,119 +132,56 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
     """
     spec = job.spec
     total_steps = options.steps or spec.train.steps
-    run = RunDir.create(options.run_dir or default_run_dir(job), checkpoint_base=options.checkpoint_base)
-    swept = [*run.sweep_temporaries(), *checkpoints.sweep_temporaries(run.checkpoint_dir(spec.checkpoint.dir))]
-    if options.warm_start_dir is not None:
-        swept += sweep_temporaries(options.warm_start_dir.parent)
-    if swept:  # an earlier attempt died while writing (a full disk, a kill)
-        log.warning("removed what interrupted writes left: %s", ", ".join(str(p) for p in swept))
-    run.job_yaml.write_text(yaml.safe_dump(job.model_dump(mode="json", by_alias=True), sort_keys=False))
-
-    # --- setup: metrics ------------------------------------------------------------------------
-    registry = CollectorRegistry()
-    metrics = create_metrics(registry)
-    metrics.job.info({
-        "name": job.metadata.name, "reference": spec.correction.reference.value,
-        "max_staleness": str(spec.async_.max_staleness), "task": spec.task.label,  # what runs, not the ignored name
-    })
-    set_job_gauges(metrics, spec)
-    server: MetricsServer | None = None
-    port = spec.monitoring.port if options.port is None else options.port
+    run = open_run_dir(job, options.run_dir or default_run_dir(job), checkpoint_base=options.checkpoint_base,
+                       warm_start_dir=options.warm_start_dir)
+    metrics = job_metrics(job)
     started = time.monotonic()
     summary = SummaryDraft(job=job.metadata.name, run_dir=str(run.path), max_staleness=spec.async_.max_staleness,
                            reference=spec.correction.reference.value, restarts=len(options.restarts))
     if options.restarts:  # gang restarts before this attempt (gang_restart), counted once each
         summary.restart_causes = tuple(options.restarts)
-    status: RunStatus = "running"
-    error: str | None = None
-    final: RunSummary | None = None  # made once, when the run ends
     records: list[dict[str, Any]] = []
-    hosts: HostHandles | None = None
     stop = StopRequest()  # SIGTERM (preemption, drain): stop cleanly, checkpoint, exit 0
-    failure: BaseException | None = None
-    logged_from = -1  # records[logged_from:] are this attempt's steps (-1: it logged none)
-    try:
+    # --- setup; cleanup on every exit path, Ctrl-C included, in the reverse order (loop/run_scope.py) ------
+    with MetricsEndpoint() as endpoint, RunOutcome(job, run, summary, records, started, stop) as outcome:
         if spec.monitoring.enabled:
-            server = serve_metrics(registry, port, options.metrics_host)
-            summary.metrics_url = server.url
-        n_procs = (spec.rollout.replicas + spec.actor.world_size  # every scorer rank is a process too
-                   + (spec.old_logits.dedicated.replicas * spec.old_logits.dedicated.layout_for(spec.actor).world_size
-                      if spec.old_logits_route is OldLogitsRoute.DEDICATED else 0))
-        with local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray:
-            restore_sigterm = install_sigterm_handler(stop)  # after ray.init: Ray sets its own
-            try:
-                hosts = start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs,
-                                    actor_threads=options.actor_threads, rollout_threads=options.rollout_threads,
-                                    placement=options.placement,
-                                    # snapshot.device disk: under the run directory locally; in a cluster the
-                                    # actor's pod has its own disk (a private folder there)
-                                    work_dir=str(run.path / "snapshots") if options.placement == "local" else None)
-                summary.startup_s = round(time.monotonic() - started, 2)
-                _model_load(hosts, summary)
-                weight_sync.setup(hosts, spec, run.checkpoint_dir(spec.checkpoint.dir), options.placement)
-                if on_start is not None:
-                    on_start({**summary.to_json(), "total_steps": total_steps})
-                # --- warm start or resume --------------------------------------------------
-                version, driver_state = _warm_or_resume(hosts, job, run, options, summary, on_warm, stop)
-                summary.start_version = version
-                if job.spec.correction.startup_check.enabled:  # refuses (exit 2) before any step
-                    startup_check(hosts, job.spec, version, summary, metrics)
-                # a resumed run continues its log (a torn last line is cut off and said)
-                records.extend(run.keep_steps_up_to(version, summary.notes()))
-                logged_from = len(records)
-                # --- the loop -----------------------------------------------------------------
-                loop = _Loop(spec=job.spec, hosts=hosts, metrics=metrics, run=run, version=version,
-                             on_step=on_step, on_batch=on_batch, records=records, summary=summary,
-                             started=started, stage=make_stage(job.spec, on_phase), stop=stop)
-                loop.restore(driver_state)
-                loop.run(total_steps)
-            except Exception as exc:
-                # A rank of an actor group died or raised: say which, not rank 0's "killed" (asked while Ray is up)
-                own = hosts.actor_failure(exc) if hosts is not None else None
-                if own is None or own is exc:
-                    raise
-                raise own from exc
-            finally:
-                restore_sigterm()
-                if hosts is not None:
-                    hosts.close()  # the actor's snapshot files
-                    if not own_ray:
-                        hosts.kill()  # a shared Ray (tests, benchmarks) outlives this job's processes
-        # SIGTERM: the loop stopped early and saved a final checkpoint; the operator's rerun resumes there
-        status = "preempted" if stop.requested else "succeeded"
-    except KeyboardInterrupt as exc:
-        failure = exc
-        status = "interrupted"
-        raise
-    except BaseException as exc:
-        failure = exc
-        status = "failed"
-        error = faults.describe(exc)  # errno, path and bytes free for an OSError (a full disk)
-        log.error("job %s failed: %s", job.metadata.name, error)
-        raise
-    finally:
-        # --- cleanup: always leave a usable run directory -------------------------------------
-        # An attempt that failed before logging a step keeps what a good run wrote (summary.json,
-        # report.png) and says its own word in last-attempt.json.
-        attempt_only = (failure is not None and len(records) <= max(0, logged_from)
-                        and run.summary_json.exists())
-        try:
-            final = summary.finish(status, error=error, totals=summarise(records, time.monotonic() - started),
-                                   report=str(run.report_png))
-            run.write_summary(final.to_json(), attempt_only=attempt_only)
-            if not attempt_only:
-                write_report(records, run.report_png,
-                             f"{job.metadata.name} (maxStaleness {spec.async_.max_staleness})")
-        except Exception as exc:  # noqa: BLE001 -- never hide the error that ended the run behind this one
-            if failure is None:
-                raise
-            log.error("could not write the run's summary/report (%s); the run's own error: %s",
-                      faults.describe(exc), error or status)
-        finally:
-            if server is not None:
-                server.close()
-    assert final is not None  # written in the finally above, which raised otherwise
-    return RunResult(run.path, final, records, final.metrics_url)
+            port = spec.monitoring.port if options.port is None else options.port
+            summary.metrics_url = endpoint.serve(metrics.registry, port, options.metrics_host)
+        with (local_ray(num_cpus=max(1, math.ceil(options.num_cpus))) as own_ray, JobHosts(own_ray) as held,
+              sigterm_stops(stop), held.naming_actor_failure()):
+            hosts = held.track(_start_hosts(spec, options, run))
+            summary.startup_s = round(time.monotonic() - started, 2)
+            _model_load(hosts, summary)
+            weight_sync.setup(hosts, spec, run.checkpoint_dir(spec.checkpoint.dir), options.placement)
+            if on_start is not None:
+                on_start({**summary.to_json(), "total_steps": total_steps})
+            # --- warm start or resume ------------------------------------------------------------
+            version, driver_state = _warm_or_resume(hosts, job, run, options, summary, on_warm, stop)
+            summary.start_version = version
+            if spec.correction.startup_check.enabled:  # refuses (exit 2) before any step
+                startup_check(hosts, spec, version, summary, metrics)
+            # a resumed run continues its log (a torn last line is cut off and said)
+            records.extend(run.keep_steps_up_to(version, summary.notes()))
+            outcome.logged_from = len(records)
+            # --- the loop ------------------------------------------------------------------------
+            loop = _Loop(spec=spec, hosts=hosts, metrics=metrics, run=run, version=version, on_step=on_step,
+                         on_batch=on_batch, records=records, summary=summary, started=started,
+                         stage=make_stage(spec, on_phase), stop=stop)
+            loop.restore(driver_state)
+            loop.run(total_steps)
+    return RunResult(run.path, outcome.final, records, outcome.final.metrics_url)
+
+
+def _start_hosts(spec: AsyncRLJobSpec, options: RunOptions, run: RunDir) -> HostHandles:
+    """The job's Ray processes, the cores split evenly between them (every dedicated scorer rank is one too)."""
+    n_procs = (spec.rollout.replicas + spec.actor.world_size
+               + (spec.old_logits.dedicated.replicas * spec.old_logits.dedicated.layout_for(spec.actor).world_size
+                  if spec.old_logits_route is OldLogitsRoute.DEDICATED else 0))
+    return start_hosts(spec, n_procs_cpus=options.num_cpus / n_procs, actor_threads=options.actor_threads,
+                       rollout_threads=options.rollout_threads, placement=options.placement,
+                       # snapshot.device disk: under the run directory locally; in a cluster the actor's pod
+                       # has its own disk (a private folder there)
+                       work_dir=str(run.path / "snapshots") if options.placement == "local" else None)
 
 
 def _model_load(hosts: HostHandles, summary: SummaryDraft) -> None:
