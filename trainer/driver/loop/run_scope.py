@@ -17,7 +17,7 @@ is handled), so each holds what was started in it.
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +30,7 @@ from asyncrl.trainer.driver.hosts.fleet import HostHandles
 from asyncrl.trainer.driver.loop.accounting import set_job_gauges, summarise
 from asyncrl.trainer.driver.run import checkpoints, faults
 from asyncrl.trainer.driver.run.metrics import DriverMetrics, MetricsServer, create_metrics, serve_metrics
+from asyncrl.trainer.driver.run.metrics_log import JSONObject
 from asyncrl.trainer.driver.run.rundir import RunDir, sweep_temporaries, write_report
 from asyncrl.trainer.driver.run.summary import RunStatus, RunSummary, SummaryDraft
 from asyncrl.trainer.driver.run.termination import StopRequest, install_sigterm_handler
@@ -91,7 +92,7 @@ class RunOutcome:
     while writing them is raised only when the run itself succeeded (never hiding the error that ended it),
     and the run's own exception always goes on."""
 
-    def __init__(self, job: AsyncRLJob, run: RunDir, summary: SummaryDraft, records: list[dict[str, object]],
+    def __init__(self, job: AsyncRLJob, run: RunDir, summary: SummaryDraft, records: Sequence[JSONObject],
                  started: float, stop: StopRequest) -> None:
         self.job, self.run, self.summary, self.records, self.started, self.stop = (
             job, run, summary, records, started, stop)

@@ -262,7 +262,7 @@ def _warm_or_resume(hosts: HostHandles, job: AsyncRLJob, run: RunDir, options: R
 class _Loop:
     """The asynchronous loop's state; ``run`` is the story, the methods are its steps."""
 
-    def __init__(self, *, spec: Any, hosts: HostHandles, metrics: DriverMetrics, run: RunDir, version: int,
+    def __init__(self, *, spec: AsyncRLJobSpec, hosts: HostHandles, metrics: DriverMetrics, run: RunDir, version: int,
                  on_step: StepCallback | None, on_batch: BatchCallback | None, records: list[dict[str, Any]],
                  summary: SummaryDraft, started: float, stage: Stage | None = None,
                  stop: StopRequest | None = None) -> None:
