@@ -15,7 +15,7 @@ from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.run.metrics import SYNC_STATES, TRAJECTORY_STATUSES, DriverMetrics
-from asyncrl.trainer.driver.run.metrics_log import EvalLine, JSONObject, StepLine, parse_lines
+from asyncrl.trainer.driver.run.metrics_log import EvalLine, Line, StepLine, parse_lines
 from asyncrl.trainer.driver.run.summary import EvalPoint, StepTotals
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def success_rate(groups: Sequence[Sequence[Trajectory]]) -> float:
     return sum(t.success for t in trajs) / max(1, len(trajs))
 
 
-def summarise(records: Sequence[JSONObject], wall_s: float, window: int = 10) -> StepTotals:
+def summarise(records: Sequence[Line], wall_s: float, window: int = 10) -> StepTotals:
     """From the run's ``metrics.jsonl`` lines (a resumed log included, so read back as text): start/final
     success and reward (means over the first/last ``window`` applied steps), wall time, and the held-out
     evaluation's first/last success and curve (``eval_*``; None/empty without one)."""

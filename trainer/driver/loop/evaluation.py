@@ -34,7 +34,7 @@ from asyncrl.api.evaluation import EvalMode
 from asyncrl.rollout.envs.binding import task_samples
 from asyncrl.rollout.envs.interface import Sample
 from asyncrl.rollout.trajectory import Trajectory
-from asyncrl.trainer.driver.run.metrics_log import EvalLine, JSONObject, parse_lines
+from asyncrl.trainer.driver.run.metrics_log import EvalLine, Line, parse_lines
 
 if TYPE_CHECKING:
     from asyncrl.trainer.driver.loop.view import LoopView
@@ -92,7 +92,7 @@ class EvalResult:
         }
 
 
-def evaluated_versions(records: Sequence[JSONObject]) -> set[int]:
+def evaluated_versions(records: Sequence[Line]) -> set[int]:
     """The versions a run's ``metrics.jsonl`` lines already evaluated (a resumed run skips them)."""
     return {line.version for line in parse_lines(records) if isinstance(line, EvalLine)}
 

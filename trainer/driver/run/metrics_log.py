@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 JSON: TypeAlias = "None | bool | int | float | str | Sequence[JSON] | Mapping[str, JSON]"
 JSONObject: TypeAlias = Mapping[str, JSON]
+Line: TypeAlias = Mapping[str, object]  # one metrics.jsonl object, as the loop wrote it or as read back
 
 
 class MetricsFileError(ValueError):
@@ -38,7 +39,7 @@ class StepLine:
     version, a hand-made line); ``correction`` is None when the line carries no correction counts."""
 
     step: int
-    record: JSONObject  # the line as written
+    record: Line  # the line as written
     applied: bool
     version: int | None  # the version the step made (None: not applied)
     wall_s: float | None
@@ -55,7 +56,7 @@ class EvalLine:
     """One held-out evaluation's line: of ``version``, ``wall_s`` into the run, ``seconds`` long."""
 
     step: int  # = version
-    record: JSONObject
+    record: Line
     version: int
     success: float
     reward: float
@@ -66,7 +67,7 @@ class EvalLine:
 MetricsLine: TypeAlias = StepLine | EvalLine
 
 
-def _number(record: JSONObject, key: str) -> float | None:
+def _number(record: Line, key: str) -> float | None:
     """``record[key]`` as a float: a JSON number, or the string a non-finite float is written as ("nan")."""
     v = record.get(key)
     if isinstance(v, bool):
@@ -78,19 +79,19 @@ def _number(record: JSONObject, key: str) -> float | None:
     return None
 
 
-def _int(record: JSONObject, key: str) -> int | None:
+def _int(record: Line, key: str) -> int | None:
     v = record.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _required(record: JSONObject, key: str) -> float:
+def _required(record: Line, key: str) -> float:
     v = _number(record, key)
     if v is None:
         raise ValueError(f"an evaluation line without a number {key!r}: {dict(record)}")
     return v
 
 
-def parse_line(record: JSONObject) -> MetricsLine:
+def parse_line(record: Line) -> MetricsLine:
     """One ``metrics.jsonl`` object (as written, or as read back) typed."""
     step = _int(record, "step") or 0
     if "eval_version" in record:
@@ -109,7 +110,7 @@ def parse_line(record: JSONObject) -> MetricsLine:
                     correction=correction)
 
 
-def parse_lines(records: Sequence[JSONObject]) -> list[MetricsLine]:
+def parse_lines(records: Sequence[Line]) -> list[MetricsLine]:
     return [parse_line(r) for r in records]
 
 
@@ -118,7 +119,7 @@ def read_metrics(path: Path, notices: list[str] | None = None) -> list[MetricsLi
     return parse_lines(read_records(path, notices))
 
 
-def read_records(path: Path, notices: list[str] | None = None) -> list[dict[str, JSON]]:
+def read_records(path: Path, notices: list[str] | None = None) -> list[dict[str, object]]:
     """The logged objects. A torn last line (a kill mid-write) is cut off the file and said (logged,
     and appended to ``notices``); a damaged line before the last is a :class:`MetricsFileError`."""
     if not path.exists():
@@ -127,7 +128,7 @@ def read_records(path: Path, notices: list[str] | None = None) -> list[dict[str,
     lines = data.split(b"\n")
     # Every full record ends in a newline: the last piece is empty unless the final write was cut.
     tail = lines.pop()
-    records: list[dict[str, JSON]] = []
+    records: list[dict[str, object]] = []
     bad: tuple[int, str] | None = None
     for i, line in enumerate(lines, start=1):
         if not line.strip():

@@ -30,9 +30,9 @@ from typing import Any
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.driver.run import faults
 from asyncrl.trainer.driver.run.metrics_log import (
-    JSON,
     EvalLine,
     JSONObject,
+    Line,
     MetricsFileError,
     MetricsLine,
     StepLine,
@@ -98,7 +98,7 @@ class RunDir:
         with self.metrics_jsonl.open("a") as f:
             f.write(json.dumps(_jsonable(record)) + "\n")
 
-    def read_steps(self, notices: list[str] | None = None) -> list[dict[str, JSON]]:
+    def read_steps(self, notices: list[str] | None = None) -> list[dict[str, object]]:
         """The logged objects (:func:`.metrics_log.read_records`: a torn last line is cut off and said)."""
         return read_records(self.metrics_jsonl, notices)
 
@@ -106,7 +106,7 @@ class RunDir:
         """The logged lines, typed (:func:`.metrics_log.read_metrics`)."""
         return read_metrics(self.metrics_jsonl, notices)
 
-    def keep_steps_up_to(self, version: int, notices: list[str] | None = None) -> list[dict[str, JSON]]:
+    def keep_steps_up_to(self, version: int, notices: list[str] | None = None) -> list[dict[str, object]]:
         """On resume from ``version``: drop logged steps after it (they will be redone); return the rest."""
         kept = [line.record for line in self.read_metrics(notices) if line.step <= version]
         if self.metrics_jsonl.exists():
@@ -186,7 +186,7 @@ def _series(lines: Sequence[MetricsLine], value: Series) -> tuple[list[float], l
     return xs, ys
 
 
-def write_report(records: Sequence[JSONObject], out: Path, title: str = "") -> Path:
+def write_report(records: Sequence[Line], out: Path, title: str = "") -> Path:
     """Plot the ``metrics.jsonl`` lines to ``out`` (PNG, matplotlib Agg: no display needed)."""
     import matplotlib
 
