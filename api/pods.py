@@ -70,12 +70,12 @@ MP_DIVIDES_WORLD_MESSAGE = (
     "actor.megatron.tensorParallel x expertParallel must divide the actor's ranks (actor.replicas x "
     "max(gpusPerReplica, 1); a CPU pod runs one rank); raise actor.replicas or lower the parallel sizes"
 )
-ENGINES = ("transformers", "vllm")  # every one has a backend (asyncrl.rollout.engine.make_engine)
+ENGINES = ("transformers", "vllm")  # every one has a backend (asyncrl.rollout.engine_registry.ENGINES; a test keeps both equal)
 ROLLOUT_GPUS_MESSAGE = (
     "a rollout worker uses at most one GPU in this build (both engines run on one device): set "
     "rollout.gpusPerReplica to 0 or 1 (for more rollout throughput raise rollout.replicas)"
 )
-TRANSFORMERS_ENGINE_ARGS: dict[str, type] = {"fp32Head": bool}  # what asyncrl.rollout.engine.make_engine takes
+TRANSFORMERS_ENGINE_ARGS: dict[str, type] = {"fp32Head": bool}  # what asyncrl.rollout.engine_registry.make_engine takes
 # What the vllm engine takes (asyncrl.rollout.vllm_engine.VLLM_ENGINE_ARGS; a test keeps both equal). ints >= 0.
 VLLM_ENGINE_ARGS: dict[str, type] = {
     "enforceEager": bool, "maxNumSeqs": int, "kvCacheMemoryBytes": int, "enablePrefixCaching": bool,

@@ -9,7 +9,7 @@ explicit position ids; finished episodes are dropped from the batch and the cach
 
 Precision: the model runs in ``dtype`` (bfloat16 by default, ``spec.model.rolloutDtype``); logits
 are upcast to float32 before ``log_softmax`` (a bf16 softmax alone puts ~15 % of tokens outside a
-±1 % ratio window, rl-on-cpu.md §5b).
+±1 % ratio window, measured on the embedded model).
 
 Device: CUDA when the process sees one (a rollout pod's GPU, handed over by Ray), else the CPU;
 ``device`` pins it. Weights arrive and are kept (``release``) on the CPU; the model, the KV cache,
@@ -63,7 +63,7 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
             their weights (the body and its residual stream stay in ``dtype``). Measured on the
             chain-calculator SFT policy (256 episodes, ~4.3k tokens): mean |logp_mu - logp_fp32|
             4.3e-3 -> 3.6e-3, tokens outside a ±1 % ratio 10.1 % -> 7.2 %; a modest gain, smaller
-            than rl-on-cpu.md §5b reports for its variant.
+            than measured for that variant on a larger vocabulary.
         device: ``"cuda"``, ``"cpu"`` or None: CUDA when available, else the CPU.
     """
 

@@ -53,7 +53,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "trainer/export.py": ("ray", *(f"asyncrl.trainer.{p}" for p in ("driver", "cli"))),
     # inside rollout: tasks and environments know no engine, worker or episode machinery (those use them)
     "rollout/envs": ("ray", "vllm", *(f"asyncrl.rollout.{m}" for m in (
-        "engine", "hf_engine", "vllm_engine", "vllm_process", "vllm_server", "worker", "episode", "bench"))),
+        "engine", "engine_registry", "generation_loop", "hf_engine", "vllm_engine", "vllm_process", "vllm_server",
+        "worker", "episode", "bench"))),
 }
 
 

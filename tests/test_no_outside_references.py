@@ -34,6 +34,37 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
     assert bad == [], "cite docs/ in the repository instead:\n" + "\n".join(bad)
 
 
+# A document cited by its file name (``feasibility.md §2``, ``rl-on-cpu §4``): it must be one the repository has.
+CITED_MD = re.compile(r"(?<![\w/.:%-])((?:[\w.-]+/)*([\w-]+)\.md)(?![\w/])|(?<![\w/.-])([a-z][\w-]*-[\w-]*) §\d")
+# file names the tests and the code create themselves (a user's folder of notes that an export must not delete)
+MADE_HERE = {"notes"}
+
+
+def _cited_md(line: str) -> list[str]:
+    return [m.group(2) or m.group(3) for m in CITED_MD.finditer(line)
+            if "http" not in line[max(0, m.start() - 80):m.start()]]
+
+
+def test_every_cited_document_is_in_the_repository() -> None:
+    here = Path(__file__).resolve()
+    tracked = _tracked()
+    have = {p.stem for p in tracked if p.suffix == ".md"} | MADE_HERE
+    bad = [f"{p.relative_to(ROOT)}:{n}: {name}"
+           for p in tracked if p.resolve() != here and p.is_file() and not p.is_symlink()
+           and not str(p.relative_to(ROOT)).startswith("docs/results/data/")
+           for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           for name in _cited_md(line) if name not in have]
+    assert bad == [], "these cite a document the repository does not have:\n" + "\n".join(bad)
+
+
+def test_the_cited_document_pattern() -> None:
+    assert _cited_md("as measured (" + "rl-on-cpu" + ".md §5b)") == ["rl-on-cpu"]
+    assert _cited_md("the recipe (" + "rl-on-cpu" + " §4)") == ["rl-on-cpu"]
+    assert _cited_md("see docs/architecture.md and docs/runbooks/AsyncRLEwmaReset.md") == ["architecture",
+                                                                                          "AsyncRLEwmaReset"]
+    assert _cited_md("https://example.org/x.md") == []
+
+
 def test_the_pattern_catches_each_form() -> None:
     for cited in (f"see ../{_SHARED}/CONVENTIONS.md", f"(``{_SHARED}/{_REF}/feasibility.md`` §2)",
                   f"{_REF}/paper.md §6", f"{_MAP} §3"):

@@ -80,3 +80,11 @@ def test_the_api_checks_the_engine_args_the_engine_takes() -> None:
            "spec": {"rollout": {"engine": "vllm", "engineArgs": {"maxNumSeqs": -1, "fp32Head": True}}}}
     with pytest.raises(SpecError, match=r"spec.rollout.engineArgs.*vllm engine takes enforceEager \(bool\)"):
         validate_job(job)
+
+
+def test_the_spec_names_exactly_the_engines_that_have_a_backend() -> None:
+    # api/ may not import the rollout package: its list of engine names must stay the registry's
+    from asyncrl.api import pods
+    from asyncrl.rollout.engine_registry import ENGINES
+
+    assert pods.ENGINES == ENGINES

@@ -159,7 +159,7 @@ class ApiServer:
 
     def _spawn(self, cmd: list[str], log: str) -> None:
         out = open(self.workdir / log, "wb")  # noqa: SIM115 -- lives as long as the process
-        # own session, no stdin: the servers must not hold the test's terminal (real-apiserver.md §3.5)
+        # own session, no stdin: the servers must not hold the test's terminal
         self._procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True, cwd=self.workdir))
 

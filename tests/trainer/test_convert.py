@@ -55,7 +55,7 @@ def test_hf_to_megatron_reproduces_hf_logits(tied: bool) -> None:
         expected = hf(tokens).logits
         got = full_logits(gpt, tokens)
     assert got.shape == expected.shape == (3, 24, arch.vocab_size)
-    # Measured 0.0 against eager attention (megatron-llama.md §2); 1e-5 leaves room for kernels.
+    # Measured 0.0 against eager attention (docs/architecture.md, megatron-core on the CPU); 1e-5 leaves room for kernels.
     torch.testing.assert_close(got, expected, rtol=0.0, atol=1e-5)
 
 
@@ -87,7 +87,7 @@ def test_megatron_to_hf_reproduces_megatron_logits_and_round_trips_exactly(tied:
 
 def test_qkv_layout_is_grouped_per_query_group() -> None:
     # 4 query heads, 2 groups, head dim 16: rows 0-31 = q heads 0,1; 32-47 = k0; 48-63 = v0;
-    # 64-95 = q heads 2,3; 96-111 = k1; 112-127 = v1 (megatron-llama.md §2).
+    # 64-95 = q heads 2,3; 96-111 = k1; 112-127 = v1 (docs/architecture.md, megatron-core on the CPU).
     arch = ARCH
     hf = {k: torch.zeros(s) for k, s in _hf_shapes(arch).items()}
     hf["model.layers.0.self_attn.q_proj.weight"] = (

@@ -10,7 +10,7 @@ between the two so that load from other processes hits both alike; the median is
 Measured (tiny arch h128 L2 4/2 heads, vocab 40, B=128, T=60, 1 thread, 2 shared cores): megatron
 310-450 ms vs HF sdpa 270-350 ms per step, ratio 1.15-1.3 over four runs. With 2 threads on the
 shared cores the noise exceeded the difference. The gap is megatron's eager attention and the RoPE
-``cat``/layout copies (megatron-llama.md §5); DDP's ``main_grad`` hooks cost about 1 %.
+``cat``/layout copies (measured here); DDP's ``main_grad`` hooks cost about 1 %.
 """
 
 import argparse

@@ -7,7 +7,7 @@ Advantage (DeepSeekMath GRPO, with the group mean as baseline):
 
 ``std`` is the population standard deviation of the group's rewards (``unbiased=False``), so a
 group of identical rewards has ``A = 0`` either way and contributes no gradient. The measured
-recipe for this task (rl-on-cpu §4) uses the plain difference: dividing by a small std inflates
+recipe for this task (measured on the embedded model and tasks) uses the plain difference: dividing by a small std inflates
 the advantage of nearly-solved groups and did not help. A sequence's advantage is broadcast to
 all its tokens; ``loss_mask`` decides which of them count.
 
