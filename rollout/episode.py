@@ -9,6 +9,7 @@ arrives; the engine keeps decoding the others meanwhile.
 """
 
 import concurrent.futures
+import dataclasses
 import functools
 import math
 import random
@@ -23,19 +24,16 @@ from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
 
 @dataclass
 class Episode:
-    """One trajectory being generated. Per-token lists all have length ``len(tokens)``."""
+    """One trajectory being generated, around the :class:`Trajectory` it becomes (``record``).
 
-    traj_id: str
-    group_id: str
+    The per-token lists (all of length ``len(tokens)``) live in ``record`` only: the episode appends to them,
+    and hands ``record`` itself out when it is done (:meth:`to_trajectory`), so a token is written once on its
+    way from the sampler to the Ray hop. What only an in-flight episode has (the environment, the tokens
+    still to force, the current turn's text, a pending environment answer) is the episode's own.
+    """
+
     env: Environment
-    tokens: list[int]
-    prompt_len: int
-    loss_mask: list[bool] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    logp_mu: list[float] = field(default_factory=list)
-    turn_ids: list[int] = field(default_factory=list)
-    # Exact old log-probs scored while the episode was suspended (interrupt-sync); NaN = not scored.
-    logp_old: list[float] | None = None
+    record: Trajectory
     forced: deque[int] = field(default_factory=deque)  # environment tokens still to feed
     turn: int = 0  # assistant turn index (environment answers seen so far)
     turn_text: str = ""  # agent text of the current turn
@@ -54,9 +52,47 @@ class Episode:
         """Reset ``env`` with ``rng`` and hold its prompt."""
         prompt = env.reset(rng)
         n = len(prompt)
-        return cls(
-            traj_id, group_id, env, list(prompt), n, [False] * n, [NO_VERSION] * n, [0.0] * n, [-1] * n
-        )
+        return cls(env, Trajectory(traj_id=traj_id, group_id=group_id, task=env.task, tokens=list(prompt),
+                                   prompt_len=n, loss_mask=[False] * n, versions=[NO_VERSION] * n,
+                                   logp_mu=[0.0] * n, turn_ids=[-1] * n))
+
+    # The record's identity and per-token lists, read where the engines read them (``e.tokens[-1]`` ...).
+    @property
+    def traj_id(self) -> str:
+        return self.record.traj_id
+
+    @property
+    def group_id(self) -> str:
+        return self.record.group_id
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.record.tokens
+
+    @property
+    def prompt_len(self) -> int:
+        return self.record.prompt_len
+
+    @property
+    def loss_mask(self) -> list[bool]:
+        return self.record.loss_mask
+
+    @property
+    def versions(self) -> list[int]:
+        return self.record.versions
+
+    @property
+    def logp_mu(self) -> list[float]:
+        return self.record.logp_mu
+
+    @property
+    def turn_ids(self) -> list[int]:
+        return self.record.turn_ids
+
+    @property
+    def logp_old(self) -> list[float] | None:
+        """Exact old log-probs scored while the episode was suspended (interrupt-sync); NaN = not scored."""
+        return self.record.logp_old
 
     @functools.cached_property
     def turn_level(self) -> TurnLevelEnvironment | None:
@@ -75,29 +111,28 @@ class Episode:
         return len(self.tokens) - self.prompt_len
 
     def add_sampled(self, token: int, version: int, logp: float) -> None:
-        self.tokens.append(token)
-        self.loss_mask.append(True)
-        self.versions.append(version)
-        self.logp_mu.append(logp)
-        self.turn_ids.append(self.turn)
-        if self.logp_old is not None:
-            self.logp_old.append(math.nan)
+        r = self.record
+        r.tokens.append(token)
+        r.loss_mask.append(True)
+        r.versions.append(version)
+        r.logp_mu.append(logp)
+        r.turn_ids.append(self.turn)
+        if r.logp_old is not None:
+            r.logp_old.append(math.nan)
 
     def add_forced(self, token: int) -> None:
-        self.tokens.append(token)
-        self.loss_mask.append(False)
-        self.versions.append(NO_VERSION)
-        self.logp_mu.append(0.0)
-        self.turn_ids.append(-1)
-        if self.logp_old is not None:
-            self.logp_old.append(math.nan)
+        r = self.record
+        r.tokens.append(token)
+        r.loss_mask.append(False)
+        r.versions.append(NO_VERSION)
+        r.logp_mu.append(0.0)
+        r.turn_ids.append(-1)
+        if r.logp_old is not None:
+            r.logp_old.append(math.nan)
 
     def set_logp_old(self, positions: list[int], values: list[float]) -> None:
-        """Keep exact old log-probs of sampled tokens at ``positions`` (the trajectory carries them)."""
-        if self.logp_old is None:
-            self.logp_old = [math.nan] * len(self.tokens)
-        for i, v in zip(positions, values, strict=True):
-            self.logp_old[i] = float(v)
+        """Keep exact old log-probs of sampled tokens at ``positions`` (:meth:`Trajectory.set_logp_old`)."""
+        self.record.set_logp_old(positions, values)
 
     def finish(self, status: TrajectoryStatus, reward: float, success: bool, reason: str) -> None:
         self.done, self.status, self.reward, self.success, self.reason = True, status, reward, success, reason
@@ -110,24 +145,19 @@ class Episode:
         self.finish(TrajectoryStatus.ABORTED, 0.0, False, message)
 
     def to_trajectory(self, status: TrajectoryStatus | None = None) -> Trajectory:
-        """A snapshot (copies of the lists) as a :class:`Trajectory`; ``status`` overrides the episode's."""
+        """The episode as a :class:`Trajectory`; ``status`` overrides the episode's.
+
+        A done episode hands out ``record`` itself (the lists are final: nothing appends to them again); an
+        episode still in flight (an interrupt-sync snapshot, the suspended episodes a shutdown aborts) gives
+        a snapshot with copies of the lists, since it may grow again."""
         info = dict(self.env.info())
         info["end_reason"] = self.reason
         if self.env_error:
             info["env_error"] = self.env_error
-        return Trajectory(
-            traj_id=self.traj_id,
-            group_id=self.group_id,
-            task=self.task,
-            tokens=list(self.tokens),
-            prompt_len=self.prompt_len,
-            loss_mask=list(self.loss_mask),
-            versions=list(self.versions),
-            logp_mu=list(self.logp_mu),
-            turn_ids=list(self.turn_ids),
-            logp_old=None if self.logp_old is None else list(self.logp_old),
-            reward=self.reward,
-            success=self.success,
-            status=self.status if status is None else status,
-            info=info,
-        )
+        r = self.record
+        out = r if self.done else dataclasses.replace(
+            r, tokens=list(r.tokens), loss_mask=list(r.loss_mask), versions=list(r.versions), logp_mu=list(r.logp_mu),
+            turn_ids=list(r.turn_ids), logp_old=None if r.logp_old is None else list(r.logp_old))
+        out.reward, out.success, out.info = self.reward, self.success, info
+        out.status = self.status if status is None else status
+        return out
