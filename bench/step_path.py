@@ -65,19 +65,20 @@ T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31,
 class StageClock:
     """Exclusive CPU seconds per stage: a wrapped call's time minus that of the wrapped calls inside it."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.thread_time) -> None:
+        self.clock = clock
         self.seconds: dict[str, float] = {}
         self._stack: list[list[float]] = []  # per open call: [start, nested seconds]
 
     def wrap(self, stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            frame = [time.thread_time(), 0.0]
+            frame = [self.clock(), 0.0]
             self._stack.append(frame)
             try:
                 return fn(*args, **kwargs)
             finally:
                 self._stack.pop()
-                spent = time.thread_time() - frame[0]
+                spent = self.clock() - frame[0]
                 self.seconds[stage] = self.seconds.get(stage, 0.0) + spent - frame[1]
                 if self._stack:
                     self._stack[-1][1] += spent
@@ -103,7 +104,12 @@ class Adapter:
         if self.bucketed:  # the object store's ray.put is left out on both sides
             from asyncrl.trainer.weight_sync import objectstore
 
-            objectstore.publish = lambda buckets: [b.data.cpu().numpy().copy() for b in buckets]
+            def publish(buckets: Any) -> Any:  # a handle holding one host copy of each bucket instead of refs
+                built = list(buckets)
+                return objectstore.BucketRefs(built[0].manifest.version, tuple(b.manifest for b in built),
+                                              tuple(b.data.cpu().numpy().copy() for b in built))
+
+            objectstore.publish = publish
 
     def export(self) -> Any:
         """The weights rollout gets, with one host copy of what Ray would store standing in for the store."""
@@ -239,11 +245,15 @@ def make_batches(out: str, count: int, seed: int) -> None:
 
 # ------------------------------------------------------------------------------------------ the parent
 class Worker:
+    """One version's worker process (``src`` empty: the ``asyncrl`` this interpreter imports)."""
+
     def __init__(self, label: str, src: str, batches: str, warmup: int) -> None:
         self.label, self.src = label, src
-        env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONWARNINGS="ignore")
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONWARNINGS="ignore")
+        if src:
+            env["PYTHONPATH"] = src
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", src, "--batches-file", batches, "--warmup", str(warmup)],
+            [sys.executable, __file__, "--worker", src or "(installed)", "--batches-file", batches, "--warmup", str(warmup)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO),
         )
         self.read()
@@ -280,12 +290,14 @@ def report(labels: list[str], rounds: list[dict[str, list[dict[str, float]]]]) -
     """CPU ms per step and stage (median over every step) and each version's paired ratio to the first."""
     lines = [f"CPU ms/step (median over every step); ratio to {labels[0]}: mean of the per-round ratios of the "
              f"round medians, +- the 95 % t interval over {len(rounds)} rounds"]
-    head = f"{'stage':<12}" + "".join(f"{lab:>10}" for lab in labels)
-    head += "".join(f"{lab + '/' + labels[0]:>22}" for lab in labels[1:])
+    w = max(10, *(len(lab) + 2 for lab in labels))
+    wr = max(22, *(len(lab) + len(labels[0]) + 3 for lab in labels))
+    head = f"{'stage':<12}" + "".join(f"{lab:>{w}}" for lab in labels)
+    head += "".join(f"{lab + '/' + labels[0]:>{wr}}" for lab in labels[1:])
     lines.append(head)
     for stage in (*STAGES, "process"):
         med = [1e3 * statistics.median(s[stage] for r in rounds for s in r[lab]) for lab in labels]
-        row = f"{stage:<12}" + "".join(f"{m:>10.1f}" for m in med)
+        row = f"{stage:<12}" + "".join(f"{m:>{w}.1f}" for m in med)
         for lab in labels[1:]:
             ratios = []
             for r in rounds:  # paired: the two versions' medians of one round (a load spike hits one step)
@@ -293,7 +305,7 @@ def report(labels: list[str], rounds: list[dict[str, list[dict[str, float]]]]) -
                 if base > 0:
                     ratios.append(statistics.median(s[stage] for s in r[lab]) / base)
             mean, half = _ci(ratios)
-            row += f"{mean:>14.3f} +-{half:>5.3f}" if ratios else f"{'-':>22}"
+            row += f"{mean:>{wr - 8}.3f} +-{half:>5.3f}" if ratios else f"{'-':>{wr}}"
         lines.append(row)
     return "\n".join(lines)
 
@@ -338,7 +350,8 @@ def profile_diff(labels: list[str], files: dict[str, str], steps: int, top: int 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="append", default=[], metavar="LABEL=SRC",
-                        help="a tree to measure (repeat; the first is the baseline of the ratios)")
+                        help="a tree to measure (repeat; the first is the baseline of the ratios; LABEL= with no "
+                             "SRC: the asyncrl this interpreter imports)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3, help="steps per version per round")
     parser.add_argument("--warmup", type=int, default=3)
@@ -360,14 +373,15 @@ def main() -> None:
         saved = json.loads(Path(args.from_json).read_text())
         print(report(saved["labels"], saved["rounds"]))
         return
-    versions = [(lab, os.path.abspath(src)) for lab, src in (v.split("=", 1) for v in args.version)]
+    versions = [(lab, os.path.abspath(src) if src else "") for lab, src in (v.split("=", 1) for v in args.version)]
     if len(versions) < 2:
         parser.error("give at least two --version LABEL=SRC")
     labels = [lab for lab, _ in versions]
     with tempfile.TemporaryDirectory() as tmp:
         batches = str(Path(tmp) / "batches.npz")
+        env = dict(os.environ, PYTHONPATH=versions[-1][1]) if versions[-1][1] else None
         subprocess.run([sys.executable, __file__, "--make-batches", batches, "--batches", str(args.batches)],
-                       check=True, env=dict(os.environ, PYTHONPATH=versions[-1][1]), cwd=str(REPO))
+                       check=True, env=env, cwd=str(REPO))
         workers = [Worker(lab, src, batches, args.warmup) for lab, src in versions]
         try:
             if args.profile:
