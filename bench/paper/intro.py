@@ -52,9 +52,11 @@ mean ± the 95 % confidence half-width over seeds (Student t). Every "held / not
 over the same seeds (same warm start, same evaluation prompts): **held** = the paper's direction at p < 0.05,
 **reversed** = the opposite direction at p < 0.05, anything else **not resolved**. Seeds were scheduled
 interleaved (`bench/paper/suite.py`: each command runs every cell of its list at seed 0, then at seed 1, and so
-on), three such commands in parallel (the methods cells, the EWMA cells, the rest), on a machine shared with
-other work: every record keeps the 1-minute load average at its run's start and end. Section 8 measures the
-spread of one cell run twice at the same seed.
+on), in two sessions: first three such commands in parallel (the methods cells, the EWMA cells, the rest), then one
+command for every (cell, seed) still missing and, after it, one for the EWMA stress block; both on a machine shared
+with other work, so the load differed between runs and sessions (every record keeps the 1-minute load average at
+its run's start and end: the "Machine" line below). Interleaving puts every cell of a seed under the same
+conditions as far as one command can. Section 8 measures the spread of one cell run twice at the same seed.
 
 **Machine.** {summary}
 
