@@ -21,12 +21,18 @@ redrawn until its question falls on the sample's side of the built-in tasks' key
 where the generator's space is small (``chain_sum`` with two one-digit terms: 200 questions).
 
 The warm start (:func:`demonstrations`): the generator's own answers, mixed as the built-in tool-free
-task's demos are (``good`` the generator's answer, ``near`` one digit changed, ``random`` a number), so
-a supervised pass leaves a policy far from perfect for RL to improve.
+task's demos are (``good`` the generator's answer, ``near`` one character changed within its class,
+``random`` a random answer of the same form), so a supervised pass leaves a policy far from perfect for
+RL to improve. The form follows the answer: an integer (``chain_sum``: one digit changed, a number in
+-9..18) or a word (``spell_backward``'s reversed word, ``SPELL_BACKWARD``: one letter changed, a random
+lower-case string of the same length; its scorer is case-insensitive, so a changed letter differs in
+lower case).
 """
 
 import functools
 import random
+import re
+import string
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +43,9 @@ TASK = "reasoning-gym"
 ENVIRONMENT = "asyncrl.rollout.envs.reasoning_gym_task:ReasoningGymEnv"  # spec.task.environment
 CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}  # "a + b" / "a - b", a, b in 0..9
 DEFAULT_ARGS: Mapping[str, Any] = {"generator": "chain_sum", **CHAIN_SUM}
+# reversed words of 3 to 5 letters (16,772 words in the generator's list); its scorer: 1.0 for the reversal
+# (case-insensitive), else 1/len per position that matches it, 0.8 for the reversal followed by more
+SPELL_BACKWARD: Mapping[str, Any] = {"generator": "spell_backward", "min_word_len": 3, "max_word_len": 5}
 DEMO_MIX: Mapping[str, float] = {"good": 0.6, "near": 0.25, "random": 0.15}  # the built-in arithmetic task's
 INDICES = 2**31 - 1  # the generator's items are indexed; an item is a function of (seed, index)
 BASE_SEED = 0
@@ -118,14 +127,32 @@ def _change_digit(answer: str, rng: random.Random) -> str:
     return sign + digits[:i] + rng.choice(choices) + digits[i + 1:]
 
 
+def _change_letter(answer: str, rng: random.Random) -> str:
+    """``answer`` with one letter replaced by another lower-case letter (different in lower case, so a
+    case-insensitive scorer sees the change)."""
+    at = [i for i, c in enumerate(answer) if c.isalpha()]
+    if not at:
+        raise ValueError(f"{TASK}: answer {answer!r} is neither an integer nor has a letter to change")
+    i = rng.choice(at)
+    return answer[:i] + rng.choice([c for c in string.ascii_lowercase if c != answer[i].lower()]) + answer[i + 1:]
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def demo_answer(answer: str, kind: str, rng: random.Random) -> str:
-    """The assistant's answer text of a demonstration of ``kind`` (see :data:`DEMO_MIX`)."""
+    """The assistant's answer text of a demonstration of ``kind`` (see :data:`DEMO_MIX`): for an integer
+    answer a changed digit or a number in -9..18, for any other a changed letter or a random lower-case
+    string of the answer's length."""
+    numeric = _INTEGER.fullmatch(answer) is not None
     if kind == "good":
         return answer
     if kind == "near":
-        return _change_digit(answer, rng)
+        return _change_digit(answer, rng) if numeric else _change_letter(answer, rng)
     if kind == "random":
-        return str(rng.randint(-9, 18))
+        if numeric:
+            return str(rng.randint(-9, 18))
+        return "".join(rng.choice(string.ascii_lowercase) for _ in answer)
     raise ValueError(f"unknown demo kind {kind!r}; valid: {', '.join(DEMO_MIX)}")
 
 

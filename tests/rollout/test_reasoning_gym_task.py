@@ -1,5 +1,6 @@
-"""reasoning-gym's chain_sum as a task (rollout/envs/reasoning_gym_task.py): rendered as the generator writes
-it, scored by the generator's own scorer, split like the built-in tasks, warm-started on its answers."""
+"""reasoning-gym's chain_sum and spell_backward as tasks (rollout/envs/reasoning_gym_task.py): rendered as the
+generator writes them, scored by the generator's own scorer, split like the built-in tasks, warm-started on
+their answers."""
 
 import random
 
@@ -15,6 +16,7 @@ from asyncrl.rollout.envs.charset import TEXT_TOKENIZER  # noqa: E402
 from asyncrl.rollout.envs.reasoning_gym_task import (  # noqa: E402
     DEFAULT_ARGS,
     ENVIRONMENT,
+    SPELL_BACKWARD,
     ReasoningGymEnv,
     demo_answer,
     demonstrations,
@@ -120,3 +122,78 @@ def test_demonstrations_train_only_the_answer_and_good_ones_score_one() -> None:
     assert near.startswith("-") and near != "-3" and len(near) == 2  # one digit changed, sign kept
     with pytest.raises(ValueError, match="unknown demo kind 'bad'"):
         demo_answer("1", "bad", rng)
+
+
+# --- spell_backward (bench/paper/external.py's task): reversed words, a per-position scorer ----------------------
+def _word_env(sample: dict = HELDOUT) -> ReasoningGymEnv:
+    env = ReasoningGymEnv(**dict(SPELL_BACKWARD))
+    env.reset(sample)
+    assert env.item is not None
+    return env
+
+
+def _episode_of(env: ReasoningGymEnv, answer: str) -> tuple[ReasoningGymEnv, object]:
+    adapter = TurnAdapter("reasoning-gym", env, HELDOUT, TEXT_TOKENIZER)
+    prompt = adapter.reset()
+    return env, replay(adapter, prompt, [answer + TEXT_TOKENIZER.eos_token])
+
+
+def test_spell_backward_poses_the_generators_question() -> None:
+    env = ReasoningGymEnv(**dict(SPELL_BACKWARD))
+    adapter = TurnAdapter("reasoning-gym", env, HELDOUT, TEXT_TOKENIZER)
+    prompt = adapter.reset()
+    item = env.item
+    assert item is not None and item["metadata"]["source_dataset"] == "spell_backward"
+    direct = reasoning_gym.create_dataset("spell_backward", seed=0, size=2**31 - 1, min_word_len=3, max_word_len=5)
+    assert direct[item["metadata"]["source_index"]] == item
+    word = item["metadata"]["word"]
+    assert item["question"] == f"Spell this word backward (example: sun -> nus): {word}"
+    assert TEXT_TOKENIZER.decode(prompt) == "<bos>" + item["question"]
+    assert item["answer"] == word[::-1] and 3 <= len(word) <= 5
+
+
+def test_spell_backward_reward_is_the_generators_per_position_score() -> None:
+    env = _word_env()
+    assert env.item is not None
+    oracle = env.item["answer"]
+    n = len(oracle)
+    first = "z" if oracle[0].lower() != "z" else "y"
+    cases = [
+        (oracle, 1.0),
+        (oracle.upper(), 1.0),  # the scorer lower-cases both sides
+        (oracle + "x", 0.8),  # every position matches, then more: 1.0 - 0.2
+        (first + oracle[1:], (n - 1) / n),  # the first position wrong: the other n - 1 count 1/n each
+        (oracle[:2], 2 / n),  # a prefix: its positions only
+        ("", 0.0),
+    ]
+    for answer, expected in cases:
+        assert env.score(answer) == pytest.approx(expected, abs=1e-12), answer
+        assert env.score(answer) == env.ds.score_answer(answer, env.item)  # the generator's own verdict
+    _, ep = _episode_of(env, oracle)
+    assert ep.done and ep.reward == 1.0 and ep.success
+
+
+def test_word_demos_change_one_letter_or_draw_a_random_word() -> None:
+    rng = random.Random(0)
+    for answer in ("olleh", "Tejon", "abc"):
+        near = demo_answer(answer, "near", rng)
+        assert len(near) == len(answer) and near.isalpha()
+        changed = [i for i, (a, b) in enumerate(zip(answer, near, strict=True)) if a.lower() != b.lower()]
+        assert len(changed) == 1 and near[changed[0]].islower()  # one letter, different even case-insensitively
+        rand = demo_answer(answer, "random", rng)
+        assert len(rand) == len(answer) and rand.isalpha() and rand.islower()
+    assert demo_answer("-3", "random", random.Random(0)).lstrip("-").isdigit()  # an integer keeps its form
+    with pytest.raises(ValueError, match=r"neither an integer nor has a letter"):
+        demo_answer("?!", "near", rng)
+
+
+def test_word_demonstrations_train_the_reversal_only() -> None:
+    demos = demonstrations(30, random.Random(2), TEXT_TOKENIZER, args=SPELL_BACKWARD, mix={"good": 1.0})
+    for tokens, mask in demos:
+        text = TEXT_TOKENIZER.decode(tokens)
+        trained = TEXT_TOKENIZER.decode([t for t, m in zip(tokens, mask, strict=True) if m])
+        prefix = "<bos>Spell this word backward (example: sun -> nus): "
+        assert text.startswith(prefix) and text.endswith(trained) and trained.endswith("<eos>")
+        word = text[len(prefix):len(text) - len(trained)]
+        assert trained == word[::-1] + "<eos>"  # good demos only: the generator's answer, the word reversed
+        assert not is_heldout(f"Spell this word backward (example: sun -> nus): {word}")  # train side only
