@@ -34,6 +34,15 @@ and ``export`` (the weights for rollout: the old tree's ``hf_state_dict`` as num
 cast to the wire dtype; Ray's store is left out, one host copy of what it would store stands in).
 ``--profile N`` instead runs N steps of each version under cProfile (CPU clock) and prints the functions
 whose own CPU differs most.
+
+Measured (2026-12-02, 2 cores under a load average of 40-80, one torch thread, [128, 29] batches, 16 rounds of
+4 steps): ``train_step`` took 166 ms of CPU at fe603b0 and 165 ms at b4ed9a9 (ratio 0.996 +- 0.022); in a
+four-way run fe603b0 / b4ed9a9 / 0333e52 / 0333e52 again: 0.943 +- 0.054, 1.017 +- 0.077 and, for the same
+tree in a second process, 0.972 +- 0.069 -- the spread of two processes of one tree is as large as any
+difference between the trees. The stages agree (forward, backward and the reference forward within a few
+per cent); the export is 0.1-0.2 ms slower with buckets (the wire dtype cast and the pack) and is 0.5 % of
+the step. The profile diff shows no function of the step path whose own CPU grew: at one process every
+DP/TP reduction, the reference all-gather and the bf16 cast are skipped before any tensor is touched.
 """
 
 import argparse
