@@ -24,6 +24,7 @@ class Checkpointer:
 
         from asyncrl.trainer.actor.checkpoint_io import COUNTERS, load_actor, save_actor
         from asyncrl.trainer.checkpoint.folder import read_checkpoint
+
         # the single-file format, which only tests and this bench write
         from tests.support.megatron_parts import write_checkpoint
 
