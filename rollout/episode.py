@@ -108,7 +108,8 @@ class Episode:
     @property
     def new_tokens(self) -> int:
         """Tokens after the prompt (agent and environment)."""
-        return len(self.tokens) - self.prompt_len
+        r = self.record  # read directly: asked several times per token (end_at_budget)
+        return len(r.tokens) - r.prompt_len
 
     def add_sampled(self, token: int, version: int, logp: float) -> None:
         r = self.record

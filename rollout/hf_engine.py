@@ -252,12 +252,16 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
             kv.need_prefill = False
             self.counters.prefills += 1
         else:
-            # a waiting row reads a masked pad and keeps its position (it samples nothing)
-            ids = torch.tensor([[e.tokens[-1] if f else self.pad_id] for e, f in zip(rows, kv.fresh, strict=True)],
-                               dtype=torch.long, device=self.device)
-            step = torch.tensor(kv.fresh, dtype=torch.long, device=self.device)
-            kv.attn = torch.cat([kv.attn, step[:, None].to(kv.attn.dtype)], dim=1)
-            kv.last_pos = kv.last_pos + step
+            if all(kv.fresh):  # every row reads its newest token (always so when environments answer inline)
+                ids = torch.tensor([[e.tokens[-1]] for e in rows], dtype=torch.long, device=self.device)
+                kv.attn = torch.cat([kv.attn, kv.attn.new_ones((len(rows), 1))], dim=1)
+                kv.last_pos = kv.last_pos + 1
+            else:  # a waiting row reads a masked pad and keeps its position (it samples nothing)
+                ids = torch.tensor([[e.tokens[-1] if f else self.pad_id] for e, f in zip(rows, kv.fresh, strict=True)],
+                                   dtype=torch.long, device=self.device)
+                step = torch.tensor(kv.fresh, dtype=torch.long, device=self.device)
+                kv.attn = torch.cat([kv.attn, step[:, None].to(kv.attn.dtype)], dim=1)
+                kv.last_pos = kv.last_pos + step
             out = model(
                 input_ids=ids, attention_mask=kv.attn, position_ids=kv.last_pos[:, None], cache=kv.cache,
                 use_cache=True,
@@ -289,17 +293,17 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
         keep, fresh = [], []
         for i, e in enumerate(rows):
             appended = True
-            if not settle(e, max_new_tokens, wait=False):
+            if e.pending is not None and not settle(e, max_new_tokens, wait=False):
                 appended = False  # its environment is still answering: this row's logits are unused
             elif e.done:
                 pass
             elif e.forced:
                 e.add_forced(e.forced.popleft())
                 self.counters.forced_tokens += 1
+                end_at_budget(e, max_new_tokens)
             else:
-                add_sampled_token(e, tokens[i], version, logps[i], max_new_tokens, block=False)
+                add_sampled_token(e, tokens[i], version, logps[i], max_new_tokens, block=False)  # ends at the budget
                 self.counters.sampled_tokens += 1
-            end_at_budget(e, max_new_tokens)
             fresh.append(appended)
             if not e.done:
                 keep.append(i)

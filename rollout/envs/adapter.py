@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from asyncrl.rollout.envs.base import CONTINUE, EnvStep
+from asyncrl.rollout.envs.conforms import conforms
 from asyncrl.rollout.envs.interface import (
     AssistantMessage,
     Message,
@@ -72,7 +73,7 @@ class TurnAdapter:
         self.env = env
         self.sample = sample
         self.tokenizer = tokenizer
-        self.truncated_reward = float(env.truncated_reward) if isinstance(env, WithTruncatedReward) else 0.0
+        self.truncated_reward = float(env.truncated_reward) if conforms(env, WithTruncatedReward) else 0.0
         self.runner = runner
         self._parse: Callable[[str], Parsed] = get_parser(tool_call_format)
         self._name = type(env).__name__
@@ -110,7 +111,7 @@ class TurnAdapter:
             raise EnvFault("exception", f"{what} raised {last_line(exc)}") from exc
 
     def info(self) -> dict[str, Any]:
-        if not isinstance(self.env, WithInfo):
+        if not conforms(self.env, WithInfo):
             return {}
         try:
             return dict(self.env.info())

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from asyncrl.rollout.envs.conforms import conforms
 from asyncrl.rollout.envs.interface import AssistantMessage, Turn
 from asyncrl.rollout.tokenizer import Tokenizer
 
@@ -64,13 +65,13 @@ class Environment(Protocol):
 class TurnLevelEnvironment(Protocol):
     """Optional on an :class:`Environment`: answer whole assistant turns, off the decode loop.
 
-    The engines dispatch on this protocol (``isinstance``, once per episode: ``Episode.turn_level``).
-    After each sampled token they call :meth:`end_of_turn` with the turn's text so far; when it returns
-    a message, :meth:`submit` starts the environment's answer elsewhere (other episodes keep decoding)
-    and :meth:`finish_turn` turns the answer, once there, into the :class:`EnvStep` to apply. An
-    environment without these three methods is stepped per token with :meth:`Environment.step`, inline.
-    A user's chat-level environment (``envs/interface.py``) never implements this itself: the adapter
-    that wraps it does.
+    The engines dispatch on this protocol (``isinstance``, answered by ``envs/conforms.py``, once per
+    episode: ``Episode.turn_level``). After each sampled token they call :meth:`end_of_turn` with the
+    turn's text so far; when it returns a message, :meth:`submit` starts the environment's answer
+    elsewhere (other episodes keep decoding) and :meth:`finish_turn` turns the answer, once there, into
+    the :class:`EnvStep` to apply. An environment without these three methods is stepped per token with
+    :meth:`Environment.step`, inline. A user's chat-level environment (``envs/interface.py``) never
+    implements this itself: the adapter that wraps it does.
     """
 
     def end_of_turn(self, turn_text: str) -> AssistantMessage | None:
@@ -89,7 +90,7 @@ class TurnLevelEnvironment(Protocol):
 
 def turn_level(env: Environment) -> TurnLevelEnvironment | None:
     """``env`` when it is a :class:`TurnLevelEnvironment`, else None (it is stepped per token)."""
-    return env if isinstance(env, TurnLevelEnvironment) else None
+    return env if conforms(env, TurnLevelEnvironment) else None
 
 
 @dataclass
