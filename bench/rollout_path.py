@@ -22,6 +22,19 @@ sampling ops, the token loop, the environments, the episodes' bookkeeping); roun
 (A B C, C B A, ...) and each version's ratio to the first is taken per round (the ratio of the two medians) and
 reported as a mean with a 95 % t interval. ``--profile N``: N calls of each version under cProfile (the calling
 thread's CPU clock), the functions whose own or cumulative CPU differs most between the first and last version.
+
+Measured (2026-12-02, 2 cores under the background suite's load, the fe603b0 warm start of the quickstart, 20
+rounds of 3 calls of 4 groups x 8 = 32 episodes, 423 tokens a call, all five versions' trajectories
+bit-identical call for call): CPU ms per call fe603b0 41.0, b4ed9a9 45.0 (1.13 +- 0.08), 3b41e2e 48.1
+(1.20 +- 0.09), with the fixes 44.9 and, the same tree in a second process, 44.3 (1.14 +- 0.07, 1.11 +- 0.06).
+The model's forward is the same code in every tree (the same config, SDPA, bf16) and its ratios (1.07-1.13)
+stay inside the A/A's spread; the rest -- the Python around it -- is what grew: 7.4 ms a call at fe603b0,
+10.0 at b4ed9a9 and 10.9 at 3b41e2e (1.41 +- 0.09, 1.49 +- 0.10), 9.7 / 9.5 with the fixes (1.35 +- 0.09,
+1.31 +- 0.08): the turn-level environment layer (``TurnAdapter``: the prompt rendered and its messages
+checked at every reset, each turn's answer through a future, ``check_turn`` and ``render_observation``),
+and, until the fixes, three ``runtime_checkable`` protocol checks per episode (3-6 us each without a
+profiler), two property hops in ``Episode.new_tokens`` (asked three times a token), a ``settle`` call per
+row per step and a step tensor per decode step even when no row waits for its environment.
 """
 
 import argparse
@@ -41,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_path import _ci, _short  # noqa: E402  (the same interval and profile-key helpers)
+from step_path import _ci  # noqa: E402  (the same t interval)
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
@@ -226,6 +239,17 @@ def report(labels: list[str], rounds: list[dict[str, list[dict[str, Any]]]]) -> 
         same = sum(a == b for a, b in zip(digests[labels[0]], digests[lab], strict=True))
         lines.append(f"trajectories identical to {labels[0]} ({lab}): {same}/{len(digests[lab])} calls")
     return "\n".join(lines)
+
+
+def _short(func: tuple[str, int, str]) -> str:
+    """A profile entry's name, the same in every tree: the path from the package root on (a linked tree's
+    ``.../asyncrl/rollout/x.py`` and this checkout's ``REPO/rollout/x.py`` alike), or from site-packages."""
+    path, _line, name = func
+    for mark in ("/asyncrl/", "/site-packages/", str(REPO) + "/"):
+        if mark in path:
+            path = path.split(mark, 1)[1]
+            break
+    return f"{path}:{name}"
 
 
 def profile_diff(labels: list[str], files: dict[str, str], calls: int, top: int = 30) -> str:
