@@ -125,10 +125,12 @@ class TurnAdapter:
         eos = self.tokenizer.eos_token
         if turn_text.endswith(eos):
             return self._message(turn_text[: -len(eos)], eos, eos=True)
-        hits = [(i, s) for s in self.stop if (i := turn_text.find(s)) >= 0]
-        if hits:
-            return self._message(turn_text, min(hits)[1], eos=False)
-        return None
+        first: tuple[int, str] | None = None  # the earliest stop string (the smaller one at a tie)
+        for s in self.stop:
+            i = turn_text.find(s)
+            if i >= 0 and (first is None or (i, s) < first):
+                first = (i, s)
+        return None if first is None else self._message(turn_text, first[1], eos=False)
 
     def _message(self, text: str, ended_by: str, *, eos: bool) -> AssistantMessage:
         content, calls, bad = self._parse(text)

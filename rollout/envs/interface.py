@@ -183,11 +183,13 @@ class SeededSamples:
 def check_messages(messages: Any, what: str) -> list[Message]:
     """``messages`` as a list of well-formed chat messages, or a ``ValueError`` naming what is wrong
     (``what``: where they came from, e.g. ``"Guess.step observation"``)."""
-    if isinstance(messages, Mapping) or isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+    # ``type(x) is list`` / ``dict`` first: the common case, decided without the ABCs' instance checks
+    if type(messages) is not list and (isinstance(messages, Mapping) or isinstance(messages, str | bytes)
+                                       or not isinstance(messages, Sequence)):
         raise ValueError(f"{what}: expected a list of chat messages, got {type(messages).__name__}")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, Mapping):
+        if type(m) is not dict and not isinstance(m, Mapping):
             raise ValueError(f"{what}[{i}]: expected a dict with role and content, got {type(m).__name__}")
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
