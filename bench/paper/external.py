@@ -1,13 +1,15 @@
-"""The methods comparison on a task no one here wrote: reasoning-gym's ``chain_sum``, its own scorer as reward.
+"""The methods comparison on a task no one here wrote: reasoning-gym's ``spell_backward``, its own scorer as reward.
 
 Usage::
 
     nice -n 10 .venv/bin/python bench/paper/external.py [--quick] [--seeds 0 1 2 3 4] [--steps 30]
 
 The task is :mod:`asyncrl.rollout.envs.reasoning_gym_task` (``spec.task.environment``, the path any user's
-environment takes; ``chain_sum`` with two one-digit terms, the generator's own question text, the
-tiny Llama with the printable-ASCII character tokenizer). A user's environment has no built-in warm
-start, so this command makes one as a user would: the driver's supervised recipe (its learning-rate
+environment takes; ``spell_backward`` on words of 3 to 5 letters, the generator's own question text and
+scorer, the tiny Llama with the printable-ASCII character tokenizer). An earlier version ran ``chain_sum``
+with two one-digit terms: after 400 warm-start steps the model solved 0.129 of the held-out questions
+and no method rose from there in 40 versions (docs/results.md keeps the numbers). A user's environment
+has no built-in warm start, so this command makes one as a user would: the driver's supervised recipe (its learning-rate
 schedule, the actor's ``sft_step``) on the generator's own answers (:func:`reasoning_gym_task.demonstrations`),
 saved as a bare safetensors folder that every run names in ``spec.model.weights``. Every (method, seed)
 then runs from the same weights, with the same held-out prompts (``spec.eval``), through the driver's
@@ -46,6 +48,7 @@ METHODS: tuple[harness.Config, ...] = (
     harness.Config("sync", harness.correction("current", mask=PAPER_MASK, clip=PAPER_CLIP), max_staleness=0),
     harness.Config("behavior", harness.correction("behavior", mask=PAPER_MASK, clip=PAPER_CLIP)),
     harness.Config("current", harness.correction("current", mask=PAPER_MASK, clip=PAPER_CLIP)),
+    harness.Config("linear", harness.correction("linear", mask=PAPER_MASK, clip=PAPER_CLIP)),
     harness.Config("loglinear", harness.correction("loglinear", mask=PAPER_MASK, clip=PAPER_CLIP)),
     harness.Config("ewma", harness.correction("ewma", mask=PAPER_MASK, clip=PAPER_CLIP, ewma=EWMA_RESET)),
     harness.Config("exact", harness.correction("exact", mask=PAPER_MASK, clip=PAPER_CLIP),
@@ -59,12 +62,14 @@ class Scale:
     prompts: int = 4
     group: int = 8
     minibatches: int = 4
-    learning_rate: float = 3e-4  # 1e-4: no method moved in 30 versions (0.129 -> 0.09..0.125, seed 0)
+    learning_rate: float = 3e-4  # chain_sum at 1e-4: no method moved in 30 versions (0.129 -> 0.09..0.125, seed 0)
     eval_every: int = 10
-    eval_prompts: int = 256  # success ~0.5: one evaluation's standard error sqrt(.25/256) = 0.031
-    warm_start_steps: int = 400
+    eval_prompts: int = 256  # success ~0.4: one evaluation's standard error sqrt(.24/256) = 0.031
+    # spell_backward, 3-5 letters (pilots, seed 0): 400 steps gave held-out success 0.03 at v0 (loss 1.47),
+    # 1500 steps 0.33 (loss 1.06; the demo mix caps imitation at about 0.6)
+    warm_start_steps: int = 1500
     warm_batch: int = 64
-    max_new_tokens: int = 6  # "-9<eos>" is 3 tokens
+    max_new_tokens: int = 8  # a reversed 5-letter word and <eos> are 6 tokens
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
 
 
@@ -73,10 +78,17 @@ QUICK = Scale(steps=2, prompts=2, group=4, minibatches=2, eval_every=1, eval_pro
               warm_batch=8, seeds=(0,))
 
 
-def task_section(scale: Scale) -> dict[str, Any]:
-    from asyncrl.rollout.envs.reasoning_gym_task import DEFAULT_ARGS, ENVIRONMENT
+def task_args() -> dict[str, Any]:
+    """``spec.task.args``: the generator and its configuration."""
+    from asyncrl.rollout.envs.reasoning_gym_task import SPELL_BACKWARD
 
-    return {"environment": ENVIRONMENT, "args": dict(DEFAULT_ARGS), "groupSize": scale.group,
+    return dict(SPELL_BACKWARD)
+
+
+def task_section(scale: Scale) -> dict[str, Any]:
+    from asyncrl.rollout.envs.reasoning_gym_task import ENVIRONMENT
+
+    return {"environment": ENVIRONMENT, "args": task_args(), "groupSize": scale.group,
             "maxNewTokens": scale.max_new_tokens}
 
 
@@ -105,7 +117,7 @@ def warm_start(scale: Scale, folder: Path, seed: int = 0) -> dict[str, Any]:
     rng, losses, t0 = random.Random(seed), [], time.monotonic()
     for step in range(scale.warm_start_steps):
         actor.set_learning_rate(warm_start_lr(step, scale.warm_start_steps))
-        b = pad_batch(rg.demonstrations(scale.warm_batch, rng, tok), pad_id=tok.pad_id)
+        b = pad_batch(rg.demonstrations(scale.warm_batch, rng, tok, args=task_args()), pad_id=tok.pad_id)
         losses.append(actor.sft_step(b.tokens, b.loss_mask).loss)
     hf = actor.hf_state_dict()
     if actor.settings.arch.tie_embeddings:
@@ -114,7 +126,7 @@ def warm_start(scale: Scale, folder: Path, seed: int = 0) -> dict[str, Any]:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"))
-    info = {"steps": scale.warm_start_steps, "batch": scale.warm_batch, "seed": seed, "tokenizer": tok.name,
+    info = {"generator": task_args(), "steps": scale.warm_start_steps, "batch": scale.warm_batch, "seed": seed, "tokenizer": tok.name,
             "vocab": tok.vocab_size, "loss_first": round(losses[0], 4) if losses else None,
             "loss_last": round(losses[-1], 4) if losses else None, "seconds": round(time.monotonic() - t0, 1)}
     (tmp / "warm.json").write_text(json.dumps(info))
@@ -256,23 +268,39 @@ def records(data_dir: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _words(args: Mapping[str, Any]) -> str:
+    lo, hi = args.get("min_word_len"), args.get("max_word_len")
+    return f"words of {lo} to {hi} letters" if lo != hi else f"words of {lo} letters"
+
+
 def section(data_dir: Path) -> str:
     """The markdown section of docs/results.md for the external task (from the records alone)."""
     runs = records(data_dir)
-    lines = ["## An external task: reasoning-gym `chain_sum`, scored by its own scorer", ""]
+    lines = ["## An external task: reasoning-gym `spell_backward`, scored by its own scorer", ""]
     if not runs:
         return "\n".join(lines + ["No records under `docs/results/data/external/` yet.", ""])
     first = next(iter(runs.values()))[0]
     sc, seeds = first["scale"], sorted({r["seed"] for rs in runs.values() for r in rs})
+    args = first["config"]["task"]["args"]
     lines += [
-        f"`bench/paper/external.py`: reasoning-gym's `chain_sum` generator (two one-digit terms, its own question "
-        "text) through `spec.task.environment: asyncrl.rollout.envs.reasoning_gym_task:ReasoningGymEnv`; the reward is "
-        "the generator's `score_answer`. Tiny Llama, printable-ASCII character tokenizer, warm start of "
-        f"{sc['warm_start_steps']} supervised steps on the generator's answers (shared by every run). "
+        f"`bench/paper/external.py`: reasoning-gym's `{args['generator']}` generator ({_words(args)} from its word "
+        "list, its own question text `Spell this word backward (example: sun -> nus): <word>`) through "
+        "`spec.task.environment: asyncrl.rollout.envs.reasoning_gym_task:ReasoningGymEnv`; 1/8 of the words are "
+        "held out (the built-in tasks' keyed-hash split of the question text) and never trained on. The reward is "
+        "the generator's `score_answer`: 1.0 for the reversed word (case-insensitive), else 1/len for each "
+        "position that matches the reversal (`zlleh` for `olleh`: 0.8, a 2-letter prefix of a 5-letter answer: "
+        "0.4), 0.8 for the reversal followed by more letters; *success* is a full score. Tiny Llama (2 layers, "
+        "hidden 128), printable-ASCII character tokenizer (the answer follows the word's last letter with no "
+        f"separator). Warm start, shared by every run: {sc['warm_start_steps']} supervised steps of "
+        f"{sc['warm_batch']} demonstrations on train-side words with the driver's schedule (peak 3e-3, 10% "
+        "warm-up, cosine to 10%), mixed as the built-in tasks' demos are: 60% the generator's answer, 25% one "
+        "letter changed, 15% a random lower-case string of the same length, so imitation alone cannot exceed "
+        "about 0.6 and RL has both wrong answers to unlearn and right ones to reinforce. "
         f"{sc['steps']} versions of {sc['prompts']} x {sc['group']} samples, {sc['minibatches']} minibatches, "
         f"lr {sc['learning_rate']}; held-out success on {sc['eval_prompts']} prompts (temperature sampling) "
         f"every {sc['eval_every']} versions. Paper thresholds: mask `[0.99, 1.01]`, clip `[0.997, 1.004]`, W = 3 "
-        f"(`sync`: W = 0). Seeds {', '.join(map(str, seeds))}, interleaved; mean ± 95% CI (t) over seeds.", ""]
+        f"(`sync`: W = 0). Seeds {', '.join(map(str, seeds))}, interleaved (every method of seed 0, then seed 1, "
+        "...); mean ± 95% CI (t) over seeds.", ""]
     rows = []
     final = {name: {r["seed"]: harness.curve_metrics(r, 0.5)["final"] for r in rs} for name, rs in runs.items()}
     ref = "exact" if "exact" in final else next(iter(final))
@@ -287,21 +315,36 @@ def section(data_dir: Path) -> str:
         rows.append([name, str(len(rs)), _cell(start), _cell([x["final"] for x in m]), _cell([x["auc"] for x in m]),
                      _cell([r["keep_ratio_mean"] for r in rs], 4), _cell([r["keep_ratio_min"] for r in rs], 4),
                      _cell([r["clip_or_reject_mean"] for r in rs], 4),
-                     f"{gain:+.3f} (p {pg:.2f})",
+                     f"{gain:+.3f} (p {pg:.2g})",
                      "-" if name == ref else f"{dm:+.3f} (p {pv:.2f}, n {k})",
                      f"{statistics.fmean(r['wall_s'] for r in rs):.0f}"])
     lines.append(harness.markdown_table(
         ["method", "seeds", "held-out at v0", "final held-out", "AUC", "keep mean", "keep min", "clip/reject",
          "final − v0, paired t", f"final − {ref}, paired t", "wall s / run"], rows))
-    lines += [f"Every run starts from the same weights and evaluates the same {sc['eval_prompts']} held-out prompts "
-              "with the same sampling seed (so `held-out at v0` is one number); the last column pairs each method "
-              f"with `{ref}` seed by seed. A difference is *held* only at p < 0.05; none other is read as one.", "",
+    v0s = [r["eval_curve"][0]["success"] for rs in runs.values() for r in rs if r["eval_curve"]]
+    e = sc["eval_prompts"]
+    spread = ("so `held-out at v0` is one number" if min(v0s) == max(v0s) else
+              f"version 0's success still ranged {min(v0s):.3f} to {max(v0s):.3f} over the {len(v0s)} runs "
+              f"({round((max(v0s) - min(v0s)) * e)} of {e} answers; the runs are not reproducible bit for bit, "
+              "the cause is not isolated here), so `final − v0` pairs each run with its own version 0")
+    lines += [f"Every run starts from the same weights and evaluates the same {e} held-out prompts with the same "
+              f"sampling seed; {spread}. One evaluation's binomial standard error at success 0.4 is sqrt(0.24 / {e}) = "
+              f"{math.sqrt(0.24 / e):.3f}. The `final − {ref}` column pairs each method with `{ref}` seed by seed. "
+              "A difference is *held* only at p < 0.05; none other is read as one.", "",
               *verdicts, "",
-              "The reward is the generator's score, not success: `chain_sum`'s scorer gives partial credit to a wrong "
-              "answer that contains the oracle (`-3` or `13` for `3`: 0.5; `949` for `4`: 1/3, "
-              "`tests/rollout/test_reasoning_gym_task.py`), so a policy can gain reward while held-out success "
-              "(a full score) does not rise.", ""]
-    lines += ["![held-out success on chain_sum, mean ± 95% CI](results/external_success.png)", ""]
+              "The reward is the generator's score, not success: the per-position partial credit rewards a "
+              "near-miss (one wrong letter of five: 0.8), so the groups are rarely all-equal and GRPO has a "
+              "signal even on prompts no sample solves; held-out success counts full scores only "
+              "(`tests/rollout/test_reasoning_gym_task.py` pins the scorer's values).", "",
+              "An earlier version of this section ran `chain_sum` (two one-digit terms, 400 warm-start steps on "
+              "the same demo mix; records at commit 5ef3361): held-out success 0.129 at v0 and every method lower "
+              "after 40 versions (sync 0.106, behavior 0.104, current 0.097, ewma 0.101, exact 0.112, 5 seeds "
+              "each; only `current`'s fall, -0.032 at p 0.003, was resolved). The embedded model had not learned "
+              "one-digit arithmetic from the 171 train-side questions (29 of the 200 are held out; imitating "
+              "the demo mix perfectly would solve about 0.6), so the "
+              "held-out questions gave RL nothing to sharpen; reversing a word is a copying skill that the same "
+              "model learns from a warm start.", ""]
+    lines += ["![held-out success on spell_backward, mean ± 95% CI](results/external_success.png)", ""]
     return "\n".join(lines)
 
 
@@ -324,7 +367,7 @@ def figures(data_dir: Path, fig_dir: Path = FIGURES) -> list[Path]:
         (line,) = ax.plot(common, m, label=name, lw=1.4)
         ax.fill_between(common, [a - b for a, b in zip(m, h, strict=True)], [a + b for a, b in zip(m, h, strict=True)],
                         color=line.get_color(), alpha=0.12, lw=0)
-    ax.set_title("reasoning-gym chain_sum: held-out success (mean ± 95% CI)", fontsize=9)
+    ax.set_title("reasoning-gym spell_backward: held-out success (mean ± 95% CI)", fontsize=9)
     ax.set_xlabel("policy version", fontsize=8)
     ax.set_ylabel("held-out success", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -344,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--lr", type=float, default=None, help="override the RL learning rate")
+    p.add_argument("--warm-steps", type=int, default=None, help="override the warm start's steps")
     p.add_argument("--methods", nargs="+", default=None, help=f"subset of: {', '.join(c.name for c in METHODS)}")
     p.add_argument("--data", type=Path, default=DATA, help="records root (external/ under it)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "paper-external", help="scratch (warm start, runs)")
@@ -359,12 +403,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         scale = Scale(**{**asdict(scale), "steps": args.steps})
     if args.lr:
         scale = Scale(**{**asdict(scale), "learning_rate": args.lr})
+    if args.warm_steps:
+        scale = Scale(**{**asdict(scale), "warm_start_steps": args.warm_steps})
     cfgs = [names[m] for m in args.methods] if args.methods else list(METHODS)
     import torch
 
     torch.set_num_threads(1)
     out = args.out / ("quick" if args.quick else "full")
-    weights = out / f"warm-{scale.warm_start_steps}x{scale.warm_batch}"
+    weights = out / f"warm-{task_args()['generator']}-{scale.warm_start_steps}x{scale.warm_batch}"
     info = warm_start(scale, weights)
     print(f"warm start: {info}", flush=True)
     folder = args.data / "external"
