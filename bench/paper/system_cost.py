@@ -56,7 +56,9 @@ def main() -> int:
     load0, t0 = os.getloadavg()[0], time.monotonic()
     old_logits.main(argv)
     shown = [a for i, a in enumerate(argv) if a != "--json" and (i == 0 or argv[i - 1] != "--json")]
-    record = {"schema": 1, "argv": shown, "data": json.loads(js.read_text()),
+    data = json.loads(js.read_text())
+    data.get("config", {}).pop("json", None)  # a temporary path of the machine that ran it: a record names none
+    record = {"schema": 1, "argv": shown, "data": data,
               "wall_s": round(time.monotonic() - t0, 1), "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)],
               "cpus": os.cpu_count()}
     path = record_path(args)
