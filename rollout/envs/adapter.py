@@ -14,7 +14,7 @@ import concurrent.futures
 import inspect
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from asyncrl.rollout.envs.base import CONTINUE, EnvStep
 from asyncrl.rollout.envs.conforms import conforms
@@ -73,7 +73,8 @@ class TurnAdapter:
         self.env = env
         self.sample = sample
         self.tokenizer = tokenizer
-        self.truncated_reward = float(env.truncated_reward) if conforms(env, WithTruncatedReward) else 0.0
+        self.truncated_reward = (float(cast(WithTruncatedReward, env).truncated_reward)
+                                 if conforms(env, WithTruncatedReward) else 0.0)
         self.runner = runner
         self._parse: Callable[[str], Parsed] = get_parser(tool_call_format)
         self._name = type(env).__name__
@@ -114,7 +115,7 @@ class TurnAdapter:
         if not conforms(self.env, WithInfo):
             return {}
         try:
-            return dict(self.env.info())
+            return dict(cast(WithInfo, self.env).info())
         except Exception as exc:  # a broken info() must not lose the trajectory
             return {"info_error": last_line(exc)}
 

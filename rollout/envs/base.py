@@ -15,7 +15,7 @@ import concurrent.futures
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from asyncrl.rollout.envs.conforms import conforms
 from asyncrl.rollout.envs.interface import AssistantMessage, Turn
@@ -90,7 +90,7 @@ class TurnLevelEnvironment(Protocol):
 
 def turn_level(env: Environment) -> TurnLevelEnvironment | None:
     """``env`` when it is a :class:`TurnLevelEnvironment`, else None (it is stepped per token)."""
-    return env if conforms(env, TurnLevelEnvironment) else None
+    return cast(TurnLevelEnvironment, env) if conforms(env, TurnLevelEnvironment) else None
 
 
 @dataclass

@@ -23,7 +23,8 @@ def _members(proto: type) -> tuple[tuple[str, bool], ...]:
 
 
 def conforms(obj: object, proto: type) -> bool:
-    """``isinstance(obj, proto)`` for a ``@runtime_checkable`` protocol ``proto``."""
+    """``isinstance(obj, proto)`` for a ``@runtime_checkable`` protocol ``proto`` (a plain ``bool``: mypy takes
+    no protocol class for a ``type[T]`` parameter, so callers narrow with ``cast``)."""
     for name, method in _members(proto):
         if not hasattr(obj, name) or (method and getattr(obj, name) is None):
             return isinstance(obj, proto)
