@@ -38,13 +38,10 @@ row per step and a step tensor per decode step even when no row waits for its en
 """
 
 import argparse
-import cProfile
 import hashlib
 import inspect
-import io
 import json
 import os
-import pstats
 import statistics
 import subprocess
 import sys
@@ -54,11 +51,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_path import _ci  # noqa: E402  (the same t interval)
+import side_by_side as sbs  # noqa: E402  (the worker processes, alternation and statistics shared with step_path)
+from side_by_side import ci  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = sbs.REPO
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
-RESULT = "@@rollout_path "
 
 
 # ------------------------------------------------------------------------------------------ the worker
@@ -84,8 +81,8 @@ def export_weights(out: str, warm_start: str | None) -> None:
         from asyncrl.rollout.hf_model import build_model
 
         worker = _build(spec_doc)
-        torch.manual_seed(1234)
-        weights = {k: v.float().numpy() for k, v in build_model(worker.arch, "float32").state_dict().items()}
+        model = build_model(worker.arch, torch.float32, seed=1234)
+        weights = {k: v.float().numpy() for k, v in model.state_dict().items()}
     np.savez(out, **{k: np.asarray(v, dtype=np.float32) for k, v in weights.items()})
 
 
@@ -144,64 +141,10 @@ def worker(src: str, weights_path: str, groups: int, warmup: int) -> None:
 
     for i in range(warmup):
         one_call(10_000 + i)
-    print(RESULT + json.dumps({"ready": src}), flush=True)
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if "profile" in cmd:
-            prof = cProfile.Profile(time.thread_time)  # CPU, not wall: the machine is shared
-            prof.enable()
-            for i in range(cmd["profile"]):
-                one_call(cmd.get("start", 0) + i)
-            prof.disable()
-            prof.dump_stats(cmd["out"])
-            print(RESULT + json.dumps({"profiled": cmd["out"]}), flush=True)
-        else:
-            calls = [one_call(cmd["start"] + i) for i in range(cmd["calls"])]
-            print(RESULT + json.dumps({"calls": calls}), flush=True)
+    sbs.serve(one_call, "calls", {"ready": src})
 
 
 # ------------------------------------------------------------------------------------------ the parent
-class Worker:
-    """One version's worker process (``src`` empty: the ``asyncrl`` this interpreter imports)."""
-
-    def __init__(self, label: str, src: str, weights: str, groups: int, warmup: int) -> None:
-        self.label, self.src = label, src
-        env = _env(src)
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", src or "(installed)", "--weights-file", weights,
-             "--groups", str(groups), "--warmup", str(warmup)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO),
-        )
-        self.read()
-
-    def read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(RESULT):
-                return json.loads(line[len(RESULT):])
-        raise RuntimeError(f"worker {self.label} ({self.src}) exited with {self.proc.wait()}")
-
-    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait()
-
-
-def _env(src: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONWARNINGS="ignore")
-    if src:
-        env["PYTHONPATH"] = src
-    else:
-        env.pop("PYTHONPATH", None)
-    return env
-
-
 def report(labels: list[str], rounds: list[dict[str, list[dict[str, Any]]]]) -> str:
     """CPU ms per call and us per generated token (medians over every call), paired ratios to the first."""
     lines = [f"CPU per generate call (median over every call); ratio to {labels[0]}: mean of the per-round ratios "
@@ -223,12 +166,8 @@ def report(labels: list[str], rounds: list[dict[str, list[dict[str, Any]]]]) -> 
         med = [scale * statistics.median(per(s, key, unit) for r in rounds for s in r[lab]) for lab in labels]
         row = f"{name:<22}" + "".join(f"{m:>{w}.2f}" for m in med)
         for lab in labels[1:]:
-            ratios = []
-            for r in rounds:
-                base = statistics.median(per(s, key, unit) for s in r[labels[0]])
-                if base > 0:
-                    ratios.append(statistics.median(per(s, key, unit) for s in r[lab]) / base)
-            mean, half = _ci(ratios)
+            ratios = sbs.paired_ratio(rounds, labels[0], lab, lambda s, key=key, unit=unit: per(s, key, unit))
+            mean, half = ci(ratios)
             row += f"{mean:>{wr - 8}.3f} +-{half:>5.3f}"
         lines.append(row)
     for key in ("tokens", "sampled", "n"):
@@ -239,47 +178,6 @@ def report(labels: list[str], rounds: list[dict[str, list[dict[str, Any]]]]) -> 
         same = sum(a == b for a, b in zip(digests[labels[0]], digests[lab], strict=True))
         lines.append(f"trajectories identical to {labels[0]} ({lab}): {same}/{len(digests[lab])} calls")
     return "\n".join(lines)
-
-
-def _short(func: tuple[str, int, str]) -> str:
-    """A profile entry's name, the same in every tree: the path from the package root on (a linked tree's
-    ``.../asyncrl/rollout/x.py`` and this checkout's ``REPO/rollout/x.py`` alike), or from site-packages."""
-    path, _line, name = func
-    for mark in ("/asyncrl/", "/site-packages/", str(REPO) + "/"):
-        if mark in path:
-            path = path.split(mark, 1)[1]
-            break
-    return f"{path}:{name}"
-
-
-def profile_diff(labels: list[str], files: dict[str, str], calls: int, top: int = 30) -> str:
-    """Per-call own and cumulative CPU ms of each function by name; the largest differences, both ways."""
-    tables: dict[str, dict[str, tuple[float, float, int]]] = {}
-    for lab in labels:
-        st = pstats.Stats(files[lab], stream=io.StringIO())
-        t: dict[str, tuple[float, float, int]] = {}
-        for func, (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
-            key = _short(func)
-            old = t.get(key, (0.0, 0.0, 0))
-            t[key] = (old[0] + ct, old[1] + tt, old[2] + nc)
-        tables[lab] = t
-    keys = set().union(*tables.values())
-    a, b = labels[0], labels[-1]
-    out = []
-    for idx, what in ((1, "own (tottime)"), (0, "cumulative")):
-        def diff(k: str, idx: int = idx) -> float:
-            return abs(tables[b].get(k, (0.0, 0.0, 0))[idx] - tables[a].get(k, (0.0, 0.0, 0))[idx])
-
-        out.append(f"per-call {what} CPU ms, {calls} calls; sorted by |{b} - {a}|")
-        out.append(f"{'function':<64}" + "".join(f"{lab:>10}{'calls':>8}" for lab in labels))
-        for k in sorted(keys, key=diff, reverse=True)[:top]:
-            row = f"{k[-64:]:<64}"
-            for lab in labels:
-                ct, tt, nc = tables[lab].get(k, (0.0, 0.0, 0))
-                row += f"{1e3 * (tt if idx else ct) / calls:>10.2f}{nc // calls:>8}"
-            out.append(row)
-        out.append("")
-    return "\n".join(out)
 
 
 def main() -> None:
@@ -307,7 +205,7 @@ def main() -> None:
         saved = json.loads(Path(args.from_json).read_text())
         print(report(saved["labels"], saved["rounds"]))
         return
-    versions = [(lab, os.path.abspath(src) if src else "") for lab, src in (v.split("=", 1) for v in args.version)]
+    versions = sbs.versions_of(args.version)
     if len(versions) < 2:
         parser.error("give at least two --version LABEL=SRC")
     labels = [lab for lab, _ in versions]
@@ -316,23 +214,14 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--export", weights]
         if args.warm_start:
             cmd += ["--warm-start", os.path.abspath(args.warm_start)]
-        subprocess.run(cmd, check=True, env=_env(versions[0][1]), cwd=str(REPO))
-        workers = [Worker(lab, src, weights, args.groups, args.warmup) for lab, src in versions]
+        subprocess.run(cmd, check=True, env=sbs.worker_env(versions[0][1]), cwd=str(REPO))
+        workers = [sbs.Worker(lab, src, __file__, ["--weights-file", weights, "--groups", str(args.groups),
+                                                   "--warmup", str(args.warmup)]) for lab, src in versions]
         try:
             if args.profile:
-                files = {w.label: str(Path(tmp) / f"{w.label}.prof") for w in workers}
-                for w in workers:
-                    w.ask({"profile": args.profile, "out": files[w.label], "start": 0})
-                print(profile_diff(labels, files, args.profile))
+                print(sbs.profile_diff(labels, sbs.profile(workers, args.profile, Path(tmp)), args.profile, "call"))
                 return
-            rounds: list[dict[str, list[dict[str, Any]]]] = []
-            for r in range(args.rounds):
-                order = workers if r % 2 == 0 else workers[::-1]
-                rounds.append({w.label: w.ask({"calls": args.calls, "start": r * args.calls})["calls"]
-                               for w in order})
-                print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                    f"{lab} {1e3 * statistics.fmean(s['process'] for s in rounds[-1][lab]):.0f} ms"
-                    for lab in labels), file=sys.stderr, flush=True)
+            rounds = sbs.alternate(workers, args.rounds, "calls", args.calls, "process")
         finally:
             for w in workers:
                 w.close()

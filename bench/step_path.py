@@ -50,12 +50,7 @@ rollout workers spend more is what the actor's wall waits for.
 """
 
 import argparse
-import cProfile
-import io
 import json
-import math
-import os
-import pstats
 import statistics
 import subprocess
 import sys
@@ -65,13 +60,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import side_by_side as sbs  # noqa: E402  (the worker processes, alternation and statistics shared with rollout_path)
+from side_by_side import ci  # noqa: E402
+
+REPO = sbs.REPO
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 STAGES = ("forward", "loss", "backward", "optimizer", "reference", "ewma_update", "other", "step", "batch_in",
           "export")
-RESULT = "@@step_path "  # prefix of the worker's reply lines (libraries may print on stdout)
-T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
-        15: 2.13, 20: 2.09, 30: 2.04}
 
 
 # ------------------------------------------------------------------------------------------ the worker
@@ -204,20 +200,7 @@ def worker(src: str, batches_path: str, warmup: int) -> None:
         _instrument(adapter, clock)
         for i in range(warmup):
             one_step(10_000 + i)
-        print(RESULT + json.dumps({"ready": src, "version": actor.version}), flush=True)
-        for line in sys.stdin:
-            cmd = json.loads(line)
-            if "profile" in cmd:
-                prof = cProfile.Profile(time.thread_time)  # CPU, not wall: the machine is shared
-                prof.enable()
-                for i in range(cmd["profile"]):
-                    one_step(cmd.get("start", 0) + i)
-                prof.disable()
-                prof.dump_stats(cmd["out"])
-                print(RESULT + json.dumps({"profiled": cmd["out"]}), flush=True)
-            else:
-                steps = [one_step(cmd["start"] + i) for i in range(cmd["steps"])]
-                print(RESULT + json.dumps({"steps": steps}), flush=True)
+        sbs.serve(one_step, "steps", {"ready": src, "version": actor.version})
 
 
 def make_batches(out: str, count: int, seed: int) -> None:
@@ -257,48 +240,6 @@ def make_batches(out: str, count: int, seed: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the parent
-class Worker:
-    """One version's worker process (``src`` empty: the ``asyncrl`` this interpreter imports)."""
-
-    def __init__(self, label: str, src: str, batches: str, warmup: int) -> None:
-        self.label, self.src = label, src
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONWARNINGS="ignore")
-        if src:
-            env["PYTHONPATH"] = src
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", src or "(installed)", "--batches-file", batches, "--warmup", str(warmup)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO),
-        )
-        self.read()
-
-    def read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(RESULT):
-                return json.loads(line[len(RESULT):])
-        raise RuntimeError(f"worker {self.label} ({self.src}) exited with {self.proc.wait()}")
-
-    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait()
-
-
-def _ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95 % t interval."""
-    if len(values) < 2:
-        return (values[0] if values else math.nan), math.nan
-    n = len(values)
-    t = T975[max(k for k in T975 if k <= n - 1)]
-    return statistics.fmean(values), t * statistics.stdev(values) / math.sqrt(n)
-
-
 def report(labels: list[str], rounds: list[dict[str, list[dict[str, float]]]]) -> str:
     """CPU ms per step and stage (median over every step) and each version's paired ratio to the first."""
     lines = [f"CPU ms/step (median over every step); ratio to {labels[0]}: mean of the per-round ratios of the "
@@ -312,50 +253,9 @@ def report(labels: list[str], rounds: list[dict[str, list[dict[str, float]]]]) -
         med = [1e3 * statistics.median(s[stage] for r in rounds for s in r[lab]) for lab in labels]
         row = f"{stage:<12}" + "".join(f"{m:>{w}.1f}" for m in med)
         for lab in labels[1:]:
-            ratios = []
-            for r in rounds:  # paired: the two versions' medians of one round (a load spike hits one step)
-                base = statistics.median(s[stage] for s in r[labels[0]])
-                if base > 0:
-                    ratios.append(statistics.median(s[stage] for s in r[lab]) / base)
-            mean, half = _ci(ratios)
+            ratios = sbs.paired_ratio(rounds, labels[0], lab, lambda s, stage=stage: s[stage])
+            mean, half = ci(ratios)
             row += f"{mean:>{wr - 8}.3f} +-{half:>5.3f}" if ratios else f"{'-':>{wr}}"
-        lines.append(row)
-    return "\n".join(lines)
-
-
-def _short(func: tuple[str, int, str]) -> str:
-    path, line, name = func
-    for mark in ("/asyncrl/", "/site-packages/"):
-        if mark in path:
-            path = path.split(mark, 1)[1]
-            break
-    return f"{path}:{name}"
-
-
-def profile_diff(labels: list[str], files: dict[str, str], steps: int, top: int = 40) -> str:
-    """Per-step cumulative and own CPU ms of each function, by name, for every version; largest differences."""
-    tables: dict[str, dict[str, tuple[float, float, int]]] = {}
-    for lab in labels:
-        st = pstats.Stats(files[lab], stream=io.StringIO())
-        t: dict[str, tuple[float, float, int]] = {}
-        for func, (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
-            key = _short(func)
-            old = t.get(key, (0.0, 0.0, 0))
-            t[key] = (old[0] + ct, old[1] + tt, old[2] + nc)
-        tables[lab] = t
-    keys = set().union(*tables.values())
-    a, b = labels[0], labels[-1]
-
-    def diff(k: str) -> float:
-        return abs(tables[b].get(k, (0.0, 0.0, 0))[1] - tables[a].get(k, (0.0, 0.0, 0))[1])
-
-    lines = [f"per-step own (tottime) and cumulative CPU ms, {steps} steps; sorted by |own {b} - own {a}|"]
-    lines.append(f"{'function':<70}" + "".join(f"{lab + ' own':>11}{lab + ' cum':>11}{'calls':>7}" for lab in labels))
-    for k in sorted(keys, key=diff, reverse=True)[:top]:
-        row = f"{k[-70:]:<70}"
-        for lab in labels:
-            ct, tt, nc = tables[lab].get(k, (0.0, 0.0, 0))
-            row += f"{1e3 * tt / steps:>11.2f}{1e3 * ct / steps:>11.2f}{nc // steps:>7}"
         lines.append(row)
     return "\n".join(lines)
 
@@ -386,31 +286,21 @@ def main() -> None:
         saved = json.loads(Path(args.from_json).read_text())
         print(report(saved["labels"], saved["rounds"]))
         return
-    versions = [(lab, os.path.abspath(src) if src else "") for lab, src in (v.split("=", 1) for v in args.version)]
+    versions = sbs.versions_of(args.version)
     if len(versions) < 2:
         parser.error("give at least two --version LABEL=SRC")
     labels = [lab for lab, _ in versions]
     with tempfile.TemporaryDirectory() as tmp:
         batches = str(Path(tmp) / "batches.npz")
-        env = dict(os.environ, PYTHONPATH=versions[-1][1]) if versions[-1][1] else None
         subprocess.run([sys.executable, __file__, "--make-batches", batches, "--batches", str(args.batches)],
-                       check=True, env=env, cwd=str(REPO))
-        workers = [Worker(lab, src, batches, args.warmup) for lab, src in versions]
+                       check=True, env=sbs.worker_env(versions[-1][1]), cwd=str(REPO))
+        workers = [sbs.Worker(lab, src, __file__, ["--batches-file", batches, "--warmup", str(args.warmup)])
+                   for lab, src in versions]
         try:
             if args.profile:
-                files = {w.label: str(Path(tmp) / f"{w.label}.prof") for w in workers}
-                for w in workers:
-                    w.ask({"profile": args.profile, "out": files[w.label], "start": 0})
-                print(profile_diff(labels, files, args.profile))
+                print(sbs.profile_diff(labels, sbs.profile(workers, args.profile, Path(tmp)), args.profile, "step"))
                 return
-            rounds: list[dict[str, list[dict[str, float]]]] = []
-            for r in range(args.rounds):
-                order = workers if r % 2 == 0 else workers[::-1]
-                rounds.append({w.label: w.ask({"steps": args.steps, "start": r * args.steps})["steps"]
-                               for w in order})
-                print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                    f"{lab} {1e3 * statistics.fmean(s['step'] for s in rounds[-1][lab]):.0f} ms"
-                    for lab in labels), file=sys.stderr, flush=True)
+            rounds = sbs.alternate(workers, args.rounds, "steps", args.steps, "step")
         finally:
             for w in workers:
                 w.close()

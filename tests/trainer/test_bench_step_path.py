@@ -62,11 +62,11 @@ def test_stage_clock_counts_a_call_that_raises() -> None:
 
 
 def test_ci_is_the_mean_and_the_t_half_width() -> None:
-    mean, half = bench._ci([1.0, 2.0, 3.0])
+    mean, half = bench.ci([1.0, 2.0, 3.0])
     # sd([1, 2, 3]) = 1, n = 3: t(0.975, 2) = 4.30, half = 4.30 / sqrt(3) = 2.4826
     assert mean == 2.0
     assert half == pytest.approx(4.30 / math.sqrt(3), abs=1e-12)
-    one, nan = bench._ci([5.0])
+    one, nan = bench.ci([5.0])
     assert one == 5.0 and math.isnan(nan)
 
 
