@@ -60,11 +60,23 @@ def test_an_evaluation_holds_the_idle_slots_and_releases_all_but_the_busy_ones()
     assert [s.idle_since for s in pool.slots] == [9.0, 9.0, 9.0]
 
 
-def test_the_pause_ends_without_idling_a_slot_whose_orphan_is_in_flight() -> None:
+def test_the_pause_ends_idling_a_replaced_slot_whose_orphan_is_still_in_flight() -> None:
     pool = WorkerPool(2, now=0.0)
     pool.leave_idle(0, now=0.0)
     pool.admitted(_call("orphan", 0))
     pool.replaced(0, now=1.0)
+    pool.hold_idle(now=2.0)
+    pool.end_pause(now=3.0)
+    assert [s.idle_since for s in pool.slots] == [3.0, 3.0]  # the replacement is free, as replaced() left it
+    call, own = pool.returned("orphan", now=4.0)
+    assert not own and pool.slots[0].idle_since == 3.0  # the orphan's return leaves the idle slot alone
+    pool.leave_idle(0, now=5.0)  # so the replacement is admitted again (before: held forever)
+
+
+def test_the_pause_ends_without_idling_a_slot_whose_own_call_is_in_flight() -> None:
+    pool = WorkerPool(2, now=0.0)
+    pool.leave_idle(0, now=0.0)
+    pool.admitted(_call("train", 0))
     pool.hold_idle(now=2.0)
     pool.end_pause(now=3.0)
     assert [s.idle_since for s in pool.slots] == [None, 3.0]

@@ -130,9 +130,10 @@ class WorkerPool:
         self.slots[i].idle_since = None
 
     def end_pause(self, now: float) -> None:
-        """The evaluation is over: every slot idles from ``now`` unless a training call (its own or an
-        orphan) is still in flight there. The pause was not rollout idle time."""
-        busy = {c.worker for c in self._calls.values()}
+        """The evaluation is over: every slot idles from ``now`` unless its own process still runs a training
+        call. The pause was not rollout idle time. An orphan does not keep its slot busy, as in :meth:`replaced`:
+        the replacement is free, and the orphan's return leaves the slot alone (were the slot held here, nothing
+        would ever idle it again, and with one worker the loop would wait for a call that is never admitted)."""
         for slot in self.slots:
-            if slot.idle_since is not None or slot.index not in busy:
+            if slot.call is None:
                 slot.idle_since = now
