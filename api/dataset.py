@@ -217,7 +217,8 @@ REWARD_NEEDS_DATASET_MESSAGE = (
 )
 DATASET_NEEDS_SCORER_MESSAGE = (
     "task.dataset needs something that scores a completion: task.reward ('pkg.mod:fn'), task.rewardService "
-    "(an HTTP service) or task.environment (an environment that reads the rows); see docs/tasks.md"
+    "(an HTTP service), task.environment (an environment that reads the rows) or task.agent (an agent that "
+    "returns the reward); see docs/tasks.md"
 )
 REWARD_WITH_ENVIRONMENT_MESSAGE = (
     "task.reward and task.rewardService score the single-turn dataset environment, but task.environment is set "
@@ -227,7 +228,8 @@ REWARD_WITH_ENVIRONMENT_MESSAGE = (
 TASK_SOURCE_RULES: tuple[CelRule, ...] = (
     CelRule("!has(self.reward) || !has(self.rewardService)", REWARD_EXCLUSIVE_MESSAGE, ".rewardService"),
     CelRule("(!has(self.reward) && !has(self.rewardService)) || has(self.dataset)", REWARD_NEEDS_DATASET_MESSAGE),
-    CelRule("!has(self.dataset) || has(self.reward) || has(self.rewardService) || has(self.environment)",
+    CelRule("!has(self.dataset) || has(self.reward) || has(self.rewardService) || has(self.environment) "
+            "|| has(self.agent)",
             DATASET_NEEDS_SCORER_MESSAGE, ".dataset"),
     CelRule("!has(self.environment) || (!has(self.reward) && !has(self.rewardService))",
             REWARD_WITH_ENVIRONMENT_MESSAGE, ".environment"),
@@ -244,7 +246,7 @@ def check_import_path(value: object, what: str) -> object:
 
 def task_source_problems(
     dataset: DatasetSpec | None, reward: str | None, reward_service: RewardServiceSpec | None,
-    environment: str | None = None,
+    environment: str | None = None, agent: str | None = None,
 ) -> list[tuple[str, str]]:
     """The ``(path below spec.task, message)`` of every rule of :data:`TASK_SOURCE_RULES` that fails."""
     problems = []
@@ -252,7 +254,7 @@ def task_source_problems(
         problems.append(("rewardService", f"{REWARD_EXCLUSIVE_MESSAGE} (reward is {reward!r})"))
     if (reward is not None or reward_service is not None) and dataset is None:
         problems.append(("", REWARD_NEEDS_DATASET_MESSAGE))
-    if dataset is not None and reward is None and reward_service is None and environment is None:
+    if dataset is not None and reward is None and reward_service is None and environment is None and agent is None:
         problems.append(("dataset", f"{DATASET_NEEDS_SCORER_MESSAGE} (dataset.path is {dataset.path!r})"))
     if environment is not None and (reward is not None or reward_service is not None):
         problems.append(("environment", f"{REWARD_WITH_ENVIRONMENT_MESSAGE} (environment is {environment!r})"))

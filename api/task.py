@@ -8,6 +8,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from asyncrl.api.agent import (
+    AGENT_MESSAGE,
+    AGENT_PATTERN,
+    AGENT_WITH_ENVIRONMENT_MESSAGE,
+    AgentEndpointSpec,
+)
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule, raise_all
 from asyncrl.api.dataset import (
@@ -39,6 +45,18 @@ class TaskSpec(SpecModel):
         "makes one episode, with reset(sample) -> messages and step(assistant_message) -> observation or final "
         "reward (either may be async def). Imported inside the job (locally: the current Python path and "
         "pythonPath); a factory that fails to import or construct fails the job at start.",
+    )
+    agent: str | None = Field(
+        default=None,
+        pattern=AGENT_PATTERN,
+        description="An OpenAI-API agent (docs/agents.md): 'pkg.mod:fn', an async function (client, sample) -> "
+        "reward or None, called once per episode with an openai.AsyncOpenAI client pointed at the rollout "
+        "worker's endpoint (None: score with reward); or 'external': a harness outside the job opens sessions "
+        "(POST /v1/sessions) and posts each reward. Excludes environment.",
+    )
+    endpoint: AgentEndpointSpec = Field(
+        default_factory=AgentEndpointSpec,
+        description="The rollout workers' OpenAI-compatible endpoint (used when agent is set).",
     )
     args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment factory (free-form)."
@@ -88,7 +106,10 @@ class TaskSpec(SpecModel):
         "environment) is imported; relative ones are taken from the working directory, e.g. [examples/tasks].",
     )
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = TASK_SOURCE_RULES
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        *TASK_SOURCE_RULES,
+        CelRule("!has(self.agent) || !has(self.environment)", AGENT_WITH_ENVIRONMENT_MESSAGE, ".agent"),
+    )
 
     # before the pattern check, so the error says the rule in words rather than the regular expression
     _reward_is_an_import_path = field_validator("reward", mode="before")(
@@ -98,9 +119,22 @@ class TaskSpec(SpecModel):
         lambda v: check_import_path(v, "task.environment")
     )
 
+    @field_validator("agent", mode="before")
+    @classmethod
+    def _agent_is_an_import_path(cls, v: object) -> object:
+        import re
+
+        if isinstance(v, str) and not re.match(AGENT_PATTERN, v):
+            raise ValueError(f"task.agent {v!r}: {AGENT_MESSAGE}")
+        return v
+
     @model_validator(mode="after")
     def _dataset_and_reward_go_together(self) -> "TaskSpec":
-        raise_all(task_source_problems(self.dataset, self.reward, self.reward_service, self.environment))
+        problems = task_source_problems(self.dataset, self.reward, self.reward_service,
+                                        self.environment, self.agent)
+        if self.agent is not None and self.environment is not None:
+            problems.append(("agent", f"{AGENT_WITH_ENVIRONMENT_MESSAGE} (agent is {self.agent!r})"))
+        raise_all(problems)
         return self
 
     @property
@@ -110,6 +144,8 @@ class TaskSpec(SpecModel):
         or the built-in ``name``."""
         if self.environment is not None:
             return self.environment
+        if self.agent is not None:
+            return f"agent:{self.agent}"
         if self.dataset is not None:
             scorer = self.reward if self.reward is not None else redact_url(getattr(self.reward_service, "url", ""))
             return f"dataset:{self.dataset.path}+{scorer}"

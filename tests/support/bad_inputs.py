@@ -32,6 +32,7 @@ from asyncrl.api.correction import (
     DECAY_MESSAGE,
     EWMA_UNUSED_MESSAGE,
 )
+from asyncrl.api.agent import AGENT_WITH_ENVIRONMENT_MESSAGE
 from asyncrl.api.dataset import (
     DATASET_NEEDS_SCORER_MESSAGE,
     REWARD_EXCLUSIVE_MESSAGE,
@@ -326,6 +327,16 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("reward-with-environment",
              {"task": {"dataset": {"path": "d.jsonl"}, "environment": "pkg.env:Env", "reward": "m:f"}},
              "spec.task.environment", REWARD_WITH_ENVIRONMENT_MESSAGE),
+    BadInput("agent-with-environment", {"task": {"agent": "my_agent:run", "environment": "pkg.env:Env"}},
+             "spec.task.agent", AGENT_WITH_ENVIRONMENT_MESSAGE),
+    BadInput("agent-not-an-import-path", {"task": {"agent": "my_agent.run"}}, "spec.task.agent", "",
+             cli_message="or 'external'"),
+    BadInput("agent-peer-empty", {"task": {"agent": "external", "endpoint": {"allowFrom": [{}]}}},
+             "spec.task.endpoint.allowFrom[0]", "names podSelector, namespaceSelector or ipBlock"),
+    BadInput("agent-peer-ipblock-and-selector",
+             {"task": {"agent": "external", "endpoint": {"allowFrom": [
+                 {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {"matchLabels": {"app": "h"}}}]}}},
+             "spec.task.endpoint.allowFrom[0]", "with ipBlock names no selector"),
     BadInput("reward-not-an-import-path", {"task": {"dataset": {"path": "d.jsonl"}, "reward": "my_reward.score"}},
              "spec.task.reward", "", cli_message="is not an import path"),
     BadInput("reward-service-not-http", {"task": {"dataset": {"path": "d.jsonl"}, "rewardService": {"url": "r:8"}}},

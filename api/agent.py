@@ -1,0 +1,125 @@
+"""``spec.task.agent`` and ``spec.task.endpoint``: a user's OpenAI-API agent trained through the rollout
+workers' OpenAI-compatible endpoint (``docs/agents.md``).
+
+Two ways in:
+
+- ``agent: "pkg.mod:fn"``: asyncrl calls ``async def fn(client, sample) -> float | None`` once per episode,
+  ``client`` an ``openai.AsyncOpenAI`` pointed at the worker's endpoint with a key of that episode only;
+  the float is the reward, ``None`` means "score with ``task.reward``";
+- ``agent: "external"``: another process or pod opens sessions (``POST /v1/sessions``), calls the endpoint
+  with each session's key and posts the reward (``POST /v1/sessions/{id}/reward``).
+
+The endpoint listens on loopback in a local run; in a cluster on ``endpoint.port`` of each rollout pod,
+behind a NetworkPolicy that admits the job's own pods and the peers of ``endpoint.allowFrom``.
+"""
+
+import ipaddress
+from typing import ClassVar, Final
+
+from pydantic import Field, field_validator, model_validator
+
+from asyncrl.api.base import SpecModel
+from asyncrl.api.cel import CelRule
+from asyncrl.api.kube_types import KubeModel
+
+EXTERNAL: Final = "external"
+AGENT_PATTERN = r"^(external|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)$"
+AGENT_MESSAGE = (
+    "task.agent is 'package.module:function' (an async function (client, sample) -> reward) or 'external' "
+    "(a harness outside the job opens sessions), e.g. 'my_agent:run'"
+)
+AGENT_WITH_ENVIRONMENT_MESSAGE = (
+    "task.agent and task.environment are two ways to bring a multi-turn task; set one of them"
+)
+_LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+def _check_labels(labels: dict[str, str], what: str) -> dict[str, str]:
+    import re
+
+    for k, v in labels.items():
+        if len(k) > 316 or not re.match(_LABEL_KEY, k):
+            raise ValueError(f"{what}: {k!r} is not a label key (prefix/name, e.g. app.kubernetes.io/name)")
+        if not isinstance(v, str) or len(v) > 63 or not re.match(_LABEL_VALUE, v):
+            raise ValueError(f"{what}[{k!r}]: {v!r} is not a label value (at most 63 of A-Z a-z 0-9 - _ .)")
+    return labels
+
+
+class LabelSelector(KubeModel):
+    """A Kubernetes label selector by equality (``matchLabels``)."""
+
+    match_labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels the selected objects all carry; {} selects every one."
+    )
+
+    _labels_ok = field_validator("match_labels")(lambda v: _check_labels(v, "matchLabels"))
+
+
+class IPBlock(KubeModel):
+    """An address range a NetworkPolicy admits."""
+
+    cidr: str = Field(description="The range, e.g. 10.0.0.0/16.")
+    except_: list[str] = Field(default_factory=list, alias="except",
+                               description="Ranges inside cidr that stay refused.")
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr_ok(cls, v: str) -> str:
+        try:
+            ipaddress.ip_network(v, strict=False)
+        except ValueError as exc:
+            raise ValueError(f"ipBlock.cidr {v!r} is not an address range like 10.0.0.0/16 ({exc})") from None
+        return v
+
+
+class EndpointPeer(KubeModel):
+    """Who else may call the endpoint: pods (in namespaces) by label, or an address range."""
+
+    pod_selector: LabelSelector | None = Field(default=None, description="Pods by label (in namespaceSelector's "
+                                               "namespaces, else in the job's own).")
+    namespace_selector: LabelSelector | None = Field(default=None, description="Namespaces by label.")
+    ip_block: IPBlock | None = Field(default=None, description="An address range (e.g. a harness outside the cluster).")
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (CelRule("has(self.podSelector) || has(self.namespaceSelector) || has(self.ipBlock)",
+                         "an allowFrom entry names podSelector, namespaceSelector or ipBlock"),
+                 CelRule("!has(self.ipBlock) || (!has(self.podSelector) && !has(self.namespaceSelector))",
+                         "an allowFrom entry with ipBlock names no selector (Kubernetes refuses the mix)"))
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "EndpointPeer":
+        if self.pod_selector is None and self.namespace_selector is None and self.ip_block is None:
+            raise ValueError("an allowFrom entry names podSelector, namespaceSelector or ipBlock")
+        if self.ip_block is not None and (self.pod_selector is not None or self.namespace_selector is not None):
+            raise ValueError("an allowFrom entry with ipBlock names no selector (Kubernetes refuses the mix)")
+        return self
+
+
+class AgentEndpointSpec(SpecModel):
+    """``spec.task.endpoint``: where the rollout workers' OpenAI-compatible endpoint listens, and who may call it."""
+
+    port: int = Field(
+        default=8100, ge=1024, le=65535,
+        description="Port of the endpoint on each rollout pod (a local run binds loopback on a free port).",
+    )
+    allow_from: list[EndpointPeer] = Field(
+        default_factory=list,
+        description="Peers admitted besides the job's own pods (NetworkPolicy 'from' entries): an external "
+        "harness's pods or address range. Empty: only the job's pods reach the endpoint.",
+    )
+    max_request_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
+        description="Largest request body; a larger one is refused with 413 and counted (bad_request).",
+    )
+
+
+__all__ = [
+    "AGENT_MESSAGE",
+    "AGENT_PATTERN",
+    "AGENT_WITH_ENVIRONMENT_MESSAGE",
+    "EXTERNAL",
+    "AgentEndpointSpec",
+    "EndpointPeer",
+    "IPBlock",
+    "LabelSelector",
+]
