@@ -22,6 +22,7 @@ from typing import Any
 
 from asyncrl.api import kube_types as K
 from asyncrl.api import pod_security as P
+from asyncrl.api.agent import AGENT_WITH_ENVIRONMENT_MESSAGE
 from asyncrl.api.correction import (
     AUDIT_EXACT_MESSAGE,
     AUDIT_FRACTION_UNUSED_MESSAGE,
@@ -32,7 +33,6 @@ from asyncrl.api.correction import (
     DECAY_MESSAGE,
     EWMA_UNUSED_MESSAGE,
 )
-from asyncrl.api.agent import AGENT_WITH_ENVIRONMENT_MESSAGE
 from asyncrl.api.dataset import (
     DATASET_NEEDS_SCORER_MESSAGE,
     REWARD_EXCLUSIVE_MESSAGE,
