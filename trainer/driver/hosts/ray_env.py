@@ -20,6 +20,7 @@
 """
 
 import contextlib
+import gc
 import logging
 import os
 import secrets
@@ -204,6 +205,10 @@ def local_ray(num_cpus: int, *, quiet: bool = True, resources: Mapping[str, floa
             yield True
         finally:
             started = {pid: t for pid, t in descendants().items() if pid not in before}
+            # Free the run's unreachable Ray handles (object refs, actor handles held in reference cycles) while
+            # Ray is still up: a collection that finds them after ray.shutdown() runs their finalizers against a
+            # core worker that is gone, and Ray then ends the whole process (exit status 1, nothing printed).
+            gc.collect()
             with contextlib.suppress(Exception):  # a Ray that never started has nothing to shut down
                 ray.shutdown()
             stragglers = reap(started)
