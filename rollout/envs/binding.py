@@ -33,6 +33,17 @@ class EnvLoadError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class AgentTask:
+    """``spec.task.agent``, loaded: the agent function (None: ``external``, a harness takes the sessions) and the
+    scorer of an agent that returns None (``task.reward``/``rewardService`` over the final assistant text; None:
+    such an episode is aborted, ``agent_no_reward``). The rollout worker serves the endpoint these episodes use."""
+
+    fn: Callable[..., Any] | None
+    scorer: Callable[[str, dict[str, Any]], float] | None = None
+    endpoint: Any = None  # spec.task.endpoint (api/agent.py AgentEndpointSpec)
+
+
+@dataclass(frozen=True)
 class TaskBinding:
     """What a rollout worker needs of a task.
 
@@ -51,6 +62,7 @@ class TaskBinding:
     max_prompt_tokens: int | None = None
     demonstrations: bool = False
     inline: bool = False
+    agent: AgentTask | None = None  # an OpenAI-API agent's task: new_env is not used, the worker builds its episodes
 
 
 def _user_factory(task: TaskSpec) -> Callable[[], TurnEnvironment]:
@@ -99,15 +111,62 @@ def task_samples(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> SampleSo
     and only the rollout workers and the credential-free check of :mod:`.task_check` run the user's code."""
     if task.dataset is not None:
         return _dataset_parts(task, workers, seed)[1]
-    if task.environment is not None:
+    if task.environment is not None or task.agent is not None:
         return SeededSamples()
     return bind_task(task, workers=workers, seed=seed).samples  # a built-in task: asyncrl's own code
+
+
+def _scorer(task: TaskSpec, data: Any) -> tuple[Callable[..., float], str]:
+    from asyncrl.rollout.envs.reward import ImportPathError, load_reward
+
+    try:
+        if task.reward is not None:
+            return load_reward(task.reward, python_path=task.python_path), "reward"
+        from asyncrl.rollout.envs.remote import RemoteReward
+
+        assert task.reward_service is not None  # the spec requires reward or rewardService
+        return RemoteReward(task.reward_service, budget_s=task.env_timeout_seconds), "rewardService"
+    except (ImportPathError, ValueError) as exc:  # ValueError: a headersFrom variable is missing
+        raise EnvLoadError(str(exc)) from exc
+
+
+def _bind_agent(task: TaskSpec, workers: int, seed: int) -> TaskBinding:
+    import inspect
+
+    from asyncrl.api.agent import EXTERNAL
+    from asyncrl.rollout.envs.reward import ImportPathError, import_object
+
+    path = str(task.agent)
+    fn = None
+    if path != EXTERNAL:
+        try:
+            fn = import_object(path, python_path=task.python_path, what="spec.task.agent")
+        except ImportPathError as exc:
+            raise EnvLoadError(str(exc)) from exc
+        if not inspect.iscoroutinefunction(fn):
+            raise EnvLoadError(f"spec.task.agent: {path} is a {type(fn).__name__}, not an async function; write it as "
+                               "'async def fn(client, sample) -> float | None' (docs/agents.md)")
+    samples: SampleSource = SeededSamples()
+    scorer = None
+    if task.dataset is not None:
+        data, samples = _dataset_parts(task, workers, seed)
+        if task.reward is not None or task.reward_service is not None:
+            score, _ = _scorer(task, data)
+            scorer = (lambda s: lambda text, sample: s(text, data.answer(sample), dict(sample)))(score)
+
+    def no_env() -> TurnEnvironment:
+        raise RuntimeError("an agent task's episodes are built by the rollout worker (rollout/agent/)")
+
+    return TaskBinding(task.label, samples, no_env, task.tool_call_format,
+                       agent=AgentTask(fn, scorer, task.endpoint))
 
 
 def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding:
     """The :class:`TaskBinding` of ``spec.task`` (``workers``: ``spec.rollout.replicas``, ``seed``:
     ``spec.train.seed``). Raises :class:`EnvLoadError` when user code cannot be loaded."""
     fmt = task.tool_call_format
+    if task.agent is not None:
+        return _bind_agent(task, workers, seed)
     if task.environment is not None:
         new_env = _user_factory(task)
         samples: SampleSource = SeededSamples()
@@ -115,19 +174,10 @@ def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding
             samples = _dataset_parts(task, workers, seed)[1]
         return TaskBinding(task.environment, samples, new_env, fmt)
     if task.dataset is not None:
-        from asyncrl.rollout.envs.reward import DatasetEnv, ImportPathError, load_reward
+        from asyncrl.rollout.envs.reward import DatasetEnv
 
         data, samples = _dataset_parts(task, workers, seed)
-        try:
-            if task.reward is not None:
-                scorer, label = load_reward(task.reward, python_path=task.python_path), "reward"
-            else:
-                from asyncrl.rollout.envs.remote import RemoteReward
-
-                assert task.reward_service is not None  # the spec requires reward or rewardService
-                scorer, label = RemoteReward(task.reward_service, budget_s=task.env_timeout_seconds), "rewardService"
-        except (ImportPathError, ValueError) as exc:  # ValueError: a headersFrom variable is missing
-            raise EnvLoadError(str(exc)) from exc
+        scorer, label = _scorer(task, data)
         return TaskBinding("dataset", samples, lambda: DatasetEnv(data, scorer, label), fmt)
     if task.name == "customer-service":
         from asyncrl.rollout.envs.customer_service import (
@@ -154,7 +204,7 @@ def context_length(task: TaskSpec, tokenizer: Any) -> int:
     prompt bound: 2048 tokens (rotary positions cost nothing until used)."""
     from asyncrl.rollout.envs.registry import TASKS, max_sequence_length
 
-    if task.environment is None and task.dataset is None:
+    if task.environment is None and task.dataset is None and task.agent is None:
         if task.name in TASKS:
             return max_sequence_length(task.name, task.max_new_tokens, tokenizer)
         if task.name == "customer-service":
@@ -174,8 +224,9 @@ def task_tokenizer(model: Any, task: TaskSpec) -> Any:
     from asyncrl.rollout.tokenizer import TOKENIZER, tokenizer_for
 
     tok = tokenizer_for(model)
-    if tok is TOKENIZER and (task.environment is not None or task.dataset is not None or task.name not in TASKS):
-        if task.environment is None and task.dataset is None and task.name == "customer-service":
+    if tok is TOKENIZER and (task.environment is not None or task.dataset is not None or task.agent is not None
+                            or task.name not in TASKS):
+        if task.environment is None and task.dataset is None and task.agent is None and task.name == "customer-service":
             from asyncrl.rollout.envs.cs_vocab import CS_TOKENIZER  # its words as single ids (cs_vocab.py)
 
             return CS_TOKENIZER
@@ -186,4 +237,4 @@ def task_tokenizer(model: Any, task: TaskSpec) -> Any:
 def has_demonstrations(task: TaskSpec) -> bool:
     """True when ``spec.task`` has a demonstration warm start (the built-in tasks); a user's environment
     or a dataset starts RL from the model as it is (``train.warmStartSteps`` is then not used)."""
-    return task.environment is None and task.dataset is None
+    return task.environment is None and task.dataset is None and task.agent is None

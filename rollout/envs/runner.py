@@ -19,10 +19,13 @@ EnvErrorReason = Literal[
     "exception", "timeout", "nonfinite_reward", "bad_messages",
     # a reward service (rollout/envs/remote.py): down, no answer in time, HTTP 4xx/5xx, not {"reward": x}
     "remote_unreachable", "remote_timeout", "remote_http_error", "remote_bad_response",
+    # an OpenAI-API agent (rollout/agent/): raised, sent a malformed request, never called the model, gave no reward
+    "agent_exception", "agent_bad_request", "agent_no_request", "agent_no_reward",
 ]
 ENV_ERROR_REASONS: tuple[str, ...] = (
     "exception", "timeout", "nonfinite_reward", "bad_messages",
     "remote_unreachable", "remote_timeout", "remote_http_error", "remote_bad_response",
+    "agent_exception", "agent_bad_request", "agent_no_request", "agent_no_reward",
 )
 
 
