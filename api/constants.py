@@ -93,6 +93,12 @@ SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 OPERATOR_VOLUMES: Final = {"spec": SPEC_DIR, "dshm": SHM_MOUNT, "checkpoints": CHECKPOINT_MOUNT,
                            "status-relay": STATUS_RELAY_DIR, "status-token": SERVICE_ACCOUNT_DIR}
 
+# ---------------------------------------------------------------- the agent endpoint (spec.task.agent)
+# Where a rollout worker's OpenAI-compatible endpoint listens (host:port; unset: loopback on a free port) and
+# the base URL its sessions hand out (in a cluster: the pod's own address); the operator sets both on rollout pods.
+AGENT_BIND_ENV: Final = "ASYNCRL_AGENT_BIND"
+AGENT_ADVERTISE_ENV: Final = "ASYNCRL_AGENT_ADVERTISE"
+
 # ---------------------------------------------------------------- ownership labels and annotations
 # Label keys the operator sets on every child and selects on (asyncrl.operator.names.labels, the
 # gang scheduler's group label): a role's template may not set them, and the job's own
