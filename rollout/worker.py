@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS, EnvFault, last_line, 
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.tokenizer import Tokenizer
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.agent.host import AgentHost
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,12 @@ class RolloutWorker:
                 engine_args=rollout.engine_args,
             )
         self.engine = engine
+        self.agent: AgentHost | None = None
+        if self.binding.agent is not None:
+            from asyncrl.rollout.agent import host
+
+            self.agent = host.AgentHost.start(self.binding.agent, model_name=model.preset or "asyncrl-policy",
+                                         worker_index=worker_index, timeout_s=task.env_timeout_seconds)
         self._suspended: list[Episode] = []
         self._failed: list[Trajectory] = []  # episodes whose environment failed at reset (returned next)
         self._env_errors = dict.fromkeys(ENV_ERROR_REASONS, 0)
@@ -200,6 +210,9 @@ class RolloutWorker:
     def _start(self, tid: str, gid: str, sample: Sample) -> Episode | None:
         """A new episode of ``sample``; None when its environment failed to start (kept in ``_failed``)."""
         try:
+            if self.agent is not None:
+                return self.agent.start_episode(tid, gid, dict(sample), self.tokenizer, self.runner,
+                                                self.binding.tool_call_format)
             try:
                 env = self.binding.new_env()
             except Exception as exc:
@@ -258,8 +271,13 @@ class RolloutWorker:
                 self._busy += end - start
                 self._last_end = end
                 self._busy_since = None
-        done = [e.to_trajectory() for e in episodes if e.done]
         self._suspended = [e for e in episodes if not e.done]
+        if self.agent is not None:  # branches: a superseded one waits for its session's reward, the next one resumes
+            finished, branches = self.agent.settle([e for e in episodes if e.done])
+            self._suspended.extend(branches)
+            done = [t for t in finished]
+        else:
+            done = [e.to_trajectory() for e in episodes if e.done]
         failed, self._failed = self._failed, []
         with self._lock:
             for e in episodes:
@@ -305,6 +323,8 @@ class RolloutWorker:
         episodes = [e for e in started if e is not None]
         self.engine.generate(episodes, max_new_tokens=self.task_spec.max_new_tokens, temperature=temperature,
                              partial_rollout=False, seed=seed)
+        if self.agent is not None:
+            self.agent.close_evaluation(episodes)
         out = [e.to_trajectory() if e is not None else failed[f"eval-v{version}-p{first + k}"]
                for k, e in enumerate(started)]
         undone = [e.traj_id for e in episodes if not e.done]
@@ -335,6 +355,8 @@ class RolloutWorker:
     def abort_suspended(self) -> list[Trajectory]:
         """Drop the suspended episodes for good; returns them with status ABORTED (counted)."""
         out = [e.to_trajectory(TrajectoryStatus.ABORTED) for e in self._suspended]
+        if self.agent is not None:
+            out = self.agent.abort(self._suspended, out)
         self._suspended = []
         with self._lock:
             self._c["aborted"] += len(out)
@@ -376,6 +398,20 @@ class RolloutWorker:
                 eval_seconds=self._eval_seconds,
                 env_errors=sum(self._env_errors.values()),
             )
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The base URL of this worker's OpenAI-compatible endpoint (``.../v1``), None without ``task.agent``."""
+        return None if self.agent is None else self.agent.endpoint.base_url
+
+    def agent_counters(self) -> dict[str, int]:
+        """The endpoint's counters (``asyncrl_agent_*_total``); {} without ``task.agent``."""
+        return {} if self.agent is None else self.agent.endpoint.snapshot()
+
+    def close(self) -> None:
+        """Stop the endpoint and the agent loop (the worker's process is ending)."""
+        if self.agent is not None:
+            self.agent.close()
 
     def env_errors(self) -> dict[str, int]:
         """Episodes aborted by their environment so far, by reason (``asyncrl_env_errors_total``)."""

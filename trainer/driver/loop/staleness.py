@@ -189,16 +189,24 @@ class StalenessBuffer:
         accepted = 0
         for t in trajectories:
             members, aborted = self._partial.get(t.group_id, ([], 0))
+            if t.info.get("superseded_branch"):  # an earlier branch of an agent session: trained, not a member
+                if t.status is TrajectoryStatus.ABORTED:
+                    self.counts.trajectories_aborted += 1
+                else:
+                    members = [*members, t]
+                self._partial[t.group_id] = (members, aborted)
+                continue
             if t.status is TrajectoryStatus.ABORTED:
                 self.counts.trajectories_aborted += 1
                 aborted += 1
             else:
                 members = [*members, t]
-            if len(members) + aborted > self.group_size:
+            n = sum(not m.info.get("superseded_branch") for m in members) + aborted
+            if n > self.group_size:
                 raise ValueError(f"group {t.group_id}: more than group_size {self.group_size} members came back")
             if t.group_id in self._ready:
                 raise ValueError(f"group {t.group_id} is already in the buffer; group ids must be unique")
-            if len(members) + aborted < self.group_size:
+            if n < self.group_size:
                 self._partial[t.group_id] = (members, aborted)
                 continue
             self._partial.pop(t.group_id, None)

@@ -1,0 +1,229 @@
+"""The rollout worker's OpenAI-compatible HTTP endpoint: FastAPI routes served by uvicorn in a thread of its own.
+
+Routes (errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``):
+
+- ``GET  /v1/models``: the policy this worker holds;
+- ``POST /v1/chat/completions``: one assistant turn of the session whose Bearer key the request carries;
+- ``POST /v1/sessions``: an external harness takes the oldest session waiting for one (``agent: external``):
+  ``{id, api_key, base_url, model, sample}``; 429 with ``Retry-After`` when none waits (the worker opens
+  sessions only as fast as the staleness bound lets it start groups);
+- ``POST /v1/sessions/{id}/reward``: ``{"reward": x}`` ends the session (its key in the Bearer header);
+- ``GET  /health``.
+
+A request never blocks the server: the handler hands its request to the session's episode
+(:class:`~asyncrl.rollout.agent.session.Mailbox`) and awaits the answer, which the episode sets once the engine
+has sampled the turn. A repeated request (an SDK retry after a timeout or a dropped connection: the same
+messages as the request in flight, or as the last one answered) gets that answer, not a second turn.
+"""
+
+import asyncio
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from asyncrl.rollout.agent.protocol import ChatRequest, RequestError, model_card, reward_value
+from asyncrl.rollout.agent.session import AgentSession, Event, SessionTable
+from asyncrl.rollout.envs.runner import last_line
+
+
+@dataclass
+class EndpointCounters:
+    """The endpoint's monotonic counters (``asyncrl_agent_*_total``)."""
+
+    requests: int = 0  # chat completions taken by a session
+    retries: int = 0  # repeated requests answered with the recorded answer
+    prefix_mismatch: int = 0  # requests that did not extend the session's history: a new branch
+    bad_requests: int = 0  # malformed requests (400/413) of an open session: that episode is aborted
+    unauthorized: int = 0  # unknown key (401) or ended session (404)
+    conflicts: int = 0  # a second, different request while one is in flight (409)
+    sessions_claimed: int = 0  # external sessions handed to a harness
+    sessions_refused: int = 0  # POST /v1/sessions with none waiting (429)
+
+
+def _error(exc: RequestError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=dict(headers or {}))
+
+
+def _bearer(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    scheme, _, key = auth.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise RequestError(401, "missing API key: send 'Authorization: Bearer <the session's key>'",
+                           type_="authentication_error", code="invalid_api_key")
+    return key.strip()
+
+
+class AgentEndpoint:
+    """The endpoint of one rollout worker over its :class:`SessionTable`.
+
+    Args:
+        host, port: where to listen (a local run: ``127.0.0.1``, port 0 = a free one).
+        advertise: the base URL sessions hand out (None: ``http://host:port``); in a cluster the pod's address.
+        model: the model id ``/v1/models`` lists (any ``model`` a request names is served by this policy).
+        max_request_bytes: ``spec.task.endpoint.maxRequestBytes``.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
+                 model: str = "asyncrl-policy", max_request_bytes: int = 4 * 1024 * 1024) -> None:
+        self.sessions = SessionTable()
+        self.counters = EndpointCounters()
+        self._clock = threading.Lock()
+        self.model = model
+        self.max_request_bytes = max_request_bytes
+        self._created = int(time.time())
+        self._sock = socket.create_server((host, port), reuse_port=False)  # listening now: no start-up race
+        self.host, self.port = self._sock.getsockname()[:2]
+        shown = f"[{self.host}]" if ":" in str(self.host) else str(self.host)
+        self.base_url = (advertise.rstrip("/") if advertise else f"http://{shown}:{self.port}") + "/v1"
+        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=60, limit_concurrency=None)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="asyncrl-agent-endpoint", daemon=True)
+        self._thread.start()
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._clock:
+            setattr(self.counters, name, getattr(self.counters, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._clock:
+            return asdict(self.counters)
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+    # ------------------------------------------------------------------ routes
+    def _app(self) -> FastAPI:
+        app = FastAPI(title="asyncrl agent endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.get("/health")
+        async def health() -> dict[str, Any]:
+            return {"ok": True, "sessions_waiting": self.sessions.waiting}
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {"object": "list", "data": [model_card(self.model, self._created).model_dump(mode="json")]}
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> JSONResponse:
+            try:
+                return JSONResponse(await self._chat(request))
+            except RequestError as exc:
+                return _error(exc)
+
+        @app.post("/v1/sessions")
+        async def open_session() -> JSONResponse:
+            s = self.sessions.claim()
+            if s is None:
+                self.count("sessions_refused")
+                return _error(RequestError(429, "no session is waiting for a harness now: the job opens sessions as "
+                                           "its staleness bound admits new groups; retry shortly",
+                                           type_="rate_limit_error", code="no_session_waiting"), {"Retry-After": "1"})
+            self.count("sessions_claimed")
+            return JSONResponse({"id": s.id, "api_key": s.key, "base_url": self.base_url, "model": self.model,
+                                 "sample": s.sample})
+
+        @app.post("/v1/sessions/{sid}/reward")
+        async def reward(sid: str, request: Request) -> JSONResponse:
+            try:
+                s = self._session(request)
+                if s.id != sid:
+                    raise RequestError(401, f"the key is not session {sid}'s", type_="authentication_error",
+                                       code="invalid_api_key")
+                body = await self._json(request, s)
+                try:
+                    value = reward_value(body)
+                except RequestError as exc:
+                    s.mailbox.put(Event("fault", reason="nonfinite_reward" if exc.code else "agent_bad_request",
+                                        message=f"POST /v1/sessions/{sid}/reward: {exc}"))
+                    raise
+                s.mailbox.put(Event("end", reward=value))
+                return JSONResponse({"id": sid, "reward": value})
+            except RequestError as exc:
+                return _error(exc)
+
+        return app
+
+    def _session(self, request: Request) -> AgentSession:
+        try:
+            return self.sessions.by_key(_bearer(request))
+        except RequestError:
+            self.count("unauthorized")
+            raise
+
+    async def _json(self, request: Request, s: AgentSession) -> Any:
+        """The body as JSON; a malformed or oversized body aborts the session's episode (``agent_bad_request``)."""
+        body = await request.body()
+        try:
+            if len(body) > self.max_request_bytes:
+                raise RequestError(413, f"request body of {len(body)} bytes is over spec.task.endpoint."
+                                   f"maxRequestBytes={self.max_request_bytes}", code="request_too_large")
+            try:
+                return json.loads(body)
+            except ValueError as exc:
+                raise RequestError(400, f"the body is not JSON: {exc}") from None
+        except RequestError as exc:
+            self._bad(s, str(exc))
+            raise
+
+    def _bad(self, s: AgentSession, message: str) -> None:
+        self.count("bad_requests")
+        s.mailbox.put(Event("fault", reason="agent_bad_request", message=message))
+
+    async def _chat(self, request: Request) -> dict[str, Any]:
+        s = self._session(request)
+        body = await self._json(request, s)
+        try:
+            chat = ChatRequest.model_validate(body)
+            messages = chat.normal_messages()
+            chat.normal_tools()
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            self._bad(s, f"POST /v1/chat/completions: {where}: {err['msg']}")
+            raise RequestError(400, f"{where}: {err['msg']}", param=where) from None
+        except RequestError as exc:
+            self._bad(s, f"POST /v1/chat/completions: {exc}")
+            raise
+        loop = asyncio.get_running_loop()
+        with s.lock:
+            if s.state == "finished":
+                raise RequestError(404, f"session {s.id} has ended", code="session_finished")
+            if s.current is not None:
+                if s.current[0] != messages:
+                    self.count("conflicts")
+                    raise RequestError(409, "another request of this session is being answered; send one request "
+                                       "at a time per session", code="request_in_flight")
+                fut = s.current[1]  # an SDK retry of the request in flight: it gets that answer
+                self.count("retries")
+            elif s.answered is not None and s.answered[0] == messages:
+                self.count("retries")  # a retry of an answered request (the answer was lost on the way)
+                return dict(s.answered[1])
+            else:
+                fut = concurrent.futures.Future()
+                s.current = (messages, fut)
+                self.count("requests")
+                s.mailbox.put(Event("request", request=chat, messages=messages, reply=fut))
+        try:
+            # shielded: a client that disconnects cancels this handler, never the episode's answer (a retry takes it)
+            return dict(await asyncio.shield(asyncio.wrap_future(fut, loop=loop)))
+        except RequestError:
+            raise
+        except Exception as exc:  # the episode failed while answering
+            raise RequestError(500, f"the turn could not be sampled: {last_line(exc)}", type_="server_error") from exc
+
+
+__all__ = ["AgentEndpoint", "EndpointCounters"]

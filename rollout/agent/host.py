@@ -1,0 +1,142 @@
+"""A rollout worker's share of the agent endpoint: the server, the agents' loop, and the branches of sessions.
+
+The worker builds every episode of an agent task here (:meth:`AgentHost.start_episode`) and hands its finished
+episodes back (:meth:`AgentHost.settle`). A session usually is one trajectory. When the harness sends a request
+that does not extend the conversation, the trajectory so far ends as a *superseded branch*
+(``info["superseded_branch"]``) and the next branch starts as a new episode of the same GRPO group member from
+that request (its prompt: the request's messages, rendered; nothing of it trained twice). Superseded branches
+wait here until their session ends and then leave with its reward, so every branch of a member carries the
+same reward; the staleness buffer counts a group's members without them (``trainer/driver/loop/staleness.py``).
+"""
+
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.api.constants import AGENT_ADVERTISE_ENV, AGENT_BIND_ENV
+from asyncrl.rollout.agent.endpoint import AgentEndpoint
+from asyncrl.rollout.agent.environment import AgentAdapter, AgentEnvironment, AgentLoop
+from asyncrl.rollout.envs.binding import AgentTask
+from asyncrl.rollout.envs.interface import Sample
+from asyncrl.rollout.envs.runner import EnvFault, EnvRunner
+from asyncrl.rollout.episode import Episode
+from asyncrl.rollout.tokenizer import Tokenizer
+from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
+
+
+def bind_address(worker_index: int) -> tuple[str, int]:
+    """Where this worker's endpoint listens: ``$ASYNCRL_AGENT_BIND`` (``host:port``, set in a cluster's rollout
+    pods) or loopback on a free port (a local run)."""
+    spec = os.environ.get(AGENT_BIND_ENV, "")
+    if not spec:
+        return "127.0.0.1", 0
+    host, _, port = spec.rpartition(":")
+    try:
+        return host or "0.0.0.0", int(port)
+    except ValueError:
+        raise ValueError(f"${AGENT_BIND_ENV}={spec!r}: expected host:port, e.g. 0.0.0.0:8100") from None
+
+
+@dataclass
+class AgentHost:
+    """The endpoint, the agent loop and the branch bookkeeping of one rollout worker."""
+
+    task: AgentTask
+    endpoint: AgentEndpoint
+    loop: AgentLoop
+    timeout_s: float
+    name: str = "agent"
+    _held: dict[str, list[Trajectory]] = field(default_factory=dict)  # session id -> its superseded branches
+
+    @classmethod
+    def start(cls, task: AgentTask, *, model_name: str, worker_index: int, timeout_s: float,
+              name: str = "agent") -> "AgentHost":
+        host, port = bind_address(worker_index)
+        limit = getattr(task.endpoint, "max_request_bytes", 4 * 1024 * 1024)
+        endpoint = AgentEndpoint(host=host, port=port, advertise=os.environ.get(AGENT_ADVERTISE_ENV) or None,
+                                 model=model_name, max_request_bytes=limit)
+        return cls(task, endpoint, AgentLoop(), timeout_s, name)
+
+    def _episode(self, tid: str, gid: str, env: AgentEnvironment, sample: Sample, tokenizer: Tokenizer,
+                 runner: EnvRunner | None, fmt: str) -> Episode:
+        adapter = AgentAdapter(self.name, env, dict(sample), tokenizer, runner=runner, tool_call_format=fmt)
+        try:
+            return Episode.start(tid, gid, adapter, random.Random(0))
+        except EnvFault:
+            env.close("the episode could not start")
+            raise
+
+    def start_episode(self, tid: str, gid: str, sample: Sample, tokenizer: Tokenizer, runner: EnvRunner | None,
+                      fmt: str) -> Episode:
+        """A new session's first episode (``reset`` waits for the agent's first request); ``EnvFault`` when it fails."""
+        env = AgentEnvironment(self.endpoint, self.task.fn, scorer=self.task.scorer, traj_id=tid,
+                               timeout_s=self.timeout_s, loop=self.loop)
+        return self._episode(tid, gid, env, sample, tokenizer, runner, fmt)
+
+    def settle(self, done: Sequence[Episode]) -> tuple[list[Trajectory], list[Episode]]:
+        """The trajectories of finished episodes that may leave now, and the episodes of new branches (to resume).
+
+        A superseded branch is held until its session's last branch ends; it then leaves with that branch's
+        reward and success (ABORTED with it when the session failed)."""
+        out: list[Trajectory] = []
+        branches: list[Episode] = []
+        for e in done:
+            adapter = e.env
+            assert isinstance(adapter, AgentAdapter)
+            env = adapter.env
+            t = e.to_trajectory()
+            sid = env.session.id if env.session is not None else ""
+            if env.branch_to is not None and t.status is TrajectoryStatus.FINISHED:
+                t.info["superseded_branch"] = True
+                self._held.setdefault(sid, []).append(t)
+                base = t.traj_id.split("-b")[0]
+                nxt = AgentEnvironment.continuation(env, f"{base}-b{env.branch + 1}")
+                try:
+                    branches.append(self._episode(nxt.traj_id, t.group_id, nxt, adapter.sample, adapter.tokenizer,
+                                                  adapter.runner, adapter.tool_call_format))
+                except EnvFault as fault:
+                    out.extend(self._release(sid, None, f"the next branch could not start: {fault}"))
+                continue
+            env.close()
+            out.extend(self._release(sid, t))
+            out.append(t)
+        return out, branches
+
+    def _release(self, sid: str, last: Trajectory | None, why: str = "") -> list[Trajectory]:
+        held = self._held.pop(sid, [])
+        for h in held:
+            if last is None or last.status is TrajectoryStatus.ABORTED:
+                h.status, h.reward, h.success = TrajectoryStatus.ABORTED, 0.0, False
+                h.info["end_reason"] = why or "the session's last branch was aborted"
+            else:
+                h.reward, h.success = last.reward, last.success
+        return held
+
+    def abort(self, episodes: Sequence[Episode], snapshots: list[Trajectory]) -> list[Trajectory]:
+        """Suspended episodes dropped for good: close their sessions; their held branches leave ABORTED too."""
+        out = list(snapshots)
+        for e in episodes:
+            if isinstance(e.env, AgentAdapter):
+                env = e.env.env
+                env.close("the job dropped the episode")
+                if env.session is not None:
+                    out.extend(self._release(env.session.id, None, "the job dropped the session"))
+        return out
+
+    def close_evaluation(self, episodes: Sequence[Episode]) -> None:
+        """An evaluation's sessions end with their one trajectory (a branch there ends the evaluation episode)."""
+        for e in episodes:
+            if isinstance(e.env, AgentAdapter):
+                e.env.env.close("the evaluation episode ended")
+
+    def close(self) -> None:
+        self.endpoint.close()
+        self.loop.close()
+
+    def info(self) -> dict[str, Any]:
+        return {"base_url": self.endpoint.base_url, **self.endpoint.snapshot()}
+
+
+__all__ = ["AgentHost", "bind_address"]
