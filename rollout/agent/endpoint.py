@@ -208,13 +208,16 @@ class AgentEndpoint:
                     raise RequestError(409, "another request of this session is being answered; send one request "
                                        "at a time per session", code="request_in_flight")
                 fut = s.current[1]  # an SDK retry of the request in flight: it gets that answer
+                s.retries += 1
                 self.count("retries")
             elif s.answered is not None and s.answered[0] == messages:
+                s.retries += 1
                 self.count("retries")  # a retry of an answered request (the answer was lost on the way)
                 return dict(s.answered[1])
             else:
                 fut = concurrent.futures.Future()
                 s.current = (messages, fut)
+                s.requests += 1
                 self.count("requests")
                 s.mailbox.put(Event("request", request=chat, messages=messages, reply=fut))
         try:

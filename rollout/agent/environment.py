@@ -245,6 +245,9 @@ class AgentEnvironment:
         out: dict[str, Any] = {"session": s.id if s else "", "branch": self.branch, "turns": self.turns}
         if self.branch_to is not None:
             out["superseded_branch"] = True
+        elif s is not None:  # the session's last branch carries its counts (asyncrl_agent_*_total)
+            with s.lock:
+                out["agent"] = {"requests": s.requests, "retries": s.retries, "branches": self.branch}
         return out
 
     def close(self, reason: str = "the episode ended") -> None:

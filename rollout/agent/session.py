@@ -82,6 +82,8 @@ class AgentSession:
     # the last answered request's messages and its answer (a retry of it gets the answer replayed)
     answered: tuple[list[Message], Any] | None = None
     claimed: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    requests: int = 0  # chat completions taken (each one sampled turn)
+    retries: int = 0  # repeated requests answered with the recorded answer
 
     def finish(self) -> None:
         """No request is taken any more; a request still waiting gets 404."""

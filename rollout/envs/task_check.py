@@ -48,15 +48,20 @@ def child_environment(env: Mapping[str, str]) -> dict[str, str]:
 def _what(task: TaskSpec) -> str:
     if task.environment is not None:
         return f"spec.task.environment {task.environment!r}"
+    if task.agent is not None:
+        return f"spec.task.agent {task.agent!r}"
     if task.reward is not None:
         return f"spec.task.reward {task.reward!r}"
     return "spec.task"
 
 
 def runs_user_code(task: TaskSpec) -> bool:
-    """Whether binding ``spec.task`` imports the user's code: an ``environment`` or a ``reward`` import path (a
-    built-in task, or a dataset scored by a ``rewardService``, runs asyncrl's code only)."""
-    return task.environment is not None or task.reward is not None
+    """Whether binding ``spec.task`` imports the user's code: an ``environment``, ``agent`` or ``reward`` import path
+    (a built-in task, a dataset scored by a ``rewardService`` or an external agent runs asyncrl's code only)."""
+    from asyncrl.api.agent import EXTERNAL
+
+    return (task.environment is not None or task.reward is not None
+            or (task.agent is not None and task.agent != EXTERNAL))
 
 
 def check_task(task: TaskSpec, *, workers: int = 1, seed: int = 0, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:

@@ -44,6 +44,12 @@ def set_sync_phase(m: DriverMetrics, phase: str) -> None:
 def count_rollouts(m: DriverMetrics, trajs: Sequence[Trajectory]) -> None:
     """Count one generate call's trajectories (status, partial, success, reward, tokens by kind)."""
     for t in trajs:
+        agent = t.info.get("agent")
+        if isinstance(agent, dict):  # an agent session's counts travel on its last branch (rollout/agent/)
+            m.agent_sessions.inc()
+            m.agent_requests.inc(int(agent.get("requests", 0)))
+            m.agent_retries.inc(int(agent.get("retries", 0)))
+            m.agent_prefix_mismatch.inc(int(agent.get("branches", 0)))
         # INTERRUPTED snapshots are never handed to the driver by generate(); count one as aborted.
         m.trajectories.labels(t.status.value if t.status.value in TRAJECTORY_STATUSES else "aborted").inc()
         if t.status is TrajectoryStatus.ABORTED:

@@ -114,9 +114,24 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "step raised), timeout (past task.envTimeoutSeconds), nonfinite_reward, bad_messages (not chat "
               "messages, or text the tokenizer cannot encode); a reward or environment service (docs/tasks.md): "
               "remote_unreachable (down), remote_timeout, remote_http_error (4xx, or 5xx after the retries), "
-              "remote_bad_response (not the protocol's JSON).",
+              "remote_bad_response (not the protocol's JSON); an OpenAI-API agent (docs/agents.md): agent_exception "
+              "(raised, or returned no number), agent_bad_request (a malformed or oversized request or reward), "
+              "agent_no_request (ended without calling the model), agent_no_reward (returned None with no "
+              "task.reward to score it).",
               labels=(("reason", ENV_ERROR_REASONS),),
               ratio="environment error ratio = env_errors / trajectories"),
+    MetricDef("agent_sessions", "counter", "asyncrl_agent_sessions_total",
+              "Agent sessions (episodes of spec.task.agent) that ended and reached the driver."),
+    MetricDef("agent_requests", "counter", "asyncrl_agent_requests_total",
+              "Chat-completion requests of ended agent sessions, each one sampled assistant turn.",
+              ratio="turns per session = agent_requests / agent_sessions"),
+    MetricDef("agent_retries", "counter", "asyncrl_agent_retries_total",
+              "Repeated requests (an SDK retry after a timeout or a lost answer) answered with the recorded turn, "
+              "never sampled again."),
+    MetricDef("agent_prefix_mismatch", "counter", "asyncrl_agent_prefix_mismatch_total",
+              "Requests that did not extend their session's conversation (the harness edited or truncated the "
+              "history): each starts a new branch, trained as its own trajectory.",
+              ratio="branch ratio = agent_prefix_mismatch / agent_requests"),
     MetricDef("worker_replacements", "counter", "asyncrl_worker_replacements_total",
               "Processes of the job that died and were replaced while the job continued, by role "
               "(rollout: a rollout worker; oldlogits: a dedicated old-logit scorer).",
