@@ -5,7 +5,8 @@ No API calls, no clock and no randomness here (the job's Ray token comes in from
 cluster: the driver pod runs the Ray head and the job driver; rollout, actor and old-logit pods join
 it as workers with a custom Ray resource named after their role (actor pod ``i`` one unit of ``actor`` and
 of ``actor-<i>`` per rank it hosts: :func:`actor_ray_resources`). Hardening, gang scheduling, the
-NetworkPolicy and the /dev/shm rule are in :mod:`asyncrl.operator.pod_policy`.
+NetworkPolicy and the /dev/shm rule are in :mod:`asyncrl.operator.pod_policy`; the agent endpoint's
+port, environment, Service and NetworkPolicy (``spec.task.agent``) in :mod:`asyncrl.operator.agent_endpoint`.
 
 Start-up order, as KubeRay's: a worker pod's init container (``asyncrl probe gcs``) waits until the
 head's GCS answers; its readiness probe (``asyncrl probe joined``) means "this pod's raylet is an
@@ -37,7 +38,7 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.old_logits import OldLogitStrategy
 from asyncrl.api.pods import EnvVar, GangScheduler, PodOverrides, Resources, Toleration
 from asyncrl.api.task_services import header_env
-from asyncrl.operator import driver_pod, names, pod_policy
+from asyncrl.operator import agent_endpoint, driver_pod, names, pod_policy
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.names import Role
 from asyncrl.operator.pod_policy import GPU_RESOURCE, add_memory, quantity_bytes
@@ -88,6 +89,21 @@ class Child:
     kind: str
     name: str
     manifest: dict[str, Any]
+    follows_spec: bool = False
+    """Patched to the desired ``spec`` when the server's differs (the agent endpoint's Service and
+    NetworkPolicy); the others are created once (the ConfigMap's data and a PodGroup follow by kind)."""
+    note: str = ""
+    """Said in the event of its creation (e.g. the agent endpoint's URL)."""
+
+
+@dataclass(frozen=True)
+class Unwanted:
+    """A child the job may have made under an earlier spec and this one does not want: deleted if it is ours."""
+
+    kind: str
+    name: str
+    why: str
+    api_version: str = "v1"
 
 
 @dataclass(frozen=True)
@@ -98,16 +114,23 @@ class Desired:
     children: list[Child]
     spec_hash: str = ""
     """:func:`spec_hash` of the spec the pods were built from (also their ``names.ANNOTATION_SPEC_HASH``)."""
+    unwanted: list[Unwanted] = field(default_factory=list)
+    """Optional children this spec does not want (:func:`unwanted_children`)."""
 
 
 # ---------------------------------------------------------------- pods
 
 def spec_hash(spec: AsyncRLJobSpec) -> str:
     """sha256 (first 16 hex digits) of the pod-shaping spec: everything but ``runPolicy`` and
-    ``monitoring.maskGuard`` (those change what the operator does, not what the pods are)."""
+    ``monitoring.maskGuard`` (those change what the operator does, not what the pods are), and
+    ``task.agent``/``task.endpoint`` when the agent is unset (an endpoint nobody serves shapes no pod)."""
     doc = spec.to_spec_dict()
     doc.pop("runPolicy", None)
     doc.get("monitoring", {}).pop("maskGuard", None)
+    task = doc.get("task", {})
+    if task.get("agent") is None:  # no endpoint: the hash of an operator before task.agent (an upgrade restarts nothing)
+        task.pop("agent", None)
+        task.pop("endpoint", None)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
@@ -147,8 +170,10 @@ def _ray_env(job: JobRef) -> list[dict[str, Any]]:
     ]
 
 
-def _env(job: JobRef, role: Role, index: int, extra: dict[str, str], user: list[EnvVar]) -> list[dict[str, Any]]:
-    """Ours first, then the role's ``template.env`` (validation refuses ASYNCRL_* and RAY_* there)."""
+def _env(job: JobRef, role: Role, index: int, extra: dict[str, str], user: list[EnvVar],
+         entries: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Ours first (then ``entries``, whole env entries such as a downward-API value), then the role's
+    ``template.env`` (validation refuses ASYNCRL_* and RAY_* there)."""
     ours = {
         C.ENV_JOB_NAME: job.name,
         C.ENV_JOB_NAMESPACE: job.namespace,
@@ -159,6 +184,7 @@ def _env(job: JobRef, role: Role, index: int, extra: dict[str, str], user: list[
     }
     return [
         *({"name": k, "value": v} for k, v in ours.items()),
+        *(entries or ()),
         *_ray_env(job),
         *(e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in user),
     ]
@@ -246,6 +272,8 @@ def _pod(
     spec_digest: str,
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """One pod of ``role``. A rollout pod of a job with ``spec.task.agent`` also gets the agent endpoint's
+    port and environment (:mod:`asyncrl.operator.agent_endpoint`)."""
     name = names.pod_name(job.name, role, index)
     gang = spec.scheduling.gang_scheduler
     gang_labels, gang_annotations = pod_policy.gang_metadata(gang, names.pod_group_name(job.name))
@@ -286,6 +314,9 @@ def _pod(
         mounts += [driver_pod.relay_mount(), *task_mounts]
         volumes += [driver_pod.status_relay_volume(), driver_pod.status_token_volume(), *task_volumes]
     ports = [{"name": "metrics", "containerPort": spec.monitoring.port}]
+    serves_agent = role is Role.ROLLOUT and agent_endpoint.enabled(spec)
+    if serves_agent:
+        ports.append(agent_endpoint.rollout_port(spec))
     if role is Role.DRIVER:
         ports += [
             {"name": "gcs", "containerPort": PORT_GCS},
@@ -299,7 +330,8 @@ def _pod(
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": _command(job, role, gpus, resources.cpu, memory, ray_resources),
-        "env": [*_env(job, role, index, {**checkpoint_env, **(extra_env or {})}, overrides.env),
+        "env": [*_env(job, role, index, {**checkpoint_env, **(extra_env or {})}, overrides.env,
+                      agent_endpoint.rollout_env(spec) if serves_agent else None),
                 # a service's headersFrom Secrets where the task is built (driver's check) and called (rollout)
                 *(header_env(spec.task) if role in (Role.DRIVER, Role.ROLLOUT) else ())],
         "ports": ports,
@@ -435,8 +467,9 @@ def ray_token_secret(job: JobRef, token: str) -> Child:
 def desired_children(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings,
                      pods: dict[str, PodSlot], *, ray_token: str | None = None) -> list[Child]:
     """In creation order: the Ray token Secret (only with ``ray_token``), the ConfigMap (validated
-    spec), the headless Service, the NetworkPolicy, the driver's status-reporting identity, and the
-    PodGroup of the gang scheduler (only with one)."""
+    spec), the headless Service, the NetworkPolicy, the driver's status-reporting identity, the
+    agent endpoint's Service and NetworkPolicy (only with ``spec.task.agent``, the policy only with
+    ``allowFrom``: :func:`agent_children`), and the PodGroup of the gang scheduler (only with one)."""
     sa = names.status_account_name(job.name)
     ports = [
         {"name": "gcs", "port": PORT_GCS, "targetPort": PORT_GCS},
@@ -477,6 +510,7 @@ def desired_children(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettin
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}],
         }),
     ]
+    children += agent_children(job, spec)
     gang = spec.scheduling.gang_scheduler
     if gang is not GangScheduler.NONE:
         group = names.pod_group_name(job.name)
@@ -486,6 +520,25 @@ def desired_children(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettin
             priority_class_name=spec.scheduling.priority_class_name,
         )))
     return children
+
+
+def agent_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Child]:
+    """The agent endpoint's Service (with ``spec.task.agent``) and NetworkPolicy (with ``allowFrom`` too)."""
+    if not agent_endpoint.enabled(spec):
+        return []
+    svc, netpol = names.agent_service_name(job.name), names.agent_network_policy_name(job.name)
+    out = [Child("Service", svc, agent_endpoint.service(_meta(job, svc), job.name, spec), follows_spec=True,
+                 note=f"the agent endpoint: {agent_endpoint.url(job.name, job.namespace, spec)}/v1")]
+    if agent_endpoint.admits_peers(spec):
+        out.append(Child("NetworkPolicy", netpol, agent_endpoint.network_policy(_meta(job, netpol), job.name, spec),
+                         follows_spec=True, note=f"admits spec.task.endpoint.allowFrom to port "
+                         f"{spec.task.endpoint.port} of the rollout pods"))
+    return out
+
+
+def unwanted_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Unwanted]:
+    """The optional children an earlier spec of this job may have made and this one does not want."""
+    return [Unwanted(kind, name, why, api) for kind, name, api, why in agent_endpoint.unwanted(job.name, spec)]
 
 
 def desired(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, epoch: int, *,
@@ -498,4 +551,4 @@ def desired(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, epoch
     """
     pods = desired_pods(job, spec, settings, epoch)
     return Desired(pods=pods, children=desired_children(job, spec, settings, pods, ray_token=ray_token),
-                   spec_hash=spec_hash(spec))
+                   spec_hash=spec_hash(spec), unwanted=unwanted_children(job, spec))

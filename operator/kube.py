@@ -25,6 +25,7 @@ SUPPORTED_KINDS = (*_CORE, *_RBAC, *_NETWORKING, *_CUSTOM_PLURALS)
 # Kinds read as metadata only: the operator never needs (nor should hold) a Secret's data.
 METADATA_ONLY = frozenset({"Secret"})
 _METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+MERGE_PATCH = "application/merge-patch+json"
 
 
 def _json(resp: Any) -> dict[str, Any]:
@@ -135,7 +136,12 @@ class Kube:
                                                        _preload_content=False)
             return
         api, noun = self._api(kind)
-        getattr(api, f"patch_namespaced_{noun}")(name, namespace, body, _preload_content=False)
+        # A JSON merge patch (RFC 7386), as for the custom kinds: lists are replaced whole, so a Service's ports
+        # and a NetworkPolicy's rules become exactly the desired ones. The client's default for a dict body on
+        # a built-in kind is a strategic merge, which merges a Service's ports by number: a changed port would
+        # be added next to the old one.
+        getattr(api, f"patch_namespaced_{noun}")(name, namespace, body, _preload_content=False,
+                                                 _content_type=MERGE_PATCH)
 
     def delete(self, kind: str, namespace: str, name: str, grace_period_seconds: int | None = None,
                api_version: str = "v1") -> None:

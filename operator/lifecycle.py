@@ -52,7 +52,7 @@ from asyncrl.api.status import (
 )
 from asyncrl.api.validation import SpecError
 from asyncrl.operator import names
-from asyncrl.operator.builders import Desired
+from asyncrl.operator.builders import Child, Desired
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.names import Role
 from asyncrl.operator.observed import (
@@ -251,7 +251,8 @@ class _Planner:
                 self.out.requeue(ttl - done)
 
     def _ensure_children(self) -> None:
-        """Create missing children; patch only our own (never a Secret); report names taken by others."""
+        """Create missing children; patch only our own (never a Secret); report names taken by others;
+        delete our own children the spec no longer wants (another owner's object of that name is left alone)."""
         assert self.desired is not None
         if self.obs.children is None:
             return
@@ -262,15 +263,21 @@ class _Planner:
             seen = self.obs.children.get((child.kind, child.name))
             api_version = child.manifest.get("apiVersion", "v1")
             if seen is None:
+                note = f": {child.note}" if child.note else ""
                 self.out.actions.append(Action("create", child.kind, child.name, child.manifest,
-                                               f"Created{child.kind}", f"created {child.kind} {child.name}",
+                                               f"Created{child.kind}", f"created {child.kind} {child.name}{note}",
                                                api_version))
             elif not owned_by(seen, uid):
                 self.conflicts.append(f"{child.kind}/{child.name} exists and is owned by {owner_of(seen)}; "
                                       "rename the job or delete it")
-            elif (patch := _child_patch(child.kind, seen, child.manifest)) is not None:
+            elif (patch := _child_patch(child, seen)) is not None:
                 self.out.actions.append(Action("patch", child.kind, child.name, patch,
                                                f"Updated{child.kind}", "job spec changed", api_version))
+        for gone in self.desired.unwanted:
+            seen = self.obs.children.get((gone.kind, gone.name))
+            if seen is not None and owned_by(seen, uid) and not (seen.get("metadata") or {}).get("deletionTimestamp"):
+                self.out.actions.append(Action("delete", gone.kind, gone.name, None, f"Deleted{gone.kind}",
+                                               f"deleted {gone.kind} {gone.name}: {gone.why}", gone.api_version))
 
     @property
     def conflicted(self) -> bool:
@@ -670,12 +677,14 @@ def _triple(cond: Condition | None) -> tuple[str, str, str]:
     return ("Unknown", "", "") if cond is None else (cond.status, cond.reason, cond.message)
 
 
-def _child_patch(kind: str, seen: dict[str, Any], want: dict[str, Any]) -> dict[str, Any] | None:
+def _child_patch(child: Child, seen: dict[str, Any]) -> dict[str, Any] | None:
     """The merge patch that brings one of our children up to date, or None. A Secret is never
-    patched (nor its data read); a PodGroup follows the gang's size; others are created once."""
+    patched (nor its data read); a PodGroup follows the gang's size, a ``follows_spec`` child (the agent
+    endpoint's Service and NetworkPolicy) every field of ``spec`` it sets; others are created once."""
+    kind, want = child.kind, child.manifest
     if kind == "ConfigMap" and seen.get("data") != want.get("data"):
         return {"data": want.get("data")}
-    if kind == "PodGroup":
+    if kind == "PodGroup" or child.follows_spec:
         have = seen.get("spec") or {}
         if any(have.get(k) != v for k, v in (want.get("spec") or {}).items()):
             return {"spec": want.get("spec")}

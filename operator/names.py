@@ -75,6 +75,18 @@ def network_policy_name(job: str) -> str:
     return job
 
 
+def agent_service_name(job: str) -> str:
+    """ClusterIP Service in front of the rollout pods' agent endpoint (only with ``spec.task.agent``):
+    an external harness opens sessions at ``http://<job>-agent.<namespace>.svc:<endpoint.port>``."""
+    return f"{job}-agent"
+
+
+def agent_network_policy_name(job: str) -> str:
+    """NetworkPolicy admitting ``spec.task.endpoint.allowFrom`` to the rollout pods' agent port (only with
+    ``spec.task.agent`` and a non-empty ``allowFrom``)."""
+    return f"{job}-agent"
+
+
 def pod_group_name(job: str) -> str:
     """PodGroup of the gang scheduler (volcano or coscheduling): all pods or none."""
     return job
@@ -83,6 +95,11 @@ def pod_group_name(job: str) -> str:
 def selector(job: str) -> dict[str, str]:
     """Label selector of every child of ``job``."""
     return {LABEL_JOB: job}
+
+
+def role_selector(job: str, role: Role) -> dict[str, str]:
+    """Label selector of the pods of one role of ``job``."""
+    return {LABEL_JOB: job, LABEL_ROLE: role.value}
 
 
 def selector_string(job: str) -> str:

@@ -17,6 +17,10 @@ the annotation ``scheduling.k8s.io/group-name``; ``coscheduling`` -- the schedul
 ``spec.scheduling.schedulerName`` overrides either scheduler name. ``minMember`` is every pod of the
 job and ``minResources`` the sum of their requests: all pods start together or none does.
 
+Network. The job's NetworkPolicy admits only the job's own pods (and Prometheus on the metrics
+port); with ``spec.task.agent`` and ``spec.task.endpoint.allowFrom``, a second one admits those peers
+to the rollout pods' agent port (:func:`agent_network_policy`). Egress stays open.
+
 /dev/shm. Ray's object store lives in /dev/shm (30 % of the pod's memory by default; Ray falls back
 to slow disk when /dev/shm is smaller) and NCCL and torch share buffers through it; the container
 runtime's default is 64 MiB. Each pod gets a memory-backed emptyDir with ``sizeLimit`` = half the
@@ -29,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from asyncrl.api import constants as C
+from asyncrl.api.agent import EndpointPeer
 from asyncrl.api.kube_types import KubeModel, SecurityContext
 from asyncrl.api.pods import GangScheduler
 
@@ -205,4 +210,32 @@ def network_policy(metadata: dict[str, Any], job_selector: Mapping[str, str], *,
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
         "spec": {"podSelector": {"matchLabels": dict(job_selector)}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def endpoint_peer(peer: EndpointPeer) -> dict[str, Any]:
+    """One ``spec.task.endpoint.allowFrom`` entry as a NetworkPolicy ``from`` peer, as given: an empty
+    selector stays ``{}`` (every pod / every namespace), an ``ipBlock`` keeps its ``except`` ranges."""
+    out: dict[str, Any] = {}
+    for key, selector in (("podSelector", peer.pod_selector), ("namespaceSelector", peer.namespace_selector)):
+        if selector is not None:
+            out[key] = {"matchLabels": dict(selector.match_labels)} if selector.match_labels else {}
+    if peer.ip_block is not None:
+        block: dict[str, Any] = {"cidr": peer.ip_block.cidr}
+        if peer.ip_block.except_:
+            block["except"] = list(peer.ip_block.except_)
+        out["ipBlock"] = block
+    return out
+
+
+def agent_network_policy(metadata: dict[str, Any], rollout_selector: Mapping[str, str],
+                         peers: Iterable[EndpointPeer], *, port: int) -> dict[str, Any]:
+    """Ingress to the rollout pods ``rollout_selector`` picks, on the agent endpoint's ``port`` only, from
+    ``peers`` (``spec.task.endpoint.allowFrom``). NetworkPolicies add up: the job's own policy still
+    admits the job's pods everywhere, this one adds these peers here and nowhere else."""
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
+        "spec": {"podSelector": {"matchLabels": dict(rollout_selector)}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [endpoint_peer(p) for p in peers],
+                              "ports": [{"protocol": "TCP", "port": port}]}]},
     }

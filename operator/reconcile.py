@@ -157,7 +157,8 @@ class Reconciler:
 
     def observe(self, ref: builders.JobRef, desired: builders.Desired | None, children: bool = True,
                 remembered: list[str] | None = None) -> Observed:
-        """List the job's pods and, when ``children``, read each desired child (one GET each).
+        """List the job's pods and, when ``children``, read each desired child and each unwanted one
+        (one GET each).
         ``remembered``: ``status.disruptedPods`` (``<pod>@<epoch>``) as the last reconcile wrote it."""
         manifests = self.kube.list_pods(ref.namespace, names.selector_string(ref.name))
         for m in manifests:
@@ -179,10 +180,12 @@ class Reconciler:
         if not children or desired is None:
             return Observed(pods, None, foreign, disrupted, vanished)
         found: dict[tuple[str, str], dict[str, Any]] = {}
-        for child in desired.children:
-            obj = self.kube.get(child.kind, ref.namespace, child.name, child.manifest.get("apiVersion", "v1"))
+        # the desired children, and the optional ones this spec does not want (an earlier spec's: deleted)
+        wanted = [(c.kind, c.name, c.manifest.get("apiVersion", "v1")) for c in desired.children]
+        for kind, name, api_version in [*wanted, *((u.kind, u.name, u.api_version) for u in desired.unwanted)]:
+            obj = self.kube.get(kind, ref.namespace, name, api_version)
             if obj is not None:
-                found[(child.kind, child.name)] = obj
+                found[(kind, name)] = obj
         return Observed(pods, found, foreign, disrupted, vanished)
 
     def reconcile(self, namespace: str, name: str, children: bool = True) -> Plan | None:
