@@ -112,7 +112,10 @@ def test_rbac_is_least_privilege(helm: str) -> None:
     assert verbs_on(rules, "asyncrl.io", "asyncrljobs/finalizers") == {"update"}
     # the job's Ray token: created once, read back as metadata only -- never listed, watched or changed
     assert verbs_on(rules, "", "secrets") == {"get", "create"}
-    assert verbs_on(rules, "networking.k8s.io", "networkpolicies") == {"get", "create"}
+    # the agent endpoint's <job>-agent Service and NetworkPolicy follow the spec (patched, deleted when dropped)
+    assert verbs_on(rules, "networking.k8s.io", "networkpolicies") == {"get", "create", "patch", "delete"}
+    assert verbs_on(rules, "", "services") == {"get", "create", "patch", "delete"}
+    assert verbs_on(rules, "", "serviceaccounts") == {"get", "create"}
     for group in ("scheduling.volcano.sh", "scheduling.x-k8s.io"):  # PodGroups follow the gang's size
         assert verbs_on(rules, group, "podgroups") == {"get", "create", "patch"}
     assert "update" not in verbs_on(rules, "", "pods") and "escalate" not in verbs_on(rules, "rbac.authorization.k8s.io",

@@ -66,15 +66,21 @@ app.kubernetes.io/part-of: asyncrl
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
 - apiGroups: [""]
-  resources: ["services", "serviceaccounts"]
+  resources: ["serviceaccounts"]
   verbs: ["get", "create"]
+# services and networkpolicies: a job's headless Service and NetworkPolicy are created once; the agent
+# endpoint's <job>-agent Service and NetworkPolicy (spec.task.agent) follow the spec: patched on an edit,
+# deleted when the spec drops them (only the job's own, by owner uid), so a peer taken out of allowFrom loses access
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "patch", "delete"]
 # the job's Ray token Secret: created once and read back as metadata only; never listed, watched or changed
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "patch", "delete"]
 # the gang scheduler's PodGroup (volcano or scheduler-plugins coscheduling); it follows the gang's size
 - apiGroups: ["scheduling.volcano.sh", "scheduling.x-k8s.io"]
   resources: ["podgroups"]
