@@ -210,9 +210,9 @@ class RolloutWorker:
     def _start(self, tid: str, gid: str, sample: Sample) -> Episode | None:
         """A new episode of ``sample``; None when its environment failed to start (kept in ``_failed``)."""
         try:
-            if self.agent is not None:
-                return self.agent.start_episode(tid, gid, dict(sample), self.tokenizer, self.runner,
-                                                self.binding.tool_call_format)
+            if self.agent is not None:  # starts once its first request is there (_agent_ready)
+                self.agent.open(tid, gid, dict(sample), self.tokenizer, self.runner, self.binding.tool_call_format)
+                return None
             try:
                 env = self.binding.new_env()
             except Exception as exc:
@@ -221,14 +221,46 @@ class RolloutWorker:
                                   tool_call_format=self.binding.tool_call_format)
             return Episode.start(tid, gid, adapter, random.Random(0))  # the sample decides, not the rng
         except EnvFault as fault:
-            with self._lock:
-                self._env_errors[fault.reason] += 1
-            self._failed.append(Trajectory(
-                traj_id=tid, group_id=gid, task=self.binding.name, tokens=[], prompt_len=0, loss_mask=[],
-                versions=[], logp_mu=[], turn_ids=[], status=TrajectoryStatus.ABORTED,
-                info={"env_error": fault.reason, "end_reason": str(fault)},
-            ))
+            self._start_failed(tid, gid, fault)
             return None
+
+    def _agent_generate(self, episodes: list[Episode]) -> list[Trajectory]:
+        """``generate`` for agent sessions, in rounds: sessions start as their first requests arrive, a branch's next
+        episode joins the next round, until every session this call opened has ended or an interrupt (or a hold)
+        stopped the engine. ``episodes`` is left holding the unfinished ones (they stay suspended)."""
+        assert self.agent is not None
+        out: list[Trajectory] = []
+        live = list(episodes)
+        live += self._agent_ready(block=not live, prefix="w")  # training sessions only (evaluate() takes its own)
+        while True:
+            self.engine.generate(live, max_new_tokens=self.task_spec.max_new_tokens,
+                                 temperature=self.task_spec.temperature, partial_rollout=self.partial_rollout)
+            interrupted = any(not e.done for e in live)  # the engine returns with episodes in flight only then
+            finished, branches = self.agent.settle([e for e in live if e.done])
+            out += finished
+            live = [e for e in live if not e.done] + branches
+            if interrupted or getattr(self.engine, "held", False) or not (live or self.agent.pending_with("w")):
+                break
+            live += self._agent_ready(block=not live, prefix="w")
+        episodes[:] = live
+        return out
+
+    def _agent_ready(self, *, block: bool, prefix: str = "") -> list[Episode]:
+        """Episodes of agent sessions whose first request arrived; failed starts go to ``_failed`` (counted)."""
+        assert self.agent is not None
+        started, failed = self.agent.take_ready(block=block, prefix=prefix)
+        for tid, gid, fault in failed:
+            self._start_failed(tid, gid, fault)
+        return started
+
+    def _start_failed(self, tid: str, gid: str, fault: EnvFault) -> None:
+        with self._lock:
+            self._env_errors[fault.reason] += 1
+        self._failed.append(Trajectory(
+            traj_id=tid, group_id=gid, task=self.binding.name, tokens=[], prompt_len=0, loss_mask=[],
+            versions=[], logp_mu=[], turn_ids=[], status=TrajectoryStatus.ABORTED,
+            info={"env_error": fault.reason, "end_reason": str(fault)},
+        ))
 
     def generate(self, n_groups: int) -> list[Trajectory]:
         """Resume suspended episodes, then sample ``n_groups`` new groups of ``task.groupSize``.
@@ -244,15 +276,19 @@ class RolloutWorker:
             self._idle += start - self._last_end
             self._busy_since = start
         episodes, self._suspended = self._suspended, []
+        agent_done: list[Trajectory] = []
         try:
             for _ in range(n_groups):
                 episodes.extend(self._new_group())
-            self.engine.generate(
-                episodes,
-                max_new_tokens=self.task_spec.max_new_tokens,
-                temperature=self.task_spec.temperature,
-                partial_rollout=self.partial_rollout,
-            )
+            if self.agent is not None:
+                agent_done = self._agent_generate(episodes)
+            else:
+                self.engine.generate(
+                    episodes,
+                    max_new_tokens=self.task_spec.max_new_tokens,
+                    temperature=self.task_spec.temperature,
+                    partial_rollout=self.partial_rollout,
+                )
         except RolloutError:
             with self._lock:
                 self._c["aborted"] += len(episodes)
@@ -272,17 +308,15 @@ class RolloutWorker:
                 self._last_end = end
                 self._busy_since = None
         self._suspended = [e for e in episodes if not e.done]
-        if self.agent is not None:  # branches: a superseded one waits for its session's reward, the next one resumes
-            finished, branches = self.agent.settle([e for e in episodes if e.done])
-            self._suspended.extend(branches)
-            done = [t for t in finished]
-        else:
-            done = [e.to_trajectory() for e in episodes if e.done]
+        done = agent_done if self.agent is not None else [e.to_trajectory() for e in episodes if e.done]
         failed, self._failed = self._failed, []
         with self._lock:
             for e in episodes:
                 if e.done and e.env_error:
                     self._env_errors[e.env_error] += 1
+            for t in agent_done:  # an agent session's episodes left ``episodes`` as they ended
+                if t.status is TrajectoryStatus.ABORTED and t.info.get("env_error") in self._env_errors:
+                    self._env_errors[t.info["env_error"]] += 1
             self._c["aborted"] += len(failed) + sum(t.status is TrajectoryStatus.ABORTED for t in done)
             for t in done:
                 if t.status is TrajectoryStatus.ABORTED:
@@ -321,10 +355,20 @@ class RolloutWorker:
         failed = {t.traj_id: t for t in self._failed}
         self._failed = [t for t in self._failed if not t.traj_id.startswith("eval-")]
         episodes = [e for e in started if e is not None]
-        self.engine.generate(episodes, max_new_tokens=self.task_spec.max_new_tokens, temperature=temperature,
-                             partial_rollout=False, seed=seed)
-        if self.agent is not None:
+        if self.agent is None:
+            self.engine.generate(episodes, max_new_tokens=self.task_spec.max_new_tokens, temperature=temperature,
+                                 partial_rollout=False, seed=seed)
+        else:  # sessions start as their first requests arrive: generate in rounds until every one has ended
+            while self.agent.pending_with("eval-") or not all(e.done for e in episodes):
+                ready = self._agent_ready(block=all(e.done for e in episodes), prefix="eval-")
+                episodes.extend(ready)
+                self.engine.generate([e for e in episodes if not e.done], max_new_tokens=self.task_spec.max_new_tokens,
+                                     temperature=temperature, partial_rollout=False, seed=seed)
             self.agent.close_evaluation(episodes)
+            by_id = {e.traj_id: e for e in episodes}
+            failed |= {t.traj_id: t for t in self._failed if t.traj_id.startswith("eval-")}
+            self._failed = [t for t in self._failed if not t.traj_id.startswith("eval-")]
+            started = [by_id.get(f"eval-v{version}-p{first + k}") for k in range(len(problems))]
         out = [e.to_trajectory() if e is not None else failed[f"eval-v{version}-p{first + k}"]
                for k, e in enumerate(started)]
         undone = [e.traj_id for e in episodes if not e.done]
@@ -364,7 +408,7 @@ class RolloutWorker:
 
     @property
     def suspended(self) -> int:
-        return len(self._suspended)
+        return len(self._suspended) + (self.agent.pending if self.agent is not None else 0)
 
     def suspended_episodes(self) -> list[Episode]:
         """The suspended episodes themselves (interrupt-sync scores their prefixes in place); only

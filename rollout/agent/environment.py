@@ -149,17 +149,20 @@ class AgentEnvironment:
         return env
 
     # ------------------------------------------------------------------ the turn-level environment
+    def open(self, sample: Sample) -> AgentSession:
+        """Open the session (returns at once): start the agent function, or wait for a harness to take it."""
+        s = self.session = self.endpoint.sessions.open(sample, self.traj_id, external=self.agent is None)
+        if self.agent is not None:
+            assert self.loop is not None, "AgentEnvironment: an agent function needs an AgentLoop"
+            self._agent_future = self.loop.start(
+                _run_agent(self.agent, self.endpoint.base_url, s.key, sample, max(600.0, 20 * self.timeout_s)))
+            self._agent_future.add_done_callback(lambda f: self._agent_done(s, f))
+        return s
+
     async def reset(self, sample: Sample) -> Reset:
         if self._first is None:
-            s = self.session = self.endpoint.sessions.open(sample, self.traj_id, external=self.agent is None)
-            if self.agent is not None:
-                assert self.loop is not None, "AgentEnvironment: an agent function needs an AgentLoop"
-                self._agent_future = self.loop.start(
-                    _run_agent(self.agent, self.endpoint.base_url, s.key, sample, max(600.0, 20 * self.timeout_s)))
-                self._agent_future.add_done_callback(lambda f: self._agent_done(s, f))
-            else:
-                await asyncio.wrap_future(s.claimed)  # under envTimeoutSeconds: a harness takes it, or it times out
-            ev = await s.mailbox.get()
+            s = self.session if self.session is not None else self.open(sample)
+            ev = await s.mailbox.get()  # under envTimeoutSeconds: the agent's first request (or its end)
         else:
             ev = self._first
         if ev.kind != "request":

@@ -11,6 +11,7 @@ same reward; the staleness buffer counts a group's members without them (``train
 
 import os
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,18 @@ def bind_address(worker_index: int) -> tuple[str, int]:
 
 
 @dataclass
+class _Pending:
+    tid: str
+    gid: str
+    sample: Sample
+    env: AgentEnvironment
+    tokenizer: Tokenizer
+    runner: EnvRunner | None
+    fmt: str
+    opened: float
+
+
+@dataclass
 class AgentHost:
     """The endpoint, the agent loop and the branch bookkeeping of one rollout worker."""
 
@@ -49,6 +62,9 @@ class AgentHost:
     timeout_s: float
     name: str = "agent"
     _held: dict[str, list[Trajectory]] = field(default_factory=dict)  # session id -> its superseded branches
+    _pending: list["_Pending"] = field(default_factory=list)  # sessions opened, first request not there yet
+    _carry: list[Episode] = field(default_factory=list)  # started while take_ready waits for the others
+    _carry_failed: list[tuple[str, str, EnvFault]] = field(default_factory=list)
 
     @classmethod
     def start(cls, task: AgentTask, *, model_name: str, worker_index: int, timeout_s: float,
@@ -68,12 +84,64 @@ class AgentHost:
             env.close("the episode could not start")
             raise
 
-    def start_episode(self, tid: str, gid: str, sample: Sample, tokenizer: Tokenizer, runner: EnvRunner | None,
-                      fmt: str) -> Episode:
-        """A new session's first episode (``reset`` waits for the agent's first request); ``EnvFault`` when it fails."""
+    def open(self, tid: str, gid: str, sample: Sample, tokenizer: Tokenizer, runner: EnvRunner | None,
+             fmt: str) -> None:
+        """Open a session for a new episode and return at once: the episode starts once the agent's first request
+        is there (:meth:`take_ready`), so a harness that serves its sessions one after another never waits for a
+        session the worker has not started generating yet."""
         env = AgentEnvironment(self.endpoint, self.task.fn, scorer=self.task.scorer, traj_id=tid,
                                timeout_s=self.timeout_s, loop=self.loop)
-        return self._episode(tid, gid, env, sample, tokenizer, runner, fmt)
+        env.open(sample)
+        self._pending.append(_Pending(tid, gid, dict(sample), env, tokenizer, runner, fmt, time.monotonic()))
+
+    @property
+    def pending(self) -> int:
+        """Sessions opened whose first request has not arrived."""
+        return len(self._pending)
+
+    def pending_with(self, prefix: str) -> int:
+        return sum(p.tid.startswith(prefix) for p in self._pending)
+
+    def take_ready(self, *, block: bool, prefix: str = "") -> tuple[list[Episode], list[tuple[str, str, EnvFault]]]:
+        """The episodes of opened sessions whose first request (or fault) arrived, and the starts that failed
+        ``(traj id, group id, fault)``; a session with nothing after ``envTimeoutSeconds`` fails (``timeout``).
+        ``block``: wait until at least one session is there (or failed). Only sessions whose trajectory id starts with
+        ``prefix`` are looked at (an evaluation takes its own sessions only)."""
+        while True:
+            self.endpoint.sessions.wake.clear()
+            started: list[Episode] = []
+            failed: list[tuple[str, str, EnvFault]] = []
+            keep: list[_Pending] = []
+            now = time.monotonic()
+            for p in self._pending:
+                s = p.env.session
+                if not p.tid.startswith(prefix):
+                    keep.append(p)
+                elif s is not None and s.mailbox.ready():
+                    try:
+                        started.append(self._episode(p.tid, p.gid, p.env, p.sample, p.tokenizer, p.runner, p.fmt))
+                    except EnvFault as fault:
+                        failed.append((p.tid, p.gid, fault))
+                elif now - p.opened > self.timeout_s:
+                    p.env.close("no first request in time")
+                    what = "no harness took the session" if self.task.fn is None else "the agent sent no request"
+                    failed.append((p.tid, p.gid, EnvFault(
+                        "timeout", f"{what} within {self.timeout_s:g} s (spec.task.envTimeoutSeconds)")))
+                else:
+                    keep.append(p)
+            self._pending = keep
+            mine = [p for p in keep if p.tid.startswith(prefix)]
+            # in-process agents send their first request at once: wait for all of them (one batch, not a trickle);
+            # an external harness may serve its sessions one after another: start with what is there
+            enough = not mine if self.task.fn is not None else (started or failed or not mine)
+            if enough or not block:
+                out, self._carry = self._carry + started, []
+                bad, self._carry_failed = self._carry_failed + failed, []
+                return out, bad
+            self._carry += started
+            self._carry_failed += failed
+            oldest = min(p.opened for p in mine)
+            self.endpoint.sessions.wake.wait(max(0.01, oldest + self.timeout_s - time.monotonic()))
 
     def settle(self, done: Sequence[Episode]) -> tuple[list[Trajectory], list[Episode]]:
         """The trajectories of finished episodes that may leave now, and the episodes of new branches (to resume).
@@ -115,8 +183,15 @@ class AgentHost:
         return held
 
     def abort(self, episodes: Sequence[Episode], snapshots: list[Trajectory]) -> list[Trajectory]:
-        """Suspended episodes dropped for good: close their sessions; their held branches leave ABORTED too."""
+        """Suspended episodes dropped for good: close their sessions; their held branches leave ABORTED too, and so
+        do sessions still waiting for their first request."""
         out = list(snapshots)
+        for p in self._pending:
+            p.env.close("the job dropped the session")
+            out.append(Trajectory(traj_id=p.tid, group_id=p.gid, task=self.name, tokens=[], prompt_len=0,
+                                  loss_mask=[], versions=[], logp_mu=[], turn_ids=[], status=TrajectoryStatus.ABORTED,
+                                  info={"end_reason": "the job dropped the session before its first request"}))
+        self._pending = []
         for e in episodes:
             if isinstance(e.env, AgentAdapter):
                 env = e.env.env

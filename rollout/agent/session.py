@@ -40,10 +40,11 @@ class Event:
 class Mailbox:
     """Events from any thread to one reader (``await get()`` on the reader's loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake: threading.Event | None = None) -> None:
         self._lock = threading.Lock()
         self._items: deque[Event] = deque()
         self._waiter: concurrent.futures.Future[Event] | None = None
+        self._wake = wake  # set on every put (a worker waiting for any of its sessions to start)
 
     def put(self, event: Event) -> None:
         with self._lock:
@@ -51,8 +52,16 @@ class Mailbox:
                 waiter, self._waiter = self._waiter, None
             else:
                 self._items.append(event)
-                return
-        waiter.set_result(event)
+                waiter = None
+        if self._wake is not None:
+            self._wake.set()
+        if waiter is not None:
+            waiter.set_result(event)
+
+    def ready(self) -> bool:
+        """An event waits to be taken."""
+        with self._lock:
+            return bool(self._items)
 
     async def get(self) -> Event:
         with self._lock:
@@ -99,6 +108,7 @@ class SessionTable:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.wake = threading.Event()  # set whenever any session gets an event
         self._by_key: dict[str, AgentSession] = {}
         self._by_id: dict[str, AgentSession] = {}
         self._unclaimed: deque[AgentSession] = deque()
@@ -108,7 +118,8 @@ class SessionTable:
         with self._lock:
             self._n += 1
             s = AgentSession(id=f"sess-{self._n}-{secrets.token_hex(4)}", key=f"sk-asyncrl-{secrets.token_urlsafe(24)}",
-                             sample=dict(sample), traj_id=traj_id, state="unclaimed" if external else "open")
+                             sample=dict(sample), traj_id=traj_id, state="unclaimed" if external else "open",
+                             mailbox=Mailbox(self.wake))
             self._by_key[s.key], self._by_id[s.id] = s, s
             if external:
                 self._unclaimed.append(s)
