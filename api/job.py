@@ -179,6 +179,12 @@ _SCORER_TP = ("(has(self.oldLogits.dedicated.tensorParallel) ? self.oldLogits.de
 _SCORER_GPUS = ("(has(self.oldLogits.dedicated.gpusPerReplica) ? self.oldLogits.dedicated.gpusPerReplica : "
                 f"({_ACTOR_GPUS} > 0 ? {_SCORER_TP} : 0))")
 _DEFAULT_GROUP = TaskSpec.model_fields["group_size"].default
+_DEFAULT_AGENT_PORT = 8100  # AgentEndpointSpec.port's default
+_DEFAULT_METRICS_PORT = 9400  # MonitoringSpec.port's default
+AGENT_PORT_MESSAGE = (
+    "task.endpoint.port is the rollout pods' agent endpoint and must differ from monitoring.port (their /metrics); "
+    "choose another port"
+)
 EXACT_NEEDS_STRATEGY_MESSAGE = (
     "correction.reference 'exact' needs oldLogits.strategy (how the exact old logits are recovered): "
     + ", ".join(s.value for s in list(OldLogitStrategy)[:-1]) + f" or {list(OldLogitStrategy)[-1].value}"
@@ -270,7 +276,21 @@ class AsyncRLJobSpec(SpecModel):
             MINIBATCHES_MESSAGE,
             ".train.minibatches",
         ),
+        CelRule(
+            "!has(self.task) || !has(self.task.agent) || "
+            f"(has(self.task.endpoint) && has(self.task.endpoint.port) ? self.task.endpoint.port : {_DEFAULT_AGENT_PORT})"
+            f" != (has(self.monitoring) && has(self.monitoring.port) ? self.monitoring.port : {_DEFAULT_METRICS_PORT})",
+            AGENT_PORT_MESSAGE,
+            ".task.endpoint.port",
+        ),
     )
+
+    @model_validator(mode="after")
+    def _agent_port_is_its_own(self) -> "AsyncRLJobSpec":
+        if self.task.agent is not None and self.task.endpoint.port == self.monitoring.port:
+            raise RuleError([("task.endpoint.port",
+                              f"{AGENT_PORT_MESSAGE}; both are {self.monitoring.port}")])
+        return self
 
     @model_validator(mode="after")
     def _exact_needs_strategy(self) -> "AsyncRLJobSpec":

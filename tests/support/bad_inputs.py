@@ -41,6 +41,7 @@ from asyncrl.api.dataset import (
 )
 from asyncrl.api.evaluation import EVAL_UNUSED_MESSAGE
 from asyncrl.api.job import (
+    AGENT_PORT_MESSAGE,
     EXACT_NEEDS_STRATEGY_MESSAGE,
     MAX_VERSIONS_MESSAGE,
     MINIBATCHES_MESSAGE,
@@ -329,6 +330,8 @@ BAD_INPUTS: list[BadInput] = [
              "spec.task.environment", REWARD_WITH_ENVIRONMENT_MESSAGE),
     BadInput("agent-with-environment", {"task": {"agent": "my_agent:run", "environment": "pkg.env:Env"}},
              "spec.task.agent", AGENT_WITH_ENVIRONMENT_MESSAGE),
+    BadInput("agent-port-is-the-metrics-port", {"task": {"agent": "external", "endpoint": {"port": 9400}}},
+             "spec.task.endpoint.port", AGENT_PORT_MESSAGE),
     BadInput("agent-not-an-import-path", {"task": {"agent": "my_agent.run"}}, "spec.task.agent", "",
              cli_message="or 'external'"),
     BadInput("agent-peer-empty", {"task": {"agent": "external", "endpoint": {"allowFrom": [{}]}}},
