@@ -11,6 +11,7 @@ same reward; the staleness buffer counts a group's members without them (``train
 
 import os
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,11 +34,24 @@ def bind_address(worker_index: int) -> tuple[str, int]:
     spec = os.environ.get(AGENT_BIND_ENV, "")
     if not spec:
         return "127.0.0.1", 0
-    host, _, port = spec.rpartition(":")
+    host, colon, port = spec.rpartition(":")
     try:
+        if not colon:
+            raise ValueError(spec)
         return host or "0.0.0.0", int(port)
     except ValueError:
         raise ValueError(f"${AGENT_BIND_ENV}={spec!r}: expected host:port, e.g. 0.0.0.0:8100") from None
+
+
+def advertised(url: str | None) -> str | None:
+    """``$ASYNCRL_AGENT_ADVERTISE`` as a base URL: an IPv6 pod address (``http://fd00::5:8100``, as the pod's
+    environment spells it) gets its brackets (``http://[fd00::5]:8100``)."""
+    if not url:
+        return None
+    m = re.fullmatch(r"(https?://)([0-9A-Fa-f:.]+):(\d+)(/.*)?", url)
+    if m and m.group(2).count(":") >= 2:
+        return f"{m.group(1)}[{m.group(2)}]:{m.group(3)}{m.group(4) or ''}"
+    return url
 
 
 @dataclass
@@ -71,7 +85,7 @@ class AgentHost:
               name: str = "agent") -> "AgentHost":
         host, port = bind_address(worker_index)
         limit = getattr(task.endpoint, "max_request_bytes", 4 * 1024 * 1024)
-        endpoint = AgentEndpoint(host=host, port=port, advertise=os.environ.get(AGENT_ADVERTISE_ENV) or None,
+        endpoint = AgentEndpoint(host=host, port=port, advertise=advertised(os.environ.get(AGENT_ADVERTISE_ENV)),
                                  model=model_name, max_request_bytes=limit)
         return cls(task, endpoint, AgentLoop(), timeout_s, name)
 
@@ -214,4 +228,4 @@ class AgentHost:
         return {"base_url": self.endpoint.base_url, **self.endpoint.snapshot()}
 
 
-__all__ = ["AgentHost", "bind_address"]
+__all__ = ["AgentHost", "advertised", "bind_address"]

@@ -299,3 +299,17 @@ def test_an_external_harness_in_another_process_trains_through_sessions() -> Non
     assert len(out) == 4 and all(t.status is TrajectoryStatus.FINISHED and t.reward == 0.25 for t in out)
     assert all(sum(t.loss_mask) == 6 for t in out)
     assert w.agent_counters()["sessions_claimed"] == 4
+
+
+def test_the_cluster_addresses_the_operator_sets_are_read_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncrl.rollout.agent.host import advertised, bind_address
+
+    assert bind_address(0) == ("127.0.0.1", 0)  # a local run: loopback, a free port
+    monkeypatch.setenv("ASYNCRL_AGENT_BIND", "0.0.0.0:8100")
+    assert bind_address(3) == ("0.0.0.0", 8100)
+    monkeypatch.setenv("ASYNCRL_AGENT_BIND", "8100")
+    with pytest.raises(ValueError, match="host:port"):
+        bind_address(0)
+    assert advertised("http://10.1.2.3:8100") == "http://10.1.2.3:8100"
+    assert advertised("http://fd00::5:8100") == "http://[fd00::5]:8100"  # an IPv6 pod address gets its brackets
+    assert advertised("") is None
