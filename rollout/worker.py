@@ -127,7 +127,8 @@ class RolloutWorker:
             from asyncrl.rollout.agent import host
 
             self.agent = host.AgentHost.start(self.binding.agent, model_name=model.preset or "asyncrl-policy",
-                                         worker_index=worker_index, timeout_s=task.env_timeout_seconds)
+                                         worker_index=worker_index, timeout_s=task.env_timeout_seconds,
+                                         temperature=task.temperature)
         self._suspended: list[Episode] = []
         self._failed: list[Trajectory] = []  # episodes whose environment failed at reset (returned next)
         self._env_errors = dict.fromkeys(ENV_ERROR_REASONS, 0)

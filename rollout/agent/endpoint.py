@@ -48,6 +48,7 @@ class EndpointCounters:
     conflicts: int = 0  # a second, different request while one is in flight (409)
     sessions_claimed: int = 0  # external sessions handed to a harness
     sessions_refused: int = 0  # POST /v1/sessions with none waiting (429)
+    sampling_overridden: int = 0  # requests asking for another temperature or a top_p < 1 (sampled as the job says)
 
 
 def _error(exc: RequestError, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -71,15 +72,19 @@ class AgentEndpoint:
         advertise: the base URL sessions hand out (None: ``http://host:port``); in a cluster the pod's address.
         model: the model id ``/v1/models`` lists (any ``model`` a request names is served by this policy).
         max_request_bytes: ``spec.task.endpoint.maxRequestBytes``.
+        temperature: ``spec.task.temperature``; a request asking for another (or for ``top_p`` < 1) is answered at
+            this one and counted (``sampling_overridden``).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
-                 model: str = "asyncrl-policy", max_request_bytes: int = 4 * 1024 * 1024) -> None:
+                 model: str = "asyncrl-policy", max_request_bytes: int = 4 * 1024 * 1024,
+                 temperature: float = 1.0) -> None:
         self.sessions = SessionTable()
         self.counters = EndpointCounters()
         self._clock = threading.Lock()
         self.model = model
         self.max_request_bytes = max_request_bytes
+        self.temperature = temperature  # spec.task.temperature: what every training turn is sampled at
         self._created = int(time.time())
         self._sock = socket.create_server((host, port), reuse_port=False)  # listening now: no start-up race
         self.host, self.port = self._sock.getsockname()[:2]
@@ -198,6 +203,8 @@ class AgentEndpoint:
         except RequestError as exc:
             self._bad(s, f"POST /v1/chat/completions: {exc}")
             raise
+        if (chat.temperature is not None and chat.temperature != self.temperature) or (chat.top_p or 1.0) < 1.0:
+            self.count("sampling_overridden")  # answered at the job's temperature, the policy's own mu
         loop = asyncio.get_running_loop()
         with s.lock:
             if s.state == "finished":

@@ -82,11 +82,11 @@ class AgentHost:
 
     @classmethod
     def start(cls, task: AgentTask, *, model_name: str, worker_index: int, timeout_s: float,
-              name: str = "agent") -> "AgentHost":
+              name: str = "agent", temperature: float = 1.0) -> "AgentHost":
         host, port = bind_address(worker_index)
         limit = getattr(task.endpoint, "max_request_bytes", 4 * 1024 * 1024)
         endpoint = AgentEndpoint(host=host, port=port, advertise=advertised(os.environ.get(AGENT_ADVERTISE_ENV)),
-                                 model=model_name, max_request_bytes=limit)
+                                 model=model_name, max_request_bytes=limit, temperature=temperature)
         return cls(task, endpoint, AgentLoop(), timeout_s, name)
 
     def _episode(self, tid: str, gid: str, env: AgentEnvironment, sample: Sample, tokenizer: Tokenizer,

@@ -48,7 +48,7 @@ class ChatRequest(BaseModel):
 
     ``temperature`` and ``top_p`` are accepted and checked, but a training session samples at the job's
     ``spec.task.temperature`` with no nucleus cut: the trainer's ratio ``pi/mu`` needs ``mu`` to be the policy's
-    own distribution at that temperature (a request asking for another is counted, never silently trained on).
+    own distribution at that temperature (a request asking for another is answered at the job's temperature and counted: ``sampling_overridden``).
     """
 
     model_config = ConfigDict(extra="allow")

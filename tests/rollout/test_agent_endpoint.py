@@ -173,7 +173,8 @@ def test_an_sdk_retry_gets_the_recorded_answer_not_a_second_turn() -> None:
             while s.status_code == 429:
                 s = _http("POST", f"{base}/sessions", body={})
             sess = s.json()
-            body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                    "temperature": 0.2}  # not the job's 1.0: answered at the job's, counted
             first = _post(f"{sess['base_url']}/chat/completions", sess["api_key"], body)
             again = _post(f"{sess['base_url']}/chat/completions", sess["api_key"], body)  # the retry
             got.update(first=first.json(), again=again.json())
@@ -186,6 +187,7 @@ def test_an_sdk_retry_gets_the_recorded_answer_not_a_second_turn() -> None:
     finally:
         w.close()
     assert got["again"] == got["first"]
+    assert w.agent_counters()["sampling_overridden"] == 2
     assert t.reward == 1.0 and sum(t.loss_mask) == 4 and t.info["agent"] == {"requests": 1, "retries": 1, "branches": 0}
 
 
