@@ -21,6 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule
 from asyncrl.api.kube_types import KubeModel
+from asyncrl.api.service import SecretKeyRef
 
 EXTERNAL: Final = "external"
 AGENT_PATTERN = r"^(external|[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)$"
@@ -106,6 +107,12 @@ class AgentEndpointSpec(SpecModel):
         default_factory=list,
         description="Peers admitted besides the job's own pods (NetworkPolicy 'from' entries): an external "
         "harness's pods or address range. Empty: only the job's pods reach the endpoint.",
+    )
+    session_key_from: SecretKeyRef | None = Field(
+        default=None,
+        description="A Secret key whose value an external harness must send as 'Authorization: Bearer <value>' to "
+        "take a session (POST /v1/sessions). In the rollout pods it is ASYNCRL_AGENT_SESSION_KEY; locally asyncrl "
+        "run reads that variable. Null: taking a session needs no key (the NetworkPolicy and loopback are the gates).",
     )
     max_request_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,

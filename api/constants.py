@@ -98,6 +98,8 @@ OPERATOR_VOLUMES: Final = {"spec": SPEC_DIR, "dshm": SHM_MOUNT, "checkpoints": C
 # the base URL its sessions hand out (in a cluster: the pod's own address); the operator sets both on rollout pods.
 AGENT_BIND_ENV: Final = "ASYNCRL_AGENT_BIND"
 AGENT_ADVERTISE_ENV: Final = "ASYNCRL_AGENT_ADVERTISE"
+# The key a harness sends to take a session (spec.task.endpoint.sessionKeyFrom; unset: none needed).
+AGENT_SESSION_KEY_ENV: Final = "ASYNCRL_AGENT_SESSION_KEY"
 
 # ---------------------------------------------------------------- ownership labels and annotations
 # Label keys the operator sets on every child and selects on (asyncrl.operator.names.labels, the

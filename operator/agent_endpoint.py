@@ -57,6 +57,8 @@ def rollout_env(spec: AsyncRLJobSpec) -> list[dict[str, Any]]:
         {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}},
         {"name": C.AGENT_BIND_ENV, "value": f"{BIND_HOST}:{port}"},
         {"name": C.AGENT_ADVERTISE_ENV, "value": f"http://$({POD_IP_ENV}):{port}"},
+        *([{"name": C.AGENT_SESSION_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+          if (ref := spec.task.endpoint.session_key_from) is not None else []),
     ]
 
 

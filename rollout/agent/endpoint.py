@@ -18,6 +18,7 @@ messages as the request in flight, or as the last one answered) gets that answer
 
 import asyncio
 import concurrent.futures
+import hmac
 import json
 import socket
 import threading
@@ -72,19 +73,21 @@ class AgentEndpoint:
         advertise: the base URL sessions hand out (None: ``http://host:port``); in a cluster the pod's address.
         model: the model id ``/v1/models`` lists (any ``model`` a request names is served by this policy).
         max_request_bytes: ``spec.task.endpoint.maxRequestBytes``.
+        session_key: the key a harness sends to take a session (``spec.task.endpoint.sessionKeyFrom``).
         temperature: ``spec.task.temperature``; a request asking for another (or for ``top_p`` < 1) is answered at
             this one and counted (``sampling_overridden``).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
                  model: str = "asyncrl-policy", max_request_bytes: int = 4 * 1024 * 1024,
-                 temperature: float = 1.0) -> None:
+                 temperature: float = 1.0, session_key: str | None = None) -> None:
         self.sessions = SessionTable()
         self.counters = EndpointCounters()
         self._clock = threading.Lock()
         self.model = model
         self.max_request_bytes = max_request_bytes
         self.temperature = temperature  # spec.task.temperature: what every training turn is sampled at
+        self._session_key = session_key  # what POST /v1/sessions must carry (None: nothing)
         self._created = int(time.time())
         self._sock = socket.create_server((host, port), reuse_port=False)  # listening now: no start-up race
         self.host, self.port = self._sock.getsockname()[:2]
@@ -130,7 +133,18 @@ class AgentEndpoint:
                 return _error(exc)
 
         @app.post("/v1/sessions")
-        async def open_session() -> JSONResponse:
+        async def open_session(request: Request) -> JSONResponse:
+            if self._session_key is not None:
+                try:
+                    given = _bearer(request)
+                except RequestError as exc:
+                    self.count("unauthorized")
+                    return _error(exc)
+                if not hmac.compare_digest(given.encode(), self._session_key.encode()):
+                    self.count("unauthorized")
+                    return _error(RequestError(401, "wrong key to take a session: send the value of "
+                                               "spec.task.endpoint.sessionKeyFrom as the Bearer key",
+                                               type_="authentication_error", code="invalid_api_key"))
             s = self.sessions.claim()
             if s is None:
                 self.count("sessions_refused")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.api.constants import AGENT_ADVERTISE_ENV, AGENT_BIND_ENV
+from asyncrl.api.constants import AGENT_ADVERTISE_ENV, AGENT_BIND_ENV, AGENT_SESSION_KEY_ENV
 from asyncrl.rollout.agent.endpoint import AgentEndpoint
 from asyncrl.rollout.agent.environment import AgentAdapter, AgentEnvironment, AgentLoop
 from asyncrl.rollout.envs.binding import AgentTask
@@ -86,7 +86,8 @@ class AgentHost:
         host, port = bind_address(worker_index)
         limit = getattr(task.endpoint, "max_request_bytes", 4 * 1024 * 1024)
         endpoint = AgentEndpoint(host=host, port=port, advertise=advertised(os.environ.get(AGENT_ADVERTISE_ENV)),
-                                 model=model_name, max_request_bytes=limit, temperature=temperature)
+                                 model=model_name, max_request_bytes=limit, temperature=temperature,
+                                 session_key=os.environ.get(AGENT_SESSION_KEY_ENV) or None)
         return cls(task, endpoint, AgentLoop(), timeout_s, name)
 
     def _episode(self, tid: str, gid: str, env: AgentEnvironment, sample: Sample, tokenizer: Tokenizer,

@@ -273,3 +273,14 @@ def test_a_wanted_agent_name_held_by_another_owner_is_a_conflict() -> None:
     assert ("patch", "Service", "j-agent") not in acts(p)
     cond = next(c for c in p.status.conditions if c.type == "ChildConflict")
     assert cond.status == "True" and "Service/j-agent exists and is owned by" in cond.message
+
+
+def test_a_session_key_from_a_secret_reaches_the_rollout_pods_only_as_a_secret_reference() -> None:
+    spec = spec_of({"agent": "external", "endpoint": {"sessionKeyFrom": {"name": "harness", "key": "token"}}})
+    d = build(spec)
+    for i in range(2):
+        env = {e["name"]: e for e in main_container(d, f"j-rollout-{i}")["env"]}
+        assert env[C.AGENT_SESSION_KEY_ENV] == {"name": "ASYNCRL_AGENT_SESSION_KEY",
+                                                "valueFrom": {"secretKeyRef": {"name": "harness", "key": "token"}}}
+    assert C.AGENT_SESSION_KEY_ENV not in env_names(main_container(d, "j-driver-0"))
+    assert C.AGENT_SESSION_KEY_ENV not in env_names(main_container(build(agent()), "j-rollout-0"))

@@ -315,3 +315,19 @@ def test_the_cluster_addresses_the_operator_sets_are_read_as_given(monkeypatch: 
     assert advertised("http://10.1.2.3:8100") == "http://10.1.2.3:8100"
     assert advertised("http://fd00::5:8100") == "http://[fd00::5]:8100"  # an IPv6 pod address gets its brackets
     assert advertised("") is None
+
+
+def test_taking_a_session_needs_the_session_key_when_the_job_names_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCRL_AGENT_SESSION_KEY", "s3cret")
+    w = _worker("external", group_size=1, env_timeout_seconds=5.0)
+    try:
+        base = w.endpoint_url
+        assert base is not None
+        w.agent.open("w0-g0-s0", "w0-g0", {"seed": 2}, w.tokenizer, w.runner, "hermes") if w.agent else None
+        refused = [_http("POST", f"{base}/sessions", key, {}) for key in ("", "wrong")]
+        taken = _http("POST", f"{base}/sessions", "s3cret", {})
+    finally:
+        w.close()
+    assert [r.status_code for r in refused] == [401, 401]
+    assert refused[1].json()["error"]["code"] == "invalid_api_key"
+    assert taken.status_code == 200 and taken.json()["sample"] == {"seed": 2}
