@@ -177,6 +177,21 @@ ROWS: tuple[tuple[str, tuple[PanelDef, ...]], ...] = (
             f"sum by ({BY_JOB}) (rate(asyncrl_trained_tokens_total{{{JOB}}}[{RATE}]))", J),),
             "Sampled tokens handed to the actor per second, before the discrepancy mask.", width=12, min_value=0),
     )),
+    ("Environments and agents", (
+        PanelDef("Environment errors / s by reason", "timeseries", (Query(
+            f"sum by ({BY_JOB}, reason) (rate(asyncrl_env_errors_total{{{JOB}}}[{RATE}]))",
+            f"{J} {{{{reason}}}}"),),
+            "Episodes the task's code aborted (the job goes on): exceptions, timeouts, NaN rewards, bad messages, "
+            "reward services, and OpenAI-API agents (agent_*; docs/agents.md).", unit="ops", width=12, min_value=0),
+        PanelDef("Agent requests, retries and branches / s", "timeseries", (
+            Query(f"sum by ({BY_JOB}) (rate(asyncrl_agent_requests_total{{{JOB}}}[{RATE}]))", f"{J} requests"),
+            Query(f"sum by ({BY_JOB}) (rate(asyncrl_agent_retries_total{{{JOB}}}[{RATE}]))", f"{J} retries"),
+            Query(f"sum by ({BY_JOB}) (rate(asyncrl_agent_prefix_mismatch_total{{{JOB}}}[{RATE}]))",
+                  f"{J} branches"),
+        ), "Chat completions of ended agent sessions (one sampled turn each), SDK retries answered from the record, "
+           "and requests that rewrote the history (a new branch each). Zero for a job without spec.task.agent.",
+            unit="ops", width=12, min_value=0),
+    )),
     ("Synchronisation", (
         PanelDef("Weight sync duration", "timeseries", (
             Query(_quantile(0.5, "asyncrl_weight_sync_duration_seconds"), f"{J} p50"),

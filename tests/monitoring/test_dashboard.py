@@ -76,8 +76,8 @@ def test_check_flag_reports_drift_with_the_regenerate_command(tmp_path: Path) ->
 def test_rows_and_variables_as_the_issue_lists_them() -> None:
     data = json.loads(dashboard.render_json())
     rows = [p["title"] for p in data["panels"] if p["type"] == "row"]
-    assert rows == ["Overview", "Algorithm health", "Async pipeline", "Throughput", "Synchronisation",
-                    "Old-logit cost", "Operator"]
+    assert rows == ["Overview", "Algorithm health", "Async pipeline", "Throughput", "Environments and agents",
+                    "Synchronisation", "Old-logit cost", "Operator"]
     variables = {v["name"]: v["type"] for v in data["templating"]["list"]}
     assert variables == {"datasource": "datasource", "namespace": "query", "job": "query"}
     ids = [p["id"] for p in data["panels"]]
