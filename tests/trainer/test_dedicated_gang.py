@@ -101,9 +101,20 @@ def test_a_gang_that_loses_a_rank_is_replaced_and_its_work_requeued(versions: di
     def publish(v: int) -> None:
         fleet.publish(v, refs[v])
 
+    def hold_in_score(scorer: Any) -> None:  # runs inside rank 1 (__ray_call__): its next scoring never ends
+        import threading
+
+        def held(*_: Any, **__: Any) -> Any:
+            threading.Event().wait(300)  # killed long before: the rank dies holding this call's work
+            raise RuntimeError("the test's kill never came")
+
+        scorer.scorer.score_segments = held
+
     def returned(call: str, trajs: list[Trajectory]) -> None:
         nonlocal killed
         assert plan.returned(call, trajs) == []
+        if not killed:  # ordered before the scoring calls dispatch sends next (same caller, one call at a time)
+            ray.get(fleet.handles[0].ranks[1].__ray_call__.remote(hold_in_score))
         fleet.dispatch()
         if not killed and fleet.refs():  # rank 1 dies while the gang holds scoring work
             ray.kill(fleet.handles[0].ranks[1], no_restart=True)
