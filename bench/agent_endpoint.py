@@ -1,0 +1,581 @@
+"""The agent endpoint's throughput and latency, side by side with the same episodes as an environment class.
+
+    .venv/bin/python bench/agent_endpoint.py [--rounds 5] [--sessions 1 8 32] [--models h64 h256] [--profile]
+    .venv/bin/python bench/agent_endpoint.py --smoke --out /tmp/agent_endpoint.json   (seconds; the test runs it)
+
+The episodes (``tests/rollout/plugins/bench_agents.py``): a system and a user message (64 characters), 4 assistant
+turns of exactly 16 sampled tokens, each but the last answered by a 12-character user message, run by
+``RolloutWorker.generate`` in four paths:
+
+- ``env``: an environment class (``spec.task.environment: "bench_agents:Conversation"``, ``async def step``);
+- ``endpoint``: an agent function (``spec.task.agent: "bench_agents:conversation"``) whose real ``openai`` client
+  asks the worker's endpoint for each turn with ``max_tokens: 16``, as shipped;
+- ``endpoint+fixes``: the same with the two fixes proposed below tried from outside: ``TCP_NODELAY`` on the
+  endpoint's listening socket (Linux hands it to every connection accepted after it) and one SSL context per
+  process for the agents' clients (:func:`one_ca_load`);
+- ``endpoint+fixes+agent-process``: those, and the agent run in a helper process
+  (``bench_agents.conversation_elsewhere``): the worker's agent function only passes the session's URL and key over
+  a pipe, so the ``openai`` client's CPU is spent outside the worker's interpreter.
+
+The model never samples its end-of-turn token and always samples ``a`` (:func:`one_char_weights`: a residual
+dimension held constant feeds one logit), so every turn is exactly ``max_tokens`` long in every path; the
+environment class ends its turns with a stop string of 16 ``a`` s (it has no per-turn token limit) and forces the
+same end-of-turn token the endpoint forces after a turn cut at ``max_tokens``. Every path therefore samples and
+forces the same tokens (checked: the counts are equal), and a forward costs the same whatever it samples. Two
+models: ``h64`` (hidden 64, 2 layers: the endpoint's cost shows) and ``h256`` (hidden 256, 4 layers, ~4x the
+engine time per token).
+
+``sessions`` is the number of episodes in flight in one ``generate`` call (``groups x groupSize``, here groupSize
+1). A round runs every path once at every session count (the order of the paths reversed every other round, so a
+load spike of this shared machine hits all alike), each path ``--episodes`` episodes per cell (one ``generate``
+call at 8 and 32 sessions, 8 at 1). Reported per cell:
+
+- tokens/s: sampled tokens over the wall time of ``generate``; the ratio to ``env`` is the mean over rounds of the
+  per-round ratio, with a 95 % t interval (``bench/side_by_side.py``'s ``ci``);
+- p50/p99 request latency: the agent function's time from ``chat.completions.create`` to its response, all turns;
+- added ms: the endpoint's added latency per request, the p50 request latency of follow-up turns minus the p50
+  turn gap of the environment class at the same session count (from its observation handed back to the next turn
+  reaching ``step``: that turn's engine time, hops included). The engine's own time differs a little between the
+  paths, so this is an estimate; at 32 sessions it is mostly queueing: the sessions run in lock step, so all 32
+  requests of a turn arrive together and are served one after another while the engine waits;
+- decode steps per episode: the engine's forwards (a forward decodes every row; a row waiting for its agent
+  reads a masked pad), so the paths' engine work can be compared;
+- ``null engine``: the endpoint path with the engine out of the way: the same agent function against the worker's
+  endpoint, each session's ``AgentEnvironment`` answered at once with a canned 16-token turn (``reset`` and
+  ``step`` driven directly): requests/s and the p50/p99 round trip of the client, HTTP, the session's mailbox and
+  the answer, nothing else.
+
+``--profile``: one extra ``generate`` of each path at the largest session count under cProfile, every thread with
+its own CPU clock (the decode loop, the endpoint's uvicorn loop, the agents' loop, the environment runner's loop:
+:class:`LoopProfiles`); prints each thread's CPU ms per request and its top functions.
+
+Measured (2 cores shared with other jobs, nice 10, 1 torch thread, 5 rounds, 2 min 45 s in all; the record is
+``docs/results/data/agent_endpoint.json``): tokens/s, and the ratio to ``env`` with its 95 % interval::
+
+    model sessions   env     endpoint             +fixes               +fixes+agent-process
+    h64      1         670     239 (0.36 +- 0.01)   546 (0.82 +- 0.07)   553 (0.83 +- 0.06)
+    h64      8       3,763     927 (0.25 +- 0.03) 2,071 (0.55 +- 0.06) 2,176 (0.58 +- 0.05)
+    h64     32       9,510   1,440 (0.15 +- 0.02) 3,030 (0.32 +- 0.06) 3,345 (0.35 +- 0.10)
+    h256     1         264     150 (0.57 +- 0.01)   237 (0.90 +- 0.03)   243 (0.92 +- 0.05)
+    h256     8       1,202     584 (0.49 +- 0.02)   882 (0.73 +- 0.05)   896 (0.75 +- 0.05)
+    h256    32       1,928     903 (0.47 +- 0.02) 1,169 (0.61 +- 0.11) 1,171 (0.61 +- 0.19)
+
+The target, >= 0.9x the environment class at 32 sessions, does not hold for either model, with or without the
+fixes. Where the time goes:
+
+- every response waits ~40 ms: the endpoint's listening socket comes from ``socket.create_server`` (proto 0), so
+  asyncio never sets ``TCP_NODELAY`` on the connections uvicorn accepts, and uvicorn sends a response's head and
+  body in two writes: Nagle holds the body until the client's delayed ACK. The null engine's round trip at 1
+  session is 46 ms, 4 ms with ``TCP_NODELAY``; the added latency per request 47-50 ms, 4-7 ms with the fixes;
+- every episode pays ~19 ms of CPU for its ``AsyncOpenAI`` client, whose transport loads the CA bundle into a new
+  SSL context (for an ``http://`` loopback URL), under the GIL the decode loop needs: at 32 sessions the first
+  requests wait for 32 of them (p99 774 ms);
+- the rest is CPU per request, all in the worker's interpreter. cProfile at h64 / 32 sessions, CPU ms per
+  request: env path 3.8 (decode loop 3.5, runner 0.3); endpoint 25.8: the agents' loop 19.1 (the ``openai``
+  client: 4.8 its SSL context, 6.9 ``_async_transform_recursive`` of the request's messages, the rest httpx and
+  parsing), uvicorn (h11) and FastAPI 2.4, the session's hop on the runner 0.6, the decode loop 3.6;
+- the sessions run in lock step (the same shape), so all 32 requests of a turn arrive together and are served one
+  after another while the engine waits (decode steps per episode barely change: 3.2 env, 3.4 endpoint): a turn
+  costs the engine's turn (55 ms at h64, 248 ms at h256) plus 32 x the path's per-request cost (~2.5-3 ms after
+  the fixes: the null engine's 327 requests/s at 32 sessions). For 0.9x that cost must stay under a ninth of the
+  turn over 32 requests: 0.2 ms at h64, 0.9 ms at h256, less than the ``openai`` client alone spends per request.
+  Moving the agents to a process of their own helps little on 2 shared cores (the helper competes for them).
+"""
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import gc
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import socket
+import statistics
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGINS = REPO / "tests" / "rollout" / "plugins"
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(PLUGINS))
+import bench_agents as ba  # noqa: E402  (the plugin module the workers import: the same module object)
+import torch  # noqa: E402
+from side_by_side import ci  # noqa: E402
+
+from asyncrl.api.job import AsyncSpec  # noqa: E402
+from asyncrl.api.model import ModelSpec  # noqa: E402
+from asyncrl.api.task import TaskSpec  # noqa: E402
+from asyncrl.rollout.agent.environment import AgentEnvironment  # noqa: E402
+from asyncrl.rollout.envs.interface import AssistantMessage  # noqa: E402
+from asyncrl.rollout.hf_model import build_model  # noqa: E402
+from asyncrl.rollout.trajectory import TrajectoryStatus  # noqa: E402
+from asyncrl.rollout.worker import RolloutWorker  # noqa: E402
+
+MODELS: dict[str, dict[str, int]] = {  # ModelSpec sizes; the tiny one makes the endpoint's cost visible
+    "h64": {"hidden_size": 64, "ffn_hidden_size": 128, "num_layers": 2},
+    "h256": {"hidden_size": 256, "ffn_hidden_size": 1024, "num_layers": 4},
+}
+ENV, ENDPOINT, FIXED, AWAY = "env", "endpoint", "endpoint+fixes", "endpoint+fixes+agent-process"
+TARGET_SESSIONS, TARGET_RATIO = 32, 0.9
+
+
+# ------------------------------------------------------------------------------------------ the model
+def one_char_weights(state: dict[str, torch.Tensor], fill_id: int, eos_id: int) -> dict[str, torch.Tensor]:
+    """``state`` (an untied Llama's HF weights) changed so the model samples ``fill_id`` with probability 1 (in
+    float32) and never ``eos_id``: residual dimension 0 is 1 in every embedding and nothing writes to it (row 0 of
+    every ``o_proj`` and ``down_proj`` is zero), so after the final norm it is positive at every position; the head
+    reads only that dimension into the ``fill_id`` logit (+30 per unit: > 200 nats above every other token). The
+    rest of the network is the random init: a forward costs what it costs."""
+    out = {k: v.clone() for k, v in state.items()}
+    out["model.embed_tokens.weight"][:, 0] = 1.0
+    for k, v in out.items():
+        if k.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            v[0, :] = 0.0
+    out["model.norm.weight"][0] = 1.0
+    head = out["lm_head.weight"]
+    head[:, 0] = 0.0
+    head[fill_id, 0] = 30.0
+    assert fill_id != eos_id
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the paths
+def _nodelay(sock: socket.socket) -> bool:
+    """Whether connections accepted on ``sock`` get ``TCP_NODELAY``: asyncio sets it on sockets whose ``proto`` is
+    TCP (``socket.create_server`` makes them with proto 0), and Linux copies it from the listener."""
+    return sock.proto == socket.IPPROTO_TCP or bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+_SSL: dict[bool, Any] = {}  # the what-if's one SSL context per process
+
+
+@contextlib.contextmanager
+def one_ca_load() -> Iterator[bool]:
+    """While active, the ``openai`` client's transport builds its default SSL context once per process instead of
+    once per client (each ``AsyncOpenAI`` the worker makes for an episode reads the CA bundle: ~19 ms of CPU, for an
+    ``http://`` loopback URL); yields False when the installed transport is not ``httpcore2`` (nothing changed)."""
+    try:
+        import httpcore2  # type: ignore[import-not-found]
+    except ImportError:
+        yield False
+        return
+    orig = httpcore2.default_ssl_context
+
+    def cached(*, _trust_env: bool = True) -> Any:
+        if _trust_env not in _SSL:
+            _SSL[_trust_env] = orig(_trust_env=_trust_env)
+        return _SSL[_trust_env]
+
+    httpcore2.default_ssl_context = cached
+    try:
+        yield True
+    finally:
+        httpcore2.default_ssl_context = orig
+
+
+@dataclass
+class Paths:
+    """One model's workers: the environment class's and the agent function's (as shipped, and with the fixes)."""
+
+    workers: dict[str, RolloutWorker]
+    nodelay_upstream: bool  # the endpoint already sets TCP_NODELAY on its connections
+
+    def run(self, path: str, sessions: int, calls: int) -> "Cell":
+        with one_ca_load() if path in (FIXED, AWAY) else contextlib.nullcontext():
+            return run_cell(self.workers[path], sessions, calls)
+
+    def null(self, path: str, sessions: int, shape: ba.Shape) -> "Cell":
+        agent = ba.conversation_elsewhere if path == AWAY else ba.conversation
+        with one_ca_load() if path in (FIXED, AWAY) else contextlib.nullcontext():
+            return null_engine(self.workers[path], sessions, shape, agent)
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.close()
+
+
+def build_paths(model: str, shape: ba.Shape, *, variant: bool = True) -> Paths:
+    spec = ModelSpec(**MODELS[model], rollout_dtype="float32", tie_embeddings=False)
+    budget = shape.turns * (shape.max_tokens + shape.follow_chars + 1) + 16
+    common: dict[str, Any] = {"python_path": [str(PLUGINS)], "group_size": 1, "max_new_tokens": budget}
+    env_task = TaskSpec(environment="bench_agents:Conversation", args=asdict(shape), **common)
+    agent_task = TaskSpec(agent="bench_agents:conversation", **common)
+    ba.SHAPE = shape
+    workers = {ENV: RolloutWorker(env_task, spec, AsyncSpec(partial_rollout=True)),
+               ENDPOINT: RolloutWorker(agent_task, spec, AsyncSpec(partial_rollout=True))}
+    host = workers[ENDPOINT].agent
+    assert host is not None
+    upstream = _nodelay(host.endpoint._sock)
+    if variant:
+        away_task = TaskSpec(agent="bench_agents:conversation_elsewhere", **common)
+        workers[FIXED] = RolloutWorker(agent_task, spec, AsyncSpec(partial_rollout=True))
+        workers[AWAY] = RolloutWorker(away_task, spec, AsyncSpec(partial_rollout=True))
+        for p in (FIXED, AWAY):
+            fixed = workers[p].agent
+            assert fixed is not None
+            fixed.endpoint._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # proposed fix 1, from outside
+    tok = workers[ENV].tokenizer
+    weights = one_char_weights(build_model(workers[ENV].arch, seed=0).state_dict(), tok.token_id(ba.FILL),
+                               tok.eos_id)
+    for w in workers.values():
+        w.load_weights(weights, version=0)
+    return Paths(workers, upstream)
+
+
+@dataclass
+class Cell:
+    """What one path did at one session count in one round."""
+
+    seconds: float = 0.0
+    sampled: int = 0
+    forced: int = 0
+    episodes: int = 0
+    decode_steps: int = 0  # the engine's forwards over its rows (prefills not counted)
+    latencies: list[tuple[int, float]] = field(default_factory=list)  # (turn, s): requests, or env turn gaps
+
+    @property
+    def tok_s(self) -> float:
+        return self.sampled / self.seconds if self.seconds > 0 else 0.0
+
+
+def run_cell(w: RolloutWorker, sessions: int, calls: int) -> Cell:
+    """``calls`` ``generate`` calls of ``sessions`` episodes; every episode must finish."""
+    cell = Cell()
+    counters = getattr(w.engine, "counters", None)  # the transformers engine's EngineCounters
+    for _ in range(calls):
+        ba.LATENCIES.clear()
+        ba.STEP_GAPS.clear()
+        steps = getattr(counters, "decode_steps", 0)
+        t0 = time.perf_counter()
+        out = w.generate(sessions)
+        cell.seconds += time.perf_counter() - t0
+        cell.decode_steps += getattr(counters, "decode_steps", 0) - steps
+        bad = [t.info.get("end_reason") for t in out if t.status is not TrajectoryStatus.FINISHED]
+        if len(out) != sessions or bad:
+            raise RuntimeError(f"{len(out)} of {sessions} trajectories came back, not finished: {bad[:3]}")
+        cell.episodes += len(out)
+        for t in out:
+            n = sum(t.loss_mask)
+            cell.sampled += n
+            cell.forced += len(t.tokens) - t.prompt_len - n
+        cell.latencies += list(ba.LATENCIES) if w.agent is not None else list(ba.STEP_GAPS)
+    return cell
+
+
+# ------------------------------------------------------------------------------------------ the null engine
+def null_engine(w: RolloutWorker, sessions: int, shape: ba.Shape, agent: Callable[..., Any]) -> Cell:
+    """The endpoint path with the engine out of the way: ``sessions`` agent sessions on ``w``'s endpoint, each
+    answered at once (``AgentEnvironment.reset``/``step`` driven here with a canned turn)."""
+    host = w.agent
+    assert host is not None
+    text = ba.FILL * shape.max_tokens
+    msg = AssistantMessage(text, text, ended_by="length", eos=False)
+
+    async def drive(i: int) -> int:
+        env = AgentEnvironment(host.endpoint, agent, traj_id=f"null-{i}", timeout_s=30.0, loop=host.loop)
+        sample = {"seed": i, "split": "train"}
+        env.open(sample)
+        try:
+            await env.reset(sample)
+            n = 1
+            while not (await env.step(msg)).done:
+                n += 1
+            return n
+        finally:
+            env.close()
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(drive(i) for i in range(sessions)))
+
+    ba.LATENCIES.clear()
+    t0 = time.perf_counter()
+    turns = asyncio.run(main())
+    cell = Cell(seconds=time.perf_counter() - t0, episodes=sessions, latencies=list(ba.LATENCIES))
+    if turns != [shape.turns] * sessions:
+        raise RuntimeError(f"null engine: turns per session {turns}, expected {shape.turns}")
+    return cell
+
+
+# ------------------------------------------------------------------------------------------ the profile
+class LoopProfiles:
+    """cProfile in every thread that runs an asyncio loop (the endpoint's uvicorn loop, the agents' loop, the
+    environment runner's loop), each with its own CPU clock: cProfile sees one thread, and the endpoint's work is
+    spread over these and the decode loop (profiled by the caller). Each profiler is made, enabled and disabled by
+    a callback scheduled on its own loop, so it only ever runs in its thread."""
+
+    def __init__(self) -> None:
+        self.profiles: dict[int, tuple[str, cProfile.Profile]] = {}
+
+    def _each_loop(self, fn: Callable[[], None]) -> None:
+        with warnings.catch_warnings():  # isinstance() over every object wakes deprecated module attributes
+            warnings.simplefilter("ignore")
+            loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]
+        done = [threading.Event() for _ in loops]
+        def call(ev: threading.Event) -> None:
+            fn()
+            ev.set()
+
+        for loop, ev in zip(loops, done, strict=True):
+            loop.call_soon_threadsafe(call, ev)
+        for ev in done:
+            ev.wait(10)
+
+    def start(self) -> None:
+        def on() -> None:
+            me = threading.current_thread()
+            prof = cProfile.Profile(time.thread_time)
+            self.profiles[me.ident or 0] = (me.name, prof)
+            prof.enable()
+
+        self.profiles.clear()
+        self._each_loop(on)
+
+    def stop(self) -> dict[str, pstats.Stats]:
+        """Disable every loop's profiler (in its own thread); the stats by thread name."""
+        def off() -> None:
+            entry = self.profiles.get(threading.get_ident())
+            if entry is not None:
+                entry[1].disable()
+
+        self._each_loop(off)
+        out: dict[str, pstats.Stats] = {}
+        for name, prof in self.profiles.values():
+            try:
+                st = pstats.Stats(prof, stream=io.StringIO())
+            except TypeError:  # a profiler that recorded nothing
+                continue
+            if name in out:
+                out[name].add(st)
+            else:
+                out[name] = st
+        return out
+
+
+def profile_report(stats: dict[str, pstats.Stats], requests: int, top: int = 12) -> list[str]:
+    """Per thread: CPU ms per request and its ``top`` functions by own CPU time."""
+    lines = []
+    for name, st in sorted(stats.items(), key=lambda kv: -kv[1].total_tt):  # type: ignore[attr-defined]
+        total = st.total_tt  # type: ignore[attr-defined]
+        if total < 1e-3:
+            continue
+        lines.append(f"  thread {name}: {1e3 * total / requests:.2f} CPU ms per request")
+        rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
+        for (path, line, fn), (_cc, nc, tt, ct, _callers) in rows:
+            where = path.split("site-packages/")[-1].split(str(REPO) + "/")[-1]
+            lines.append(f"    {1e3 * tt / requests:7.3f} own {1e3 * ct / requests:7.3f} cum ms/req "
+                         f"{nc / requests:6.1f} calls/req  {where}:{line}({fn})")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ the statistics
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` percentile (0 < q <= 100); NaN for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+def summarise(rounds: list[dict[tuple[int, str], Cell]], sessions: Sequence[int], paths: Sequence[str]
+              ) -> list[dict[str, Any]]:
+    """One row per (session count, path): tokens/s, the ratio to ``env`` per round (mean, 95 % half-width),
+    request latency p50/p99 (ms) and the added latency per follow-up request (ms)."""
+    rows = []
+    for c in sessions:
+        env_gap = statistics.median([x for r in rounds for k, x in r[(c, ENV)].latencies if k > 0] or [math.nan])
+        for p in paths:
+            cells = [r[(c, p)] for r in rounds]
+            ratios = [r[(c, p)].tok_s / r[(c, ENV)].tok_s for r in rounds if r[(c, ENV)].tok_s > 0]
+            mean, half = ci(ratios)
+            lat = [x for cell in cells for _k, x in cell.latencies]
+            follow = [x for cell in cells for k, x in cell.latencies if k > 0]
+            episodes = sum(cell.episodes for cell in cells)
+            row: dict[str, Any] = {
+                "sessions": c, "path": p, "tok_s": statistics.fmean(cell.tok_s for cell in cells),
+                "ratio": mean, "ratio_ci95": half, "sampled_tokens": sum(cell.sampled for cell in cells),
+                "forced_tokens": sum(cell.forced for cell in cells), "episodes": episodes,
+                "decode_steps_per_episode": sum(cell.decode_steps for cell in cells) / max(1, episodes),
+            }
+            if p == ENV:
+                row |= {"turn_gap_p50_ms": 1e3 * env_gap}
+            else:
+                row |= {"p50_ms": 1e3 * percentile(lat, 50), "p99_ms": 1e3 * percentile(lat, 99),
+                        "added_ms": 1e3 * (statistics.median(follow or [math.nan]) - env_gap)}
+            rows.append(row)
+    return rows
+
+
+def summarise_null(cells: dict[tuple[int, str], list[Cell]]) -> list[dict[str, Any]]:
+    """One row per (session count, path) of the null engine: requests/s (mean over rounds), round trip p50/p99."""
+    rows = []
+    for (c, p), runs in sorted(cells.items()):
+        lat = [x for cell in runs for _k, x in cell.latencies]
+        rows.append({"sessions": c, "path": p, "requests_s": statistics.fmean(len(r.latencies) / r.seconds for r in runs),
+                     "p50_ms": 1e3 * percentile(lat, 50), "p99_ms": 1e3 * percentile(lat, 99)})
+    return rows
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or math.isnan(x) else format(x, spec)
+
+
+def table(model: str, rows: list[dict[str, Any]]) -> list[str]:
+    out = [f"{model}: | sessions | path | tok/s | vs env (95% CI) | p50 ms | p99 ms | added ms/request | "
+           "decode steps/episode |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}x +- {_fmt(r['ratio_ci95'], '.2f')}"
+        steps = f"{r['decode_steps_per_episode']:.1f}"
+        if r["path"] == ENV:
+            out.append(f"| {r['sessions']} | env | {r['tok_s']:,.0f} | 1 | turn gap {r['turn_gap_p50_ms']:.1f} | | | "
+                       f"{steps} |")
+        else:
+            out.append(f"| {r['sessions']} | {r['path']} | {r['tok_s']:,.0f} | {ratio} | {r['p50_ms']:.1f} | "
+                       f"{r['p99_ms']:.1f} | {_fmt(r['added_ms'], '.1f')} | {steps} |")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the run
+def measure_model(model: str, args: argparse.Namespace, shape: ba.Shape, log: Callable[[str], None]
+                  ) -> dict[str, Any]:
+    paths_ = build_paths(model, shape, variant=not args.no_variant)
+    ba.ELSEWHERE = ba.Elsewhere() if AWAY in paths_.workers else None
+    try:
+        names = list(paths_.workers)
+        for p in names:  # warm-up: the first generate of a worker pays for imports, the first connections
+            paths_.run(p, min(4, max(args.sessions)), 1)
+        rounds: list[dict[tuple[int, str], Cell]] = []
+        null: dict[tuple[int, str], list[Cell]] = {}
+        for r in range(args.rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            cells: dict[tuple[int, str], Cell] = {}
+            for c in args.sessions:
+                calls = max(1, args.episodes // c)
+                for p in order:
+                    cells[(c, p)] = paths_.run(p, c, calls)
+                if model == args.models[0]:  # the endpoint alone does not depend on the model
+                    for p in order:
+                        if p != ENV:
+                            null.setdefault((c, p), []).append(paths_.null(p, c, shape))
+            rounds.append(cells)
+            log(f"{model} round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{c}x {p} {cells[(c, p)].tok_s:,.0f}" for c in args.sessions for p in names) + " tok/s")
+        out: dict[str, Any] = {"model": MODELS[model], "paths": names, "endpoint_sets_nodelay": paths_.nodelay_upstream,
+                               "rows": summarise(rounds, args.sessions, names)}
+        if null:
+            out["null_engine"] = summarise_null(null)
+        if args.profile:
+            out["profile_cpu_ms_per_request"] = run_profiles(paths_, max(args.sessions), log)
+        return out
+    finally:
+        paths_.close()
+        if ba.ELSEWHERE is not None:
+            ba.ELSEWHERE.close()
+            ba.ELSEWHERE = None
+
+
+def run_profiles(paths_: Paths, sessions: int, log: Callable[[str], None]) -> dict[str, dict[str, float]]:
+    """One ``generate`` of each path under every thread's profiler: CPU ms per request by thread."""
+    out: dict[str, dict[str, float]] = {}
+    loops = LoopProfiles()
+    for p in paths_.workers:
+        loops.start()
+        main = cProfile.Profile(time.thread_time)
+        main.enable()
+        cell = paths_.run(p, sessions, 1)
+        main.disable()
+        stats = loops.stop()
+        stats["decode loop (MainThread)"] = pstats.Stats(main, stream=io.StringIO())
+        requests = cell.episodes * ba.SHAPE.turns
+        log(f"profile of {p} at {sessions} sessions ({requests} turns, {cell.seconds:.2f} s wall, "
+            f"{cell.tok_s:,.0f} tok/s under the profiler):")
+        for line in profile_report(stats, requests):
+            log(line)
+        out[p] = {name: round(1e3 * st.total_tt / requests, 3) for name, st in stats.items()}  # type: ignore[attr-defined]
+    return out
+
+
+def verdict(models: dict[str, Any]) -> dict[str, Any]:
+    """The target: the endpoint at >= 0.9x the environment class's tokens/s at 32 sessions, per model and path."""
+    out: dict[str, Any] = {"sessions": TARGET_SESSIONS, "min_ratio": TARGET_RATIO, "holds": {}}
+    for m, rec in models.items():
+        for r in rec["rows"]:
+            if r["sessions"] == TARGET_SESSIONS and r["path"] != ENV:
+                lo = r["ratio"] - (r["ratio_ci95"] if math.isfinite(r["ratio_ci95"]) else 0.0)
+                out["holds"][f"{m}/{r['path']}"] = {"ratio": round(r["ratio"], 3), "holds": r["ratio"] >= TARGET_RATIO,
+                                                   "holds_at_ci_low": lo >= TARGET_RATIO}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--episodes", type=int, default=8, help="episodes per path per cell (calls = episodes / sessions)")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--prompt-chars", type=int, default=64)
+    p.add_argument("--follow-chars", type=int, default=12)
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--no-variant", action="store_true", help="only env and endpoint (no what-if paths)")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="h64, 1 and 4 sessions, 1 round, 2 turns of 4 tokens")
+    p.add_argument("--out", default=str(REPO / "docs" / "results" / "data" / "agent_endpoint.json"))
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.models, args.sessions, args.rounds, args.episodes = ["h64"], [1, 4], 1, 4
+        args.turns, args.max_tokens, args.prompt_chars, args.follow_chars = 2, 4, 16, 6
+    shape = ba.Shape(args.turns, args.max_tokens, args.prompt_chars, args.follow_chars)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    models = {m: measure_model(m, args, shape, log) for m in args.models}
+    record = {
+        "bench": "bench/agent_endpoint.py", "argv": list(sys.argv[1:] if argv is None else argv),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                    "torch_threads": args.threads, "nice": os.nice(0)},
+        "shape": asdict(shape), "rounds": args.rounds, "episodes_per_cell": args.episodes,
+        "models": models, "target": verdict(models), "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    record["sampled_tokens_equal"] = all(
+        len({r["sampled_tokens"] for r in rec["rows"] if r["sessions"] == c}) == 1
+        for rec in models.values() for c in args.sessions)
+    for m, rec in models.items():
+        print("\n".join(table(m, rec["rows"])))
+        for r in rec.get("null_engine", []):
+            print(f"null engine, {r['sessions']} sessions, {r['path']}: {r['requests_s']:,.0f} requests/s, "
+                  f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms")
+    for k, v in record["target"]["holds"].items():
+        print(f"target >= {TARGET_RATIO}x env at {TARGET_SESSIONS} sessions, {k}: {v['ratio']:.2f}x "
+              f"{'holds' if v['holds'] else 'does not hold'}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(_rounded(record), indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+def _rounded(x: Any) -> Any:
+    """``x`` with floats to 4 significant digits (a small record) and NaN as null."""
+    if isinstance(x, float):
+        return None if not math.isfinite(x) else float(f"{x:.4g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    return x
+
+
+if __name__ == "__main__":
+    main()
