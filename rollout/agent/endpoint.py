@@ -90,6 +90,9 @@ class AgentEndpoint:
         self._session_key = session_key  # what POST /v1/sessions must carry (None: nothing)
         self._created = int(time.time())
         self._sock = socket.create_server((host, port), reuse_port=False)  # listening now: no start-up race
+        # answers leave at once: without it Nagle holds a response's body behind its head until the client's
+        # delayed ACK, ~40 ms per request (bench/agent_endpoint.py); Linux copies the option to accepted sockets
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.host, self.port = self._sock.getsockname()[:2]
         shown = f"[{self.host}]" if ":" in str(self.host) else str(self.host)
         self.base_url = (advertise.rstrip("/") if advertise else f"http://{shown}:{self.port}") + "/v1"

@@ -331,3 +331,16 @@ def test_taking_a_session_needs_the_session_key_when_the_job_names_one(monkeypat
     assert [r.status_code for r in refused] == [401, 401]
     assert refused[1].json()["error"]["code"] == "invalid_api_key"
     assert taken.status_code == 200 and taken.json()["sample"] == {"seed": 2}
+
+
+def test_the_endpoint_sends_answers_without_nagles_delay() -> None:
+    import socket
+
+    from asyncrl.rollout.agent.endpoint import AgentEndpoint
+
+    ep = AgentEndpoint()
+    try:
+        assert ep._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0  # copied to accepted connections
+        assert ep.base_url == f"http://127.0.0.1:{ep.port}/v1"
+    finally:
+        ep.close()
