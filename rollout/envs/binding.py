@@ -217,8 +217,8 @@ def context_length(task: TaskSpec, tokenizer: Any) -> int:
 def task_tokenizer(model: Any, task: TaskSpec) -> Any:
     """The job's tokenizer (the actor and every rollout worker resolve the same one): the model's own
     (``tokenizer_for``), or for a model without one the math alphabet for the math tasks and the text
-    alphabet (``envs/charset.py``) for every other task (customer-service: that alphabet plus its words,
-    ``envs/cs_vocab.py``)."""
+    alphabet (``envs/charset.py``) for every other task, except customer-service: the task's own byte-level
+    BPE with a ChatML template (``envs/cs_tokenizer.py``), so that its system prompt and tools are in the prompt."""
     from asyncrl.rollout.envs.charset import TEXT_TOKENIZER
     from asyncrl.rollout.envs.registry import TASKS
     from asyncrl.rollout.tokenizer import TOKENIZER, tokenizer_for
@@ -227,9 +227,9 @@ def task_tokenizer(model: Any, task: TaskSpec) -> Any:
     if tok is TOKENIZER and (task.environment is not None or task.dataset is not None or task.agent is not None
                             or task.name not in TASKS):
         if task.environment is None and task.dataset is None and task.agent is None and task.name == "customer-service":
-            from asyncrl.rollout.envs.cs_vocab import CS_TOKENIZER  # its words as single ids (cs_vocab.py)
+            from asyncrl.rollout.envs.cs_tokenizer import cs_tokenizer
 
-            return CS_TOKENIZER
+            return cs_tokenizer()  # one per process, the same ids everywhere
         return TEXT_TOKENIZER
     return tok
 

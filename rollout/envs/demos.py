@@ -16,6 +16,7 @@ its environment tokens are exactly what the engine would force.
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +24,9 @@ from asyncrl.rollout.envs.base import replay
 from asyncrl.rollout.envs.math_tasks import _CALL, OPS, Problem, eval_call
 from asyncrl.rollout.envs.registry import get_task
 from asyncrl.rollout.tokenizer import TOKENIZER, Tokenizer
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.envs.customer_service import CustomerService
 
 Demo = tuple[list[int], list[bool]]  # (tokens [T], loss_mask [T]); loss_mask True = agent token
 
@@ -131,8 +135,16 @@ def demonstrations(
 
 def _cs_demonstrations(n: int, rng: Random, *, mix: Mapping[str, float] | None, max_tool_calls: int,
                        tokenizer: Tokenizer) -> list[Demo]:
-    """Demonstrations of the customer-service task, played through its environment (as the math ones)."""
+    """Demonstrations of the customer-service task, played through its environment (as the math ones).
+
+    With the task's own tokenizer (``envs/cs_tokenizer.py``) the turns go to the environment as messages and
+    the tokens are rendered by its template directly (:func:`_cs_rendered`: the adapter's rendering rules,
+    without the time limit an untrusted template needs, whose timer thread per render made a 128-demo batch
+    cost 1.2 s); ``tests/rollout/test_cs_tokenizer.py`` holds them token for token equal to
+    :func:`~asyncrl.rollout.envs.base.replay` through the :class:`TurnAdapter`, the path every other
+    tokenizer takes."""
     from asyncrl.rollout.envs.adapter import TurnAdapter
+    from asyncrl.rollout.envs.cs_tokenizer import NAME
     from asyncrl.rollout.envs.customer_service import DEMO_MIX, CustomerService, Scenario, ScenarioSamples
     from asyncrl.rollout.envs.customer_service import agent_turns as cs_turns
 
@@ -141,14 +153,55 @@ def _cs_demonstrations(n: int, rng: Random, *, mix: Mapping[str, float] | None, 
     samples, out = ScenarioSamples(), []
     for i in range(n):
         sample = samples.train(0, i, rng)
-        env = TurnAdapter("customer-service", CustomerService(max_tool_calls), sample, tokenizer)
-        prompt = env.reset()
         turns = cs_turns(Scenario.from_sample(sample), rng.choices(kinds, weights)[0], rng)
-        ep = replay(env, prompt, [tokenizer.eos_token if t == "<eos>" else t for t in turns])
+        if tokenizer.name == NAME:
+            out.append(_cs_rendered(CustomerService(max_tool_calls), sample, turns, tokenizer))
+            continue
+        env = TurnAdapter("customer-service", CustomerService(max_tool_calls), sample, tokenizer)
+        ep = replay(env, env.reset(), [t + tokenizer.eos_token for t in turns])  # every turn ends at end-of-turn
         if not ep.done:
             raise RuntimeError(f"customer-service demo did not end: {tokenizer.decode(ep.tokens)!r} ({ep.reason})")
         out.append((ep.tokens, ep.loss_mask))
     return out
+
+
+def _cs_rendered(env: "CustomerService", sample: dict[str, Any], turns: Sequence[str], tokenizer: Tokenizer) -> Demo:
+    """One demonstration: ``turns`` through ``env.step`` as messages, the tokens rendered by the tokenizer's chat
+    template as ``envs/render.py`` renders them (the prompt; after each turn the template's text between its
+    end-of-turn token and the next generation prompt)."""
+    from asyncrl.rollout.envs.interface import AssistantMessage
+    from asyncrl.rollout.envs.toolcalls import parse_hermes
+
+    hf: Any = getattr(tokenizer, "hf")  # noqa: B009 -- an HFTokenizer (the task's own: NAME)
+    eos = tokenizer.eos_token
+    reset = env.reset(sample)
+    tools = [dict(t) for t in reset.tools or ()]
+    msgs: list[dict[str, Any]] = [dict(m) for m in reset.messages]
+
+    def render(messages: list[dict[str, Any]], gen: bool) -> str:
+        return str(hf.apply_chat_template(messages, tools=tools, add_generation_prompt=gen, tokenize=False))
+
+    tokens = tokenizer.encode(render(msgs, True))
+    mask = [False] * len(tokens)
+    for k, text in enumerate(turns):
+        ids = tokenizer.encode(text + eos)
+        tokens += ids
+        mask += [True] * len(ids)
+        content, calls, bad = parse_hermes(text)
+        msg = AssistantMessage(text, content, calls, bad, eos, eos=True)
+        turn = env.step(msg)
+        if turn.done:
+            if k != len(turns) - 1:
+                raise RuntimeError(f"customer-service demo ended at turn {k} of {list(turns)}")
+            return tokens, mask
+        history = [*msgs, msg.to_message()]
+        before, after = render(history, False), render([*history, *turn.observation], True)
+        cut = before.rfind(eos)
+        obs = tokenizer.encode(before[cut + len(eos):] + after[len(before):])
+        tokens += obs
+        mask += [False] * len(obs)
+        msgs = [*history, *turn.observation]
+    raise RuntimeError(f"customer-service demo did not end: {list(turns)}")
 
 
 @dataclass(frozen=True)

@@ -1,31 +1,37 @@
-"""The built-in customer-service task: database transitions, the state-match reward, malformed calls,
-its tokenizer, and demonstrations that replay through the environment with exactly the assistant
-tokens trained."""
+"""The built-in customer-service task: database transitions, the state-match reward, malformed calls, no
+status shortcut, the template-rendered episode with the task's tokenizer, and demonstrations that replay
+through the environment with exactly the assistant tokens trained."""
 
 import random
-
-import pytest
+import statistics
 
 from asyncrl.api.model import ModelSpec
 from asyncrl.api.task import TaskSpec
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.base import replay
 from asyncrl.rollout.envs.binding import bind_task, task_tokenizer
-from asyncrl.rollout.envs.charset import TEXT_TOKENIZER
-from asyncrl.rollout.envs.cs_vocab import CS_PIECES, CS_TOKENIZER
+from asyncrl.rollout.envs.cs_tokenizer import NAME, cs_tokenizer
 from asyncrl.rollout.envs.customer_service import (
     DEMO_MIX,
+    FINAL,
+    SYSTEM,
     CustomerService,
     Scenario,
     ScenarioSamples,
     agent_turns,
     call_text,
+    draw_scenario,
+    first_fit_turns,
+    goal_db,
+    goal_reached,
+    new_db,
+    run_tool,
 )
 from asyncrl.rollout.envs.demos import demonstrations
 from asyncrl.rollout.envs.interface import AssistantMessage, ToolCall
 from asyncrl.rollout.envs.toolcalls import parse_hermes
 
-T = CS_TOKENIZER
+T = cs_tokenizer()
 S = Scenario("u3", (("o3", "lamp", "placed"), ("o4", "mug", "delivered"), ("o5", "pen", "placed")),
              "cancel", "lamp")
 
@@ -39,11 +45,7 @@ def _env(s: Scenario = S, calls: int = 8) -> CustomerService:
 def _call(name: str, **args: str) -> AssistantMessage:
     text = call_text(name, **args)
     content, calls, bad = parse_hermes(text)
-    return AssistantMessage(text, content, calls, bad, "</tool_call>", eos=False)
-
-
-def _end(text: str = "") -> AssistantMessage:
-    return AssistantMessage(text, text)
+    return AssistantMessage(text, content, calls, bad)
 
 
 def _answer(env: CustomerService, msg: AssistantMessage) -> str:
@@ -51,7 +53,12 @@ def _answer(env: CustomerService, msg: AssistantMessage) -> str:
     assert not turn.done
     (obs,) = turn.observation
     assert obs["role"] == "tool"
-    return str(obs["content"]).removeprefix("<tool_response>").removesuffix("</tool_response>")
+    return str(obs["content"])
+
+
+def _play(s: Scenario, turns: list[str]) -> object:
+    ad = TurnAdapter("customer-service", CustomerService(), s.to_sample(), T)
+    return replay(ad, ad.reset(), [t + T.eos_token for t in turns])
 
 
 # ---- the database -----------------------------------------------------------------------------------
@@ -70,84 +77,92 @@ def test_tools_change_the_database_only_as_their_rules_allow() -> None:
     assert {o: r[2] for o, r in env.db.items()} == {"o3": "cancelled", "o4": "refunded", "o5": "placed"}
 
 
+def test_the_plain_functions_are_the_environment_without_its_class() -> None:
+    db = new_db(S)  # what another harness (the Agents SDK example) calls
+    assert run_tool(db, "orders", {"user": "u3"}) == "o3 lamp placed;o4 mug delivered;o5 pen placed"
+    assert not goal_reached(S, db) and run_tool(db, "cancel", {"order": "o3"}) == "ok"
+    assert goal_reached(S, db) and db == goal_db(S) and run_tool(db, "delete", {}) == "error: no tool delete"
+
+
 def test_reward_is_the_final_state_matching_the_goal() -> None:
     env = _env()  # the goal: o3 (lamp) cancelled, nothing else changed
     _answer(env, _call("cancel", order="o3"))
-    done = env.step(_end("Done."))
+    done = env.step(AssistantMessage("done", "done"))
     assert done.done and done.reward == 1.0 and done.success
     env = _env()  # the goal's change and one more: the state differs from the goal's
     _answer(env, _call("cancel", order="o3"))
     _answer(env, _call("cancel", order="o5"))
-    done = env.step(_end())
+    done = env.step(AssistantMessage("", ""))
     assert done.done and done.reward == 0.0 and not done.success
     env = _env()  # nothing done
-    done = env.step(_end())
+    done = env.step(AssistantMessage("", ""))
     assert done.done and done.reward == 0.0 and done.reason == "goal missed"
 
 
 def test_a_question_gets_the_scripted_users_request_once() -> None:
     env = _env()
-    turn = env.step(_end("Which order?"))
+    turn = env.step(AssistantMessage("Which order?", "Which order?"))
     assert not turn.done and turn.observation == [{"role": "user", "content": "u3: cancel lamp"}]
-    assert env.step(_end("Which order?")).done  # only once
+    assert env.step(AssistantMessage("Which order?", "Which order?")).done  # only once
 
 
-def test_malformed_calls_become_an_error_observation_and_use_up_calls() -> None:
+def test_malformed_calls_become_an_error_answer_and_use_up_calls() -> None:
     env = _env(calls=4)
     for text in ('<tool_call>{"name": "orders"</tool_call>', '<tool_call>{"arguments": {}}</tool_call>',
                  '<tool_call>{"name":"cancel","arguments":{"order":"o3"}}'):  # bad JSON, no name, unclosed
         content, calls, bad = parse_hermes(text)
         assert bad and not calls, text
-        assert _answer(env, AssistantMessage(text, content, calls, bad, "</tool_call>", eos=False)) == (
-            "error: malformed call")
+        assert _answer(env, AssistantMessage(text, content, calls, bad)) == "error: malformed call"
     assert _answer(env, AssistantMessage("x", "", (ToolCall("delete", {"order": "o3"}),))) == "error: no tool delete"
     last = env.step(_call("cancel", order="o3"))  # the fifth call of at most 4
     assert last.done and last.reward == 0.0 and last.reason == "more than 4 tool calls"
     assert env.db["o3"][2] == "placed"
 
 
-# ---- the tokenizer -------------------------------------------------------------------------------------
-def test_cs_tokenizer_appends_to_the_text_alphabet_and_round_trips() -> None:
-    n = TEXT_TOKENIZER.vocab_size
-    assert T.pieces[:n] == TEXT_TOKENIZER.pieces and T.vocab_size == n + len(CS_PIECES)  # old ids unchanged
-    call = call_text("cancel", order="o3")
-    ids = T.encode(call)
-    # <tool_call> {"name":" cancel ","arguments":{" order ":" o3 "}} </tool_call>
-    assert [T.decode([i]) for i in ids] == ["<tool_call>", '{"name":"', "cancel", '","arguments":{"', "order",
-                                           '":"', "o3", '"}}', "</tool_call>"]
-    # a model that spells the skeleton out char by char writes the same text: the same parsed call
-    spelled = [TEXT_TOKENIZER.token_id(c) if c in TEXT_TOKENIZER.pieces else T.token_id(c) for c in call[11:-12]]
-    assert T.decode([T.token_id("<tool_call>"), *spelled, T.token_id("</tool_call>")]) == call
-    for text in ("u7: refund sofa", "o12 fan shipped;o98 rug refunded", "error: no order o5", 'x<y {"a":"b"}'):
-        assert T.decode(T.encode(text)) == text
-    with pytest.raises(ValueError, match="not printable ASCII"):
-        T.encode("caf\u00e9")
+# ---- no status shortcut ----------------------------------------------------------------------------------
+def test_several_orders_fit_the_intent_so_the_first_fitting_one_wins_about_1_over_m() -> None:
+    rng = random.Random(11)
+    train = [Scenario.from_sample(ScenarioSamples().train(0, i, rng)) for i in range(600)]
+    assert all(2 <= len(s.fitting) <= 3 and s.target in s.fitting and 3 <= len(s.orders) <= 4 for s in train)
+    assert all(len({p for _, p, _ in s.orders}) == len(s.orders) for s in train)  # the product names one order
+    wins = [_play(s, first_fit_turns(s)).success for s in train[:300]]  # type: ignore[attr-defined]
+    expected = statistics.fmean(1 / len(s.fitting) for s in train[:300])
+    rate = sum(wins) / len(wins)
+    # measured: 0.450 here (expected 1/m: 0.459; over 4000 scenarios 0.4505): the shortcut is a coin flip at best
+    assert abs(rate - expected) < 0.07 and rate < 0.52, (rate, expected)
+    assert all(_play(s, agent_turns(s, "good", rng)).success for s in train[:100])  # type: ignore[attr-defined]
 
 
-def test_the_task_binds_its_tokenizer_for_a_model_without_one() -> None:
+# ---- the template-rendered episode -----------------------------------------------------------------------
+def test_the_task_binds_its_bpe_tokenizer_for_a_model_without_one() -> None:
     task = TaskSpec(name="customer-service")
-    assert task_tokenizer(ModelSpec(), task) is CS_TOKENIZER
-    assert task_tokenizer(ModelSpec(), TaskSpec(name="calculator")) is not CS_TOKENIZER
+    assert task_tokenizer(ModelSpec(), task) is T and T.name == NAME
+    assert task_tokenizer(ModelSpec(), TaskSpec(name="calculator")) is not T
     assert bind_task(task).demonstrations and task.label == "customer-service"
 
 
-# ---- demonstrations ------------------------------------------------------------------------------------
-def test_a_good_demonstration_replays_with_reward_1_and_trains_exactly_the_assistant_tokens() -> None:
-    rng = random.Random(0)
-    turns = agent_turns(S, "good", rng)
-    assert turns == [call_text("orders", user="u3"), call_text("cancel", order="o3"), "<eos>"]
-    ad = TurnAdapter("customer-service", CustomerService(), S.to_sample(), T)
-    prompt = ad.reset()
-    ep = replay(ad, prompt, [T.eos_token if t == "<eos>" else t for t in turns])
-    assert ep.done and ep.success and ep.reward == 1.0
-    # expected: prompt, turn 1, its forced response, turn 2, its forced response, the end of turn
-    resp1 = T.encode("<tool_response>o3 lamp placed;o4 mug delivered;o5 pen placed</tool_response>")
-    resp2 = T.encode("<tool_response>ok</tool_response>")
-    parts = [(prompt, False), (T.encode(turns[0]), True), (resp1, False), (T.encode(turns[1]), True),
-             (resp2, False), ([T.eos_id], True)]
-    assert ep.tokens == [i for ids, _ in parts for i in ids]
-    assert ep.loss_mask == [m for ids, m in parts for _ in ids]
-    assert T.decode(prompt) == "<bos>u3: cancel lamp"
+def test_a_good_demonstration_renders_the_system_prompt_tools_and_tool_turns_and_trains_only_the_agent() -> None:
+    turns = agent_turns(S, "good", random.Random(0))
+    assert turns == [call_text("orders", user="u3"), call_text("cancel", order="o3"), FINAL]
+    ep = _play(S, turns)
+    assert ep.done and ep.success and ep.reward == 1.0  # type: ignore[attr-defined]
+    runs: list[tuple[bool, str]] = []
+    for tok, m in zip(ep.tokens, ep.loss_mask, strict=True):  # type: ignore[attr-defined]
+        piece = T.decode([tok])
+        runs[-1:] = [(m, runs[-1][1] + piece)] if runs and runs[-1][0] == m else [*runs[-1:], (m, piece)]
+    prompt = (f"<|im_start|>system\n{SYSTEM}\nTools:\norders(user): List a user's orders (id product status).\n"
+              "cancel(order): Cancel a placed order.\nrefund(order): Refund a delivered order.<|im_end|>\n"
+              "<|im_start|>user\nu3: cancel lamp<|im_end|>\n<|im_start|>assistant\n")
+    assert runs == [
+        (False, prompt),
+        (True, '<tool_call>{"name":"orders","arguments":{"user":"u3"}}</tool_call><|im_end|>'),
+        (False, "\n<|im_start|>tool\no3 lamp placed;o4 mug delivered;o5 pen placed<|im_end|>\n<|im_start|>assistant\n"),
+        (True, '<tool_call>{"name":"cancel","arguments":{"order":"o3"}}</tool_call><|im_end|>'),
+        (False, "\n<|im_start|>tool\nok<|im_end|>\n<|im_start|>assistant\n"),
+        (True, "done<|im_end|>"),
+    ]
+    # compact: the prompt is ~70 tokens, a call 13 (the JSON pieces, names and ids are single tokens)
+    assert 60 <= ep.prompt_len <= 90 and len(T.encode(turns[1])) == 13, (ep.prompt_len, T.encode(turns[1]))  # type: ignore[attr-defined]
 
 
 def test_demonstrations_of_every_kind_end_and_only_good_ones_succeed() -> None:
@@ -155,18 +170,26 @@ def test_demonstrations_of_every_kind_end_and_only_good_ones_succeed() -> None:
     samples = ScenarioSamples()
     wins = dict.fromkeys(DEMO_MIX, 0)
     for kind in DEMO_MIX:
-        for i in range(60):
+        for i in range(40):
             s = Scenario.from_sample(samples.train(0, i, rng))
-            ad = TurnAdapter("customer-service", CustomerService(), s.to_sample(), T)
-            ep = replay(ad, ad.reset(), [T.eos_token if t == "<eos>" else t for t in agent_turns(s, kind, rng)])
-            assert ep.done, (kind, T.decode(ep.tokens))
-            wins[kind] += ep.success
+            ep = _play(s, agent_turns(s, kind, rng))
+            assert ep.done, (kind, T.decode(ep.tokens))  # type: ignore[attr-defined]
+            wins[kind] += ep.success  # type: ignore[attr-defined]
     # a guess without the lookup names the target by chance (1 of 9 ids); every other mistake never wins
-    assert wins["good"] == 60 and wins["wrong_order"] == wins["wrong_tool"] == wins["miscopy"] == 0
-    assert 1 <= wins["guess"] <= 15, wins
-    demos = demonstrations("customer-service", 200, random.Random(0), tokenizer=T)
+    assert wins["good"] == 40 and wins["wrong_order"] == wins["wrong_tool"] == wins["miscopy"] == 0
+    assert wins["guess"] <= 12, wins
+    demos = demonstrations("customer-service", 64, random.Random(0), tokenizer=T)
     assert all(len(t) == len(m) and not m[0] and m[-1] for t, m in demos)
-    assert max(len(t) for t, _ in demos) <= 80  # the task's words as single ids keep episodes short
+    assert max(len(t) for t, _ in demos) <= 160  # prompt ~80, two calls, the lookup's answer, the reply
+
+
+def test_draws_are_fixed_by_the_seed_and_the_split_is_kept() -> None:
+    assert draw_scenario(random.Random(5)) == draw_scenario(random.Random(5))
+    held = ScenarioSamples().heldout(40, seed=2)
+    assert held == ScenarioSamples().heldout(40, seed=2)
+    rng = random.Random(0)
+    train = [ScenarioSamples().train(0, i, rng) for i in range(200)]
+    assert not {str(s) for s in held} & {str(s) for s in train}
 
 
 # ---- the dataset file is read once per process (shared fix of issue 16) ---------------------------------

@@ -17,7 +17,7 @@ import torch
 from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import resolve_arch
 from asyncrl.rollout.envs.adapter import TurnAdapter
-from asyncrl.rollout.envs.cs_vocab import CS_TOKENIZER
+from asyncrl.rollout.envs.cs_tokenizer import cs_tokenizer
 from asyncrl.rollout.envs.customer_service import CustomerService, ScenarioSamples
 from asyncrl.rollout.envs.demos import demonstrations, pad_batch
 from asyncrl.rollout.episode import Episode
@@ -25,7 +25,7 @@ from asyncrl.rollout.hf_engine import HFEngine
 from asyncrl.rollout.hf_model import build_model
 from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 
-T = CS_TOKENIZER
+T = cs_tokenizer()
 STEPS, BATCH, EVAL = 300, 64, 64
 
 

@@ -133,27 +133,32 @@ def test_chat_template_path_with_smollm2_tokenizer() -> None:
 
 
 # ---- the customer-service task ---------------------------------------------------------------------
+# Through a tokenizer without a chat template (the text alphabet): the request alone is the prompt and each
+# answer is forced as plain text after the end-of-turn token (the task's own tokenizer and template:
+# tests/rollout/test_customer_service.py).
 def _play(sample: dict, turns: list[str]) -> tuple[CustomerService, object]:
     env = CustomerService()
     ad = TurnAdapter("customer-service", env, sample, T)
-    ep = replay(ad, ad.reset(), [T.eos_token if t == "<eos>" else t for t in turns])
+    ep = replay(ad, ad.reset(), [t + T.eos_token for t in turns])
     return env, ep
 
 
 def test_customer_service_reward_is_the_database_state() -> None:
-    s = Scenario("u3", (("o31", "lamp", "placed"), ("o47", "mug", "delivered")), "cancel", "lamp")
+    s = Scenario("u3", (("o31", "lamp", "placed"), ("o47", "mug", "delivered"), ("o52", "pen", "placed")),
+                 "cancel", "lamp")
     env, ep = _play(s.to_sample(), agent_turns(s, "good", random.Random(0)))
     assert ep.success and env.db["o31"][2] == "cancelled" and env.db["o47"][2] == "delivered"
     text = T.decode(ep.tokens)
-    assert "<tool_response>o31 lamp placed;o47 mug delivered</tool_response>" in text
-    assert text.endswith('"order":"o31"}}</tool_call><tool_response>ok</tool_response><eos>')
-    # the other order cancelled -> the database misses the goal; a refund of a placed order is refused
+    assert text.startswith("<bos>u3: cancel lamp<tool_call>")
+    assert "</tool_call><eos>o31 lamp placed;o47 mug delivered;o52 pen placed<tool_call>" in text
+    assert text.endswith('"order":"o31"}}</tool_call><eos>okdone<eos>')
+    # the decoy (o52, placed too) cancelled -> the database misses the goal; a refund of a placed order is refused
     for kind in ("wrong_order", "wrong_tool", "miscopy"):
         env, ep = _play(s.to_sample(), agent_turns(s, kind, random.Random(1)))
         assert not ep.success and ep.reward == 0.0, kind
-    # a malformed call is an observation the environment scores (an error response), never an exception
-    env, ep = _play(s.to_sample(), ['<tool_call>{"name": "orders"<eos>', "<eos>"])
-    assert "<tool_response>error: malformed call</tool_response>" in T.decode(ep.tokens)
+    # a malformed call is an observation the environment scores (an error answer), never an exception
+    env, ep = _play(s.to_sample(), ['<tool_call>{"name": "orders"', ""])
+    assert "<eos>error: malformed call<eos>" in T.decode(ep.tokens)
     assert ep.done and not ep.success and env.calls == 1
 
 

@@ -1,0 +1,99 @@
+"""The customer-service task's byte-level BPE (rollout/envs/cs_tokenizer.py): built the same in every process,
+fast, its pieces, its ChatML template through the HF path, a saved folder AutoTokenizer loads with the same ids
+and prompts, and demonstrations rendered directly equal to the adapter's replay token for token."""
+
+import hashlib
+import random
+import subprocess
+import sys
+import time
+
+from asyncrl.rollout.envs import cs_tokenizer as cst
+from asyncrl.rollout.envs.adapter import TurnAdapter
+from asyncrl.rollout.envs.base import replay
+from asyncrl.rollout.envs.customer_service import (
+    DEMO_MIX,
+    PRODUCTS,
+    STATUSES,
+    SYSTEM,
+    TOOLS,
+    CustomerService,
+    Scenario,
+    ScenarioSamples,
+    agent_turns,
+    call_text,
+)
+from asyncrl.rollout.envs.demos import _cs_rendered
+from asyncrl.rollout.envs.render import render_prompt
+from asyncrl.rollout.tokenizer import HFTokenizer
+
+T = cst.cs_tokenizer()
+_DIGEST = "import hashlib; from asyncrl.rollout.envs.cs_tokenizer import cs_tokenizer as c; " \
+          "print(hashlib.sha1(c().hf.backend_tokenizer.to_str().encode()).hexdigest())"
+
+
+def _pieces(text: str) -> list[str]:
+    return [T.decode([i]) for i in T.encode(text)]
+
+
+def test_it_is_built_the_same_in_another_process_fast_and_once() -> None:
+    here = hashlib.sha1(T.hf.backend_tokenizer.to_str().encode()).hexdigest()
+    other = subprocess.run([sys.executable, "-c", _DIGEST], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123", "PATH": ""}).stdout.strip()
+    assert other == here  # the trainer's merges do not depend on the process's hash seeds
+    t0 = time.perf_counter()
+    cst.cs_tokenizer.__wrapped__()  # a fresh build (transformers already imported): measured 0.17 s
+    assert time.perf_counter() - t0 < 1.5
+    assert cst.cs_tokenizer() is T and T.name == cst.NAME and isinstance(T, HFTokenizer)
+
+
+def test_the_tasks_words_ids_and_json_pieces_are_single_tokens() -> None:
+    assert 256 < T.vocab_size <= cst.VOCAB_SIZE
+    for word in (*PRODUCTS, *STATUSES, "cancel", "refund", "orders"):
+        assert _pieces(" " + word) == [" " + word], word
+    assert _pieces(call_text("cancel", order="o7")) == [
+        "<tool_call>", '{"', "name", '":"', "cancel", '","', "arguments", '":{"', "order", '":"', "o7", '"}}',
+        "</tool_call>"]
+    assert _pieces("o3 lamp placed;o4 mug delivered") == ["o3", " lamp", " placed", ";", "o4", " mug", " delivered"]
+    assert T.eos_token == "<|im_end|>" and T.decode([T.eos_id]) == "<|im_end|>" and T.stop_ids == (T.eos_id,)
+    assert T.pad_id != T.eos_id
+    for text in ("u7: refund sofa", "caf\u00e9 \u2603", 'x<y {"a": "b"}\n\t'):  # any text encodes (bytes)
+        assert T.decode(T.encode(text)) == text
+    # the tool tags are added tokens, not special: skip_special keeps them, drops the ChatML markers
+    assert T.decode(T.encode("<|im_start|>a<tool_call>b<|im_end|>"), skip_special=True) == "a<tool_call>b"
+
+
+def test_the_template_puts_the_system_prompt_and_tools_in_the_prompt() -> None:
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "u3: cancel lamp"}]
+    text = T.decode(render_prompt(T, msgs, TOOLS))
+    assert text.startswith(f"<|im_start|>system\n{SYSTEM}\nTools:\norders(user): ")
+    assert text.endswith("<|im_start|>user\nu3: cancel lamp<|im_end|>\n<|im_start|>assistant\n")
+    assert len(render_prompt(T, msgs, TOOLS)) < 90  # measured 78-81 over the held-out tasks
+    no_tools = T.decode(render_prompt(T, [{"role": "user", "content": "hi"}]))
+    assert no_tools == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_saved_folder_loads_with_autotokenizer_and_renders_the_same_prompts(tmp_path) -> None:
+    from transformers import AutoTokenizer
+
+    T.hf.save_pretrained(str(tmp_path))
+    back = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True, trust_remote_code=False)
+    loaded = HFTokenizer.from_folder(tmp_path)
+    s = Scenario.from_sample(ScenarioSamples().heldout(1, seed=0)[0])
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": s.request}]
+    assert render_prompt(loaded, msgs, TOOLS) == render_prompt(T, msgs, TOOLS)
+    assert back.apply_chat_template(msgs, tools=list(TOOLS), tokenize=False, add_generation_prompt=True) == \
+        T.hf.apply_chat_template(msgs, tools=list(TOOLS), tokenize=False, add_generation_prompt=True)
+    text = call_text("orders", user=s.user) + "<|im_end|>"
+    assert back.encode(text, add_special_tokens=False) == T.encode(text) and loaded.eos_id == T.eos_id
+
+
+def test_rendered_demonstrations_equal_the_adapters_replay_token_for_token() -> None:
+    rng, samples = random.Random(1), ScenarioSamples()
+    for i in range(60):
+        sample = samples.train(0, i, rng)
+        turns = agent_turns(Scenario.from_sample(sample), list(DEMO_MIX)[i % len(DEMO_MIX)], random.Random(i))
+        turns = ["which order?", *turns] if i % 7 == 0 else turns  # the scripted user's reply, a user turn
+        ad = TurnAdapter("customer-service", CustomerService(4), sample, T)
+        ep = replay(ad, ad.reset(), [t + T.eos_token for t in turns])
+        assert ep.done and (ep.tokens, ep.loss_mask) == _cs_rendered(CustomerService(4), sample, turns, T), i
