@@ -60,10 +60,13 @@ def test_the_trajectory_trains_exactly_the_sampled_turns_and_forces_what_the_age
         runs = _runs(t, tok.decode)
         sampled = [text for m, text in runs if m]
         forced = [text for m, text in runs if not m]
-        # three turns of exactly max_tokens=6 sampled ids each (a turn that sampled the end-of-turn token ends there)
-        assert len(sampled) == 3 and sum(t.loss_mask) == 18
-        # what the agent added after each turn: the end-of-turn token the turn lacked, then its user message
-        assert forced == [f"{eos}more 0", f"{eos}more 1"]
+        # three turns of max_tokens=6 sampled ids each, or fewer when the model sampled its end-of-turn token
+        assert len(sampled) == 3
+        for s in sampled:
+            n = len(tok.encode(s.removesuffix(eos))) + s.endswith(eos)
+            assert n == 6 or (n < 6 and s.endswith(eos)), s
+        # what the agent added after each turn: the end-of-turn token when the turn lacked it, then its user message
+        assert forced == [("" if sampled[k].endswith(eos) else eos) + f"more {k}" for k in (0, 1)]
         for i, m in enumerate(t.loss_mask):
             if m:
                 assert t.versions[i] == 0 and t.logp_mu[i] <= 0.0
@@ -120,13 +123,17 @@ def test_a_request_that_rewrites_history_starts_a_counted_branch_and_labels_noth
     assert len(superseded) == 2 and len(final) == 2
     for t in out:
         assert t.status is TrajectoryStatus.FINISHED and t.reward == 1.0  # every branch: the session's reward
+    def turns(t: Trajectory) -> list[str]:
+        return [text for m, text in _runs(t, w.tokenizer.decode) if m]
+
     for t in final:
         assert t.info["agent"]["branches"] == 1 and t.traj_id.endswith("-b1")
-        assert t.tokens and sum(t.loss_mask) == 10  # two turns of 5 after the rewritten history
+        # two turns of at most max_tokens=5 after the rewritten history (a sampled end of turn ends one sooner)
+        assert len(turns(t)) == 2 and all(len(w.tokenizer.encode(x)) <= 5 for x in turns(t))
         prompt = w.tokenizer.decode(t.tokens[: t.prompt_len])
         assert "start over" in prompt  # the rewritten request is the branch's prompt, never trained on
     for t in superseded:
-        assert sum(t.loss_mask) == 10  # its own two turns, and nothing of the next branch
+        assert len(turns(t)) == 2  # its own two turns, and nothing of the next branch
     # the staleness buffer takes the group: two members (the last branches), the superseded ones ride along
     buf = StalenessBuffer(2, 1, base_version=0, group_size=2)
     assert buf.reserve(1, 0) == 1
@@ -188,7 +195,8 @@ def test_an_sdk_retry_gets_the_recorded_answer_not_a_second_turn() -> None:
         w.close()
     assert got["again"] == got["first"]
     assert w.agent_counters()["sampling_overridden"] == 2
-    assert t.reward == 1.0 and sum(t.loss_mask) == 4 and t.info["agent"] == {"requests": 1, "retries": 1, "branches": 0}
+    assert t.reward == 1.0 and 1 <= sum(t.loss_mask) <= 4  # one turn (max_tokens=4), sampled once
+    assert t.info["agent"] == {"requests": 1, "retries": 1, "branches": 0}
 
 
 @pytest.mark.parametrize(("agent", "reason"), [
@@ -220,7 +228,7 @@ def test_faulty_sessions_do_not_touch_the_healthy_ones() -> None:
     ok = [t for t in out if t.status is TrajectoryStatus.FINISHED]
     bad = [t for t in out if t.status is TrajectoryStatus.ABORTED]
     assert ok and bad and len(ok) + len(bad) == 12
-    assert all(sum(t.loss_mask) == 18 and t.reward == 0.5 for t in ok)
+    assert all(len([m for m, _ in _runs(t, w.tokenizer.decode) if m]) == 3 and t.reward == 0.5 for t in ok)
     assert sum(w.env_errors().values()) == len(bad)
 
 
@@ -299,7 +307,7 @@ def test_an_external_harness_in_another_process_trains_through_sessions() -> Non
     assert proc.returncode == 0, stderr
     assert "harness done 4" in stdout
     assert len(out) == 4 and all(t.status is TrajectoryStatus.FINISHED and t.reward == 0.25 for t in out)
-    assert all(sum(t.loss_mask) == 6 for t in out)
+    assert all(len([m for m, _ in _runs(t, w.tokenizer.decode) if m]) == 2 for t in out)  # two turns each
     assert w.agent_counters()["sessions_claimed"] == 4
 
 

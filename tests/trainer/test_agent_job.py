@@ -56,5 +56,5 @@ def test_an_agent_function_trains_through_the_endpoint_with_exact_old_logits(tmp
         assert abs(r["rd_min"] - 1.0) < 1e-4 and abs(r["rd_max"] - 1.0) < 1e-4, r
     assert batches.trajs
     for t in batches.trajs:
-        assert t.info["agent"]["requests"] == 3 and sum(t.loss_mask) == 18  # three turns of max_tokens=6
+        assert t.info["agent"]["requests"] == 3 and 3 <= sum(t.loss_mask) <= 18  # three turns of <= max_tokens=6
         assert all(v >= 0 for v, m in zip(t.versions, t.loss_mask, strict=True) if m)
