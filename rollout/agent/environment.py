@@ -45,11 +45,9 @@ from asyncrl.rollout.envs.base import EnvStep
 from asyncrl.rollout.envs.interface import (
     AssistantMessage,
     Message,
-    NonFiniteReward,
     Reset,
     Sample,
     Turn,
-    check_turn,
 )
 from asyncrl.rollout.envs.render import render_observation, tool_messages
 from asyncrl.rollout.envs.runner import EnvFault, EnvRunner, last_line
@@ -326,15 +324,9 @@ class AgentAdapter(TurnAdapter):
         first the end-of-turn token when the turn ended at a stop string or ``max_tokens`` (the template closes
         every assistant turn with it; the engine has not sampled it)."""
         self._turn_tokens = 0
-        try:
-            t = check_turn(turn, f"{self._name}.step")
-        except NonFiniteReward as exc:
-            raise EnvFault("nonfinite_reward", str(exc)) from exc
-        except ValueError as exc:
-            raise EnvFault("bad_messages", str(exc)) from exc
-        self.turns += 1
-        if t.done:
-            return EnvStep(done=True, reward=t.reward, success=t.success, reason=t.reason or "done")
+        t = self.checked_turn(turn)
+        if isinstance(t, EnvStep):
+            return t
         history = tool_messages(self.tokenizer, self.env.messages, self.env.tools)  # as the prompt was rendered
         obs = list(t.observation)
         try:

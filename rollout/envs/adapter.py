@@ -149,11 +149,11 @@ class TurnAdapter:
             fut.set_exception(exc)
         return fut
 
-    def finish_turn(self, msg: AssistantMessage, turn: Turn) -> EnvStep:
-        """``env.step``'s answer -> the tokens to force (or the episode's end); EnvFault when invalid."""
-        what = f"{self._name}.step"
+    def checked_turn(self, turn: Turn) -> Turn | EnvStep:
+        """``env.step``'s answer checked (``EnvFault`` when invalid) and counted: the episode's end as its
+        :class:`EnvStep`, else the turn whose observation is to be forced."""
         try:
-            t = check_turn(turn, what)
+            t = check_turn(turn, f"{self._name}.step")
         except NonFiniteReward as exc:
             raise EnvFault("nonfinite_reward", str(exc)) from exc
         except ValueError as exc:
@@ -161,6 +161,14 @@ class TurnAdapter:
         self.turns += 1
         if t.done:
             return EnvStep(done=True, reward=t.reward, success=t.success, reason=t.reason or "done")
+        return t
+
+    def finish_turn(self, msg: AssistantMessage, turn: Turn) -> EnvStep:
+        """``env.step``'s answer -> the tokens to force (or the episode's end); EnvFault when invalid."""
+        what = f"{self._name}.step"
+        t = self.checked_turn(turn)
+        if isinstance(t, EnvStep):
+            return t
         history = [*self.messages, msg.to_message()]
         obs = list(t.observation)
         try:
