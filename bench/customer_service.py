@@ -54,7 +54,7 @@ BIG = 10**9  # the control's schedule length: every step at warm_start_lr's fina
 class Scale:
     """How big the experiment is."""
 
-    warm_start_steps: int = 300  # batches of 128 demonstrations (120: the user id not yet copied, pass^1 0.02)
+    warm_start_steps: int = 300  # batches of 128 demonstrations (measured: loss 0.177, on the plateau; 500: 0.173)
     rl_steps: int = 48  # policy versions per RL run
     points: int = 4  # evaluation points after version 0 (every rl_steps / points versions)
     prompts: int = 8  # GRPO groups per step
@@ -262,7 +262,7 @@ def task_facts(ev: Evaluator) -> dict[str, Any]:
 
 def write(path: Path, record: Mapping[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.write_text(json.dumps(record, separators=(",", ":")) + "\n")
     tmp.replace(path)
 
 
