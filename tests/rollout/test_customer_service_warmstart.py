@@ -1,12 +1,13 @@
-"""The customer-service warm start learns what it must (slow): a short supervised pass on the
-demonstrations, with the task's vocabulary, gives a policy whose sampled held-out episodes succeed.
+"""The customer-service warm start learns what it must (slow): a supervised pass on the demonstrations, with the
+task's BPE and chat template, gives a policy that copies the user's id from the request and whose sampled
+held-out episodes sometimes succeed.
 
-A cheaper stand-in for the job's own warm start (``asyncrl run examples/customer-service.yaml``,
-Megatron actor, 300 steps of 128, held-out success 0.20): the same tiny-llama shape as a
-transformers model, the same demonstrations and learning-rate schedule (``trainer/driver/hosts/warm_start.py``),
-smaller steps. It fails for the vocabulary that spells ids in digits (the loss stalls at the cost
-of guessing the digits, 0.34 nats per agent token, and no held-out episode succeeds) and for a warm
-start too short to copy order ids from the tool's answer (175 steps: 0.08).
+A cheaper stand-in for the job's own warm start (``bench/customer_service.py``, Megatron actor, 500 steps of
+128): the same tiny-llama shape as a transformers model, the same demonstrations and learning-rate schedule
+(``trainer/driver/hosts/warm_start.py``), smaller steps. The loss first sits on a plateau near 0.18 nats per
+agent token where the format is learned but no id is copied (every call names a random user: ln 9 nats
+lost per call); measured here the copy appears between steps 150 and 250 of 400 (loss 0.184 -> 0.123), and
+the job's 300-step warm start at batch 128 had not left that plateau (loss 0.177, held-out pass^1 0.02).
 """
 
 import random
@@ -26,7 +27,7 @@ from asyncrl.rollout.hf_model import build_model
 from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 
 T = cs_tokenizer()
-STEPS, BATCH, EVAL = 300, 64, 64
+STEPS, BATCH, EVAL = 400, 64, 64
 
 
 def _sft(model: torch.nn.Module, steps: int, rng: random.Random) -> list[float]:
@@ -54,15 +55,16 @@ def test_warm_start_gives_a_policy_that_sometimes_succeeds_on_heldout_scenarios(
     arch = resolve_arch(ModelSpec(preset="tiny-llama"), T.vocab_size, 256)
     model = build_model(arch, seed=0).train()
     losses = _sft(model, STEPS, random.Random(0))
-    # far below the digit-guessing floor of the old vocabulary (0.34) and the start (ln 156 = 5.05)
-    assert losses[0] > 4.0 and max(losses[-10:]) < 0.25, losses[::25]
+    # the plateau (no id copied) is ~0.18; measured 6.1 -> 0.118
+    assert losses[0] > 4.0 and max(losses[-10:]) < 0.16, losses[::25]
     engine = HFEngine(arch, dtype="float32", seed=0, pad_id=T.pad_id)
     engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version=0)
+    tasks = ScenarioSamples().heldout(EVAL, seed=0)
     eps = [Episode.start(str(i), "g", TurnAdapter("customer-service", CustomerService(4), s, T), random.Random(i))
-           for i, s in enumerate(ScenarioSamples().heldout(EVAL, seed=0))]
+           for i, s in enumerate(tasks)]
     engine.generate(eps, max_new_tokens=96, temperature=1.0, seed=0)
     success = sum(e.success for e in eps) / EVAL
-    well_formed = sum('"name":"orders"' in T.decode(e.tokens) for e in eps) / EVAL
-    # measured: loss 4.98 -> 0.18, success 0.094 (6/64; half the job's batch, so below its 0.20); the
-    # digit-spelled vocabulary gives 0, the demo mix's ceiling is its "good" share (~0.5)
-    assert well_formed > 0.5 and 0.05 <= success <= 0.6, (success, well_formed)
+    user = sum(f'"user":"{s["user"]}"' in T.decode(e.tokens) for e, s in zip(eps, tasks, strict=True)) / EVAL
+    # measured (one torch thread): the user copied in 0.73 of the episodes, success 0.125 (8/64); on the plateau the copy is
+    # chance (1/9) and success ~0.02; the demo mix's ceiling is its "good" share (~0.5)
+    assert user > 0.4 and 0.03 <= success <= 0.6, (success, user)
