@@ -1,32 +1,19 @@
 """bench/agent_endpoint.py: its statistics on hand-made rounds, the model surgery it rests on, and the whole bench in
 its ``--smoke`` form (two session counts, one round, short episodes). No timing is asserted: the machine is shared."""
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, bench_module
 
 BENCH = ROOT / "bench" / "agent_endpoint.py"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_agent_endpoint", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = bench_module("agent_endpoint")
 
 
 def test_percentile_is_the_nearest_rank() -> None:

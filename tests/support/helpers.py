@@ -56,6 +56,16 @@ def find_helm() -> str | None:
 PAPER = ROOT / "bench" / "paper"
 
 
+def bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module, registered as ``bench_<name>`` (dataclasses look their module up by name)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def paper_module(name: str) -> ModuleType:
     """``bench/paper/<name>.py`` as a module, registered as ``bench_paper_<name>`` (dataclasses and pickling see
     it). The scripts import their siblings, some inside functions, so ``bench/paper`` stays on the path."""
