@@ -36,6 +36,7 @@ from asyncrl.rollout.agent.endpoint import AgentEndpoint
 from asyncrl.rollout.agent.protocol import (
     ChatRequest,
     FinishReason,
+    RequestError,
     assistant_message,
     completion,
 )
@@ -272,8 +273,6 @@ class AgentEnvironment:
         if self._agent_future is not None and not self._agent_future.done():
             self._agent_future.cancel()
         if self.request is not None and self._reply is not None and not self._reply.done():
-            from asyncrl.rollout.agent.protocol import RequestError
-
             _resolve(self._reply, exc=RequestError(404, f"session {s.id} has ended: {reason}", code="session_finished"))
 
 

@@ -15,7 +15,6 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from asyncrl.api.constants import AGENT_ADVERTISE_ENV, AGENT_BIND_ENV, AGENT_SESSION_KEY_ENV
 from asyncrl.rollout.agent.endpoint import AgentEndpoint
@@ -225,8 +224,6 @@ class AgentHost:
         self.endpoint.close()
         self.loop.close()
 
-    def info(self) -> dict[str, Any]:
-        return {"base_url": self.endpoint.base_url, **self.endpoint.snapshot()}
 
 
 __all__ = ["AgentHost", "advertised", "bind_address"]

@@ -83,7 +83,6 @@ def test_the_trajectory_trains_exactly_the_sampled_turns_and_forces_what_the_age
 def test_a_chat_template_session_forces_only_the_templates_tail() -> None:
     from transformers import AutoTokenizer
 
-    from asyncrl.rollout.envs.render import render_chat
     from asyncrl.rollout.smollm import smollm2_gguf
     from asyncrl.rollout.tokenizer import HFTokenizer
 
@@ -107,7 +106,6 @@ def test_a_chat_template_session_forces_only_the_templates_tail() -> None:
     # the trained tokens are the sampled ids themselves: decoding and re-encoding them is not what was trained on
     sampled_ids = [i for i, m in zip(t.tokens, t.loss_mask, strict=True) if m]
     assert len(sampled_ids) == 18
-    assert render_chat is not None
 
 
 def test_a_request_that_rewrites_history_starts_a_counted_branch_and_labels_nothing_twice() -> None:
