@@ -37,7 +37,7 @@ def _actor(opts: Any, folder: Path, bf16: bool) -> Any:
 def _batch(actor: Any, rows: int, length: int) -> Any:
     import torch
 
-    from asyncrl.trainer.megatron.batch import TrainBatch
+    from asyncrl.trainer.actor.batch import TrainBatch
 
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, actor.settings.arch.vocab_size, (rows, length), generator=g)

@@ -52,10 +52,10 @@ def _rank(rank: int, world: int, threads: int, init_method: str | None, out: str
 
     torch.set_num_threads(threads)
     from asyncrl.api.job import AsyncRLJobSpec
+    from asyncrl.trainer.actor.batch import TrainBatch
     from asyncrl.trainer.actor.held_reference import provider_scores
     from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
     from asyncrl.trainer.actor.update_plan import micro_batches
-    from asyncrl.trainer.megatron.batch import TrainBatch
     from asyncrl.trainer.megatron.parallel import Layout
 
     spec = AsyncRLJobSpec.model_validate(_job(reference, hidden))

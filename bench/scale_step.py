@@ -34,7 +34,7 @@ class Trainer:
         """Seconds of each of ``n`` train steps on one seeded ``[rows, length]`` batch (plus a warm-up)."""
         import torch
 
-        from asyncrl.trainer.megatron.batch import TrainBatch
+        from asyncrl.trainer.actor.batch import TrainBatch
 
         g = torch.Generator().manual_seed(0)
         vocab = self.actor.settings.arch.vocab_size

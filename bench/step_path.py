@@ -100,9 +100,15 @@ class StageClock:
 
 
 class Adapter:
-    """One tree's actor behind the calls the bench makes (``ActorHost`` moved between the trees)."""
+    """One tree's actor behind the calls the bench makes (``ActorHost`` and ``TrainBatch`` moved between the
+    trees)."""
 
     def __init__(self, spec_doc: dict[str, Any], work_dir: str) -> None:
+        try:  # the tree after TrainBatch joined the actor
+            from asyncrl.trainer.actor.batch import TrainBatch
+        except ImportError:  # before: under the megatron primitives
+            from asyncrl.trainer.megatron.batch import TrainBatch  # type: ignore[no-redef]
+        self.batch = TrainBatch
         try:  # the tree after the driver split
             from asyncrl.trainer.driver.hosts.actor_host import ActorHost
         except ImportError:  # fe603b0: one hosts module
@@ -170,8 +176,6 @@ def worker(src: str, batches_path: str, warmup: int) -> None:
     import torch
     import yaml
 
-    from asyncrl.trainer.megatron.batch import TrainBatch
-
     spec_doc = yaml.safe_load(QUICKSTART.read_text())["spec"]
     with tempfile.TemporaryDirectory() as work_dir:
         adapter = Adapter(spec_doc, work_dir)
@@ -184,7 +188,7 @@ def worker(src: str, batches_path: str, warmup: int) -> None:
             arrays = _batch_arrays(data, index % n_batches, actor, actor.version)
             clock.take()
             c0, p0 = time.thread_time(), time.process_time()
-            tb = TrainBatch.from_numpy(arrays)
+            tb = adapter.batch.from_numpy(arrays)
             c1 = time.thread_time()
             actor.train_step(tb)
             c2 = time.thread_time()

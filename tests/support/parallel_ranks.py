@@ -42,7 +42,7 @@ def _record(part: Any) -> dict[str, float]:
 
 def _batch(actor: Any) -> Any:
     """One fixed global batch: right-padded rows of different lengths, mixed-sign advantages."""
-    from asyncrl.trainer.megatron.batch import TrainBatch
+    from asyncrl.trainer.actor.batch import TrainBatch
 
     g = torch.Generator().manual_seed(11)
     tokens = torch.randint(0, VOCAB, (B, T), generator=g)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.batch import TrainBatch
 
 VOCAB = 40
 B, T, PROMPT = 6, 14, 4

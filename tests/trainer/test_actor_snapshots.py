@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits import MissingSnapshotError, WeightSnapshots
 
 VOCAB = 40

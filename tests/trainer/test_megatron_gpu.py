@@ -38,8 +38,8 @@ def test_actor_trains_and_exports_weights_on_cuda(cuda_runtime) -> None:
     from transformers import LlamaForCausalLM
 
     from asyncrl.api.job import AsyncRLJobSpec
+    from asyncrl.trainer.actor.batch import TrainBatch
     from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
-    from asyncrl.trainer.megatron.batch import TrainBatch
     from asyncrl.trainer.megatron.convert import llama_config
 
     # fp32 params (the export is compared to transformers at 1e-4) with megatron's distributed optimizer (the

@@ -8,10 +8,10 @@ import torch
 
 from asyncrl.api.correction import CorrectionSpec
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.driver.run.step_report import ActorStep, step_line
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits.audit import audit_rows
 from tests.support.audit_stats import audit_stats
 from tests.support.bruteforce import brute_force_logp_old

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from asyncrl.rollout.trajectory import Trajectory
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch
-from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits import PrecomputedProvider, UnscoredTokensError, make_provider
 from asyncrl.trainer.oldlogits.registry import ProviderSettings
 

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from asyncrl.api.correction import EwmaSpec
-from asyncrl.trainer.megatron.batch import TrainBatch
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.oldlogits import (
     CurrentProvider,
     EwmaProvider,

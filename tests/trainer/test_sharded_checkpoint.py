@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.checkpoint_io import load_actor, model_state, save_actor
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.checkpoint.folder import CheckpointError
 from asyncrl.trainer.driver.run import checkpoints, recovery
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.batch import TrainBatch
 from tests.support.sharded_ranks import single_file
 
 VOCAB = 40

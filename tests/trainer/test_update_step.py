@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.actor.update_plan import (
     in_bounds_ratio,
@@ -20,7 +21,6 @@ from asyncrl.trainer.actor.update_plan import (
 from asyncrl.trainer.correction import correction_loss
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat
-from asyncrl.trainer.megatron.batch import TrainBatch
 
 VOCAB = 40
 B, T, PROMPT = 6, 14, 4

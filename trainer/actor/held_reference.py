@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.api.correction import ReferencePolicy
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.actor.update_plan import micro_batches, select_rows
 from asyncrl.trainer.megatron import parallel
-from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits.protocol import OldLogitProvider, Scorer
 from asyncrl.trainer.oldlogits.registry import reads_logp_theta
 

@@ -52,6 +52,7 @@ import torch
 
 from asyncrl.api.correction import ReferencePolicy
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
 from asyncrl.trainer.actor.held_reference import HeldReference, hold_reference
 from asyncrl.trainer.actor.reports import NO_TOKENS, SftStepMetrics, TrainStepMetrics, UpdateTally
@@ -66,7 +67,6 @@ from asyncrl.trainer.actor.update_plan import (
 )
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat, parallel
-from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import token_logprobs
 from asyncrl.trainer.megatron.model import build_gpt_model

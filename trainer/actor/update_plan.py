@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from asyncrl.api.correction import LossAggregation
+from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.megatron.batch import TrainBatch
 
 _MIN_FIELDS = ("rd_min", "rs_min")  # extremes of CorrectionStats: combined by min/max, not summed
 _MAX_FIELDS = ("rd_max", "rs_max")

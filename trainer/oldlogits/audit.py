@@ -26,15 +26,14 @@ are reduced over the DP group: the counts add, the distances are taken over ever
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from asyncrl.api.correction import CorrectionSpec, DiscrepancyMode
 from asyncrl.trainer.megatron import parallel
-from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.protocol import Scorer
+from asyncrl.trainer.oldlogits.protocol import PaddedBatch, Scorer
 from asyncrl.trainer.oldlogits.snapshot import StoreBacked, WeightSnapshots, score_exact
 
 PREFIX = "audit_"  # every metric name of an audited step starts with it
@@ -204,7 +203,7 @@ class Auditor(StoreBacked):
         self.store.record(scorer.version, scorer.named_weights())
 
     def run(
-        self, batch: TrainBatch, scorer: Scorer, version: int, logp_theta: Tensor, logp_ref: Tensor,
+        self, batch: PaddedBatch, scorer: Scorer, version: int, logp_theta: Tensor, logp_ref: Tensor,
         spec: CorrectionSpec,
     ) -> AuditStats:
         """Score the chosen rows exactly and compare (under DP: this rank's share, reduced over the group).
@@ -224,13 +223,10 @@ class Auditor(StoreBacked):
         rows = chosen[ok].to(batch.tokens.device)
         dp_rank, dp_size = parallel.dp_rank_size()
         mine = parallel.dp_share(rows, batch.loss_mask, dp_rank, dp_size)  # every row when alone
-        sub = replace(
-            batch, **{f: getattr(batch, f)[mine] for f in ("tokens", "loss_mask", "logp_mu", "versions",
-                                                          "advantages", "turn_ids")}, logp_old=None,
-        )
-        logp_old = score_exact(self.store, scorer, sub.tokens, sub.versions, sub.loss_mask)
-        part = audit_parts(logp_theta[mine], logp_ref[mine], logp_old, sub.logp_mu, sub.advantages, sub.loss_mask,
-                           spec, turn_ids=sub.turn_ids)
+        loss_mask = batch.loss_mask[mine]
+        logp_old = score_exact(self.store, scorer, batch.tokens[mine], batch.versions[mine], loss_mask)
+        part = audit_parts(logp_theta[mine], logp_ref[mine], logp_old, batch.logp_mu[mine], batch.advantages[mine],
+                           loss_mask, spec, turn_ids=batch.turn_ids[mine])
         return merge_parts(_gather_parts(part, dp_size), rows=int(rows.numel()), rows_unscorable=int((~ok).sum()))
 
 

@@ -26,8 +26,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
-from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.protocol import NoScoringNoState
+from asyncrl.trainer.oldlogits.protocol import NoScoringNoState, PaddedBatch
 
 
 def version_gaps(
@@ -137,7 +136,7 @@ class ClosedFormProvider(NoScoringNoState):
     extra_forward: bool = False
 
     def logp_ref(
-        self, batch: TrainBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
+        self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
     ) -> Tensor:
         return self.formula(
             logp_mu=batch.logp_mu, logp_theta=logp_theta, versions=batch.versions,

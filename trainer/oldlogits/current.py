@@ -5,8 +5,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
-from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.protocol import NoScoringNoState
+from asyncrl.trainer.oldlogits.protocol import NoScoringNoState, PaddedBatch
 
 
 @dataclass
@@ -24,6 +23,6 @@ class CurrentProvider(NoScoringNoState):
     extra_forward: bool = False
 
     def logp_ref(
-        self, batch: TrainBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
+        self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
     ) -> Tensor:
         return logp_theta.detach()

@@ -22,8 +22,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.api.correction import EwmaSpec, ReferencePolicy
-from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.protocol import Scorer
+from asyncrl.trainer.oldlogits.protocol import PaddedBatch, Scorer
 
 if TYPE_CHECKING:
     from asyncrl.trainer.correction.ewma_controller import EwmaController
@@ -66,17 +65,17 @@ class EwmaProvider:
             self.controller.init(scorer.named_weights())
         return self.controller
 
-    def score(self, batch: TrainBatch, scorer: Scorer) -> Tensor | None:
+    def score(self, batch: PaddedBatch, scorer: Scorer) -> Tensor | None:
         return scorer.logprobs_under(self._ensure(scorer).params, batch.tokens)
 
     def logp_ref(
-        self, batch: TrainBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
+        self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
     ) -> Tensor:
         if scored is None:
             raise ValueError("the ewma reference needs its forward: call score() before logp_ref()")
         return scored.detach()
 
-    def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
+    def observe_update(self, batch: PaddedBatch, scorer: Scorer, keep_ratio: float) -> str:
         """Fold the new version's weights into ``theta_prox`` and the batch's mean staleness into the
         measured window; ``keep_ratio``: the batch's in-bounds ratio of ``r_d`` (the reset statistic);
         the reset reason, or "" when none."""

@@ -19,8 +19,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
-from asyncrl.trainer.megatron.batch import TrainBatch
-from asyncrl.trainer.oldlogits.protocol import NoScoringNoState
+from asyncrl.trainer.oldlogits.protocol import NoScoringNoState, PaddedBatch
 
 
 class UnscoredTokensError(RuntimeError):
@@ -36,7 +35,7 @@ class PrecomputedProvider(NoScoringNoState):
     extra_forward: bool = False
 
     def logp_ref(
-        self, batch: TrainBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
+        self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
     ) -> Tensor:
         """``[B, T]``: pre-scored tokens from ``batch.logp_old``, own-version tokens from ``logp_theta``."""
         own = batch.loss_mask & (batch.versions == actor_version)  # [B, T]

@@ -1,6 +1,10 @@
 """The contract of the old-logit stage (docs/architecture.md, the path of one token: batch -> OldLogitProvider -> ``logp_ref``).
 
-Two roles, kept apart:
+Three roles, kept apart:
+
+- the **batch** a provider reads (:class:`PaddedBatch`): the actor's ``TrainBatch``
+  (``trainer/actor/batch.py``) seen through the fields a provider reads, so that this package stays below the
+  actor;
 
 - the **actor** runs forwards (:class:`Scorer`): it owns the live weights and the model code;
 - a **provider** (:class:`OldLogitProvider`) decides which weights score which tokens, owns the
@@ -37,7 +41,35 @@ from typing import Any, Protocol, runtime_checkable
 from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
-from asyncrl.trainer.megatron.batch import TrainBatch
+
+
+class PaddedBatch(Protocol):
+    """What a provider reads of a batch: ``[B, T]`` tensors aligned per token, right-padded.
+
+    The actor's :class:`~asyncrl.trainer.actor.batch.TrainBatch` is the one implementation (its docstring says
+    what every field holds); providers read it, never build one.
+    """
+
+    @property
+    def tokens(self) -> Tensor: ...
+
+    @property
+    def loss_mask(self) -> Tensor: ...
+
+    @property
+    def logp_mu(self) -> Tensor: ...
+
+    @property
+    def versions(self) -> Tensor: ...
+
+    @property
+    def advantages(self) -> Tensor: ...
+
+    @property
+    def turn_ids(self) -> Tensor: ...
+
+    @property
+    def logp_old(self) -> Tensor | None: ...
 
 
 class Scorer(Protocol):
@@ -68,17 +100,17 @@ class OldLogitProvider(Protocol):
     reference: ReferencePolicy  # what every metric and log says produced pi_ref (docs/architecture.md, the path of one token)
     extra_forward: bool  # costs at least one no-grad forward of the actor model per step
 
-    def score(self, batch: TrainBatch, scorer: Scorer) -> Tensor | None:
+    def score(self, batch: PaddedBatch, scorer: Scorer) -> Tensor | None:
         """This provider's forwards before the gradient forward: ``[B, T]`` log-probs, or None."""
         ...
 
     def logp_ref(
-        self, batch: TrainBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
+        self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
     ) -> Tensor:
         """Detached ``logp_ref`` ``[B, T]`` from the batch, ``logp_theta`` ``[B, T]`` and ``scored``."""
         ...
 
-    def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
+    def observe_update(self, batch: PaddedBatch, scorer: Scorer, keep_ratio: float) -> str:
         """Once per new version (``scorer.version`` already advanced by one, after all the batch's
         updates): fold the new weights into the provider's state; ``keep_ratio``: the batch's in-bounds
         ratio of ``r_d`` (step 5 above); returns why the reference was reset ("" when it was not)."""
@@ -97,10 +129,10 @@ class NoScoringNoState:
     own before the gradient forward, nothing folded in per version, nothing to checkpoint (closed-form,
     current, pre-scored exact)."""
 
-    def score(self, batch: TrainBatch, scorer: Scorer) -> Tensor | None:
+    def score(self, batch: PaddedBatch, scorer: Scorer) -> Tensor | None:
         return None
 
-    def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
+    def observe_update(self, batch: PaddedBatch, scorer: Scorer, keep_ratio: float) -> str:
         return ""
 
     def state_dict(self) -> dict[str, Any]:

@@ -39,9 +39,8 @@ import torch
 from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
-from asyncrl.trainer.megatron.batch import TrainBatch
 from asyncrl.trainer.oldlogits import node_share
-from asyncrl.trainer.oldlogits.protocol import ResidentVersions, Scorer
+from asyncrl.trainer.oldlogits.protocol import PaddedBatch, ResidentVersions, Scorer
 
 SnapshotMedium = Literal["cpu", "disk"]
 _GIVEN_UP_MEMORY = 64  # how many released/given-up versions the store remembers for its errors
@@ -337,20 +336,20 @@ class SnapshotProvider(StoreBacked):
     def __init__(self, capacity: int, *, device: SnapshotMedium = "cpu", work_dir: str | None = None) -> None:
         self.store = WeightSnapshots(capacity, device=device, work_dir=work_dir)
 
-    def score(self, batch: TrainBatch, scorer: Scorer) -> Tensor | None:
+    def score(self, batch: PaddedBatch, scorer: Scorer) -> Tensor | None:
         """``pi_old`` ``[B, T]``: each trained token's log-prob under its own version's weights (0
         elsewhere). Only the rows holding a version are scored under it."""
         self.store.record(scorer.version, scorer.named_weights())  # no-op unless not yet resident (rule 1)
         return score_exact(self.store, scorer, batch.tokens, batch.versions, batch.loss_mask)
 
     def logp_ref(
-        self, batch: TrainBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
+        self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
     ) -> Tensor:
         if scored is None:
             raise ValueError("exact old logits need the snapshot forwards: call score() before logp_ref()")
         return scored.detach()
 
-    def observe_update(self, batch: TrainBatch, scorer: Scorer, keep_ratio: float) -> str:
+    def observe_update(self, batch: PaddedBatch, scorer: Scorer, keep_ratio: float) -> str:
         """Record the new version now: rollout receives these weights with this update (rule 1)."""
         self.store.record(scorer.version, scorer.named_weights())
         return ""

@@ -124,8 +124,8 @@ class ActorHost:
         """One optimizer step on ``TrainBatch.to_numpy()``'s arrays; returns (the step's typed report, the new
         weights' sync handle or None when no update applied). ``live_versions``: the versions untrained tokens
         may still carry after this step (weight snapshots of every other version are released)."""
+        from asyncrl.trainer.actor.batch import TrainBatch
         from asyncrl.trainer.driver.run.step_report import ActorStep
-        from asyncrl.trainer.megatron.batch import TrainBatch
 
         if self.actor.version != version:
             raise RuntimeError(f"driver expected actor version {version}, actor is at {self.actor.version}")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
-from asyncrl.trainer.megatron.batch import TrainBatch
+from asyncrl.trainer.actor.batch import TrainBatch
 
 
 def grpo_advantages(

@@ -3,7 +3,9 @@
 The driver builds it (:func:`asyncrl.trainer.driver.loop.grpo_batch.assemble_batch`), sends it over the Ray
 boundary as ``{field: numpy array}`` (:meth:`TrainBatch.to_numpy` / :meth:`TrainBatch.from_numpy`,
 both derived from the record's fields) and the actor trains on it. Every field keeps its name from
-the trajectory to the actor.
+the trajectory to the actor. The old-logit providers read it as
+:class:`~asyncrl.trainer.oldlogits.protocol.PaddedBatch` (the fields they read), so ``trainer/oldlogits`` stays
+below the actor that owns the record.
 """
 
 import warnings
