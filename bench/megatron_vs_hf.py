@@ -1,6 +1,6 @@
 """Side-by-side speed of one training step: megatron actor path vs plain HF ``LlamaForCausalLM``.
 
-``python -m asyncrl.trainer.megatron.bench [--batch 128] [--seq 60] [--threads 2]``
+``.venv/bin/python bench/megatron_vs_hf.py [--batch 128] [--seq 60] [--threads 2]``
 
 Both sides run the same step on the same weights and tokens: forward to per-token log-probs,
 masked mean negative log-likelihood, backward, AdamW step (megatron: DDP ``main_grad`` buffers,
