@@ -15,7 +15,9 @@ Read top to bottom (the first step, resolving a run directory to its checkpoint,
 ``config.json`` is the source folder's own when the job's model came from a folder (``spec.model.weights``
 with a ``config.json``), else the architecture's transformers config. The tokenizer files are copied from
 that folder; the character tokenizer of the tiny presets is written as an equivalent transformers fast
-tokenizer (:mod:`asyncrl.trainer.export_tokenizer`).
+tokenizer (:mod:`asyncrl.trainer.export_tokenizer`), and a task's own transformers tokenizer used without a
+model folder (the customer-service BPE) is saved with ``save_pretrained``, chat template included
+(:func:`save_task_tokenizer`).
 
 The driver exports during training (``spec.checkpoint.exportEverySteps``) from the weights it already
 holds for the weight sync (HF names, fp32): :func:`export_weights`, into ``<checkpoint dir>/exports``,
@@ -62,7 +64,7 @@ class ExportResult:
     shards: int
     weight_bytes: int
     seconds: float
-    tokenizer: str  # where the tokenizer files came from ("copied from <folder>" / "character tokenizer ...")
+    tokenizer: str  # where the tokenizer came from: "copied from <folder>", "the built-in character ...", ...
     config_source: str  # "source folder" or "architecture"
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # newer checkpoints that do not verify, with the reason
@@ -187,7 +189,7 @@ def write_tokenizer(files: ModelFiles, dest: Path) -> str:
         return ("the built-in character tokenizer as a transformers fast tokenizer (same ids: tags and "
                 "specials are added tokens, characters a WordLevel vocabulary)")
     if files.source is None:
-        raise ExportError("the job's tokenizer has no files to copy (no spec.model.weights folder)")
+        return save_task_tokenizer(files.tokenizer, dest)
     try:
         copied = copy_tokenizer_files(files.source, dest)
     except UnconfinedFileError as exc:
@@ -195,6 +197,24 @@ def write_tokenizer(files: ModelFiles, dest: Path) -> str:
     if not copied:
         raise ExportError(f"{files.source}: no tokenizer files to copy (tokenizer.json, tokenizer_config.json, ...)")
     return f"copied from {files.source} ({', '.join(copied)})"
+
+
+def save_task_tokenizer(tokenizer: Any, dest: Path) -> str:
+    """Save a tokenizer that has no folder of its own (a task's built-in one, e.g. the customer-service
+    BPE of ``rollout/envs/cs_tokenizer.py``) with transformers' ``save_pretrained``: its vocabulary, specials
+    and chat template, so ``AutoTokenizer.from_pretrained(dest)`` renders the same prompt ids."""
+    hf = getattr(tokenizer, "hf", None)
+    name = getattr(tokenizer, "name", type(tokenizer).__name__)
+    if hf is None or not callable(getattr(hf, "save_pretrained", None)):
+        raise ExportError(
+            f"the job's tokenizer {name!r} has no files to copy (spec.model.weights names no model folder) and is "
+            "not a transformers tokenizer that could be saved; set spec.model.weights to a model folder with its "
+            "tokenizer files (tokenizer.json, tokenizer_config.json, ...)"
+        )
+    hf.save_pretrained(str(dest))
+    template = " and its chat template" if getattr(hf, "chat_template", None) else ""
+    return (f"the task's tokenizer {name} (no model folder), saved with transformers' save_pretrained: its "
+            f"vocabulary, special tokens{template}")
 
 
 def shard_plan(hf: Mapping[str, torch.Tensor], max_shard_bytes: int, itemsize: int) -> list[list[str]]:

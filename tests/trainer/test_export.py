@@ -27,13 +27,13 @@ def megatron_on_cpu() -> None:
     compat.init_megatron(seed=0, device="cpu")
 
 
-def _job(tmp: Path, *, tied: bool = True, weights: str | None = None) -> AsyncRLJob:
+def _job(tmp: Path, *, tied: bool = True, weights: str | None = None, task: str = "calculator") -> AsyncRLJob:
     model: dict = {"preset": "tiny-llama", "hiddenSize": 32, "numLayers": 2, "ffnHiddenSize": 64,
                    "tieEmbeddings": tied}
     if weights is not None:
         model["weights"] = weights
     return validate_job({"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "exp"},
-                         "spec": {"model": model, "task": {"name": "calculator", "temperature": 0.8},
+                         "spec": {"model": model, "task": {"name": task, "temperature": 0.8},
                                   "train": {"seed": 5}}}, "job.yaml")
 
 
@@ -127,6 +127,53 @@ def test_character_tokenizer_is_written_as_an_hf_tokenizer_with_the_same_ids(tmp
     assert (hf.pad_token_id, hf.eos_token_id, hf.bos_token_id) == (TOKENIZER.pad_id, TOKENIZER.eos_id, TOKENIZER.bos_id)
     assert list(hf.apply_chat_template([{"role": "user", "content": "Q:1+2=?"}], tokenize=True)["input_ids"]) == \
         TOKENIZER.chat_prompt("", "Q:1+2=?")
+
+
+def test_a_customer_service_run_exports_the_tasks_bpe_and_template_for_transformers(tmp_path: Path) -> None:
+    """A preset model on the customer-service task reads it through the task's BPE (no model folder): the
+    export saves that tokenizer, and transformers renders the task's prompt to the ids the policy saw."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from asyncrl.rollout.envs.cs_tokenizer import cs_tokenizer
+    from asyncrl.rollout.envs.customer_service import CustomerService, draw_scenario
+    from asyncrl.rollout.envs.render import render_prompt
+    from asyncrl.rollout.tokenizer import HFTokenizer
+
+    job = _job(tmp_path, task="customer-service")
+    run, actor = _run_dir(tmp_path, job)  # an untrained checkpoint: the tokenizer and the weights are what's checked
+    out = tmp_path / "out"
+    result = run_export.export_checkpoint(run, out)
+    assert "save_pretrained" in result.tokenizer and "chat template" in result.tokenizer, result.tokenizer
+    assert json.loads((out / export.MARKER_FILE).read_text())["tokenizer"] == result.tokenizer
+    task_tok = cs_tokenizer()
+    hf = AutoTokenizer.from_pretrained(str(out))
+    assert len(hf) == task_tok.vocab_size
+    assert (hf.pad_token_id, hf.eos_token_id) == (task_tok.pad_id, task_tok.eos_id)
+    again = HFTokenizer.from_folder(out)  # a job that starts from the export (spec.model.weights: out)
+    assert (again.eos_id, again.pad_id, again.stop_ids) == (task_tok.eos_id, task_tok.pad_id, task_tok.stop_ids)
+    for seed in range(3):
+        reset = CustomerService().reset(draw_scenario(random.Random(seed)).to_sample())
+        want = render_prompt(task_tok, reset.messages, reset.tools)  # what the rollout worker feeds the policy
+        got = hf.apply_chat_template(list(reset.messages), tools=[dict(t) for t in reset.tools or ()],
+                                     add_generation_prompt=True, tokenize=True)["input_ids"]
+        assert list(got) == want == render_prompt(again, reset.messages, reset.tools)
+        assert hf.decode(want) == task_tok.decode(want)
+    tokens = torch.tensor([want])
+    with torch.no_grad():
+        want_logits = full_logits(actor._gpt, tokens)
+    torch.testing.assert_close(_hf_logits(out, tokens), want_logits, rtol=0.0, atol=1e-6)
+
+
+def test_a_tokenizer_with_nothing_to_save_is_refused_naming_the_field(tmp_path: Path) -> None:
+    class Bare:  # a Tokenizer-protocol object with neither a folder nor a transformers tokenizer behind it
+        name, vocab_size, pad_id, eos_id = "bare", 4, 0, 1
+
+    files = export.ModelFiles(export.model_files(_job(tmp_path).spec).arch, Bare(), None, 1.0)
+    with pytest.raises(export.ExportError, match=r"'bare' has no files to copy.*set spec\.model\.weights"):
+        export.write_tokenizer(files, tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_full_disk_leaves_no_partial_folder_and_keeps_the_previous_export(tmp_path: Path) -> None:
