@@ -1,8 +1,9 @@
 """The character tokenizer of text tasks: printable ASCII plus the tags, for the tiny presets.
 
 The math tasks' alphabet (``rollout/tokenizer.py`` :data:`~asyncrl.rollout.tokenizer.TOKENIZER`, 28
-ids) cannot spell a word; a model without its own tokenizer that runs any other environment (the
-customer-service task with its words added, ``envs/cs_vocab.py``; a user's environment) uses
+ids) cannot spell a word; a model without its own tokenizer that runs any other environment (a user's
+environment, a dataset, an external agent; the customer-service task has its own byte-level BPE instead,
+``envs/cs_tokenizer.py``, as ``envs/binding.py`` ``task_tokenizer`` chooses) uses
 :data:`TEXT_TOKENIZER`: one id per printable ASCII
 character, the math tags and the Hermes tool-call tags as single ids (a tiny model learns
 single-token tags far faster, ``docs/architecture.md`` (the embedded model and tasks)). Like the math alphabet it renders
