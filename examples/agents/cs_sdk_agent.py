@@ -28,7 +28,16 @@ from agents import (
 from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 from agents.tool_context import ToolContext
 
-from asyncrl.rollout.envs.customer_service import SYSTEM, TOOLS, CustomerService, Scenario, ScenarioSamples
+from asyncrl.rollout.envs.customer_service import (
+    SYSTEM,
+    TOOLS,
+    Db,
+    Scenario,
+    ScenarioSamples,
+    goal_reached,
+    new_db,
+    run_tool,
+)
 
 set_tracing_disabled(True)  # the SDK's traces go to OpenAI's servers by default; a training job has no network
 MAX_TURNS = 6  # model calls per episode: the lookup, the action and the reply, with room for one mistake or two
@@ -45,16 +54,17 @@ def scenario(sample: dict[str, Any]) -> Scenario:
     return Scenario.from_sample(draw.train(0, 0, random.Random(sample["seed"])))
 
 
-def shop_tools(shop: CustomerService) -> list[Tool]:
-    """``orders``, ``cancel`` and ``refund`` over ``shop``'s database, with the task's own schemas: the model sees the
-    same tools as in the built-in task (a model warm-started there knows them)."""
+def shop_tools(db: Db) -> list[Tool]:
+    """``orders``, ``cancel`` and ``refund`` over the episode's order database ``db`` (changed in place), with the
+    task's own schemas: the model sees the same tools as in the built-in task (a model warm-started there knows
+    them)."""
 
     def tool(schema: dict[str, Any]) -> FunctionTool:
         name = schema["function"]["name"]
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
             args = json.loads(arguments) if arguments.strip() else {}
-            return shop._run(name, args)  # the task's tool execution, on this episode's database
+            return run_tool(db, name, args)  # the task's tool execution, on this episode's database
 
         return FunctionTool(name=name, description=schema["function"]["description"],
                             params_json_schema=schema["function"]["parameters"], on_invoke_tool=invoke,
@@ -68,12 +78,11 @@ async def run(client: Any, sample: dict[str, Any], hooks: RunHooks[Any] | None =
 
     ``hooks``: the SDK's run hooks (e.g. to log each tool call); asyncrl calls ``run(client, sample)``."""
     s = scenario(sample)
-    shop = CustomerService()
-    shop.reset(s.to_sample())  # this episode's order database
-    agent = Agent(name="shop", instructions=SYSTEM, tools=shop_tools(shop),
+    db = new_db(s)  # this episode's order database
+    agent = Agent(name="shop", instructions=SYSTEM, tools=shop_tools(db),
                   model=OpenAIChatCompletionsModel(model="policy", openai_client=client))
     try:
         await Runner.run(agent, s.request, max_turns=MAX_TURNS, hooks=hooks)
     except (MaxTurnsExceeded, ModelBehaviorError):  # too many calls, or a call of a tool that does not exist
         return 0.0
-    return float(shop.db == shop.goal_state())
+    return float(goal_reached(s, db))

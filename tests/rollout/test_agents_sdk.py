@@ -189,3 +189,17 @@ def test_a_weight_update_from_inside_the_sdk_run_stamps_the_later_turns_with_the
     assert stamps == [[0], [1], [1]]  # sampled before the update: 0; after the first tool call: 1
     assert t.is_partial and all(math.isfinite(t.logp_mu[i]) for i, m in enumerate(t.loss_mask) if m)
     assert all(v == NO_VERSION for v, m in zip(t.versions, t.loss_mask, strict=True) if not m)
+
+
+def test_the_example_uses_only_the_tasks_public_names() -> None:
+    """The example is what a user writes: it reaches the task through its public functions (``new_db``, ``run_tool``,
+    ``goal_reached``), never a private member of the environment class."""
+    import ast
+
+    tree = ast.parse((Path(EXAMPLES) / "cs_sdk_agent.py").read_text())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
+        "asyncrl") for a in n.names]
+    private = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+               and not n.attr.startswith("__")]
+    assert {"new_db", "run_tool", "goal_reached"} <= set(imported) and "CustomerService" not in imported
+    assert not [name for name in imported if name.startswith("_")] and private == []
