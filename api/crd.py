@@ -40,6 +40,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Interrupt-sync phase reported by the driver."},
     {"name": "Export", "type": "string", "jsonPath": ".status.training.lastExport", "priority": 1,
      "description": "Newest Hugging Face export of the policy (checkpoint.exportEverySteps)."},
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.agentEndpoint", "priority": 1,
+     "description": "In-cluster base URL of the agent endpoint (spec.task.agent), through the Service <job>-agent."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -3,8 +3,8 @@
 Two writers, disjoint fields (so JSON merge patches never lose each other's data):
 
 - the **operator** writes every field of :class:`JobStatus` except ``training`` (phase, reason,
-  message, conditions, replicas, restarts, ...), always the whole ``conditions`` list from one
-  place (``asyncrl.operator.lifecycle``);
+  message, conditions, replicas, restarts, the agent endpoint's address, ...), always the whole
+  ``conditions`` list from one place (``asyncrl.operator.lifecycle``);
 - the **driver** (inside the job) writes only ``status.training``, a :class:`TrainingSummary`.
 
 Status-patch contract for the driver (the in-job status reporter):
@@ -215,6 +215,12 @@ class JobStatus(_StatusModel):
         description="Pods of the current epoch seen with DisruptionTarget=True, as <pod>@<epoch>: a preemption is "
         "recognised after the pod is gone, even across operator restarts.")
     sync_phase: SyncPhaseStatus | None = Field(default=None, description="Interrupt-sync phase (surfaced).")
+    agent_endpoint: str | None = Field(
+        default=None,
+        description="Base URL of the job's OpenAI-compatible agent endpoint inside the cluster, "
+        "http://<job>-agent.<namespace>.svc:<spec.task.endpoint.port>/v1 (a harness of spec.task.agent: external "
+        "opens sessions at <agentEndpoint>/sessions): set once the operator sees the Service <job>-agent, absent "
+        "without spec.task.agent.")
     training: TrainingSummary | None = Field(default=None, description="Training summary (written by the driver).")
 
     def to_status_dict(self) -> dict[str, Any]:
@@ -227,7 +233,7 @@ class JobStatus(_StatusModel):
 # Every field of JobStatus but ``training``, in the order a tamper warning names them (status_guard).
 OPERATOR_FIELDS = ("phase", "reason", "message", "observedGeneration", "conditions", "replicas", "restarts",
                    "preemptions", "rolloutReplacements", "epoch", "startTime", "attemptStartTime",
-                   "completionTime", "restartAfter", "syncPhase", "disruptedPods")
+                   "completionTime", "restartAfter", "syncPhase", "disruptedPods", "agentEndpoint")
 
 
 def read_status(raw: Mapping[str, Any]) -> tuple[JobStatus, dict[str, str]]:

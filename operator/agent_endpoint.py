@@ -10,7 +10,9 @@ Every rollout worker serves the endpoint (``asyncrl.rollout.agent``); one worker
   pod's own address, from the downward API, so a harness that opened a session through the Service
   goes on talking to the one pod that holds it);
 - the ClusterIP Service ``<job>-agent`` over the rollout pods' ``agent`` port: where a harness inside
-  the cluster opens sessions (``POST http://<job>-agent.<namespace>.svc:<port>/v1/sessions``);
+  the cluster opens sessions (``POST http://<job>-agent.<namespace>.svc:<port>/v1/sessions``); once the
+  operator sees it, the job's ``status.agentEndpoint`` holds that base URL (:func:`api_base`; the
+  ``Endpoint`` column of ``kubectl get asyncrljob -o wide``);
 - with a non-empty ``endpoint.allowFrom``, the NetworkPolicy ``<job>-agent``
   (:func:`asyncrl.operator.pod_policy.agent_network_policy`): those peers, on that port, to the
   rollout pods only. The job's own NetworkPolicy already admits the job's pods on every port.
@@ -65,6 +67,12 @@ def rollout_env(spec: AsyncRLJobSpec) -> list[dict[str, Any]]:
 def url(job: str, namespace: str, spec: AsyncRLJobSpec) -> str:
     """The endpoint's in-cluster base URL through the Service (sessions: ``<url>/v1/sessions``)."""
     return f"http://{names.agent_service_name(job)}.{namespace}.svc:{spec.task.endpoint.port}"
+
+
+def api_base(job: str, namespace: str, spec: AsyncRLJobSpec) -> str:
+    """The OpenAI API base URL of the endpoint through the Service (:func:`url` + ``/v1``): the event of the
+    Service's creation says it, and the job's ``status.agentEndpoint`` holds it while the Service exists."""
+    return f"{url(job, namespace, spec)}/v1"
 
 
 def service(metadata: dict[str, Any], job: str, spec: AsyncRLJobSpec) -> dict[str, Any]:

@@ -528,7 +528,7 @@ def agent_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Child]:
         return []
     svc, netpol = names.agent_service_name(job.name), names.agent_network_policy_name(job.name)
     out = [Child("Service", svc, agent_endpoint.service(_meta(job, svc), job.name, spec), follows_spec=True,
-                 note=f"the agent endpoint: {agent_endpoint.url(job.name, job.namespace, spec)}/v1")]
+                 note=f"the agent endpoint: {agent_endpoint.api_base(job.name, job.namespace, spec)}")]
     if agent_endpoint.admits_peers(spec):
         out.append(Child("NetworkPolicy", netpol, agent_endpoint.network_policy(_meta(job, netpol), job.name, spec),
                          follows_spec=True, note=f"admits spec.task.endpoint.allowFrom to port "

@@ -24,6 +24,8 @@ Failure policy:
   with backoff (:func:`fold_create_failures`), never a lost pod;
 - a child of the job's name owned by someone else is never adopted, patched or deleted: the
   ``ChildConflict`` condition names it and no pod is started while it lasts;
+- ``status.agentEndpoint`` is the agent endpoint's in-cluster base URL while the job has
+  ``spec.task.agent`` and its Service ``<job>-agent`` exists (``asyncrl.operator.agent_endpoint``);
 - ``Succeeded``/``Failed`` are final: nothing is ever created again, running pods are deleted
   (GPUs freed), finished pods stay for their logs until ``ttlSecondsAfterFinished``;
 - an interrupt-sync phase (other than ``Idle``) the driver reported longer ago than
@@ -51,7 +53,7 @@ from asyncrl.api.status import (
     rfc3339,
 )
 from asyncrl.api.validation import SpecError
-from asyncrl.operator import names
+from asyncrl.operator import agent_endpoint, names
 from asyncrl.operator.builders import Child, Desired
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.names import Role
@@ -208,6 +210,7 @@ class _Planner:
             self._invalid(self.spec)
         else:
             self._ensure_children()
+            self._agent_endpoint(self.spec)
             self._training(self.spec)
             if not self.phase.terminal:
                 self._active(self.spec)
@@ -278,6 +281,20 @@ class _Planner:
             if seen is not None and owned_by(seen, uid) and not (seen.get("metadata") or {}).get("deletionTimestamp"):
                 self.out.actions.append(Action("delete", gone.kind, gone.name, None, f"Deleted{gone.kind}",
                                                f"deleted {gone.kind} {gone.name}: {gone.why}", gone.api_version))
+
+    def _agent_endpoint(self, spec: AsyncRLJobSpec) -> None:
+        """``status.agentEndpoint``: the endpoint's base URL while the job has an agent and its Service
+        ``<job>-agent`` is there (ours, not being deleted); none without an agent, nor while the Service is
+        missing (created in this plan: the next reconcile sees it) or another owner's. Children not read
+        this time: the last value stands (an agent the spec dropped clears it at once)."""
+        ref = self.job.ref
+        if not agent_endpoint.enabled(spec):
+            self.st.agent_endpoint = None
+        elif self.obs.children is not None:
+            seen = self.obs.children.get(("Service", names.agent_service_name(ref.name)))
+            there = (seen is not None and owned_by(seen, ref.uid)
+                     and not (seen.get("metadata") or {}).get("deletionTimestamp"))
+            self.st.agent_endpoint = agent_endpoint.api_base(ref.name, ref.namespace, spec) if there else None
 
     @property
     def conflicted(self) -> bool:

@@ -21,12 +21,13 @@ WRITTEN = {  # a status as the operator writes it (every kind of field once)
                  "actorDesired": 1, "driverReady": True},
     "restarts": 1, "preemptions": 2, "rolloutReplacements": 3, "epoch": 4, "startTime": T, "attemptStartTime": T,
     "restartAfter": T, "disruptedPods": ["j-actor-0@4"], "syncPhase": {"phase": "Score", "since": T, "timedOut": True},
+    "agentEndpoint": "http://j-agent.ns.svc:8100/v1",
 }
 
 
 def test_the_operator_fields_are_every_field_but_the_drivers_training() -> None:
     aliases = [f.alias for f in JobStatus.model_fields.values()]
-    assert sorted(OPERATOR_FIELDS) == sorted(a for a in aliases if a != "training") and len(set(OPERATOR_FIELDS)) == 16
+    assert sorted(OPERATOR_FIELDS) == sorted(a for a in aliases if a != "training") and len(set(OPERATOR_FIELDS)) == 17
 
 
 def test_what_the_operator_writes_reads_back_typed_and_writes_out_the_same() -> None:

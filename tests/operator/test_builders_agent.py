@@ -284,3 +284,65 @@ def test_a_session_key_from_a_secret_reaches_the_rollout_pods_only_as_a_secret_r
                                                 "valueFrom": {"secretKeyRef": {"name": "harness", "key": "token"}}}
     assert C.AGENT_SESSION_KEY_ENV not in env_names(main_container(d, "j-driver-0"))
     assert C.AGENT_SESSION_KEY_ENV not in env_names(main_container(build(agent()), "j-rollout-0"))
+
+
+# ---------------------------------------------------------------- status.agentEndpoint
+
+def run_from(spec: AsyncRLJobSpec, kids: dict[tuple[str, str], dict[str, Any]] | None,
+             status: dict[str, Any]) -> Plan:
+    """:func:`run` from a given last status; ``kids`` None: the children were not read this time."""
+    job = JobView.read(REF, 1, {"phase": "Running", "epoch": 0, **status})
+    return plan(job, spec, build(spec), Observed({n: pod(n) for n in ALL}, kids), T0, CFG)
+
+
+URL = "http://j-agent.ns.svc:8100/v1"
+
+
+def test_the_status_names_the_endpoint_once_the_service_is_there_and_not_before() -> None:
+    s = agent()
+    served = {k: as_served(v) for k, v in children(build(s)).items()}
+    missing = {k: v for k, v in served.items() if k != ("Service", "j-agent")}
+    first = run_from(s, missing, {})  # the Service is created in this plan: no address yet
+    assert agent_acts(first) == [("create", "Service", "j-agent")]
+    assert first.status.agent_endpoint is None and "agentEndpoint" not in first.status.to_status_dict()
+    there = run_from(s, served, first.status.to_status_dict())
+    assert there.status.agent_endpoint == URL == agent_endpoint.api_base("j", "ns", s)
+    assert there.status.to_status_dict()["agentEndpoint"] == URL
+    # the event of the Service's creation and the status say the same address
+    assert first.actions[0].message.endswith(URL)
+    # a pod event (children not read): the last value stands
+    assert run_from(s, None, there.status.to_status_dict()).status.agent_endpoint == URL
+    assert run_from(s, None, {}).status.agent_endpoint is None
+
+
+def test_the_endpoint_follows_a_port_edit_and_goes_with_the_service_or_the_agent() -> None:
+    s = agent(port=8200)
+    served = {k: as_served(v) for k, v in children(build(s)).items()}
+    p = run_from(s, served, {"agentEndpoint": URL})  # the port was 8100
+    assert p.status.agent_endpoint == "http://j-agent.ns.svc:8200/v1"
+    # the Service deleted by hand: no address until the operator made it again
+    gone = {k: v for k, v in served.items() if k != ("Service", "j-agent")}
+    p = run_from(s, gone, {"agentEndpoint": URL})
+    assert p.status.agent_endpoint is None and agent_acts(p) == [("create", "Service", "j-agent")]
+    going = {**served, ("Service", "j-agent"): {**served[("Service", "j-agent")], "metadata": {
+        **served[("Service", "j-agent")]["metadata"], "deletionTimestamp": "2026-01-01T11:59:00Z"}}}
+    assert run_from(s, going, {"agentEndpoint": URL}).status.agent_endpoint is None
+    # another owner's Service of that name is not this job's endpoint
+    theirs = {**served, ("Service", "j-agent"): {**served[("Service", "j-agent")], "metadata": {
+        "name": "j-agent", "ownerReferences": [{**REF.owner_reference(), "uid": "someone-else"}]}}}
+    assert run_from(s, theirs, {"agentEndpoint": URL}).status.agent_endpoint is None
+    # the agent dropped from the spec: the field goes at once, children read or not
+    plain = spec_of()
+    for kids in (None, {**children(build(plain)), ("Service", "j-agent"): served[("Service", "j-agent")]}):
+        p = run_from(plain, kids, {"agentEndpoint": URL})
+        assert p.status.agent_endpoint is None and "agentEndpoint" not in p.status.to_status_dict()
+
+
+def test_a_job_without_an_agent_never_has_the_field_and_the_reconciler_deletes_a_stale_one() -> None:
+    from asyncrl.operator.reconcile import status_patch
+
+    plain = spec_of()
+    p = run_from(plain, {k: as_served(v) for k, v in children(build(plain)).items()}, {})
+    assert p.status.agent_endpoint is None and "agentEndpoint" not in p.status.to_status_dict()
+    old = {"phase": "Running", "epoch": 0, "agentEndpoint": URL}
+    assert status_patch(old, run_from(plain, None, old).status.to_status_dict())["agentEndpoint"] is None

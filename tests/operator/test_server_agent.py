@@ -1,6 +1,7 @@
 """On the real API server, under the chart's RBAC: a job with ``spec.task.agent`` gets the ``<job>-agent``
-Service and (with ``allowFrom``) NetworkPolicy, and its rollout pods the ``agent`` port and variables; a job
-without an agent gets none of them; an edit patches them whole (one port, the new peers, no patch loop), and
+Service and (with ``allowFrom``) NetworkPolicy, its rollout pods the ``agent`` port and variables, and its
+status the endpoint's address (``status.agentEndpoint``, the ``Endpoint`` column of ``kubectl get -o wide``); a
+job without an agent gets none of them; an edit patches them whole (one port, the new peers, no patch loop), and
 a spec that drops them deletes them.
 
 What only a cluster with a CNI could show: that the NetworkPolicy is enforced (the server stores it as
@@ -60,7 +61,17 @@ def rollout_ports(jobs: Jobs, job: str = "job1") -> dict[str, list[int]]:
             for n, p_ in jobs.live_pods(job).items() if "-rollout-" in n}
 
 
-def test_a_job_with_an_agent_gets_the_service_and_policy_and_one_without_gets_neither(jobs: Jobs) -> None:
+def endpoint_column(apiserver: Any, ns: str, job: str) -> str | None:
+    """The ``ENDPOINT`` column of ``kubectl get asyncrljob <job> -o wide`` (None: empty)."""
+    out = apiserver.kubectl("get", "asyncrljob", job, "-n", ns, "-o", "wide").stdout.splitlines()
+    # columns are aligned: the value sits under its header, up to the next one (AGE)
+    start, end = out[0].index("ENDPOINT"), out[0].index("AGE")
+    value = out[1][start:end].strip()
+    return None if value in ("", "<none>") else value
+
+
+def test_a_job_with_an_agent_gets_the_service_and_policy_and_one_without_gets_neither(jobs: Jobs,
+                                                                                     apiserver: Any) -> None:
     job = jobs.create("job1", task={"agent": "external", "endpoint": {"port": 8200, "allowFrom": PEERS}})
     jobs.create("job2")
     uid = job["metadata"]["uid"]
@@ -87,14 +98,20 @@ def test_a_job_with_an_agent_gets_the_service_and_policy_and_one_without_gets_ne
         assert env[C.AGENT_ADVERTISE_ENV]["value"] == "http://$(ASYNCRL_POD_IP):8200"
         assert env["ASYNCRL_POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     created = [m for t, r, m in jobs.events("job1") if r == "CreatedService" and "job1-agent" in m]
-    assert created == ["created Service job1-agent: the agent endpoint: http://job1-agent."
-                       f"{jobs.ns}.svc:8200/v1"]
+    url = f"http://job1-agent.{jobs.ns}.svc:8200/v1"
+    assert created == [f"created Service job1-agent: the agent endpoint: {url}"]
+    # the status says where to point the harness once the operator saw the Service, and kubectl shows it
+    wait_for(lambda: jobs.status("job1").get("agentEndpoint") == url, message=f"status.agentEndpoint {url}")
+    assert endpoint_column(apiserver, jobs.ns, "job1") == url
+    assert "ENDPOINT" not in apiserver.kubectl("get", "asyncrljob", "job1", "-n", jobs.ns).stdout  # -o wide only
 
     # job2 has no agent: its pods come in the same reconcile as its children, and none is an agent one
     jobs.wait_pods(4, "job2")
     assert service(jobs, "job2") is not None and policy(jobs, "job2") is not None
     assert service(jobs, "job2-agent") is None and policy(jobs, "job2-agent") is None
     assert not [p for p in rollout_ports(jobs, "job2").values() if p]
+    wait_for(lambda: jobs.status("job2").get("observedGeneration"), message="job2's status")
+    assert "agentEndpoint" not in jobs.status("job2") and endpoint_column(apiserver, jobs.ns, "job2") is None
 
 
 def test_the_agent_children_follow_edits_and_go_when_the_spec_drops_them(jobs: Jobs,
@@ -119,6 +136,8 @@ def test_the_agent_children_follow_edits_and_go_when_the_spec_drops_them(jobs: J
     # the edit restarts the gang (SpecChanged): the new rollout pods listen on the new port
     wait_for(lambda: rollout_ports(jobs) == {"job1-rollout-0": [8300], "job1-rollout-1": [8300]}, timeout=30,
              message=f"rollout pods on port 8300 (have {rollout_ports(jobs)})")
+    url = f"http://job1-agent.{jobs.ns}.svc:8300/v1"
+    wait_for(lambda: jobs.status().get("agentEndpoint") == url, message=f"status.agentEndpoint {url}")
 
     jobs.patch({"spec": {"task": {"endpoint": {"allowFrom": []}}}})  # the peers lose access
     wait_for(lambda: policy(jobs, "job1-agent") is None, message="the NetworkPolicy job1-agent deleted")
@@ -126,6 +145,7 @@ def test_the_agent_children_follow_edits_and_go_when_the_spec_drops_them(jobs: J
 
     jobs.patch({"spec": {"task": {"agent": None}}})  # no agent: no endpoint
     wait_for(lambda: service(jobs, "job1-agent") is None, message="the Service job1-agent deleted")
+    wait_for(lambda: "agentEndpoint" not in jobs.status(), message="status.agentEndpoint removed")
     assert service(jobs, "job1") is not None  # the headless Service stays
     wait_for(lambda: rollout_ports(jobs) == {"job1-rollout-0": [], "job1-rollout-1": []}, timeout=30,
              message=f"rollout pods without the agent port (have {rollout_ports(jobs)})")
