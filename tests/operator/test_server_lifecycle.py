@@ -55,7 +55,7 @@ def test_create_gives_children_status_and_columns(jobs: Jobs, kubelet: Kubelet, 
     table = apiserver.kubectl("get", "arj", "-n", jobs.ns, "-o", "wide").stdout
     header = table.splitlines()[0].split()
     assert header == ["NAME", "PHASE", "VERSION", "KEEP%", "STALENESS", "ROLLOUT", "ACTOR", "RESTARTS", "REASON",
-                      "SYNC", "EXPORT", "AGE"], table
+                      "SYNC", "EXPORT", "ENDPOINT", "AGE"], table
     assert "Running" in table and "2/2" in table
 
 
