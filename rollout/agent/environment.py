@@ -3,7 +3,7 @@
 :class:`AgentEnvironment` is a :class:`~asyncrl.rollout.envs.interface.TurnEnvironment` (async ``reset`` and
 ``step``, run by the worker's :class:`~asyncrl.rollout.envs.runner.EnvRunner` under ``envTimeoutSeconds``):
 
-- ``reset`` opens a session, starts the user's agent function on the agent loop (or, ``agent: external``, waits
+- ``reset`` opens a session, starts the user's agent function in the agent runner process (or, ``agent: external``, waits
   until a harness takes the session) and returns the first request's messages and tools: the prompt;
 - ``step(msg)`` answers the request in flight with the turn the engine sampled, then waits for what the agent
   does next: a request that *extends* the conversation (the messages we know, our answer as we gave it, then new
@@ -21,16 +21,12 @@ Partial rollouts, version stamps, the staleness bound, GRPO groups and every cor
 episode: nothing downstream knows the turns came over HTTP.
 """
 
-import asyncio
 import concurrent.futures
-import functools
 import math
 import secrets
-import ssl
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from asyncrl.rollout.agent.endpoint import AgentEndpoint
 from asyncrl.rollout.agent.protocol import (
@@ -40,6 +36,7 @@ from asyncrl.rollout.agent.protocol import (
     assistant_message,
     completion,
 )
+from asyncrl.rollout.agent.runner import AgentRaised, AgentRunner, AgentRunnerLost, Returned
 from asyncrl.rollout.agent.session import AgentSession, Event
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.base import EnvStep
@@ -58,22 +55,6 @@ AgentFn = Callable[[Any, Sample], Awaitable[float | None]]  # async def fn(clien
 Scorer = Callable[[str, Sample], float]  # task.reward over the final assistant text and the sample
 
 
-class AgentLoop:
-    """One asyncio loop in a daemon thread for every agent function of a worker: agents' own blocking
-    mistakes stall other agents, never the decode loop or the environment loop."""
-
-    def __init__(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="asyncrl-agents", daemon=True)
-        self._thread.start()
-
-    def start(self, coro: Awaitable[Any]) -> "concurrent.futures.Future[Any]":
-        return asyncio.run_coroutine_threadsafe(cast(Any, coro), self._loop)
-
-    def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-
-
 def _resolve(fut: "concurrent.futures.Future[Any]", value: Any = None, exc: BaseException | None = None) -> None:
     if fut.done():
         return
@@ -84,23 +65,6 @@ def _resolve(fut: "concurrent.futures.Future[Any]", value: Any = None, exc: Base
             fut.set_result(value)
     except concurrent.futures.InvalidStateError:
         pass
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One TLS context per process: an ``AsyncOpenAI`` builds its own by default, reading the CA bundle again for
-    every episode (~5 ms of CPU each, even for the loopback ``http://`` endpoint)."""
-    return ssl.create_default_context()
-
-
-async def _run_agent(fn: AgentFn, base_url: str, key: str, sample: Sample, timeout_s: float) -> float | None:
-    import openai
-
-    http = openai.DefaultAsyncHttpxClient(verify=_tls_context(), timeout=timeout_s)
-    # max_retries 0: a retry is the endpoint's to recognise, but the agent's own client gains nothing from one here
-    async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s,
-                                  http_client=http) as client:
-        return await fn(client, dict(sample))
 
 
 @dataclass
@@ -121,13 +85,14 @@ class AgentEnvironment:
         scorer: ``task.reward`` for an agent that returns None (None: such an agent's episode is aborted).
         traj_id: the trajectory id (shown in the session).
         timeout_s: ``spec.task.envTimeoutSeconds`` (the agent client's request timeout is far above it).
-        loop: where agent functions run.
+        loop: where agent functions run: the worker's agent runner process (``rollout/agent/runner.py``), which
+            runs the function it imported by name (``agent`` is the worker's own copy: None means external).
     """
 
     truncated_reward = 0.0
 
     def __init__(self, endpoint: AgentEndpoint, agent: AgentFn | None, *, scorer: Scorer | None = None,
-                 traj_id: str = "", timeout_s: float = 30.0, loop: AgentLoop | None = None) -> None:
+                 traj_id: str = "", timeout_s: float = 30.0, loop: AgentRunner | None = None) -> None:
         self.endpoint = endpoint
         self.agent = agent
         self.scorer = scorer
@@ -163,9 +128,9 @@ class AgentEnvironment:
         """Open the session (returns at once): start the agent function, or wait for a harness to take it."""
         s = self.session = self.endpoint.sessions.open(sample, self.traj_id, external=self.agent is None)
         if self.agent is not None:
-            assert self.loop is not None, "AgentEnvironment: an agent function needs an AgentLoop"
-            self._agent_future = self.loop.start(
-                _run_agent(self.agent, self.endpoint.base_url, s.key, sample, max(600.0, 20 * self.timeout_s)))
+            assert self.loop is not None, "AgentEnvironment: an agent function needs an AgentRunner"
+            self._agent_future = self.loop.start(self.endpoint.base_url, s.key, dict(sample),
+                                                 max(600.0, 20 * self.timeout_s))
             self._agent_future.add_done_callback(lambda f: self._agent_done(s, f))
         return s
 
@@ -184,13 +149,19 @@ class AgentEnvironment:
         if f.cancelled():
             return
         exc = f.exception()
+        if isinstance(exc, AgentRunnerLost):
+            s.mailbox.put(Event("fault", reason=exc.reason, message=str(exc)))
+            return
         if exc is not None:
-            s.mailbox.put(Event("fault", reason="agent_exception", message=f"the agent raised {last_line(exc)}"))
+            what = str(exc) if isinstance(exc, AgentRaised) else last_line(exc)
+            s.mailbox.put(Event("fault", reason="agent_exception", message=f"the agent raised {what}"))
             return
         value = f.result()
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        if isinstance(value, Returned) or (value is not None and (isinstance(value, bool)
+                                                                  or not isinstance(value, int | float))):
+            name = value.type_name if isinstance(value, Returned) else type(value).__name__
             s.mailbox.put(Event("fault", reason="agent_exception",
-                                message=f"the agent returned {type(value).__name__}, expected a float or None"))
+                                message=f"the agent returned {name}, expected a float or None"))
         elif value is not None and not math.isfinite(value):
             s.mailbox.put(Event("fault", reason="nonfinite_reward", message=f"the agent returned reward {value!r}"))
         else:
@@ -344,4 +315,4 @@ class AgentAdapter(TurnAdapter):
     _turn_tokens: int = 0
 
 
-__all__ = ["AgentAdapter", "AgentEnvironment", "AgentFn", "AgentLoop", "Scorer", "TurnUsage"]
+__all__ = ["AgentAdapter", "AgentEnvironment", "AgentFn", "Scorer", "TurnUsage"]

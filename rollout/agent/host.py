@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from asyncrl.api.constants import AGENT_ADVERTISE_ENV, AGENT_BIND_ENV, AGENT_SESSION_KEY_ENV
 from asyncrl.rollout.agent.endpoint import AgentEndpoint
-from asyncrl.rollout.agent.environment import AgentAdapter, AgentEnvironment, AgentLoop
+from asyncrl.rollout.agent.environment import AgentAdapter, AgentEnvironment
+from asyncrl.rollout.agent.runner import AgentRunner
 from asyncrl.rollout.envs.binding import AgentTask
 from asyncrl.rollout.envs.interface import Sample
 from asyncrl.rollout.envs.runner import EnvFault, EnvRunner
@@ -71,7 +72,7 @@ class AgentHost:
 
     task: AgentTask
     endpoint: AgentEndpoint
-    loop: AgentLoop
+    loop: AgentRunner | None  # the agent runner process (None: agent external)
     timeout_s: float
     name: str = "agent"
     _held: dict[str, list[Trajectory]] = field(default_factory=dict)  # session id -> its superseded branches
@@ -81,13 +82,21 @@ class AgentHost:
 
     @classmethod
     def start(cls, task: AgentTask, *, model_name: str, worker_index: int, timeout_s: float,
-              name: str = "agent", temperature: float = 1.0) -> "AgentHost":
+              name: str = "agent", temperature: float = 1.0, agent_path: str = "",
+              python_path: Sequence[str] = ()) -> "AgentHost":
+        """The endpoint and, for an agent function (``agent_path``: ``spec.task.agent``), its runner process, which
+        imports the function by that name (:class:`AgentLoadError`, naming ``spec.task.agent``, when it cannot)."""
         host, port = bind_address(worker_index)
         limit = getattr(task.endpoint, "max_request_bytes", 4 * 1024 * 1024)
         endpoint = AgentEndpoint(host=host, port=port, advertise=advertised(os.environ.get(AGENT_ADVERTISE_ENV)),
                                  model=model_name, max_request_bytes=limit, temperature=temperature,
                                  session_key=os.environ.get(AGENT_SESSION_KEY_ENV) or None)
-        return cls(task, endpoint, AgentLoop(), timeout_s, name)
+        try:
+            runner = AgentRunner(agent_path, python_path, timeout_s=timeout_s) if task.fn is not None else None
+        except BaseException:
+            endpoint.close()
+            raise
+        return cls(task, endpoint, runner, timeout_s, name)
 
     def _episode(self, tid: str, gid: str, env: AgentEnvironment, sample: Sample, tokenizer: Tokenizer,
                  runner: EnvRunner | None, fmt: str) -> Episode:
@@ -222,7 +231,8 @@ class AgentHost:
 
     def close(self) -> None:
         self.endpoint.close()
-        self.loop.close()
+        if self.loop is not None:
+            self.loop.close()
 
 
 

@@ -1,15 +1,38 @@
-"""Agent functions for the endpoint's tests: OpenAI-API agents written as a user would (the real openai client)."""
+"""Agent functions for the endpoint's tests: OpenAI-API agents written as a user would (the real openai client).
+
+They run in the worker's agent runner process (``rollout/agent/runner.py``), so what they record for the tests
+crosses in files of a folder the test process names (``$TOY_AGENTS_DIR``, inherited by the runner)."""
 
 import asyncio
+import json
+import os
+import tempfile
 import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+DIR = Path(os.environ.setdefault("TOY_AGENTS_DIR", tempfile.mkdtemp(prefix="toy-agents-")))
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
                                             "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
                                                            "required": ["q"]}}}]
 
-# what the agents saw, by the sample's "tag" (the tests read it): the answers' contents, in order
-SEEN: dict[str, list[str]] = {}
+class _Seen:
+    """What the agents saw, by the sample's seed: the answers' contents, in order (one JSON line each, in
+    ``DIR/seen-<seed>.jsonl``, written by the runner process, read by the test)."""
+
+    def append(self, seed: str, content: str) -> None:
+        with open(DIR / f"seen-{seed}.jsonl", "a") as f:
+            f.write(json.dumps(content) + "\n")
+
+    def values(self) -> Iterator[list[str]]:
+        for p in sorted(DIR.glob("seen-*.jsonl")):
+            yield [json.loads(line) for line in p.read_text().splitlines()]
+
+
+SEEN = _Seen()
 HANG = threading.Event()  # set by a test to release the hanging agent (never set: it hangs past the timeout)
 
 
@@ -17,14 +40,18 @@ def _first(sample: dict) -> list[dict]:
     return [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"hello {sample.get('seed', 0) % 97}"}]
 
 
-async def three_turns(client: Any, sample: dict) -> float:
-    """Three turns of a conversation, each a user message after the model's answer, at most 6 tokens each."""
+async def three_turns(client: Any, sample: dict, fault: str = "") -> float:
+    """Three turns of a conversation, each a user message after the model's answer, at most 6 tokens each
+    (``fault``: what the first session to get here does after its first turn, see :func:`exits_once`)."""
     messages = _first(sample)
-    seen = SEEN.setdefault(str(sample.get("seed")), [])
     for k in range(3):
+        if k == 1 and fault == "exits" and _first_time(fault):
+            os._exit(3)
+        if k == 1 and fault == "blocks" and _first_time(fault):
+            time.sleep(120)
         r = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6, tools=TOOLS)
         msg = r.choices[0].message
-        seen.append(msg.content or "")
+        SEEN.append(str(sample.get("seed")), msg.content or "")
         messages.append(msg.model_dump(exclude_none=True))
         messages.append({"role": "user", "content": f"more {k}"})
     return 0.5
@@ -84,3 +111,27 @@ async def by_seed(client: Any, sample: dict) -> float:
     if kind == "no_request":
         return await never_calls(client, sample)
     return await three_turns(client, sample)
+
+
+def _first_time(what: str) -> bool:
+    """True for the first caller of ``what`` in this test process's folder (any process, any session)."""
+    try:
+        (DIR / f"once-{what}").open("x").close()
+        return True
+    except FileExistsError:
+        return False
+
+
+async def exits_once(client: Any, sample: dict) -> float:
+    """The first session ends the runner's interpreter (``os._exit``) after its first turn; later ones are healthy."""
+    return await three_turns(client, sample, "exits")
+
+
+async def blocks_once(client: Any, sample: dict) -> float:
+    """The first session blocks the runner's event loop (a synchronous sleep) after its first turn."""
+    return await three_turns(client, sample, "blocks")
+
+
+async def returns_text(client: Any, sample: dict) -> Any:
+    await client.chat.completions.create(model="policy", messages=_first(sample), max_tokens=3)
+    return "1.0"
