@@ -5,25 +5,26 @@
 
 The episodes (``tests/rollout/plugins/bench_agents.py``): a system and a user message (64 characters), 4 assistant
 turns of exactly 16 sampled tokens, each but the last answered by a 12-character user message, run by
-``RolloutWorker.generate`` in four paths:
+``RolloutWorker.generate`` in three paths:
 
 - ``env``: an environment class (``spec.task.environment: "bench_agents:Conversation"``, ``async def step``);
-- ``endpoint``: an agent function (``spec.task.agent: "bench_agents:conversation"``) whose real ``openai`` client
-  asks the worker's endpoint for each turn with ``max_tokens: 16``, as shipped;
-- ``endpoint+fixes``: the same with the two fixes proposed below tried from outside: ``TCP_NODELAY`` on the
-  endpoint's listening socket (Linux hands it to every connection accepted after it) and one SSL context per
-  process for the agents' clients (:func:`one_ca_load`);
-- ``endpoint+fixes+agent-process``: those, and the agent run in a helper process
-  (``bench_agents.conversation_elsewhere``): the worker's agent function only passes the session's URL and key over
-  a pipe, so the ``openai`` client's CPU is spent outside the worker's interpreter.
+- ``endpoint``: an agent function whose real ``openai`` client asks the worker's endpoint for each turn with
+  ``max_tokens: 16``, as shipped: the agent runs in the worker's agent runner process (``rollout/agent/runner.py``);
+- ``endpoint-in-process``: the same agent function run as the worker ran it before its agent runner process: one
+  asyncio loop in a thread of the worker's own interpreter (:class:`InProcess`, the bench's copy of that design),
+  so the ``openai`` client's CPU shares the decode loop's GIL.
+
+The agent function is ``bench_agents_runner:conversation``: ``bench_agents.converse`` at the shape this bench names
+in ``$ASYNCRL_BENCH_SHAPE``, its request latencies written to ``$ASYNCRL_BENCH_LATENCIES`` (the runner is a process
+of its own: module state set here does not reach it).
 
 The model never samples its end-of-turn token and always samples ``a`` (:func:`one_char_weights`: a residual
 dimension held constant feeds one logit), so every turn is exactly ``max_tokens`` long in every path; the
 environment class ends its turns with a stop string of 16 ``a`` s (it has no per-turn token limit) and forces the
 same end-of-turn token the endpoint forces after a turn cut at ``max_tokens``. Every path therefore samples and
 forces the same tokens (checked: the counts are equal), and a forward costs the same whatever it samples. Two
-models: ``h64`` (hidden 64, 2 layers: the endpoint's cost shows) and ``h256`` (hidden 256, 4 layers, ~4x the
-engine time per token).
+models by default: ``h64`` (hidden 64, 2 layers: the endpoint's cost shows) and ``h256`` (hidden 256, 4 layers, ~4x
+the engine time per token); ``--models h512`` (hidden 512, 4 layers) is a step towards a real model's turn.
 
 ``sessions`` is the number of episodes in flight in one ``generate`` call (``groups x groupSize``, here groupSize
 1). A round runs every path once at every session count (the order of the paths reversed every other round, so a
@@ -40,6 +41,8 @@ call at 8 and 32 sessions, 8 at 1). Reported per cell:
   requests of a turn arrive together and are served one after another while the engine waits;
 - decode steps per episode: the engine's forwards (a forward decodes every row; a row waiting for its agent
   reads a masked pad), so the paths' engine work can be compared;
+- CPU ms per turn: the CPU time (user + system, every thread) of the worker's process and of its agent runner
+  process over ``generate``, per request (per environment step on ``env``): what each side of the pipe costs;
 - ``null engine``: the endpoint path with the engine out of the way: the same agent function against the worker's
   endpoint, each session's ``AgentEnvironment`` answered at once with a canned 16-token turn (``reset`` and
   ``step`` driven directly): requests/s and the p50/p99 round trip of the client, HTTP, the session's mailbox and
@@ -84,7 +87,6 @@ fixes. Where the time goes:
 
 import argparse
 import asyncio
-import contextlib
 import cProfile
 import gc
 import io
@@ -99,8 +101,8 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +126,9 @@ from asyncrl.rollout.worker import RolloutWorker  # noqa: E402
 MODELS: dict[str, dict[str, int]] = {  # ModelSpec sizes; the tiny one makes the endpoint's cost visible
     "h64": {"hidden_size": 64, "ffn_hidden_size": 128, "num_layers": 2},
     "h256": {"hidden_size": 256, "ffn_hidden_size": 1024, "num_layers": 4},
+    "h512": {"hidden_size": 512, "ffn_hidden_size": 2048, "num_layers": 4},  # --models h512: ~4x h256's forward
 }
-ENV, ENDPOINT, FIXED, AWAY = "env", "endpoint", "endpoint+fixes", "endpoint+fixes+agent-process"
+ENV, ENDPOINT, INPROC = "env", "endpoint", "endpoint-in-process"
 TARGET_SESSIONS, TARGET_RATIO = 32, 0.9
 
 
@@ -150,54 +153,83 @@ def one_char_weights(state: dict[str, torch.Tensor], fill_id: int, eos_id: int) 
 
 
 # ------------------------------------------------------------------------------------------ the paths
+def _run_in_process(fn: Callable[..., Any], base_url: str, key: str, sample: dict[str, Any], timeout_s: float,
+                    tls: Any) -> Any:
+    """The previous design's coroutine: one session's agent with its own client, in the worker's interpreter."""
+    import openai
+
+    async def run() -> Any:
+        http = openai.DefaultAsyncHttpxClient(verify=tls, timeout=timeout_s)
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s,
+                                      http_client=http) as client:
+            return await fn(client, dict(sample))
+
+    return run()
+
+
+class InProcess:
+    """The agent runner's interface (``start`` -> a future of the agent's return value) served the way the worker
+    did before the runner process: one asyncio loop in a thread of the worker's own interpreter (its GIL shared
+    with the decode loop and the endpoint), one SSL context per process, ``TCP_NODELAY`` (both shipped then)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        import ssl
+
+        self.fn, self._tls = fn, ssl.create_default_context()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bench-agents-in-process", daemon=True)
+        self._thread.start()
+
+    def start(self, base_url: str, key: str, sample: dict[str, Any], timeout_s: float) -> Any:
+        return asyncio.run_coroutine_threadsafe(
+            _run_in_process(self.fn, base_url, key, sample, timeout_s, self._tls), self._loop)
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
 def _nodelay(sock: socket.socket) -> bool:
     """Whether connections accepted on ``sock`` get ``TCP_NODELAY``: asyncio sets it on sockets whose ``proto`` is
     TCP (``socket.create_server`` makes them with proto 0), and Linux copies it from the listener."""
     return sock.proto == socket.IPPROTO_TCP or bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
 
-_SSL: dict[bool, Any] = {}  # the what-if's one SSL context per process
+LATENCY_FILE = Path(os.environ.setdefault("ASYNCRL_BENCH_LATENCIES", f"/tmp/asyncrl-bench-latencies-{os.getpid()}"))
 
 
-@contextlib.contextmanager
-def one_ca_load() -> Iterator[bool]:
-    """While active, the ``openai`` client's transport builds its default SSL context once per process instead of
-    once per client (each ``AsyncOpenAI`` the worker makes for an episode reads the CA bundle: ~19 ms of CPU, for an
-    ``http://`` loopback URL); yields False when the installed transport is not ``httpcore2`` (nothing changed)."""
+def take_latencies() -> list[tuple[int, float]]:
+    """The agents' request latencies since the last call (written by ``bench_agents_runner``, any process)."""
     try:
-        import httpcore2  # type: ignore[import-not-found]
-    except ImportError:
-        yield False
-        return
-    orig = httpcore2.default_ssl_context
+        text = LATENCY_FILE.read_text()
+    except FileNotFoundError:
+        return []
+    LATENCY_FILE.write_text("")
+    return [(int(k), float(x)) for line in text.splitlines() if line for k, x in json.loads(line)]
 
-    def cached(*, _trust_env: bool = True) -> Any:
-        if _trust_env not in _SSL:
-            _SSL[_trust_env] = orig(_trust_env=_trust_env)
-        return _SSL[_trust_env]
 
-    httpcore2.default_ssl_context = cached
-    try:
-        yield True
-    finally:
-        httpcore2.default_ssl_context = orig
+def runner_cpu_s(w: RolloutWorker) -> float:
+    """CPU seconds (user + system) of ``w``'s agent runner process so far (0 without one)."""
+    host = w.agent
+    proc = getattr(host.loop, "_proc", None) if host is not None else None
+    if proc is None:
+        return 0.0
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
 class Paths:
-    """One model's workers: the environment class's and the agent function's (as shipped, and with the fixes)."""
+    """One model's workers: the environment class's, the agent function's as shipped (its runner process), and
+    (``variant``) the agent function in the worker's own interpreter, as before the runner."""
 
     workers: dict[str, RolloutWorker]
     nodelay_upstream: bool  # the endpoint already sets TCP_NODELAY on its connections
 
     def run(self, path: str, sessions: int, calls: int) -> "Cell":
-        with one_ca_load() if path in (FIXED, AWAY) else contextlib.nullcontext():
-            return run_cell(self.workers[path], sessions, calls)
+        return run_cell(self.workers[path], sessions, calls)
 
     def null(self, path: str, sessions: int, shape: ba.Shape) -> "Cell":
-        agent = ba.conversation_elsewhere if path == AWAY else ba.conversation
-        with one_ca_load() if path in (FIXED, AWAY) else contextlib.nullcontext():
-            return null_engine(self.workers[path], sessions, shape, agent)
+        return null_engine(self.workers[path], sessions, shape)
 
     def close(self) -> None:
         for w in self.workers.values():
@@ -209,21 +241,21 @@ def build_paths(model: str, shape: ba.Shape, *, variant: bool = True) -> Paths:
     budget = shape.turns * (shape.max_tokens + shape.follow_chars + 1) + 16
     common: dict[str, Any] = {"python_path": [str(PLUGINS)], "group_size": 1, "max_new_tokens": budget}
     env_task = TaskSpec(environment="bench_agents:Conversation", args=asdict(shape), **common)
-    agent_task = TaskSpec(agent="bench_agents:conversation", **common)
+    agent_task = TaskSpec(agent="bench_agents_runner:conversation", **common)
     ba.SHAPE = shape
+    os.environ["ASYNCRL_BENCH_SHAPE"] = ",".join(str(x) for x in astuple(shape))  # before the runners start
     workers = {ENV: RolloutWorker(env_task, spec, AsyncSpec(partial_rollout=True)),
                ENDPOINT: RolloutWorker(agent_task, spec, AsyncSpec(partial_rollout=True))}
     host = workers[ENDPOINT].agent
     assert host is not None
     upstream = _nodelay(host.endpoint._sock)
     if variant:
-        away_task = TaskSpec(agent="bench_agents:conversation_elsewhere", **common)
-        workers[FIXED] = RolloutWorker(agent_task, spec, AsyncSpec(partial_rollout=True))
-        workers[AWAY] = RolloutWorker(away_task, spec, AsyncSpec(partial_rollout=True))
-        for p in (FIXED, AWAY):
-            fixed = workers[p].agent
-            assert fixed is not None
-            fixed.endpoint._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # proposed fix 1, from outside
+        workers[INPROC] = RolloutWorker(agent_task, spec, AsyncSpec(partial_rollout=True))
+        inproc = workers[INPROC].agent
+        fn = workers[INPROC].binding.agent.fn if workers[INPROC].binding.agent else None
+        assert inproc is not None and inproc.loop is not None and fn is not None
+        inproc.loop.close()  # its runner process: this path runs the agents in the worker's interpreter instead
+        inproc.loop = InProcess(fn)  # type: ignore[assignment]
     tok = workers[ENV].tokenizer
     weights = one_char_weights(build_model(workers[ENV].arch, seed=0).state_dict(), tok.token_id(ba.FILL),
                                tok.eos_id)
@@ -241,6 +273,8 @@ class Cell:
     forced: int = 0
     episodes: int = 0
     decode_steps: int = 0  # the engine's forwards over its rows (prefills not counted)
+    worker_cpu_s: float = 0.0  # CPU of this (the worker's) process over the cell, every thread
+    runner_cpu_s: float = 0.0  # CPU of the worker's agent runner process over the cell
     latencies: list[tuple[int, float]] = field(default_factory=list)  # (turn, s): requests, or env turn gaps
 
     @property
@@ -253,12 +287,15 @@ def run_cell(w: RolloutWorker, sessions: int, calls: int) -> Cell:
     cell = Cell()
     counters = getattr(w.engine, "counters", None)  # the transformers engine's EngineCounters
     for _ in range(calls):
-        ba.LATENCIES.clear()
+        take_latencies()
         ba.STEP_GAPS.clear()
         steps = getattr(counters, "decode_steps", 0)
+        c0, r0 = time.process_time(), runner_cpu_s(w)
         t0 = time.perf_counter()
         out = w.generate(sessions)
         cell.seconds += time.perf_counter() - t0
+        cell.worker_cpu_s += time.process_time() - c0
+        cell.runner_cpu_s += runner_cpu_s(w) - r0
         cell.decode_steps += getattr(counters, "decode_steps", 0) - steps
         bad = [t.info.get("end_reason") for t in out if t.status is not TrajectoryStatus.FINISHED]
         if len(out) != sessions or bad:
@@ -268,21 +305,23 @@ def run_cell(w: RolloutWorker, sessions: int, calls: int) -> Cell:
             n = sum(t.loss_mask)
             cell.sampled += n
             cell.forced += len(t.tokens) - t.prompt_len - n
-        cell.latencies += list(ba.LATENCIES) if w.agent is not None else list(ba.STEP_GAPS)
+        cell.latencies += take_latencies() if w.agent is not None else list(ba.STEP_GAPS)
     return cell
 
 
 # ------------------------------------------------------------------------------------------ the null engine
-def null_engine(w: RolloutWorker, sessions: int, shape: ba.Shape, agent: Callable[..., Any]) -> Cell:
+def null_engine(w: RolloutWorker, sessions: int, shape: ba.Shape) -> Cell:
     """The endpoint path with the engine out of the way: ``sessions`` agent sessions on ``w``'s endpoint, each
     answered at once (``AgentEnvironment.reset``/``step`` driven here with a canned turn)."""
     host = w.agent
-    assert host is not None
+    assert host is not None and w.binding.agent is not None
+    agent = w.binding.agent.fn  # the worker's copy (what the runner runs: the function of the same name)
     text = ba.FILL * shape.max_tokens
     msg = AssistantMessage(text, text, ended_by="length", eos=False)
 
     async def drive(i: int) -> int:
-        env = AgentEnvironment(host.endpoint, agent, traj_id=f"null-{i}", timeout_s=30.0, loop=host.loop)
+        env = AgentEnvironment(host.endpoint, agent, traj_id=f"null-{i}", timeout_s=30.0,
+                               loop=host.loop)
         sample = {"seed": i, "split": "train"}
         env.open(sample)
         try:
@@ -297,10 +336,10 @@ def null_engine(w: RolloutWorker, sessions: int, shape: ba.Shape, agent: Callabl
     async def main() -> list[int]:
         return await asyncio.gather(*(drive(i) for i in range(sessions)))
 
-    ba.LATENCIES.clear()
+    take_latencies()
     t0 = time.perf_counter()
     turns = asyncio.run(main())
-    cell = Cell(seconds=time.perf_counter() - t0, episodes=sessions, latencies=list(ba.LATENCIES))
+    cell = Cell(seconds=time.perf_counter() - t0, episodes=sessions, latencies=take_latencies())
     if turns != [shape.turns] * sessions:
         raise RuntimeError(f"null engine: turns per session {turns}, expected {shape.turns}")
     return cell
@@ -405,6 +444,9 @@ def summarise(rounds: list[dict[tuple[int, str], Cell]], sessions: Sequence[int]
                 "ratio": mean, "ratio_ci95": half, "sampled_tokens": sum(cell.sampled for cell in cells),
                 "forced_tokens": sum(cell.forced for cell in cells), "episodes": episodes,
                 "decode_steps_per_episode": sum(cell.decode_steps for cell in cells) / max(1, episodes),
+                # CPU per turn (a request, or an environment step), every thread of the process
+                "worker_cpu_ms_per_turn": 1e3 * sum(cell.worker_cpu_s for cell in cells) / max(1, len(lat)),
+                "runner_cpu_ms_per_turn": 1e3 * sum(cell.runner_cpu_s for cell in cells) / max(1, len(lat)),
             }
             if p == ENV:
                 row |= {"turn_gap_p50_ms": 1e3 * env_gap}
@@ -431,16 +473,17 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def table(model: str, rows: list[dict[str, Any]]) -> list[str]:
     out = [f"{model}: | sessions | path | tok/s | vs env (95% CI) | p50 ms | p99 ms | added ms/request | "
-           "decode steps/episode |", "|---|---|---|---|---|---|---|---|"]
+           "decode steps/episode | CPU ms/turn worker + runner |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = f"{r['ratio']:.2f}x +- {_fmt(r['ratio_ci95'], '.2f')}"
         steps = f"{r['decode_steps_per_episode']:.1f}"
+        cpu = f"{r['worker_cpu_ms_per_turn']:.1f} + {r['runner_cpu_ms_per_turn']:.1f}"
         if r["path"] == ENV:
             out.append(f"| {r['sessions']} | env | {r['tok_s']:,.0f} | 1 | turn gap {r['turn_gap_p50_ms']:.1f} | | | "
-                       f"{steps} |")
+                       f"{steps} | {cpu} |")
         else:
             out.append(f"| {r['sessions']} | {r['path']} | {r['tok_s']:,.0f} | {ratio} | {r['p50_ms']:.1f} | "
-                       f"{r['p99_ms']:.1f} | {_fmt(r['added_ms'], '.1f')} | {steps} |")
+                       f"{r['p99_ms']:.1f} | {_fmt(r['added_ms'], '.1f')} | {steps} | {cpu} |")
     return out
 
 
@@ -448,7 +491,6 @@ def table(model: str, rows: list[dict[str, Any]]) -> list[str]:
 def measure_model(model: str, args: argparse.Namespace, shape: ba.Shape, log: Callable[[str], None]
                   ) -> dict[str, Any]:
     paths_ = build_paths(model, shape, variant=not args.no_variant)
-    ba.ELSEWHERE = ba.Elsewhere() if AWAY in paths_.workers else None
     try:
         names = list(paths_.workers)
         for p in names:  # warm-up: the first generate of a worker pays for imports, the first connections
@@ -478,9 +520,6 @@ def measure_model(model: str, args: argparse.Namespace, shape: ba.Shape, log: Ca
         return out
     finally:
         paths_.close()
-        if ba.ELSEWHERE is not None:
-            ba.ELSEWHERE.close()
-            ba.ELSEWHERE = None
 
 
 def run_profiles(paths_: Paths, sessions: int, log: Callable[[str], None]) -> dict[str, dict[str, float]]:
@@ -518,7 +557,7 @@ def verdict(models: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="+", default=["h64", "h256"], choices=list(MODELS))
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--episodes", type=int, default=8, help="episodes per path per cell (calls = episodes / sessions)")

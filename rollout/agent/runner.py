@@ -16,12 +16,15 @@ a bool, None), ``("type", type name)`` (anything else the agent returned), ``("r
 
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import sys
 import threading
 import time
-from collections.abc import Sequence
+import types
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +82,8 @@ class AgentRunner:
         mine, theirs = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=serve, args=(theirs, self.path, self.python_path, self.beat_s),
                                  name="asyncrl-agent-runner", daemon=True)
-        proc.start()
+        with _main_left_out():
+            proc.start()
         theirs.close()
         if not mine.poll(READY_TIMEOUT_S):
             proc.kill()
@@ -148,10 +152,10 @@ class AgentRunner:
                            "flight in the runner); the runner was restarted", "agent_exception")
                 continue
             if msg is None:
-                with self._lock:
-                    stuck = self._inflight and time.monotonic() - self._last > self.timeout_s
+                # no lock here: a start() may hold it, blocked on a pipe the stuck runner no longer drains
+                stuck = bool(self._inflight) and time.monotonic() - self._last > self.timeout_s
                 if stuck:
-                    self._proc.kill()
+                    self._proc.kill()  # that start()'s send then fails, and the lock is free for _lost
                     self._proc.join(5)
                     self._lost(f"the agent runner's event loop was blocked for over {self.timeout_s:g} s "
                                "(spec.task.envTimeoutSeconds; an agent that blocks its loop stalls every session "
@@ -215,6 +219,20 @@ class AgentRunner:
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+
+
+@contextlib.contextmanager
+def _main_left_out() -> Iterator[None]:
+    """While a runner starts, ``__main__`` is a bare module: ``spawn`` would run the worker's main script again in
+    the child (as ``__mp_main__``: a Ray worker's ``default_worker.py``, a bench importing torch), seconds of start
+    and hundreds of MB for nothing: the runner needs only its own module and the agent's, imported by name."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 def _closed_pipe(ctx: Any) -> multiprocessing.connection.Connection:

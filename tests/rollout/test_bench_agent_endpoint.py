@@ -68,7 +68,7 @@ def test_smoke_run_writes_the_record_and_both_paths_sample_the_same_tokens(tmp_p
     assert rec["sampled_tokens_equal"] is True
     shape = rec["shape"]
     model = rec["models"]["h64"]
-    assert model["paths"] == ["env", "endpoint", "endpoint+fixes", "endpoint+fixes+agent-process"]
+    assert model["paths"] == ["env", "endpoint", "endpoint-in-process"]
     rows = model["rows"]
     assert {(r["sessions"], r["path"]) for r in rows} == {(c, p) for c in (1, 4) for p in model["paths"]}
     for r in rows:
