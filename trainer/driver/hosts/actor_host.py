@@ -17,6 +17,7 @@ from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 if TYPE_CHECKING:
     from asyncrl.trainer.collective.endpoint import Endpoint
     from asyncrl.trainer.driver.run.step_report import ActorStep
+    from asyncrl.trainer.weight_sync.broadcast import Backend
     from asyncrl.trainer.weight_sync.objectstore import BucketRefs
     from asyncrl.trainer.weight_sync.outcome import SendOutcome
     from asyncrl.trainer.weight_sync.transport import WeightHandle
@@ -163,14 +164,13 @@ class ActorHost:
 
         return new_endpoint(self._collective_host)
 
-    def open_sync_group(self, endpoint: "Endpoint", world: int, backend: str, timeout_s: float) -> None:
+    def open_sync_group(self, endpoint: "Endpoint", world: int, backend: "Backend", timeout_s: float) -> None:
         """Join the broadcast group as its source (rank 0 of the group; actor ranks > 0 are not members)."""
         from asyncrl.trainer.weight_sync.broadcast import open_group
 
         if self.rank == 0:
             self._sync.group = None  # the previous group (if any) is dropped first
-            self._sync.group = open_group(endpoint, 0, world, backend=backend,  # type: ignore[arg-type]
-                                          timeout_s=timeout_s)
+            self._sync.group = open_group(endpoint, 0, world, backend=backend, timeout_s=timeout_s)
 
     def send_weights(self, version: int) -> "SendOutcome | None":
         """Broadcast ``version`` to the group (every rank: the TP gathers); rank 0's ``Sent``, or ``SyncFailed``

@@ -42,7 +42,9 @@ class HostHandles:
     pad_id: int
     new_rollout: Callable[[int], Any] | None = None  # worker index -> a started RolloutHost handle
     weights: Any = None  # ref of the sync handle rollout holds now (bucket refs, a disk folder, a broadcast version)
-    sync: Any = None  # loop.weight_sync.Broadcast under weightSync.transport: broadcast (loop.weight_sync.setup)
+    # loop.weight_sync.Broadcast under weightSync.transport: broadcast (loop.weight_sync.setup; the loop above
+    # owns the type, so the hosts hold it opaque)
+    sync: object = None
     spawn_dedicated: Callable[[int], Any] | None = None  # replica -> a DedicatedScorer handle (dedicated)
 
     def replace_rollout(self, i: int) -> Any:

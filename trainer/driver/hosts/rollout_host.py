@@ -13,8 +13,14 @@ from asyncrl.api.old_logits_route import OldLogitsRoute
 from asyncrl.trainer.driver.hosts.common import limit_threads
 
 if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.rollout.envs.interface import Sample
+    from asyncrl.rollout.trajectory import Trajectory
+    from asyncrl.trainer.collective.endpoint import Endpoint
     from asyncrl.trainer.oldlogits.score_result import ScoreResult
-    from asyncrl.trainer.weight_sync.broadcast import BroadcastVersion, SyncGroup
+    from asyncrl.trainer.oldlogits.segment_scorer import SegmentScorer
+    from asyncrl.trainer.weight_sync.broadcast import Backend, BroadcastVersion, SyncGroup
     from asyncrl.trainer.weight_sync.outcome import Received, SyncFailed, SyncOutcome
     from asyncrl.trainer.weight_sync.transport import HfArrays, WeightHandle
 
@@ -33,12 +39,13 @@ class RolloutHost:
         self.worker = RolloutWorker(self.spec.task, self.spec.model, self.spec.async_, worker_index=worker_index,
                                     seed=self.spec.train.seed, rollout=self.spec.rollout,
                                     workers=self.spec.rollout.replicas)
-        self._weights: Any = None  # the last version's HF tensors received (interrupt-sync scores under them)
+        # the last version's HF tensors received (interrupt-sync scores under them)
+        self._weights: dict[str, torch.Tensor] | None = None
         self._paused_reported = 0.0  # the engine's apply_seconds already reported by update_weights
-        self._scorer: Any = None  # the training-side SegmentScorer, built on the first interrupt-sync window
+        self._scorer: SegmentScorer | None = None  # the training-side scorer, built on the first interrupt-sync window
         self._group: SyncGroup | None = None  # once the driver formed one (transport broadcast)
 
-    def generate(self, n_groups: int) -> list[Any]:
+    def generate(self, n_groups: int) -> "list[Trajectory]":
         return self.worker.generate(n_groups)
 
     def update_weights(self, weights: "WeightHandle | HfArrays", version: int) -> "SyncOutcome":
@@ -94,14 +101,14 @@ class RolloutHost:
         """The driver checks every member answers before it forms the broadcast group."""
         return True
 
-    def open_sync_group(self, endpoint: Any, rank: int, world: int, backend: str, timeout_s: float) -> None:
+    def open_sync_group(self, endpoint: "Endpoint", rank: int, world: int, backend: "Backend",
+                        timeout_s: float) -> None:
         """Join (again) the weight-sync broadcast group at ``endpoint`` (address and token) as ``rank`` of ``world``
         (the actor is rank 0)."""
         from asyncrl.trainer.weight_sync.broadcast import open_group
 
         self._group = None  # the previous group is dropped first
-        self._group = open_group(endpoint, rank, world, backend=backend,  # type: ignore[arg-type]
-                                 timeout_s=timeout_s)
+        self._group = open_group(endpoint, rank, world, backend=backend, timeout_s=timeout_s)
 
     def _receive_broadcast(self, handle: "BroadcastVersion") -> "Received | SyncFailed":
         from asyncrl.trainer.weight_sync.outcome import SyncFailed
@@ -115,7 +122,8 @@ class RolloutHost:
             self._group = None
             return SyncFailed(f"{type(exc).__name__}: {exc}")
 
-    def evaluate(self, problems: list[Any], version: int, temperature: float, seed: int, first: int) -> list[Any]:
+    def evaluate(self, problems: "list[Sample]", version: int, temperature: float, seed: int,
+                 first: int) -> "list[Trajectory]":
         """One sample of each held-out problem under ``version`` (``RolloutWorker.evaluate``); the driver
         calls it only while no ``generate`` runs here."""
         return self.worker.evaluate(problems, version=version, temperature=temperature, seed=seed, first=first)
@@ -126,7 +134,7 @@ class RolloutHost:
         suspended here (a running ``generate`` returns its finished trajectories). Returns how many."""
         return len(self.worker.interrupt(timeout_s, hold=True))
 
-    def sync_score(self, trajs: list[Any], version: int, release: bool) -> "ScoreResult":
+    def sync_score(self, trajs: "list[Trajectory]", version: int, release: bool) -> "ScoreResult":
         """Phase *score*: with the engine's memory released (``release``), score every unscored sampled
         token of ``version`` -- of the suspended episodes here and of ``trajs`` (finished ones the driver
         holds) -- with the training-side model code under this worker's weights of ``version``.
@@ -185,6 +193,6 @@ class RolloutHost:
         return vars(self.worker.stats()).copy()
 
 
-def _on_host(state: dict[str, Any]) -> dict[str, Any]:
+def _on_host(state: "dict[str, torch.Tensor]") -> "dict[str, torch.Tensor]":
     """``state``'s tensors in host memory (no copy for those already there)."""
     return {k: v.cpu() for k, v in state.items()}

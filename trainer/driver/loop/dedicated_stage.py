@@ -35,6 +35,9 @@ from asyncrl.trainer.driver.run.step_report import WeightSync
 if TYPE_CHECKING:
     from ray import ObjectRef
 
+    from asyncrl.trainer.oldlogits.dedicated_fleet import DedicatedFleet
+    from asyncrl.trainer.oldlogits.dedicated_plan import DedicatedPlan
+
 
 class DedicatedStage(Stage):
     """``dedicated``: see the module docstring."""
@@ -43,11 +46,23 @@ class DedicatedStage(Stage):
 
     def __init__(self, spec: AsyncRLJobSpec) -> None:
         self.spec = spec
-        self.plan: Any = None
-        self.fleet: Any = None
+        self._plan: DedicatedPlan | None = None  # both made by start()
+        self._fleet: DedicatedFleet | None = None
         self.wait_s = 0.0
         self.waits = 0
         self._replaced_seen = 0
+
+    @property
+    def plan(self) -> "DedicatedPlan":
+        if self._plan is None:
+            raise RuntimeError("the dedicated stage has not started")
+        return self._plan
+
+    @property
+    def fleet(self) -> "DedicatedFleet":
+        if self._fleet is None:
+            raise RuntimeError("the dedicated stage has not started")
+        return self._fleet
 
     def start(self, loop: LoopView) -> None:
         from asyncrl.trainer.driver.hosts.fleet import dedicated_spawner
@@ -56,8 +71,8 @@ class DedicatedStage(Stage):
 
         d = self.spec.old_logits.dedicated
         spawn = loop.hosts.spawn_dedicated or dedicated_spawner(self.spec, n_procs_cpus=1.0, threads=1)
-        self.plan = DedicatedPlan(replicas=d.replicas, max_lag_versions=d.max_lag_versions, start_version=loop.version)
-        self.fleet = DedicatedFleet(self.plan, [spawn(i) for i in range(d.replicas)], spawn)
+        self._plan = DedicatedPlan(replicas=d.replicas, max_lag_versions=d.max_lag_versions, start_version=loop.version)
+        self._fleet = DedicatedFleet(self._plan, [spawn(i) for i in range(d.replicas)], spawn)
         # Under broadcast the scorers join the weight-sync group (formed again before the next version) and
         # take the current version from the object store meanwhile.
         weight_sync.join(loop.hosts, self.fleet.handles)
@@ -83,7 +98,7 @@ class DedicatedStage(Stage):
 
     # ---------------------------------------------------------------- the loop's waits
     def refs(self) -> list["ObjectRef"]:
-        return self.fleet.refs() if self.fleet is not None else []
+        return self._fleet.refs() if self._fleet is not None else []
 
     def collect(self, loop: LoopView, ref: "ObjectRef") -> None:
         self.fleet.collect(ref)
@@ -121,7 +136,7 @@ class DedicatedStage(Stage):
     def summary(self) -> dict[str, Any]:
         import ray
 
-        if self.plan is None or self.fleet is None:  # not started (or its start failed)
+        if self._plan is None or self._fleet is None:  # not started (or its start failed)
             return {}
         st = self.plan.state()
         scorers = []

@@ -31,12 +31,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.evaluation import EvalMode
+from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.envs.binding import task_samples
 from asyncrl.rollout.envs.interface import Sample
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver.run.metrics_log import EvalLine, Line, parse_lines
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
     from asyncrl.trainer.driver.loop.view import LoopView
 
 # The engines sample (temperature > 0 is their contract): greedy is sampling at this temperature. A
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
 GREEDY_TEMPERATURE = 1e-3
 
 
-def eval_temperature(spec: Any) -> float:
+def eval_temperature(spec: AsyncRLJobSpec) -> float:
     """The sampling temperature of ``spec.eval.mode``."""
     return GREEDY_TEMPERATURE if spec.eval.mode is EvalMode.GREEDY else float(spec.task.temperature)
 
@@ -108,7 +111,7 @@ def check_versions(trajs: list[Trajectory], version: int) -> None:
 class Evaluator:
     """``spec.eval`` for one run: the fixed problems, when an evaluation is due, and how it runs."""
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: AsyncRLJobSpec) -> None:
         self.every = int(spec.eval.every_steps)
         self.problems: list[Sample] = (  # the task's held-out samples (disjoint from training; no user code runs)
             task_samples(spec.task, workers=spec.rollout.replicas, seed=spec.train.seed).heldout(
@@ -137,7 +140,7 @@ class Evaluator:
         for seconds in loop.workers.hold_idle(t0):  # idle until now; from here the wait is the evaluation's
             loop.m.rollout_idle.inc(seconds)
         todo = {i: r for i, r in enumerate(shares(len(self.problems), n)) if r[1] > r[0]}
-        calls: dict[Any, int] = {}  # evaluate ref -> worker index
+        calls: dict[ObjectRef, int] = {}  # evaluate ref -> worker index
         trajs: list[Trajectory] = []
         drained = t0
         loop.paused = True

@@ -22,11 +22,12 @@ exited 1 whatever the cause; locally the same rerun is one command away, and the
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Unpack
 
 from asyncrl.api.job import AsyncRLJob
 from asyncrl.trainer.driver.hosts.actor_group import ActorRankError
 from asyncrl.trainer.driver.loop.training_loop import (
+    RunCallbacks,
     RunOptions,
     RunResult,
     default_run_dir,
@@ -49,7 +50,7 @@ class GangRestartLimitError(RuntimeError):
 
 
 def run_with_restarts(job: AsyncRLJob, options: RunOptions | None = None, *,
-                      on_restart: RestartCallback | None = None, **callbacks: Any) -> RunResult:
+                      on_restart: RestartCallback | None = None, **callbacks: Unpack[RunCallbacks]) -> RunResult:
     """:func:`run_job`, with the whole gang restarted from the last complete checkpoint (same run directory)
     each time the actor group fails, at most ``spec.runPolicy.backoffLimit`` times. ``callbacks`` go to
     every attempt's :func:`run_job` (``on_step``, ``on_batch``, ...); ``on_restart`` hears each restart."""

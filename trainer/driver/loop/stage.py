@@ -9,7 +9,7 @@ reference: nothing between rollout and the actor, and the weight sync is a plain
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver.loop import weight_sync
@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from ray import ObjectRef
 
 PhaseCallback = Callable[[str], None]  # the status reporter's view of the current sync phase
+
+
+class StepKwargs(TypedDict, total=False):
+    """The keyword arguments a stage adds to the step's ``ActorHost.train_step``."""
+
+    live_versions: list[int]  # the versions untrained tokens may still carry (snapshot retention)
 
 
 class Stage:
@@ -54,7 +60,7 @@ class Stage:
     def released(self, loop: LoopView, trajs: list[Trajectory]) -> None:
         """Trajectories dropped before training (stale, or the snapshot cap)."""
 
-    def step_kwargs(self, loop: LoopView) -> dict[str, Any]:
+    def step_kwargs(self, loop: LoopView) -> StepKwargs:
         """Extra keyword arguments of this step's ``ActorHost.train_step``."""
         return {}
 

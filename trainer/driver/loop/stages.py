@@ -16,13 +16,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver.loop import weight_sync
 from asyncrl.trainer.driver.loop.accounting import set_sync_phase
-from asyncrl.trainer.driver.loop.stage import PhaseCallback, Stage, sync_report
+from asyncrl.trainer.driver.loop.stage import PhaseCallback, Stage, StepKwargs, sync_report
 from asyncrl.trainer.driver.loop.staleness import Group
 from asyncrl.trainer.driver.loop.view import LoopView
 from asyncrl.trainer.driver.run.step_report import WeightSync
@@ -32,7 +32,10 @@ from asyncrl.trainer.oldlogits.score_result import ScoreResult
 if TYPE_CHECKING:
     from ray import ObjectRef
 
+    from asyncrl.trainer.weight_sync.outcome import SyncOutcome
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 class SnapshotStage(Stage):
     """``snapshot`` (and the audit of a cheap reference): tell the actor which versions untrained
@@ -70,7 +73,7 @@ class SnapshotStage(Stage):
         if self.given_up:
             self._drop(loop)
 
-    def step_kwargs(self, loop: LoopView) -> dict[str, Any]:
+    def step_kwargs(self, loop: LoopView) -> StepKwargs:
         # Rollout samples with the current version until this step's weights arrive, also in calls admitted
         # while the actor trains: such a call is one in flight since ``loop.version``.
         in_flight_since = [*loop.workers.admitted_versions(), loop.version]
@@ -135,7 +138,7 @@ class InterruptSyncStage(Stage):
         workers = loop.hosts.rollout
         took: dict[str, float] = {}
 
-        def timed(phase: str, work: Callable[[], Any]) -> Any:
+        def timed(phase: str, work: Callable[[], T]) -> T:
             self._phase(loop, phase)
             t0 = time.monotonic()
             out = work()
@@ -169,7 +172,7 @@ class InterruptSyncStage(Stage):
                 self.times.scorer_load_s += out.scorer_load_seconds
             return n
 
-        parts: list[Any] = []
+        parts: list[SyncOutcome | None] = []
         try:
             timed("interrupt", interrupt)
             self.times.tokens_scored += timed("score", score)

@@ -43,12 +43,17 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver.run.summary import SummaryDraft
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.driver.hosts.fleet import HostHandles
+    from asyncrl.trainer.driver.run.metrics import DriverMetrics
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +290,7 @@ def check(verdicts: Sequence[Verdict], limits: Thresholds) -> None:
 
 
 # ------------------------------------------------------------------------------------ in the driver
-def run_probe(hosts: Any, spec: Any, version: int) -> list[Verdict]:
+def run_probe(hosts: "HostHandles", spec: AsyncRLJobSpec, version: int) -> list[Verdict]:
     """Steps 1-3 on the job's Ray hosts: each rollout worker samples the probe's held-out problems under
     ``version`` and the actor scores them; one :class:`Verdict` per worker (:func:`check` decides)."""
     import numpy as np
@@ -312,7 +317,8 @@ def run_probe(hosts: Any, spec: Any, version: int) -> list[Verdict]:
     return out
 
 
-def startup_check(hosts: Any, spec: Any, version: int, summary: SummaryDraft, metrics: Any) -> list[Verdict]:
+def startup_check(hosts: "HostHandles", spec: AsyncRLJobSpec, version: int, summary: SummaryDraft,
+                  metrics: "DriverMetrics") -> list[Verdict]:
     """The driver's step: probe every engine, record it (``summary.startup_check``, the
     ``asyncrl_startup_log_ratio_abs`` gauges of the worst engine, one log line per engine), then
     :func:`check`: a refused engine raises :class:`StartupCheckError` (the summary says why)."""

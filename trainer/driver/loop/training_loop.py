@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from asyncrl.api.job import AsyncRLJob, AsyncRLJobSpec
 from asyncrl.api.old_logits_route import OldLogitsRoute
@@ -73,6 +73,9 @@ from asyncrl.trainer.driver.run.step_report import ActorStep, StepReport, step_l
 from asyncrl.trainer.driver.run.summary import RunSummary, SummaryDraft
 from asyncrl.trainer.driver.run.termination import StopRequest
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
 log = logging.getLogger(__name__)
 
 
@@ -108,6 +111,17 @@ LoopEvent = StepReport | EvalResult  # what on_step receives, typed (metrics.jso
 StepCallback = Callable[[LoopEvent], None]
 BatchCallback = Callable[[list[Group], int], None]  # (groups about to train, actor version)
 WarmCallback = Callable[[int, int, float], None]  # (warm-start steps done, total, last loss)
+StartCallback = Callable[[dict[str, Any]], None]  # the summary so far, as summary.json writes it
+
+
+class RunCallbacks(TypedDict, total=False):
+    """:func:`run_job`'s callbacks by name (``run_with_restarts`` hands them to every attempt)."""
+
+    on_step: StepCallback | None
+    on_start: StartCallback | None
+    on_batch: BatchCallback | None
+    on_warm: WarmCallback | None
+    on_phase: PhaseCallback | None
 
 
 class NonFiniteLossError(RuntimeError):
@@ -120,7 +134,7 @@ def default_run_dir(job: AsyncRLJob) -> Path:
 
 
 def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCallback | None = None,
-            on_start: Callable[[dict[str, Any]], None] | None = None,
+            on_start: StartCallback | None = None,
             on_batch: BatchCallback | None = None, on_warm: WarmCallback | None = None,
             on_phase: PhaseCallback | None = None) -> RunResult:
     """Run ``job`` (already validated) on a local Ray; returns the summary and per-step records.
@@ -333,7 +347,7 @@ class _Loop:
             self._drain()
             self._account_time(time.monotonic() - loop_start)
 
-    def wait_any(self, *extra: Any) -> Any:
+    def wait_any(self, *extra: "ObjectRef") -> "ObjectRef | Literal[False] | None":
         """Wait until one generate call, one call of the old-logit stage or one of ``extra`` finishes and
         handle it (collect and admit, or the stage's answer); returns the ``extra`` ref that finished,
         None otherwise, and False when nothing is in flight at all."""
@@ -401,7 +415,7 @@ class _Loop:
             self.stage.admitted(self, ref, self.version)
         self._gauges()
 
-    def collect(self, ref: Any) -> None:
+    def collect(self, ref: "ObjectRef") -> None:
         """One generate call came back: count it and put its groups in the buffer."""
         import ray
 
@@ -489,6 +503,7 @@ class _Loop:
         batch = assemble_batch(groups, pad_id=self.hosts.pad_id)
         gaps = token_staleness(batch.versions, batch.loss_mask, self.version)
         t0 = time.monotonic()
+        stats_ref: ObjectRef
         stats_ref, weights_ref = self.hosts.actor.train_step.options(num_returns=2).remote(
             batch.to_numpy(), self.version, **self.stage.step_kwargs(self)
         )

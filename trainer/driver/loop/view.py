@@ -4,12 +4,15 @@ that the old-logit stages (:mod:`.stages`, :mod:`.dedicated_stage`) and the eval
 """
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from asyncrl.trainer.driver.hosts.fleet import HostHandles
 from asyncrl.trainer.driver.loop.staleness import StalenessBuffer
 from asyncrl.trainer.driver.loop.workers import WorkerPool
 from asyncrl.trainer.driver.run.metrics import DriverMetrics
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 
 class LoopView(Protocol):
@@ -44,11 +47,11 @@ class LoopView(Protocol):
     def step_extra(self) -> dict[str, float]:
         """Figures a stage adds to the next step's report (``dedicated_wait_s``)."""
 
-    def wait_any(self, *extra: Any) -> Any:
+    def wait_any(self, *extra: "ObjectRef") -> "ObjectRef | Literal[False] | None":
         """Wait for one call (generate, the stage's, or one of ``extra``) and handle it; the ``extra`` ref that
         finished, None otherwise, False when nothing is in flight."""
 
-    def collect(self, ref: Any) -> None:
+    def collect(self, ref: "ObjectRef") -> None:
         """A generate call ``ref`` came back: count it and put its groups in the buffer."""
 
     def replace_rollout(self, i: int, exc: BaseException) -> None:

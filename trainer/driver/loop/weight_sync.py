@@ -36,6 +36,7 @@ from asyncrl.api.weight_sync import DISK_NEEDS_VOLUME_MESSAGE, WeightTransport
 from asyncrl.trainer.driver.hosts.fleet import HostHandles
 
 if TYPE_CHECKING:
+    from asyncrl.trainer.weight_sync.broadcast import Backend
     from asyncrl.trainer.weight_sync.outcome import SendOutcome, SyncOutcome
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ PING_TIMEOUT_S = 120.0  # receivers answer between calls (a dedicated scorer aft
 class Broadcast:
     """The broadcast group as the driver sees it: who is in it, and whether it must be formed again."""
 
-    backend: str  # "gloo" | "nccl"
+    backend: "Backend"
     extra: list[Any] = field(default_factory=list)  # receivers beside rollout (dedicated scorers)
     members: tuple[Any, ...] = ()  # the receivers of the group as last formed (rank i + 1)
     formed: int = 0  # how many times it was formed (1 = never re-formed)
@@ -97,7 +98,7 @@ def disk_keep(spec: AsyncRLJobSpec) -> int:
     return keep
 
 
-def _backend(spec: AsyncRLJobSpec, placement: str) -> str:
+def _backend(spec: AsyncRLJobSpec, placement: str) -> "Backend":
     """NCCL when every member holds a GPU (a cluster whose actor and rollout pods have GPUs), else gloo."""
     gpus = spec.actor.gpus_per_replica > 0 and spec.rollout.gpus_per_replica > 0
     return "nccl" if placement == "cluster" and gpus else "gloo"

@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from types import FrameType
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def install_sigterm_handler(stop: StopRequest) -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         stop.request(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
