@@ -12,16 +12,16 @@ the SDK's run, after the first tool call, stamps the later turns with the new ve
 
 import json
 import math
+import multiprocessing.connection
+import os
 import random
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
-from agents import RunHooks
-from agents.items import ModelResponse
 
 from asyncrl.api.dataset import DatasetSpec
 from asyncrl.api.job import AsyncSpec
@@ -35,43 +35,30 @@ from tests.support.helpers import ROOT
 from tests.support.scripted_model import Taught, sampled_runs, teach_script
 
 EXAMPLES = str(ROOT / "examples" / "agents")
+PLUGINS = str(Path(__file__).parent / "plugins")
 MODEL = ModelSpec(hidden_size=64, ffn_hidden_size=128, rollout_dtype="float32")
 FINAL = "Done."
 
 
-@dataclass
-class Recorder(RunHooks[Any]):
-    """What the SDK saw of one episode: each chat completion as it came over the wire, each model response as the SDK
-    parsed it, each tool it ran (name, result); ``on_first_tool`` is called once, after the first tool ran."""
+@dataclass(frozen=True)
+class Record:
+    """What the SDK saw of one episode (written by tests/rollout/plugins/sdk_recorded.py in the runner process): each
+    chat completion as it came over the wire, each model response as the SDK parsed it (its output items as
+    ``(type, name, arguments)``), each tool it ran (name, result)."""
 
-    wire: list[dict[str, Any]] = field(default_factory=list)
-    responses: list[ModelResponse] = field(default_factory=list)
-    tools: list[tuple[str, str]] = field(default_factory=list)
-    on_first_tool: Callable[[], None] | None = None
+    wire: list[dict[str, Any]]
+    responses: list[list[tuple[str, str | None, str | None]]]
+    tools: list[tuple[str, str]]
 
-    async def on_llm_end(self, context: Any, agent: Any, response: ModelResponse) -> None:
-        self.responses.append(response)
-
-    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: object) -> None:
-        self.tools.append((tool.name, str(result)))
-        if len(self.tools) == 1 and self.on_first_tool is not None:
-            self.on_first_tool()
-
-
-RECORD = Recorder()
-
-
-async def recorded_run(client: Any, sample: dict[str, Any]) -> float:
-    """The example's ``run`` with :data:`RECORD` as its hooks and the raw responses recorded (an HTTP client hook)."""
-    import cs_sdk_agent  # on the path once the worker bound the task (spec.task.pythonPath)
-
-    async def keep(r: Any) -> None:  # an httpx response (the client the openai package builds on)
-        if r.request.url.path.endswith("/chat/completions"):
-            await r.aread()
-            RECORD.wire.append(r.json())
-
-    async with openai.DefaultAsyncHttpxClient(event_hooks={"response": [keep]}) as http:
-        return await cs_sdk_agent.run(client.with_options(http_client=http), sample, hooks=RECORD)
+    @classmethod
+    def read(cls, folder: Path) -> "Record | None":
+        """The record of the episode that just ended; None while the agent has not ended (an episode the worker
+        ended first, at ``maxNewTokens``: the agent's run is then cancelled in the runner, and may write later)."""
+        path = folder / "record.json"
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        return cls(raw["wire"], [[tuple(i) for i in r] for r in raw["responses"]], [tuple(t) for t in raw["tools"]])
 
 
 @dataclass
@@ -83,6 +70,7 @@ class Scripted:
     script: list[str]
     taught: Taught
     tail: str  # what the tokenizer forces for a tool message after a turn ({} the tool's result)
+    folder: Path  # $SDK_RECORD_DIR: where the runner's agent writes its record
 
 
 def _smollm2() -> Tokenizer:
@@ -104,7 +92,10 @@ def scripted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     s = draw_scenario(random.Random(7))
     data = Path(tmp_path_factory.mktemp("cs")) / "scenario.jsonl"
     data.write_text(json.dumps({"prompt": s.request, **s.to_sample()}) + "\n")
-    spec = TaskSpec(agent=f"{__name__}:recorded_run", python_path=[EXAMPLES], group_size=1, max_new_tokens=300,
+    folder = Path(tmp_path_factory.mktemp("sdk-record"))
+    saved = os.environ.get("SDK_RECORD_DIR")
+    os.environ["SDK_RECORD_DIR"] = str(folder)  # inherited by the worker's agent runner, started with the worker
+    spec = TaskSpec(agent="sdk_recorded:recorded_run", python_path=[EXAMPLES, PLUGINS], group_size=1, max_new_tokens=300,
                     temperature=0.05, dataset=DatasetSpec(path=str(data), answer_field=None, heldout_fraction=0.0))
     tok = _smollm2() if request.param == "smollm2" else None
     tail = "\n<|im_start|>tool\n{}<|im_end|>\n<|im_start|>assistant\n" if tok is not None else "{}"
@@ -112,20 +103,52 @@ def scripted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     assert w.tokenizer.name == request.param
     script = [call_text("orders", user=s.user), call_text(s.intent, order=s.target), FINAL]
     try:
-        taught = teach_script(w, script, lambda: play(w))
-        yield Scripted(w, s, script, taught, tail)
+        taught = teach_script(w, script, lambda: play(w, folder)[0])
+        yield Scripted(w, s, script, taught, tail, folder)
     finally:
         w.close()
+        if saved is None:
+            os.environ.pop("SDK_RECORD_DIR", None)
+        else:
+            os.environ["SDK_RECORD_DIR"] = saved
 
 
-def play(w: RolloutWorker, on_first_tool: Callable[[], None] | None = None) -> Trajectory:
-    """One SDK episode through ``w`` (the dataset's one scenario), recorded afresh in :data:`RECORD`."""
-    RECORD.wire.clear()
-    RECORD.responses.clear()
-    RECORD.tools.clear()
-    RECORD.on_first_tool = on_first_tool
-    (t,) = w.generate(1)
-    return t
+def play(w: RolloutWorker, folder: Path,
+         on_first_tool: Callable[[], None] | None = None) -> tuple[Trajectory, Record | None]:
+    """One SDK episode through ``w`` (the dataset's one scenario) and what the SDK saw of it. ``on_first_tool`` runs
+    here, in the test's process, after the SDK ran its first tool and before its next request leaves (the agent in
+    the runner process waits on a connection for it to return)."""
+    (folder / "record.json").unlink(missing_ok=True)
+    if on_first_tool is None:
+        (t,) = w.generate(1)
+        return t, Record.read(folder)
+    key = os.urandom(16)
+    with multiprocessing.connection.Listener(("127.0.0.1", 0), authkey=key) as listener:
+        (folder / "pause.json").write_text(json.dumps({"address": list(listener.address), "authkey": key.hex()}))
+        reached = threading.Event()
+        failed: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                with listener.accept() as c:
+                    reached.set()
+                    assert c.recv() == "tool"
+                    on_first_tool()
+                    c.send("done")
+            except BaseException as exc:  # noqa: BLE001 (reported below)
+                failed.append(exc)
+
+        helper = threading.Thread(target=serve, name="sdk-first-tool", daemon=True)
+        helper.start()
+        try:
+            (t,) = w.generate(1)
+        finally:
+            (folder / "pause.json").unlink()
+            if not reached.is_set():  # the agent never got there: end the helper's accept() (its recv() then fails)
+                multiprocessing.connection.Client(listener.address, authkey=key).close()
+            helper.join()
+    assert not failed, failed
+    return t, Record.read(folder)
 
 
 def test_the_sdk_agent_drives_a_tool_use_conversation_and_only_its_sampled_turns_are_trained(
@@ -133,28 +156,27 @@ def test_the_sdk_agent_drives_a_tool_use_conversation_and_only_its_sampled_turns
     w, s, script = scripted.worker, scripted.scenario, scripted.script
     w.load_weights(scripted.taught.state_dict, version=0)
     before = w.agent_counters()
-    t = play(w)
+    t, rec = play(w, scripted.folder)
     assert t.status is TrajectoryStatus.FINISHED and t.reward == 1.0 and t.success, t.info
+    assert rec is not None  # the agent returned the reward, so it wrote its record first
     assert t.info["agent"] == {"requests": 3, "retries": 0, "branches": 0}
     assert w.agent_counters()["prefix_mismatch"] == before["prefix_mismatch"]  # every request extended the last
 
     # the endpoint answered the two calls in OpenAI's tool_calls form, the SDK parsed them and ran the tools
     calls = [("orders", {"user": s.user}), (s.intent, {"order": s.target})]
-    for raw, (name, args) in zip(RECORD.wire[:2], calls, strict=True):
+    for raw, (name, args) in zip(rec.wire[:2], calls, strict=True):
         choice = raw["choices"][0]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
         (call,) = choice["message"]["tool_calls"]
         assert call["type"] == "function" and call["function"]["name"] == name
         assert json.loads(call["function"]["arguments"]) == args
-    assert RECORD.wire[2]["choices"][0]["finish_reason"] == "stop"
-    assert RECORD.wire[2]["choices"][0]["message"]["content"] == FINAL
-    assert RECORD.wire[2]["choices"][0]["message"]["tool_calls"] is None
-    parsed = [[(i.type, getattr(i, "name", None), getattr(i, "arguments", None)) for i in r.output]
-              for r in RECORD.responses]
-    assert parsed[:2] == [[("function_call", n, json.dumps(a))] for n, a in calls]
-    assert [i.type for i in RECORD.responses[2].output] == ["message"]
+    assert rec.wire[2]["choices"][0]["finish_reason"] == "stop"
+    assert rec.wire[2]["choices"][0]["message"]["content"] == FINAL
+    assert rec.wire[2]["choices"][0]["message"]["tool_calls"] is None
+    assert rec.responses[:2] == [[("function_call", n, json.dumps(a))] for n, a in calls]
+    assert [i[0] for i in rec.responses[2]] == ["message"]
     orders = ";".join(" ".join(o) for o in s.orders)
-    assert RECORD.tools == [("orders", orders), (s.intent, "ok")]
+    assert rec.tools == [("orders", orders), (s.intent, "ok")]
 
     # token labelling: the SDK's prompt, then per turn exactly the sampled ids, then what the SDK added, forced
     tok = w.tokenizer
@@ -167,7 +189,7 @@ def test_the_sdk_agent_drives_a_tool_use_conversation_and_only_its_sampled_turns
     assert [tok.decode(t.tokens[a:b]) for a, b in runs] == [turn + eos for turn in script]
     assert sum(t.loss_mask) == sum(b - a for a, b in runs) and runs[-1][1] == len(t.tokens)
     forced = [tok.decode(t.tokens[b:a]) for (_, b), (a, _) in zip(runs, runs[1:], strict=False)]
-    assert forced == [scripted.tail.format(result) for _, result in RECORD.tools]
+    assert forced == [scripted.tail.format(result) for _, result in rec.tools]
     for i in range(len(t.tokens)):
         if t.loss_mask[i]:
             assert t.versions[i] == 0 and math.isfinite(t.logp_mu[i]) and t.logp_mu[i] <= 0.0
@@ -180,9 +202,10 @@ def test_a_weight_update_from_inside_the_sdk_run_stamps_the_later_turns_with_the
         scripted: Scripted) -> None:
     w, taught = scripted.worker, scripted.taught
     w.load_weights(taught.state_dict, version=0)
-    t = play(w, on_first_tool=lambda: w.update_weights(taught.state_dict, version=1))
+    t, rec = play(w, scripted.folder, on_first_tool=lambda: w.update_weights(taught.state_dict, version=1))
     assert t.status is TrajectoryStatus.FINISHED and t.reward == 1.0, t.info
-    assert w.version == 1 and [name for name, _ in RECORD.tools] == ["orders", scripted.scenario.intent]
+    assert rec is not None
+    assert w.version == 1 and [name for name, _ in rec.tools] == ["orders", scripted.scenario.intent]
     runs = sampled_runs(t)
     assert len(runs) == 3
     stamps = [sorted(set(t.versions[a:b])) for a, b in runs]
