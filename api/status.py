@@ -220,7 +220,7 @@ class JobStatus(_StatusModel):
         description="Base URL of the job's OpenAI-compatible agent endpoint inside the cluster, "
         "http://<job>-agent.<namespace>.svc:<spec.task.endpoint.port>/v1 (a harness of spec.task.agent: external "
         "opens sessions at <agentEndpoint>/sessions): set once the operator sees the Service <job>-agent, absent "
-        "without spec.task.agent.")
+        "without spec.task.agent and once the job has succeeded or failed.")
     training: TrainingSummary | None = Field(default=None, description="Training summary (written by the driver).")
 
     def to_status_dict(self) -> dict[str, Any]:

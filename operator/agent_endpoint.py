@@ -71,7 +71,7 @@ def url(job: str, namespace: str, spec: AsyncRLJobSpec) -> str:
 
 def api_base(job: str, namespace: str, spec: AsyncRLJobSpec) -> str:
     """The OpenAI API base URL of the endpoint through the Service (:func:`url` + ``/v1``): the event of the
-    Service's creation says it, and the job's ``status.agentEndpoint`` holds it while the Service exists."""
+    Service's creation says it, and the job's ``status.agentEndpoint`` holds it while the Service exists and the job is not final."""
     return f"{url(job, namespace, spec)}/v1"
 
 

@@ -25,7 +25,8 @@ Failure policy:
 - a child of the job's name owned by someone else is never adopted, patched or deleted: the
   ``ChildConflict`` condition names it and no pod is started while it lasts;
 - ``status.agentEndpoint`` is the agent endpoint's in-cluster base URL while the job has
-  ``spec.task.agent`` and its Service ``<job>-agent`` exists (``asyncrl.operator.agent_endpoint``);
+  ``spec.task.agent``, its Service ``<job>-agent`` exists and the job is not final
+  (``asyncrl.operator.agent_endpoint``);
 - ``Succeeded``/``Failed`` are final: nothing is ever created again, running pods are deleted
   (GPUs freed), finished pods stay for their logs until ``ttlSecondsAfterFinished``;
 - an interrupt-sync phase (other than ``Idle``) the driver reported longer ago than
@@ -241,6 +242,7 @@ class _Planner:
 
     def _terminal(self) -> None:
         # Final: never create. Free GPUs now; keep finished pods for their logs until the TTL.
+        self.st.agent_endpoint = None  # no worker serves it any more (the Service stays until the job goes)
         for p in self.obs.pods.values():
             if p.phase not in ("Succeeded", "Failed"):
                 self._delete_pod(p, "DeletedPod", f"job is {self.phase.value}; freeing its resources")

@@ -315,6 +315,16 @@ def test_the_status_names_the_endpoint_once_the_service_is_there_and_not_before(
     assert run_from(s, None, {}).status.agent_endpoint is None
 
 
+def test_a_finished_job_names_no_endpoint() -> None:
+    s = agent()
+    served = {k: as_served(v) for k, v in children(build(s)).items()}
+    for phase in ("Succeeded", "Failed"):
+        job = JobView.read(REF, 1, {"phase": phase, "epoch": 0, "agentEndpoint": URL})
+        p = plan(job, s, build(s), Observed({n: pod(n) for n in ALL}, served), T0, CFG)
+        assert p.status.agent_endpoint is None and "agentEndpoint" not in p.status.to_status_dict(), phase
+        assert agent_acts(p) == []  # the Service stays (it goes with the job), nothing is created
+
+
 def test_the_endpoint_follows_a_port_edit_and_goes_with_the_service_or_the_agent() -> None:
     s = agent(port=8200)
     served = {k: as_served(v) for k, v in children(build(s)).items()}
