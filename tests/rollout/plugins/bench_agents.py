@@ -15,19 +15,8 @@ assistant turns of exactly ``max_tokens`` sampled tokens, each but the last answ
 What each side saw is kept here, read and cleared by the bench between ``generate`` calls: the agent's request
 latencies (:data:`LATENCIES`, the client's time from request to response) and the environment's turn gaps
 (:data:`STEP_GAPS`, from the observation handed back to the next turn: the engine's time for that turn).
-
-:func:`conversation_elsewhere` is the same agent run in a helper process (:class:`Elsewhere`, this file run with
-``--serve``): the worker's agent function only hands the session's base URL and key over a pipe and waits for the
-reward, so the ``openai`` client's CPU is spent outside the worker's interpreter (the bench's what-if of running a
-worker's agents in a process of their own).
 """
 
-import asyncio
-import json
-import ssl
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -110,94 +99,3 @@ class Conversation:
             return Turn(done=True, reward=1.0, success=True, reason="conversation over")
         self._back = time.perf_counter()
         return Turn([{"role": "user", "content": EOS_TEXT + follow_up(self.k - 1, self.shape)}])
-
-
-# ------------------------------------------------------------------------------------------ agents elsewhere
-class Elsewhere:
-    """A helper process that runs :func:`conversation` for the worker's sessions (``python bench_agents.py
-    --serve``): one JSON line per session each way. Its request latencies join :data:`LATENCIES` before the
-    session's reward is handed back."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        self._lock = threading.Lock()
-        self._waiting: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[float]]] = {}
-        self._n = 0
-        self._reader = threading.Thread(target=self._read, name="bench-elsewhere", daemon=True)
-        self._reader.start()
-
-    async def run(self, base_url: str, key: str, sample: dict[str, Any], shape: Shape) -> float:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[float] = loop.create_future()
-        with self._lock:
-            self._n += 1
-            self._waiting[self._n] = (loop, fut)
-            line = json.dumps({"id": self._n, "base_url": base_url, "key": key, "sample": sample,
-                               "shape": [shape.turns, shape.max_tokens, shape.prompt_chars, shape.follow_chars]})
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(line + "\n")
-            self.proc.stdin.flush()
-        return await fut
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            with self._lock:
-                loop, fut = self._waiting.pop(msg["id"])
-            LATENCIES.extend((int(k), float(x)) for k, x in msg["latencies"])
-            if "error" in msg:
-                loop.call_soon_threadsafe(fut.set_exception, RuntimeError(msg["error"]))
-            else:
-                loop.call_soon_threadsafe(fut.set_result, float(msg["reward"]))
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-
-
-ELSEWHERE: Elsewhere | None = None  # started by the bench before a worker runs conversation_elsewhere
-
-
-async def conversation_elsewhere(client: Any, sample: dict[str, Any]) -> float:
-    """:func:`conversation`, run by the helper process with this session's base URL and key."""
-    assert ELSEWHERE is not None, "bench_agents.ELSEWHERE: start an Elsewhere first"
-    return await ELSEWHERE.run(str(client.base_url), str(client.api_key), sample, SHAPE)
-
-
-def _serve() -> None:
-    """The helper process: run one :func:`conversation` per line read, each with its own client (one SSL context for
-    all of them), and write its reward and request latencies back."""
-    import openai
-
-    loop = asyncio.new_event_loop()
-    out_lock = threading.Lock()
-    context = ssl.create_default_context()
-
-    async def one(msg: dict[str, Any]) -> None:
-        record: list[tuple[int, float]] = []
-        reply: dict[str, Any] = {"id": msg["id"]}
-        try:
-            async with openai.AsyncOpenAI(base_url=msg["base_url"], api_key=msg["key"], max_retries=0, timeout=600.0,
-                                          http_client=openai.DefaultAsyncHttpxClient(verify=context)) as client:
-                reply["reward"] = await converse(client, msg["sample"], Shape(*msg["shape"]), record)
-        except Exception as exc:  # the worker's agent function raises it again (agent_exception)
-            reply["error"] = f"{type(exc).__name__}: {exc}"
-        reply["latencies"] = record
-        with out_lock:
-            sys.stdout.write(json.dumps(reply) + "\n")
-            sys.stdout.flush()
-
-    def read() -> None:
-        for line in sys.stdin:
-            asyncio.run_coroutine_threadsafe(one(json.loads(line)), loop)
-        loop.call_soon_threadsafe(loop.stop)
-
-    threading.Thread(target=read, daemon=True).start()
-    loop.run_forever()
-
-
-if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
-    _serve()
