@@ -52,15 +52,27 @@ call at 8 and 32 sessions, 8 at 1). Reported per cell:
 its own CPU clock (the decode loop, the endpoint's uvicorn loop, the agents' loop, the environment runner's loop:
 :class:`LoopProfiles`); prints each thread's CPU ms per request and its top functions.
 
-Measured (2 cores shared with other jobs, nice 10, 1 torch thread, 5 rounds, 2 min 45 s in all; the record is
+Measured (2 cores shared with other jobs, nice 10, 1 torch thread, 5 rounds; the record is
 ``docs/results/data/agent_endpoint.json``): tokens/s, and the ratio to ``env`` with its 95 % interval::
+
+    model sessions   env     endpoint (runner process)   endpoint-in-process
+    h64      1         270     210 (0.79 +- 0.14)          207 (0.77 +- 0.12)
+    h64      8       1,389     728 (0.53 +- 0.10)          676 (0.50 +- 0.13)
+    h64     32       3,647   1,395 (0.39 +- 0.12)        1,158 (0.32 +- 0.07)
+    h256     1         104      97 (0.93 +- 0.11)           98 (0.94 +- 0.15)
+    h256     8         532     381 (0.72 +- 0.08)          367 (0.69 +- 0.09)
+    h256    32         958     699 (0.73 +- 0.13)          649 (0.67 +- 0.10)
+
+CPU ms per turn at 32 sessions, worker + runner: h64 9.1 + 5.3 (env 4.2), h256 20.5 + 5.0 (env 16.0), so on two
+shared cores the worker's own cost per turn bounds the ratio near 4.2 / 9.1 = 0.46x and 16.0 / 20.5 = 0.78x. The null
+engine: 95 requests/s at 1 session, 135 at 32 (p50 9 / 220 ms).
+
+An earlier record (the same bench before the runner process, then the two fixes below, then a helper process as a
+what-if), kept for where the time went::
 
     model sessions   env     endpoint             +fixes               +fixes+agent-process
     h64      1         670     239 (0.36 +- 0.01)   546 (0.82 +- 0.07)   553 (0.83 +- 0.06)
-    h64      8       3,763     927 (0.25 +- 0.03) 2,071 (0.55 +- 0.06) 2,176 (0.58 +- 0.05)
     h64     32       9,510   1,440 (0.15 +- 0.02) 3,030 (0.32 +- 0.06) 3,345 (0.35 +- 0.10)
-    h256     1         264     150 (0.57 +- 0.01)   237 (0.90 +- 0.03)   243 (0.92 +- 0.05)
-    h256     8       1,202     584 (0.49 +- 0.02)   882 (0.73 +- 0.05)   896 (0.75 +- 0.05)
     h256    32       1,928     903 (0.47 +- 0.02) 1,169 (0.61 +- 0.11) 1,171 (0.61 +- 0.19)
 
 The target, >= 0.9x the environment class at 32 sessions, does not hold for either model, with or without the
@@ -82,7 +94,9 @@ fixes. Where the time goes:
   costs the engine's turn (55 ms at h64, 248 ms at h256) plus 32 x the path's per-request cost (~2.5-3 ms after
   the fixes: the null engine's 327 requests/s at 32 sessions). For 0.9x that cost must stay under a ninth of the
   turn over 32 requests: 0.2 ms at h64, 0.9 ms at h256, less than the ``openai`` client alone spends per request.
-  Moving the agents to a process of their own helps little on 2 shared cores (the helper competes for them).
+  Moving the agents to a process of their own (the shipped runner) gains 0.06-0.07x at 32 sessions on 2 shared
+  cores (the runner competes for them); it is there for isolation (a crashing agent costs its sessions, never the
+  worker).
 """
 
 import argparse
