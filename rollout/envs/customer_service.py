@@ -191,17 +191,10 @@ class CustomerService:
         msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": s.request}]
         return Reset(msgs, tools=TOOLS)  # a turn ends at the end-of-turn token only
 
-    def goal_state(self) -> Db:
-        return goal_db(self._need())
-
     def _need(self) -> Scenario:
         if self.scenario is None:
             raise RuntimeError("CustomerService: step() before reset()")
         return self.scenario
-
-    def _run(self, name: str, args: dict[str, Any]) -> str:
-        """:func:`run_tool` on this episode's database."""
-        return run_tool(self.db, name, args)
 
     def step(self, msg: AssistantMessage) -> Turn:
         s = self._need()
