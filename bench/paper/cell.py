@@ -61,6 +61,20 @@ def spread(store: rec.Store, cfg: h.Config, what: str, level: float) -> float | 
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
+def warm_start_note(old: dict, new: dict) -> tuple[bool, str]:
+    """Whether the rerun started from the committed record's warm start, and a line saying so: a record without a
+    fingerprint (made before the harness kept one) is compared by its version-0 held-out success only."""
+    a, b = old.get("warm_start"), new.get("warm_start")
+    if a is not None and b is not None:
+        if a == b:
+            return True, f"warm start: the committed one (sha256 {a['sha256']}, {a['steps']} steps at seed {a['seed']})"
+        return False, (f"warm start: DIFFERENT from the committed record's (sha256 {b['sha256']} vs {a['sha256']}): "
+                       "the numbers below are not comparable")
+    v0 = [r["eval"]["success"][0] if r["eval"]["success"] else float("nan") for r in (old, new)]
+    return False, (f"warm start: the committed record keeps no fingerprint (made by an earlier harness); version-0 "
+                   f"held-out success committed {v0[0]:.4f}, rerun {v0[1]:.4f}: not known to be the same start")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("experiment", nargs="?")
@@ -99,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     if old is None:
         print(f"no committed record of {cfg.name!r} seed {args.seed} ({rec.name_of(cfg.key(), args.seed)}); new run only")
         return 0
-    ok = True
+    same_start = warm_start_note(old, new)
+    print(same_start[1])
+    ok = same_start[0]
     for what, label in METRICS:
         a, b = rd.metric([old], what, h.FULL.level)[0], rd.metric([new], what, h.FULL.level)[0]
         bound = spread(committed, cfg, what, h.FULL.level)

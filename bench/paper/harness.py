@@ -4,7 +4,8 @@ One *configuration* is a correction (``spec.correction`` and ``spec.oldLogits``)
 version gap W; everything else -- task, model, batch, minibatches, learning rate, evaluation -- is
 the :class:`Scale` of the command. Each (configuration, seed) runs once through the driver's
 in-process loop (:func:`asyncrl.trainer.driver.loop.training_loop.run_job`, one local Ray session per command),
-from one supervised warm start per task (cached; the seeds vary the RL phase), and writes one JSON
+from one supervised warm start per task (made once at :data:`WARM_SEED`, cached; the seeds vary the RL phase;
+its fingerprint is in every record, :func:`warm_fingerprint`), and writes one JSON
 record (:mod:`records`) into the record folder: experiments that share a configuration (the methods
 table's ``loglinear`` is Proposition 1's reference, its ``ewma`` the EWMA ablation's auto-with-reset
 cell, its ``exact`` the threshold grid's paper cell) run it once. The full scale's records are
@@ -50,6 +51,9 @@ BASE_MASK, BASE_CLIP = PAPER_MASK, PAPER_CLIP
 # The paper's reset rule (§6.5): in-bounds ratio below tau for k consecutive versions; tau is chosen
 # below the noise floor of the in-bounds ratio (docs/results.md, "noise floor").
 RESET_TAU, RESET_K = 0.8, 3
+# The warm start every run of a scale starts from is made at this seed, whatever seed a command runs first
+# (earlier versions made it with the seed of the command's first run, so it depended on the command).
+WARM_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -196,10 +200,9 @@ class Runner:
 
         rdir = self.work / "runs" / path.stem
         shutil.rmtree(rdir, ignore_errors=True)
-        # One supervised warm start per task, made by the first run (with its seed) and shared by all:
-        # the seeds vary the RL phase (sampling, minibatch order), the starting policy is the same.
-        options = RunOptions(run_dir=rdir, warm_start_dir=self.work / f"warm-{self.scale.task}-{self.scale.warm_start_steps}",
-                             actor_threads=1, rollout_threads=1, num_cpus=2.0)
+        warm = self._warm_start(cfg)  # the starting policy is the same for every configuration and seed
+        options = RunOptions(run_dir=rdir, warm_start_dir=self.warm_dir, actor_threads=1, rollout_threads=1,
+                             num_cpus=2.0)
         load0, t0 = os.getloadavg()[0], time.monotonic()
         res = run_job(validate_job(job_doc(cfg, self.scale, seed)), options)
         if res.summary.status != "succeeded":
@@ -207,7 +210,7 @@ class Runner:
                              f"{res.summary.error}; see {rdir}")
         record = rec.build(key=cfg.key(), seed=seed, tag=tag, config=cfg.spec(), scale=scale_record(self.scale),
                            summary=res.summary.to_json(), steps=res.steps, bench_s=time.monotonic() - t0,
-                           load_avg=(load0, os.getloadavg()[0]))
+                           load_avg=(load0, os.getloadavg()[0]), warm_start=warm)
         rec.write(self.records, record)
         self.done.add(path.name)
         shutil.rmtree(rdir, ignore_errors=True)  # the record is what is kept
@@ -215,6 +218,30 @@ class Runner:
         self.log(f"  ran {cfg.name} seed {seed}{' ' + tag if tag else ''}: {record['bench_s']:.0f} s, "
                  f"held-out success {last:.3f}, resets {record['resets']['count']}")
         return record
+
+    @property
+    def warm_dir(self) -> Path:
+        """The cached warm start of this scale (task, steps, :data:`WARM_SEED`)."""
+        return self.work / f"warm-{self.scale.task}-{self.scale.warm_start_steps}-s{WARM_SEED}"
+
+    def _warm_start(self, cfg: Config) -> dict[str, Any]:
+        """Make the scale's warm start if it is not cached (a one-version run at :data:`WARM_SEED` whose only
+        product is the cache), and return its fingerprint."""
+        from asyncrl.api.validation import validate_job
+        from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
+
+        if not (self.warm_dir / "meta.json").exists():
+            self.log(f"  warm start: {self.scale.warm_start_steps} supervised steps at seed {WARM_SEED}")
+            rdir = self.work / "runs" / "warm-start"
+            shutil.rmtree(rdir, ignore_errors=True)
+            tiny = replace(self.scale, steps=1, eval_every=1, eval_prompts=8, probe_rollouts=4)
+            res = run_job(validate_job(job_doc(cfg, tiny, WARM_SEED)),
+                          RunOptions(run_dir=rdir, warm_start_dir=self.warm_dir, actor_threads=1, rollout_threads=1,
+                                     num_cpus=2.0))
+            if res.summary.status != "succeeded" or not (self.warm_dir / "meta.json").exists():
+                raise SystemExit(f"the warm start run ended {res.summary.status!r}: {res.summary.error}; see {rdir}")
+            shutil.rmtree(rdir, ignore_errors=True)
+        return warm_fingerprint(self.warm_dir, self.scale.warm_start_steps)
 
     def results(self, cfgs: Iterable[Config], seeds: Sequence[int] | None = None) -> dict[str, list[dict[str, Any]]]:
         """``{config name: [record per seed]}``, interleaved: every configuration of seed 0, then of
@@ -244,6 +271,18 @@ class Runner:
         if self._ray is not None:
             self._ray.__exit__(None, None, None)
             self._ray = None
+
+
+def warm_fingerprint(folder: Path, steps: int) -> dict[str, Any]:
+    """What identifies a warm start: its seed, steps and the sha256 (first 16 hex digits) of its weight files
+    (the checkpoint's files but ``meta.json``, whose times differ between two identical warm starts)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "meta.json"):
+        digest.update(f.relative_to(folder).as_posix().encode())
+        digest.update(f.read_bytes())
+    return {"seed": WARM_SEED, "steps": steps, "sha256": digest.hexdigest()[:16]}
 
 
 # --- metrics of one run ----------------------------------------------------------------------

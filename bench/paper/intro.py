@@ -42,7 +42,7 @@ actor). Every table and figure below is generated from one JSON record per run, 
 training), {s.steps} policy versions × {s.prompts} prompts × {s.group} samples, {s.minibatches} minibatches per version
 at learning rate {s.learning_rate:g} per update, **W = {h.W_PAPER}** (sync: W = 0), partial rollouts, one rollout worker,
 token-level mask; one supervised warm start of {s.warm_start_steps} steps shared by every run (the seeds vary the
-RL phase); held-out evaluation every {s.eval_every} versions on **{s.eval_prompts} prompts** at temperature 1 (the same
+RL phase; the harness makes it at seed {h.WARM_SEED} and keeps its fingerprint in each record: the "Machine" line); held-out evaluation every {s.eval_every} versions on **{s.eval_prompts} prompts** at temperature 1 (the same
 prompts and sampling seed in every run, so one evaluation's binomial standard error is at most
 sqrt(0.25 / {s.eval_prompts}) = {(0.25 / s.eval_prompts) ** 0.5:.3f}); start-up probe of {s.probe_rollouts} held-out rollouts
 (|log r_d| of every run). Full scale: `{asdict(s)}`.

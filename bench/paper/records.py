@@ -14,6 +14,8 @@ the committed records alone (``docs/results/data/cells/``)::
     low_streak    tau and k of the reset rule, versions with in_bounds_ratio < tau, the longest run of them
     log_rd        |log r_d| of the start-up probe (bf16 rollout vs the fp32 actor at version 0): mean, p50, p99
     wall_s, loop_s, bench_s, load_avg (1-minute load average at start and end), cpus
+    warm_start    seed, steps and sha256 of the warm start the run started from (harness.warm_fingerprint);
+                  absent from records made before the fingerprint was kept
 """
 
 import json
@@ -73,7 +75,7 @@ def probe_quantiles(summary: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def build(*, key: str, seed: int, tag: str, config: Mapping[str, Any], scale: Mapping[str, Any],
           summary: Mapping[str, Any], steps: Sequence[Mapping[str, Any]], bench_s: float,
-          load_avg: tuple[float, float]) -> dict[str, Any]:
+          load_avg: tuple[float, float], warm_start: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The record of one finished run from the driver's summary and its per-version step lines."""
     applied = [s for s in steps if "version" in s]
     curve = summary.get("eval_curve", [])
@@ -97,6 +99,7 @@ def build(*, key: str, seed: int, tag: str, config: Mapping[str, Any], scale: Ma
         "bench_s": sig(bench_s, 3),
         "load_avg": [sig(load_avg[0], 3), sig(load_avg[1], 3)],
         "cpus": os.cpu_count(),
+        **({} if warm_start is None else {"warm_start": dict(warm_start)}),
     }
 
 

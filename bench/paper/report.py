@@ -52,7 +52,18 @@ def records_summary(ctx: rd.Context) -> str:
         return "No records yet."
     loads = [x for r in runs for x in r["load_avg"] if x is not None]
     walls = [r["bench_s"] for r in runs if r["bench_s"] is not None]
-    return (f"{len(runs)} runs ({len(all_cfgs())} configurations, seeds {sorted({r['seed'] for r in runs})}); "
+    starts = sorted({r["warm_start"]["sha256"] if r.get("warm_start") else "none" for r in runs})
+    if starts == ["none"]:
+        start = ("**The records keep no warm-start fingerprint**: an earlier harness made them, with the warm start "
+                 f"made at the seed of its command's first run, not at seed {h.WARM_SEED}; a rerun today starts from "
+                 "another warm start, and `cell.py` says so next to its numbers. ")
+    elif len(starts) == 1:
+        w = next(r["warm_start"] for r in runs)
+        start = (f"Every run started from the one warm start ({w['steps']} supervised steps at seed {w['seed']}, "
+                 f"weights sha256 `{w['sha256']}`). ")
+    else:
+        start = f"**The runs started from {len(starts)} different warm starts** ({', '.join(starts)}). "
+    return (start + f"{len(runs)} runs ({len(all_cfgs())} configurations, seeds {sorted({r['seed'] for r in runs})}); "
             f"one run took {min(walls):.0f}–{max(walls):.0f} s (median {statistics.median(walls):.0f} s) including "
             f"its Ray start; the 1-minute load average at the runs' starts and ends was {min(loads):.1f}–{max(loads):.1f} "
             f"(median {statistics.median(loads):.1f}) on {runs[0]['cpus']} cores.")

@@ -105,6 +105,30 @@ def test_record_round_trip(tmp_path: Path) -> None:
         records.read(path)
 
 
+def test_a_warm_start_fingerprint_is_its_weights_and_a_rerun_from_another_start_is_flagged(tmp_path: Path) -> None:
+    cell = paper_module("cell")
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, meta in ((a, '{"saved": 1}'), (b, '{"saved": 2}')):  # two identical warm starts saved at other times
+        (d / "rank0").mkdir(parents=True)
+        (d / "rank0" / "shard.pt").write_bytes(b"weights")
+        (d / "meta.json").write_text(meta)
+    fa, fb = harness.warm_fingerprint(a, 100), harness.warm_fingerprint(b, 100)
+    assert fa == fb and fa["seed"] == harness.WARM_SEED and fa["steps"] == 100 and len(fa["sha256"]) == 16
+    (b / "rank0" / "shard.pt").write_bytes(b"weightz")
+    fc = harness.warm_fingerprint(b, 100)
+    assert fc["sha256"] != fa["sha256"]
+
+    def run(warm: dict | None, v0: float) -> dict:
+        return {"eval": {"success": [v0, 0.5]}, **({} if warm is None else {"warm_start": warm})}
+
+    same, line = cell.warm_start_note(run(fa, 0.4), run(fb, 0.43))
+    assert same and fa["sha256"] in line
+    same, line = cell.warm_start_note(run(fa, 0.4), run(fc, 0.4))
+    assert not same and "DIFFERENT" in line and "not comparable" in line
+    same, line = cell.warm_start_note(run(None, 0.3933), run(fa, 0.4333))
+    assert not same and "0.3933" in line and "0.4333" in line and "no fingerprint" in line
+
+
 def test_prop1_keep_decisions_identical_on_one_batch() -> None:
     prop1 = paper_module("prop1")
     bad, n = prop1.keep_disagreements([0, 1, 2, 3], B=32, T=16)
@@ -125,6 +149,9 @@ def test_quick_mode_writes_every_record_and_section(tmp_path: Path) -> None:
     # 7 methods + 7 new EWMA cells + 4 new threshold cells + 1 single-ratio cell
     assert len(recs) == 19, [p.name for p in recs]
     assert all(records.read(p)["log_rd"] is not None for p in recs)
+    # every run started from the one warm start, made at the harness's seed whatever seed ran first
+    starts = {json.dumps(records.read(p)["warm_start"], sort_keys=True) for p in recs}
+    assert len(starts) == 1 and json.loads(starts.pop())["seed"] == harness.WARM_SEED
 
 
 def test_probe_median_that_records_read() -> None:
