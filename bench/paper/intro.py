@@ -17,6 +17,7 @@ nice -n 5 .venv/bin/python bench/paper/thresholds.py   # 4. Figure 3 / Table 4 a
 nice -n 5 .venv/bin/python bench/paper/prop1.py        # 6. Figure 5 analog
 nice -n 5 .venv/bin/python bench/paper/system_cost.py  # 7. Table 3 / Table 6 analog
 nice -n 5 .venv/bin/python bench/paper/cell.py --rerun-spread  # 8. two cells run twice
+nice -n 5 .venv/bin/python bench/paper/warm_starts.py  # 9. the warm start made at five seeds
 nice -n 5 .venv/bin/python bench/paper/suite.py --cells "ewma:decay 0.9, reset" --seeds 0 1  # any cells, interleaved
 .venv/bin/python bench/paper/report.py                 # this page, from docs/results/data/ alone
 .venv/bin/python bench/paper/report.py --check         # CI: fails when this page and the records disagree

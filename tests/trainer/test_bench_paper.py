@@ -129,6 +129,34 @@ def test_a_warm_start_fingerprint_is_its_weights_and_a_rerun_from_another_start_
     assert not same and "0.3933" in line and "0.4333" in line and "no fingerprint" in line
 
 
+def test_the_warm_start_section_names_the_spread_and_which_start_the_cells_used(tmp_path: Path) -> None:
+    ws = paper_module("warm_starts")
+    (tmp_path / "warm_starts").mkdir()
+    (tmp_path / "cells").mkdir()
+    for seed, v0, sha in ((0, 0.4333, "aaaa"), (1, 0.1167, "bbbb")):
+        (tmp_path / "warm_starts" / f"seed-{seed}.json").write_text(json.dumps(
+            {"seed": seed, "v0_success": v0, "sha256": sha, "log_rd": {"mean": 3e-3}}))
+    cell = {"eval": {"success": [0.3933, 0.7]}}
+    (tmp_path / "cells" / "cfg-x-s0.json").write_text(json.dumps(cell))
+    text = ws.section(tmp_path)
+    assert "| 0 | 0.4333 | 3.00e-03 | `aaaa` |" in text and "| 1 | 0.1167 |" in text
+    assert "ranges 0.117–0.433 over 2 warm-start seeds" in text
+    assert "0.3933" in text and "none of these seeds'" in text
+    (tmp_path / "cells" / "cfg-x-s0.json").write_text(json.dumps({**cell, "warm_start": {"sha256": "bbbb"}}))
+    assert "started from the warm start of seed 1" in ws.section(tmp_path)
+
+
+@pytest.mark.slow
+def test_warm_starts_quick_writes_a_record_per_seed(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(PAPER / "warm_starts.py"), "--quick", "--work", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
+    recs = [json.loads(p.read_text()) for p in sorted((tmp_path / "quick" / "warm_starts").glob("seed-*.json"))]
+    assert [r["seed"] for r in recs] == [0, 1] and all(0.0 <= r["v0_success"] <= 1.0 for r in recs)
+    assert len({r["sha256"] for r in recs}) == 2  # another seed, another warm start
+    assert "How much the warm start decides" in proc.stdout
+
+
 def test_prop1_keep_decisions_identical_on_one_batch() -> None:
     prop1 = paper_module("prop1")
     bad, n = prop1.keep_disagreements([0, 1, 2, 3], B=32, T=16)
