@@ -53,10 +53,10 @@ mean ± the 95 % confidence half-width over seeds (Student t). Every "held / not
 over the same seeds (same warm start, same evaluation prompts): **held** = the paper's direction at p < 0.05,
 **reversed** = the opposite direction at p < 0.05, anything else **not resolved**. Seeds were scheduled
 interleaved (`bench/paper/suite.py`: each command runs every cell of its list at seed 0, then at seed 1, and so
-on), in two sessions: first three such commands in parallel (the methods cells, the EWMA cells, the rest), then one
-command for every (cell, seed) still missing and, after it, one for the EWMA stress block; both on a machine shared
-with other work, so the load differed between runs and sessions (every record keeps the 1-minute load average at
-its run's start and end: the "Machine" line below). Interleaving puts every cell of a seed under the same
+on), in one command over every cell of sections 1, 2 and 4 (22 configurations x seeds 0-4) at `nice 19`, on a
+machine shared with this project's test suites for most of its 100 minutes; then section 8's reruns and section 6's
+single-ratio cell, each one command after it, on the quiet machine. So the load differed between runs (every
+record keeps the 1-minute load average at its run's start and end: the "Machine" line below). Interleaving puts every cell of a seed under the same
 conditions as far as one command can. Section 8 measures the spread of one cell run twice at the same seed.
 
 **Machine.** {summary}
