@@ -14,7 +14,9 @@ runs of the same cell showed (section 8's records, tag ``rerun-1``). ``--rerun-s
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -61,7 +63,7 @@ def spread(store: rec.Store, cfg: h.Config, what: str, level: float) -> float | 
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def warm_start_note(old: dict, new: dict) -> tuple[bool, str]:
+def warm_start_note(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[bool, str]:
     """Whether the rerun started from the committed record's warm start, and a line saying so: a record without a
     fingerprint (made before the harness kept one) is compared by its version-0 held-out success only."""
     a, b = old.get("warm_start"), new.get("warm_start")

@@ -241,7 +241,7 @@ class Runner:
             if res.summary.status != "succeeded" or not (self.warm_dir / "meta.json").exists():
                 raise SystemExit(f"the warm start run ended {res.summary.status!r}: {res.summary.error}; see {rdir}")
             shutil.rmtree(rdir, ignore_errors=True)
-        return warm_fingerprint(self.warm_dir, self.scale.warm_start_steps)
+        return warm_fingerprint(self.warm_dir, self.scale.warm_start_steps, WARM_SEED)
 
     def results(self, cfgs: Iterable[Config], seeds: Sequence[int] | None = None) -> dict[str, list[dict[str, Any]]]:
         """``{config name: [record per seed]}``, interleaved: every configuration of seed 0, then of
@@ -273,8 +273,8 @@ class Runner:
             self._ray = None
 
 
-def warm_fingerprint(folder: Path, steps: int) -> dict[str, Any]:
-    """What identifies a warm start: its seed, steps and the sha256 (first 16 hex digits) of its weight files
+def warm_fingerprint(folder: Path, steps: int, seed: int) -> dict[str, Any]:
+    """What identifies a warm start made at ``seed``: that seed, its steps and the sha256 (first 16 hex digits) of its weight files
     (the checkpoint's files but ``meta.json``, whose times differ between two identical warm starts)."""
     import hashlib
 
@@ -282,7 +282,7 @@ def warm_fingerprint(folder: Path, steps: int) -> dict[str, Any]:
     for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "meta.json"):
         digest.update(f.relative_to(folder).as_posix().encode())
         digest.update(f.read_bytes())
-    return {"seed": WARM_SEED, "steps": steps, "sha256": digest.hexdigest()[:16]}
+    return {"seed": seed, "steps": steps, "sha256": digest.hexdigest()[:16]}
 
 
 # --- metrics of one run ----------------------------------------------------------------------

@@ -47,7 +47,7 @@ def measure(seed: int, work: Path, base: h.Scale = h.FULL) -> dict[str, Any]:
     v0 = summary["eval_curve"][0]
     return {"seed": seed, "steps": base.warm_start_steps, "eval_prompts": base.eval_prompts,
             "v0_success": rec.sig(v0["success"]), "log_rd": rec.probe_quantiles(summary),
-            "sha256": h.warm_fingerprint(warm, base.warm_start_steps)["sha256"],
+            "sha256": h.warm_fingerprint(warm, base.warm_start_steps, seed)["sha256"],
             "warm_start": summary.get("warm_start")}
 
 

@@ -93,24 +93,20 @@ def scripted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     data = Path(tmp_path_factory.mktemp("cs")) / "scenario.jsonl"
     data.write_text(json.dumps({"prompt": s.request, **s.to_sample()}) + "\n")
     folder = Path(tmp_path_factory.mktemp("sdk-record"))
-    saved = os.environ.get("SDK_RECORD_DIR")
-    os.environ["SDK_RECORD_DIR"] = str(folder)  # inherited by the worker's agent runner, started with the worker
     spec = TaskSpec(agent="sdk_recorded:recorded_run", python_path=[EXAMPLES, PLUGINS], group_size=1, max_new_tokens=300,
                     temperature=0.05, dataset=DatasetSpec(path=str(data), answer_field=None, heldout_fraction=0.0))
     tok = _smollm2() if request.param == "smollm2" else None
     tail = "\n<|im_start|>tool\n{}<|im_end|>\n<|im_start|>assistant\n" if tok is not None else "{}"
-    w = RolloutWorker(spec, MODEL, AsyncSpec(partial_rollout=True), tokenizer=tok)
-    assert w.tokenizer.name == request.param
-    script = [call_text("orders", user=s.user), call_text(s.intent, order=s.target), FINAL]
-    try:
-        taught = teach_script(w, script, lambda: play(w, folder)[0])
-        yield Scripted(w, s, script, taught, tail, folder)
-    finally:
-        w.close()
-        if saved is None:
-            os.environ.pop("SDK_RECORD_DIR", None)
-        else:
-            os.environ["SDK_RECORD_DIR"] = saved
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SDK_RECORD_DIR", str(folder))  # inherited by the worker's agent runner, started with the worker
+        w = RolloutWorker(spec, MODEL, AsyncSpec(partial_rollout=True), tokenizer=tok)
+        try:
+            assert w.tokenizer.name == request.param
+            script = [call_text("orders", user=s.user), call_text(s.intent, order=s.target), FINAL]
+            taught = teach_script(w, script, lambda: play(w, folder)[0])
+            yield Scripted(w, s, script, taught, tail, folder)
+        finally:
+            w.close()
 
 
 def play(w: RolloutWorker, folder: Path,
