@@ -141,3 +141,27 @@ def test_the_warm_start_cache_round_trips_and_a_damaged_one_is_redone(tmp_path: 
     third = ActorHost(spec_json, threads=1)
     assert not third.load_warm_start(str(cache))
     assert not third.load_warm_start(str(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_a_loaded_warm_start_trains_at_the_jobs_own_learning_rate(tmp_path: Path, distributed: bool) -> None:
+    """The cache's optimizer state carries the rate of the job that made it; a job with another
+    ``train.learningRate`` that loads it trains at its own rate (it trained at the cache's before)."""
+    from asyncrl.trainer.driver.hosts.actor_host import ActorHost
+
+    def spec(lr: float) -> dict:
+        job = {"correction": {"reference": "current"}, "task": {"name": "calculator", "groupSize": 2},
+               "model": {"preset": "tiny-llama", "hiddenSize": 32, "numLayers": 1, "ffnHiddenSize": 64},
+               "actor": {"megatron": {"distributedOptimizer": distributed}},
+               "train": {"steps": 1, "promptsPerStep": 2, "warmStartSteps": 2, "learningRate": lr}}
+        return AsyncRLJobSpec.model_validate(job).model_dump(mode="json", by_alias=True)
+
+    maker = ActorHost(spec(3e-4), threads=1)
+    maker.warm_start(0, 2, 2, threads=1, batch_size=4)
+    assert maker.actor.optimizer.learning_rate() == pytest.approx(3e-4)
+    cache = tmp_path / "warm"
+    maker.save_warm_start(str(cache))
+    other = ActorHost(spec(1e-5), threads=1)
+    assert other.actor.optimizer.learning_rate() == pytest.approx(1e-5)
+    assert other.load_warm_start(str(cache))
+    assert other.actor.optimizer.learning_rate() == pytest.approx(1e-5)

@@ -117,6 +117,9 @@ def load_rank(actor: CheckpointedActor, directory: str, *, rank: int, old_logits
     else:
         extra = _single_file(actor, directory)
     _restore(actor, directory, extra, old_logits=old_logits)
+    # The optimizer's state carries the rate it was saved with (a warm start's: the job that made the cache);
+    # RL's rate is constant, so the job's own train.learningRate holds after any load.
+    actor.optimizer.set_learning_rate(actor.settings.optimizer.lr)
     return int(actor.version)
 
 

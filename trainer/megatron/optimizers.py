@@ -43,6 +43,10 @@ class MainGradAdamW:
         for group in self._opt.param_groups:
             group["lr"] = lr
 
+    def learning_rate(self) -> float:
+        """The rate the next step uses (every group has the same)."""
+        return float(self._opt.param_groups[0]["lr"])
+
     def zero_grad(self) -> None:
         # param.grad must be None before backward: DDP's hook adds param.grad into main_grad, and
         # a param.grad still aliasing main_grad would be accumulated into twice.
@@ -121,6 +125,11 @@ class MegatronAdam:
         for group in self._opt.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = self.settings.weight_decay * group.get("wd_mult", 1.0)
+
+    def learning_rate(self) -> float:
+        """The rate the next step uses, before megatron's ``lr_mult`` (what :meth:`set_learning_rate` set)."""
+        group = self._opt.param_groups[0]
+        return float(group["lr"]) / group.get("lr_mult", 1.0)
 
     def zero_grad(self) -> None:
         self._opt.zero_grad(set_to_none=True)
