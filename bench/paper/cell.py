@@ -33,7 +33,7 @@ def cells() -> dict[str, list[h.Config]]:
     import ewma
     import thresholds
 
-    return {"methods": list(h.METHODS), "ewma": ewma.grid(), "ewma-stress": ewma.stress_grid(),
+    return {"methods": list(h.METHODS), "ewma": ewma.grid(), "ewma-fast": ewma.fast_grid(), "ewma-stress": ewma.stress_grid(),
             "thresholds": thresholds.grid()}
 
 

@@ -53,11 +53,15 @@ mean ± the 95 % confidence half-width over seeds (Student t). Every "held / not
 over the same seeds (same warm start, same evaluation prompts): **held** = the paper's direction at p < 0.05,
 **reversed** = the opposite direction at p < 0.05, anything else **not resolved**. Seeds were scheduled
 interleaved (`bench/paper/suite.py`: each command runs every cell of its list at seed 0, then at seed 1, and so
-on), in one command over every cell of sections 1, 2 and 4 (22 configurations x seeds 0-4) at `nice 19`, on a
-machine shared with this project's test suites for most of its 100 minutes; then section 8's reruns and section 6's
-single-ratio cell, each one command after it, on the quiet machine. So the load differed between runs (every
-record keeps the 1-minute load average at its run's start and end: the "Machine" line below). Interleaving puts every cell of a seed under the same
-conditions as far as one command can. Section 8 measures the spread of one cell run twice at the same seed.
+on). The records come from four commands run one after the other at `nice 5`: the lr-1e-4 cells of section 2's
+auto, decay-0.9 and `current` references with its stress block (lr 1e-3), on an otherwise idle machine; every
+other cell of sections 1, 2 and 4, for most of its 60 minutes beside this project's fast test suite and two slow
+tests at `nice 19` and section 3's alert run; section 6's single-ratio cell; section 8's reruns. Section 2's fast block
+(lr 3e-4) is the base scale of the previous version of this page (one interleaved command on a machine shared
+with this project's test suites); those records, and the lr-1e-4 cells run before the base rate changed, were
+renamed to the configuration they ran (each keeps its old file name in `renamed_from`; the job document each ran
+is the one its configuration makes now). Every record keeps the 1-minute load average at its run's start and end
+(the "Machine" line below). Section 8 measures the spread of one cell run twice at the same seed.
 
 **Machine.** {summary}
 

@@ -39,9 +39,10 @@ def experiment(name: str) -> Any:
 
 
 def all_cfgs() -> list[h.Config]:
-    """Every configuration of the four record-based experiments, once (by key)."""
+    """Every configuration of the record-based experiments (section 2's blocks at other rates included), once (by key)."""
     seen: dict[str, h.Config] = {}
-    for c in [*h.METHODS, *experiment("thresholds").grid(), *experiment("ewma").grid()]:
+    ewma = experiment("ewma")
+    for c in [*h.METHODS, *experiment("thresholds").grid(), *ewma.grid(), *ewma.fast_grid(), *ewma.stress_grid()]:
         seen.setdefault(c.key(), c)
     return list(seen.values())
 

@@ -1,9 +1,9 @@
 """End to end: the shipped EWMA reset alert fires for the run whose reference resets, during the run, and
 never for the healthy one.
 
-``bench/paper/alert_evidence.py`` runs two real ``asyncrl run`` jobs of ``docs/results.md`` section 2 (decay 0.5
-with the paper's reset rule at the experiment's scale, and the staleness-aware decay at a scale where the
-policy moves slowly), each serving its own ``/metrics``, under a real Prometheus (the Debian package) that
+``bench/paper/alert_evidence.py`` runs two real ``asyncrl run`` jobs of ``docs/results.md`` section 2 (decay 0.9
+with the paper's reset rule in its stress block, learning rate 1e-3, and the staleness-aware decay at a scale
+where the policy moves slowly), each serving its own ``/metrics``, under a real Prometheus (the Debian package) that
 evaluates the chart's rules exactly as helm renders them with the shipped values (nothing shortened:
 AsyncRLEwmaReset is ``for: 0m`` over a 5m ``increase``). What must hold: the alert fires for a job if and only
 if that job's own ``metrics.jsonl`` recorded a reset, with the labels the runbook reads (namespace, job, reason
@@ -36,7 +36,7 @@ def test_reset_alert_fires_for_the_resetting_run_only(tmp_path: Path) -> None:
     ev = ev_mod.collect(tmp_path / "alerts", seed=0, log=lambda _m: None)
     print(json.dumps(ev["firing"], indent=1))
     own = {name: j["own_resets"] for name, j in ev["jobs"].items()}
-    assert own["resets"], "the decay-0.5 job never reset at seed 0: nothing for the alert to show"
+    assert own["resets"], "the decay-0.9 job never reset at seed 0: nothing for the alert to show"
     fired = {f["labels"]["asyncrljob"]: f for f in ev["firing"] if f["alert"] == ev_mod.ALERT}
     assert set(fired) == {name for name, resets in own.items() if resets}, (fired, own)
     assert "healthy" not in fired and not own["healthy"]

@@ -74,6 +74,10 @@ def test_shared_runs_have_one_key_and_the_paper_cells_are_there() -> None:
     assert harness.method("ewma").key() == ewma.cfg("decay auto, reset").key()
     assert len({c.key() for c in harness.METHODS}) == len(harness.METHODS)
     assert len({c.key() for c in ewma.grid()}) == 8
+    # the fast and stress blocks are their own runs (their rate is in the key), not the base scale's
+    blocks = [*ewma.fast_grid(), *ewma.stress_grid()]
+    assert len({c.key() for c in blocks} - {c.key() for c in [*harness.METHODS, *ewma.grid()]}) == 10
+    assert {c.spec()["learning_rate"] for c in ewma.fast_grid()} == {ewma.FAST_LR}
     paper = thresholds.grid()[0].correction
     assert paper["mask"]["bounds"] == {"low": 0.99, "high": 1.01} and paper["clip"] == {"low": 0.003, "high": 0.004}
     # [0.996, 1.006] as a spec clip: low = 1 - 0.996, high = 1.006 - 1
@@ -174,8 +178,8 @@ def test_quick_mode_writes_every_record_and_section(tmp_path: Path) -> None:
         png = tmp_path / "quick" / f"{name}.png"
         assert png.exists() and 0 < png.stat().st_size < 200_000, name
     recs = sorted((tmp_path / "quick" / "records").glob("cfg-*-s0.json"))
-    # 7 methods + 7 new EWMA cells + 4 new threshold cells + 1 single-ratio cell
-    assert len(recs) == 19, [p.name for p in recs]
+    # 7 methods + 7 new EWMA cells + the fast block's 5 + 4 new threshold cells + 1 single-ratio cell
+    assert len(recs) == 24, [p.name for p in recs]
     assert all(records.read(p)["log_rd"] is not None for p in recs)
     # every run started from the one warm start, made at the harness's seed whatever seed ran first
     starts = {json.dumps(records.read(p)["warm_start"], sort_keys=True) for p in recs}
