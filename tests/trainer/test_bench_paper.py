@@ -86,6 +86,12 @@ def test_shared_runs_have_one_key_and_the_paper_cells_are_there() -> None:
         harness.method("ppo")
 
 
+def test_a_reruns_final_success_is_judged_at_least_by_one_evaluations_sampling_noise() -> None:
+    cell = paper_module("cell")
+    assert cell.sampling_bound("final", 300) == pytest.approx(1.96 * (0.5 / 300) ** 0.5)  # 0.080
+    assert cell.sampling_bound("auc", 300) is None  # an average of evaluations: the measured spread alone
+
+
 def test_record_round_trip(tmp_path: Path) -> None:
     cfg = harness.method("ewma")
     summary = {"eval_curve": [{"version": 0, "success": 0.25, "loop_s": 0.0}, {"version": 2, "success": 0.5, "loop_s": 1.5}],
