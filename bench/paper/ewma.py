@@ -226,27 +226,23 @@ def lr_section(ctx: rd.Context, lr: float, intro: str, figure: str) -> str:
         "", rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig])
 
 
-def fast_section(ctx: rd.Context) -> str:
-    return lr_section(ctx, FAST_LR, (
-        f"**The fast block.** The same rule and thresholds with the policy moving faster per version: learning rate "
-        f"{FAST_LR:g} per update (the base scale's {h.FULL.learning_rate:g} x {FAST_LR / h.FULL.learning_rate:.0f}; "
-        "the base rate of earlier versions of this page), everything else as above. The tokens of every run are "
-        "W = 3 versions old when they train (the rollout worker runs ahead of the actor: the records' "
-        "`staleness_mean` is 3.0 from version 6 on), so the current weights, the reference a reset restores, are 3 "
-        "versions ahead of the policies that sampled: the faster the policy moves, the further they are, and the "
-        "more often the rule fires."), "ewma_fast")
-
-
-def stress_section(ctx: rd.Context) -> str:
-    return lr_section(ctx, STRESS_LR, (
-        f"**The stress block.** The same rule and thresholds with the policy moving faster: learning rate "
-        f"{STRESS_LR:g} per update (the base scale's {h.FULL.learning_rate:g} x {STRESS_LR / h.FULL.learning_rate:.1f}), "
-        "everything else as above: does a lagging reference (decay 0.9) drift out of the mask when the policy moves "
-        "faster, does the mask collapse without the reset, and does the staleness-aware decay avoid both? (Before "
-        "commit 22e935d a job that loaded a cached warm start trained at the rate of the job that made the cache, "
-        "so earlier versions of this block ran at the base rate of that time, 3e-4; these records ran at the rate "
-        "the block names.)"),
-        "ewma_stress")
+def block_intro(lr: float) -> str:
+    """The opening paragraph of the block at ``lr`` (:data:`FAST_LR` or :data:`STRESS_LR`)."""
+    x = lr / h.FULL.learning_rate
+    rate = f"learning rate {lr:g} per update (the base scale's {h.FULL.learning_rate:g} x {x:.0f})"
+    if lr == FAST_LR:
+        return (f"**The fast block.** The same rule and thresholds with the policy moving faster per version: {rate}, "
+                "the base rate of earlier versions of this page, everything else as above. The tokens of every run are "
+                "W = 3 versions old when they train (the rollout worker runs ahead of the actor: the records' "
+                "`staleness_mean` is 3.0 from version 6 on), so the current weights, the reference a reset restores, "
+                "are 3 versions ahead of the policies that sampled: the faster the policy moves, the further they are, "
+                "and the more often the rule fires.")
+    return (f"**The stress block.** The same rule and thresholds with the policy moving faster still: {rate}, "
+            "everything else as above: does a lagging reference (decay 0.9) drift out of the mask when the policy moves "
+            "faster, does the mask collapse without the reset, and does the staleness-aware decay avoid both? (Before "
+            "commit 22e935d a job that loaded a cached warm start trained at the rate of the job that made the cache, "
+            "so earlier versions of this block ran at the base rate of that time, 3e-4; these records ran at the rate "
+            "the block names.)")
 
 
 def section(ctx: rd.Context) -> str:
@@ -293,8 +289,8 @@ def section(ctx: rd.Context) -> str:
                       f"tau = {h.RESET_TAU}, k = {h.RESET_K}; \"versions below tau\" and \"longest low streak\" count the "
                       "versions whose in-bounds ratio was below tau (with the reset off too: what the rule would have "
                       "seen). Paired tests over the seeds:", "",
-                      rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig, "", fast_section(ctx), "",
-                      stress_section(ctx)])
+                      rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig, "", lr_section(ctx, FAST_LR, block_intro(FAST_LR), "ewma_fast"), "",
+                      lr_section(ctx, STRESS_LR, block_intro(STRESS_LR), "ewma_stress")])
 
 
 def main() -> int:
