@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             inside = abs(a - b) <= limit + 1e-12
             ok &= inside
             why = (f"the identical-rerun spread {bound:.4f}" if limit == bound else
-                   f"the sampling bound of one evaluation {limit:.4f} (the recorded spread is {bound if bound is not None else 'not recorded'})")
+                   f"the sampling bound of one evaluation {limit:.4f} (the recorded spread is "
+                   + ("not recorded" if bound is None else f"{bound:.4f}") + ")")
             note = f" {'within' if inside else 'OUTSIDE'} {why}"
         print(f"{label}: committed {a:.4f}, rerun {b:.4f}, |difference| {abs(a - b):.4f}{note}")
     return 0 if ok else 1

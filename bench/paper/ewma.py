@@ -189,8 +189,8 @@ def collapse_text(ctx: rd.Context, lr: float, run: Mapping[str, list[dict[str, A
             "current weights at the same rate (the reference a reset restores).")
 
 
-def lr_section(ctx: rd.Context, lr: float, intro: str, figure: str) -> str:
-    """A block of :func:`lr_grid` at ``lr``: its table, in-bounds by window, the reset-off twin and the tests."""
+def lr_section(ctx: rd.Context, lr: float) -> str:
+    """The block of :data:`BLOCKS` at ``lr``: its table, in-bounds by window, the reset-off twin and the tests."""
     lv = ctx.scale.level
     cfgs = lr_grid(lr)
     run = {c.name.split(": ", 1)[1]: ctx.runs(c) for c in cfgs}
@@ -214,35 +214,39 @@ def lr_section(ctx: rd.Context, lr: float, intro: str, figure: str) -> str:
     def resets_at(name: str, runs: list[dict[str, Any]]) -> list[tuple[float, float]]:
         return [(float(v), h.RESET_TAU - 0.02) for r in runs for v in r["resets"]["versions"]]
 
-    fig = rd.figure(ctx, figure, f"EWMA at learning rate {lr:g}", [
+    fig = rd.figure(ctx, f"ewma_{BLOCKS[lr][0]}", f"EWMA at learning rate {lr:g}", [
         ("in-bounds ratio of r_d, 5-version mean (triangles: resets, every seed)", "in-bounds ratio", run,
          "in_bounds_ratio"),
         ("held-out success", "success", run, None),
     ], markers={0: resets_at}, hlines={0: [(h.RESET_TAU, f"tau = {h.RESET_TAU}")]}, smooth=5)
     return "\n".join([
-        intro, "", rd.markdown_table(HEADER, table_rows(ctx, cfgs[1:])), "",
+        block_intro(lr), "", rd.markdown_table(HEADER, table_rows(ctx, cfgs[1:])), "",
         f"The in-bounds ratio by version window at lr {lr:g} (`current`: the reference a reset restores):", "",
         rd.markdown_table(WINDOW_HEADER, window_rows(ctx, cfgs)), "", collapse_text(ctx, lr, run),
         "", rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig])
 
 
 def block_intro(lr: float) -> str:
-    """The opening paragraph of the block at ``lr`` (:data:`FAST_LR` or :data:`STRESS_LR`)."""
-    x = lr / h.FULL.learning_rate
-    rate = f"learning rate {lr:g} per update (the base scale's {h.FULL.learning_rate:g} x {x:.0f})"
-    if lr == FAST_LR:
-        return (f"**The fast block.** The same rule and thresholds with the policy moving faster per version: {rate}, "
-                "the base rate of earlier versions of this page, everything else as above. The tokens of every run are "
-                "W = 3 versions old when they train (the rollout worker runs ahead of the actor: the records' "
-                "`staleness_mean` is 3.0 from version 6 on), so the current weights, the reference a reset restores, "
-                "are 3 versions ahead of the policies that sampled: the faster the policy moves, the further they are, "
-                "and the more often the rule fires.")
-    return (f"**The stress block.** The same rule and thresholds with the policy moving faster still: {rate}, "
-            "everything else as above: does a lagging reference (decay 0.9) drift out of the mask when the policy moves "
-            "faster, does the mask collapse without the reset, and does the staleness-aware decay avoid both? (Before "
-            "commit 22e935d a job that loaded a cached warm start trained at the rate of the job that made the cache, "
-            "so earlier versions of this block ran at the base rate of that time, 3e-4; these records ran at the rate "
-            "the block names.)")
+    """The opening paragraph of the block at ``lr``: its name, its rate and the question it asks (:data:`BLOCKS`)."""
+    name, question = BLOCKS[lr]
+    return (f"**The {name} block.** The same rule and thresholds with the policy moving faster per version: learning "
+            f"rate {lr:g} per update (the base scale's {h.FULL.learning_rate:g} x {lr / h.FULL.learning_rate:.0f}), "
+            f"everything else as above. {question}")
+
+
+# Section 2's blocks at other rates: (name, what the block asks); the figure is ewma_<name>.png.
+BLOCKS: dict[float, tuple[str, str]] = {
+    FAST_LR: ("fast", "It is the base rate of earlier versions of this page. The tokens of every run are W = 3 "
+                      "versions old when they train (the rollout worker runs ahead of the actor: the records' "
+                      "`staleness_mean` is 3.0 from version 6 on), so the current weights, the reference a reset "
+                      "restores, are 3 versions ahead of the policies that sampled: the faster the policy moves, the "
+                      "further they are, and the more often the rule fires."),
+    STRESS_LR: ("stress", "Does a lagging reference (decay 0.9) drift out of the mask when the policy moves faster, does "
+                          "the mask collapse without the reset, and does the staleness-aware decay avoid both? (Before "
+                          "commit 22e935d a job that loaded a cached warm start trained at the rate of the job that made "
+                          "the cache, so earlier versions of this block ran at the base rate of that time, 3e-4; these "
+                          "records ran at the rate the block names.)"),
+}
 
 
 def section(ctx: rd.Context) -> str:
@@ -289,8 +293,8 @@ def section(ctx: rd.Context) -> str:
                       f"tau = {h.RESET_TAU}, k = {h.RESET_K}; \"versions below tau\" and \"longest low streak\" count the "
                       "versions whose in-bounds ratio was below tau (with the reset off too: what the rule would have "
                       "seen). Paired tests over the seeds:", "",
-                      rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig, "", lr_section(ctx, FAST_LR, block_intro(FAST_LR), "ewma_fast"), "",
-                      lr_section(ctx, STRESS_LR, block_intro(STRESS_LR), "ewma_stress")])
+                      rd.markdown_table(rd.VERDICT_HEADER, ctx.tested(tests)), "", fig, "",
+                      *(part for lr in BLOCKS for part in (lr_section(ctx, lr), ""))])
 
 
 def main() -> int:
