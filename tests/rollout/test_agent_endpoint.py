@@ -350,3 +350,40 @@ def test_the_endpoint_sends_answers_without_nagles_delay() -> None:
         assert ep.base_url == f"http://127.0.0.1:{ep.port}/v1"
     finally:
         ep.close()
+
+
+def test_unknown_routes_and_methods_get_openai_errors() -> None:
+    from asyncrl.rollout.agent.endpoint import AgentEndpoint
+
+    ep = AgentEndpoint()
+    try:
+        missing = _http("POST", f"{ep.base_url}/completions", body={"prompt": "x"})
+        wrong = _http("GET", f"{ep.base_url}/chat/completions")
+        health = _http("GET", f"http://127.0.0.1:{ep.port}/health")
+    finally:
+        ep.close()
+    assert missing.status_code == 404
+    err = missing.json()["error"]
+    assert err["code"] == "not_found" and "/v1/chat/completions" in err["message"]
+    assert err["type"] == "invalid_request_error"
+    assert wrong.status_code == 405 and "GET is not allowed" in wrong.json()["error"]["message"]
+    assert health.status_code == 200 and health.json() == {"ok": True, "sessions_waiting": 0}
+
+
+def test_the_endpoint_runs_on_the_c_http_parser_and_loop() -> None:
+    """httptools and uvloop are dependencies: without them uvicorn falls back to h11 and asyncio's loop, three times
+    the CPU per request on the GIL the decode loop needs (bench/agent_endpoint.py --profile)."""
+    from asyncrl.rollout.agent.endpoint import AgentEndpoint
+
+    ep = AgentEndpoint()
+    try:
+        _http("GET", f"{ep.base_url}/models")
+        config = ep._server.config
+        assert config.loaded
+        assert config.http_protocol_class.__module__.endswith("httptools_impl")
+        loop = config.get_loop_factory()()  # what Server.run made the endpoint's loop with
+        loop_kind = type(loop).__module__
+        loop.close()
+    finally:
+        ep.close()
+    assert loop_kind.startswith("uvloop"), loop_kind
