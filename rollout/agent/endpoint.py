@@ -14,9 +14,9 @@ Any other path gets 404, a known path asked with another method 405, both in Ope
 
 The stack is Starlette (FastAPI's core, without its dependency injection: the routes take raw bodies, checked by
 :mod:`~asyncrl.rollout.agent.protocol`), uvicorn's ``httptools`` parser and its ``uvloop`` loop where installed
-(the package depends on both on Linux): on 2 cores this cut the endpoint thread's CPU per request from 3.1 ms
-(h11, FastAPI, asyncio's loop) to under 1 ms (``bench/agent_endpoint.py --profile``), CPU taken from the GIL the
-decode loop needs.
+(the package depends on both on Linux): this cut the endpoint thread's CPU per request from 3.1 ms (h11,
+FastAPI, asyncio's loop) to 1.1 ms (``bench/agent_endpoint.py --profile``, h64, 32 sessions), CPU that the
+decode loop's GIL no longer waits for.
 
 A request never blocks the server: the handler hands its request to the session's episode
 (:class:`~asyncrl.rollout.agent.session.Mailbox`) and awaits the answer, which the episode sets once the engine
