@@ -21,7 +21,7 @@ It writes one JSON record per run into ``docs/results/data/customer_service/`` (
 and prints the table with the paired t test across seeds of RL - control at the end ("held" only at p < 0.05).
 ``--pilot``: one seed at a small scale, into ``runs/customer-service/pilot`` (nothing committed is touched).
 
-    nice -n 10 .venv/bin/python bench/customer_service.py            # ~50 min on 2 cores
+    nice -n 10 .venv/bin/python bench/customer_service.py            # ~20 min on 2 quiet cores (5 seeds)
     nice -n 10 .venv/bin/python bench/customer_service.py --pilot    # ~5 min
     nice -n 10 .venv/bin/python bench/customer_service.py --report   # table and figure from the records
 """

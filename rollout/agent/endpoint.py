@@ -107,9 +107,9 @@ class AgentEndpoint:
         self.host, self.port = self._sock.getsockname()[:2]
         shown = f"[{self.host}]" if ":" in str(self.host) else str(self.host)
         self.base_url = (advertise.rstrip("/") if advertise else f"http://{shown}:{self.port}") + "/v1"
-        # http/loop "auto": httptools and uvloop (dependencies of the package on Linux), else h11 and asyncio
+        # uvicorn's default http/loop ("auto") picks httptools and uvloop, dependencies of the package on Linux
         config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=60, limit_concurrency=None, http="auto", loop="auto")
+                                timeout_keep_alive=60, limit_concurrency=None)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="asyncrl-agent-endpoint", daemon=True)
@@ -186,16 +186,16 @@ class AgentEndpoint:
 
         async def no_route(request: Request, exc: Exception) -> JSONResponse:
             """404 (no such path) and 405 (a known path, another method) in OpenAI's error shape."""
-            status = exc.status_code if isinstance(exc, HTTPException) else 500
+            assert isinstance(exc, HTTPException)  # the only exception class this handler is registered for
+            status = exc.status_code
             if status == 405:
                 message = f"{request.method} is not allowed on {request.url.path}"
             elif status == 404:
                 message = (f"no route {request.method} {request.url.path}: this endpoint serves /v1/chat/completions, "
                            "/v1/models, /v1/sessions and /v1/sessions/{id}/reward")
             else:
-                message = str(getattr(exc, "detail", exc))
-            return _error(RequestError(status, message, code="not_found" if status == 404 else None),
-                          getattr(exc, "headers", None))
+                message = str(exc.detail)
+            return _error(RequestError(status, message, code="not_found" if status == 404 else None), exc.headers)
 
         return Starlette(routes=[
             Route("/health", health, methods=["GET"]),
