@@ -17,17 +17,11 @@ from asyncrl.api import constants as C
 from asyncrl.api.status import TrainingSummary, training_patch
 from tests.support.apiserver import ApiServer
 from tests.support.jobs import Jobs, wait_for
-from tests.support.operator_proc import OperatorProcess
 
 DATA = {"name": "data", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}}
 TASK = {"dataset": {"path": "/data/math/train.jsonl"}, "reward": "my_reward:score"}
 TEMPLATE = {"volumes": [DATA, {"name": "scratch", "emptyDir": {}}],
             "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "scratch", "mountPath": "/scratch"}]}
-
-
-@pytest.fixture
-def jobs(kube: Any, namespace: str, operator_process: OperatorProcess) -> Jobs:
-    return Jobs(kube, namespace)
 
 
 def token_volumes(spec: dict[str, Any]) -> set[str]:

@@ -5,7 +5,6 @@ attempt-scoped deadlines, a bad-spec exit, edits while running, foreign children
 """
 
 import time
-from typing import Any
 
 import pytest
 import yaml
@@ -14,12 +13,6 @@ from kubernetes.client import ApiException
 from tests.support.apiserver import ApiServer
 from tests.support.jobs import Jobs, wait_for
 from tests.support.kubelet import Kubelet
-from tests.support.operator_proc import OperatorProcess
-
-
-@pytest.fixture
-def jobs(kube: Any, namespace: str, operator_process: OperatorProcess) -> Jobs:
-    return Jobs(kube, namespace)
 
 
 def run_all(jobs: Jobs, kubelet: Kubelet, job: str = "job1") -> None:

@@ -10,16 +10,10 @@ from kubernetes.client import ApiException, CustomObjectsApi
 
 from tests.support.jobs import Jobs, wait_for
 from tests.support.kubelet import Kubelet
-from tests.support.operator_proc import OperatorProcess
 
 ACTOR = {"replicas": 2, "gpusPerReplica": 2, "megatron": {"tensorParallel": 2},
          "resources": {"cpu": "1", "memory": "2Gi", "extra": {"rdma/hca": 1}}}
 NAMES = {"job1-driver-0", "job1-rollout-0", "job1-rollout-1", "job1-actor-0", "job1-actor-1"}
-
-
-@pytest.fixture
-def jobs(kube: Any, namespace: str, operator_process: OperatorProcess) -> Jobs:
-    return Jobs(kube, namespace)
 
 
 def _terminate(kubelet: Kubelet, name: str) -> None:

@@ -19,11 +19,6 @@ from tests.support.operator_proc import OperatorProcess
 POD_NAMES = {"job1-driver-0", "job1-rollout-0", "job1-rollout-1", "job1-actor-0"}
 
 
-@pytest.fixture
-def jobs(kube: Any, namespace: str, operator_process: OperatorProcess) -> Jobs:
-    return Jobs(kube, namespace)
-
-
 def start_running(jobs: Jobs, kubelet: Kubelet, **spec: Any) -> None:
     jobs.create(**spec)
     jobs.wait_pods(4)

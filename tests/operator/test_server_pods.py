@@ -4,16 +4,8 @@ start-up order, GPUs, gang scheduling, Kueue's suspend, and pod overrides for pr
 
 from typing import Any
 
-import pytest
-
 from tests.support.apiserver import ApiServer
 from tests.support.jobs import Jobs, wait_for
-from tests.support.operator_proc import OperatorProcess
-
-
-@pytest.fixture
-def jobs(kube: Any, namespace: str, operator_process: OperatorProcess) -> Jobs:
-    return Jobs(kube, namespace)
 
 
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -2,7 +2,6 @@
 operator's chart ClusterRole is enough for the operator and not more than it needs."""
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes.client import ApiException
@@ -12,11 +11,6 @@ from tests.support.apiserver import ApiServer
 from tests.support.jobs import Jobs, wait_for
 from tests.support.operator_proc import OPERATOR_NAMESPACE, RELEASE, OperatorProcess
 from tests.support.step_reports import step_report
-
-
-@pytest.fixture
-def jobs(kube: Any, namespace: str, operator_process: OperatorProcess) -> Jobs:
-    return Jobs(kube, namespace)
 
 
 def driver_identity(apiserver: ApiServer, jobs: Jobs, job: str) -> Path:

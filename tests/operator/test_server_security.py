@@ -33,11 +33,6 @@ HOST_ROOT_ROLLOUT = {"replicas": 1, "gpusPerReplica": 0, "template": {
 }}
 
 
-@pytest.fixture
-def jobs(kube: Any, namespace: str, operator_process: OperatorProcess) -> Jobs:
-    return Jobs(kube, namespace)
-
-
 def _drop_jobs(kube: Any, namespace: str) -> None:
     api = CustomObjectsApi(kube)
     for job in api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:

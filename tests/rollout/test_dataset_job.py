@@ -37,14 +37,13 @@ def test_the_dataset_example_runs_two_steps(tmp_path: Path) -> None:
     assert all(r["eval_prompts"] == 10 for r in evals)  # 10 of the 13 held-out capitals
 
 
-def test_a_resumed_dataset_job_trains_no_row_twice(tmp_path: Path) -> None:
+def test_a_resumed_dataset_job_trains_no_row_twice(ray_session: None, tmp_path: Path) -> None:
     """Two steps with a checkpoint, then a resumed run to four, on 400 rows (one epoch: rollout runs at
     most a few dozen groups ahead), so a replayed prompt would repeat a row: every trained group's row
     and every (worker, group index) is distinct, and the resumed groups come after the saved cursors."""
     import yaml
 
     from asyncrl.api.validation import validate_job
-    from asyncrl.trainer.driver.hosts.ray_env import local_ray
     from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
     data = tmp_path / "many.jsonl"
@@ -62,8 +61,7 @@ def test_a_resumed_dataset_job_trains_no_row_twice(tmp_path: Path) -> None:
         def keep(batch, version, attempt=attempt) -> None:
             groups[attempt].extend((g[0].group_id, g[0].info["id"]) for g in batch)
 
-        with local_ray(num_cpus=2):
-            result = run_job(job, RunOptions(run_dir=tmp_path / "run", steps=steps, port=0), on_batch=keep)
+        result = run_job(job, RunOptions(run_dir=tmp_path / "run", steps=steps, port=0), on_batch=keep)
         assert result.summary.status == "succeeded" and result.summary.totals.final_version == steps
         summaries.append(result.summary.to_json())
     cursors = summaries[1]["resume"]["cursors"]  # each worker's cursor at the checkpoint of version 2

@@ -7,7 +7,6 @@ import pytest
 
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.trajectory import NO_VERSION, TrajectoryStatus
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = [pytest.mark.slow]
@@ -30,11 +29,10 @@ JOB = {
 }
 
 
-def test_a_plugin_environment_trains_two_steps_with_faults_counted(tmp_path: Path) -> None:
+def test_a_plugin_environment_trains_two_steps_with_faults_counted(ray_session: None, tmp_path: Path) -> None:
     batches = []
-    with local_ray(num_cpus=2):
-        result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path, port=0),
-                         on_batch=lambda groups, version: batches.append([t for g in groups for t in g]))
+    result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path, port=0),
+                     on_batch=lambda groups, version: batches.append([t for g in groups for t in g]))
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2]
     assert result.summary.warm_start is None and result.summary.env_errors["exception"] > 0
     trained = [t for b in batches for t in b]

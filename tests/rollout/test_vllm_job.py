@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = pytest.mark.vllm
@@ -39,13 +38,12 @@ JOB: dict[str, Any] = {
 
 
 @pytest.mark.parametrize("strategy", ["snapshot", "interruptSync"])
-def test_async_job_with_vllm_reports_rd_of_one(strategy: str, tmp_path) -> None:
+def test_async_job_with_vllm_reports_rd_of_one(ray_session: None, strategy: str, tmp_path) -> None:
     job = copy.deepcopy(JOB)
     job["metadata"]["name"] = f"e2e-vllm-{strategy.lower()}"
     job["spec"]["oldLogits"] = {"strategy": strategy}
     spec = validate_job(job)
-    with local_ray(num_cpus=2):
-        result = run_job(spec, RunOptions(run_dir=tmp_path))
+    result = run_job(spec, RunOptions(run_dir=tmp_path))
     assert result.summary.status == "succeeded", result.summary
     records = result.steps
     assert len(records) == 3

@@ -11,16 +11,12 @@ import torch
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
-from asyncrl.trainer.megatron import compat
 
 VOCAB = 40
 B, T, PROMPT = 6, 14, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    # The CPU suite stays on the CPU shim even on a CUDA host (megatron's setup is per process).
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 def _spec(reference: str, **train) -> AsyncRLJobSpec:

@@ -8,16 +8,13 @@ import torch
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
-from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.oldlogits import MissingSnapshotError, WeightSnapshots
 
 VOCAB = 40
 B, T, PROMPT = 6, 14, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 def _actor(max_staleness: int = 2, max_versions: int = 0) -> MegatronActor:

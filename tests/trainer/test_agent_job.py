@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = pytest.mark.slow  # a two-step job with two rollout workers: ~30-60 s on loaded cores
@@ -43,10 +42,9 @@ class _Batches:
         self.trajs += [t for g in groups for t in g]
 
 
-def test_an_agent_function_trains_through_the_endpoint_with_exact_old_logits(tmp_path: Path) -> None:
+def test_an_agent_function_trains_through_the_endpoint_with_exact_old_logits(ray_session: None, tmp_path: Path) -> None:
     batches = _Batches()
-    with local_ray(num_cpus=2):
-        result = run_job(validate_job(copy.deepcopy(JOB)), RunOptions(run_dir=tmp_path / "run"), on_batch=batches)
+    result = run_job(validate_job(copy.deepcopy(JOB)), RunOptions(run_dir=tmp_path / "run"), on_batch=batches)
     s = result.summary.to_json()
     assert s["status"] == "succeeded", s
     steps = [r for r in result.steps if "version" in r]

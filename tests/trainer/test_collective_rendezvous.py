@@ -10,9 +10,9 @@ import datetime
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
 from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, new_endpoint
+from tests.support.rank_processes import rank_context
 
 TIMEOUT_S = 300.0  # rank 0 waits this long for rank 1 (which starts after the foreign attempt): far above it
 
@@ -53,7 +53,7 @@ def _foreign(endpoint: Endpoint, results: Any) -> None:
 
 @pytest.mark.slow  # three spawned processes importing torch: ~1 min on loaded cores
 def test_a_foreign_process_cannot_take_a_seat_in_the_actors_rendezvous() -> None:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results, ready = ctx.Queue(), ctx.Event()
     endpoint = new_endpoint(LOOPBACK)
     rank0 = ctx.Process(target=_rank, args=(0, endpoint, ready, results))

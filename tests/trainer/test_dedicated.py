@@ -12,7 +12,6 @@ import torch
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
-from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
 from asyncrl.trainer.oldlogits.dedicated_fleet import DedicatedFleet
 from asyncrl.trainer.oldlogits.dedicated_plan import Advance, DedicatedPlan, Push, ScoreRequest
@@ -32,9 +31,7 @@ SPEC = AsyncRLJobSpec.model_validate(
 Weights = dict[str, torch.Tensor]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -171,46 +168,43 @@ def test_scorer_refuses_versions_it_cannot_hold(versions: dict[int, Weights]) ->
 
 
 @pytest.mark.slow  # 22 s on a loaded 2-core machine: two scorer processes start, one is killed and replaced
-def test_through_ray_with_a_scorer_killed_mid_run(versions: dict[int, Weights]) -> None:
+def test_through_ray_with_a_scorer_killed_mid_run(ray_session: None, versions: dict[int, Weights]) -> None:
     """The lead's wiring: ray.remote(DedicatedScorer), weights as ObjectRefs pushed lazily, one scorer
     killed for real while it holds work: it is replaced and bootstrapped, nothing is lost."""
     import ray
 
-    from asyncrl.trainer.driver.hosts.ray_env import local_ray
+    remote = ray.remote(DedicatedScorer)
 
-    with local_ray(num_cpus=2):
-        remote = ray.remote(DedicatedScorer)
+    def spawn(_: int) -> Any:
+        return remote.options(num_cpus=0.5, max_restarts=0).remote(
+            ScorerSettings.from_spec(SPEC, VOCAB, device="cpu"), num_threads=1
+        )
 
-        def spawn(_: int) -> Any:
-            return remote.options(num_cpus=0.5, max_restarts=0).remote(
-                ScorerSettings.from_spec(SPEC, VOCAB, device="cpu"), num_threads=1
-            )
+    plan = DedicatedPlan(replicas=2, max_lag_versions=1, start_version=0)
+    refs = {v: ray.put({k: t.numpy() for k, t in w.items()}) for v, w in versions.items()}
+    fleet = DedicatedFleet(plan, [spawn(0), spawn(1)], spawn)
+    fleet.weights[0] = refs[0]
 
-        plan = DedicatedPlan(replicas=2, max_lag_versions=1, start_version=0)
-        refs = {v: ray.put({k: t.numpy() for k, t in w.items()}) for v, w in versions.items()}
-        fleet = DedicatedFleet(plan, [spawn(0), spawn(1)], spawn)
-        fleet.weights[0] = refs[0]
+    def publish(v: int) -> None:
+        fleet.publish(v, refs[v])
 
-        def publish(v: int) -> None:
-            fleet.publish(v, refs[v])
+    def returned(call: str, trajs: list[Trajectory]) -> None:
+        assert plan.returned(call, trajs) == []
+        fleet.dispatch()
 
-        def returned(call: str, trajs: list[Trajectory]) -> None:
-            assert plan.returned(call, trajs) == []
-            fleet.dispatch()
-
-        trajs = _schedule(plan, fleet.dispatch, publish, returned)
-        ray.kill(fleet.handles[1], no_restart=True)  # its queued and running calls die with it
+    trajs = _schedule(plan, fleet.dispatch, publish, returned)
+    ray.kill(fleet.handles[1], no_restart=True)  # its queued and running calls die with it
+    gate = plan.gate(trajs, actor_version=3)
+    while gate.wait:
+        done, _ = ray.wait(fleet.refs(), num_returns=1, timeout=60)
+        assert done, f"no scorer answered within 60 s; {plan.state()}"
+        fleet.collect(done[0])
         gate = plan.gate(trajs, actor_version=3)
-        while gate.wait:
-            done, _ = ray.wait(fleet.refs(), num_returns=1, timeout=60)
-            assert done, f"no scorer answered within 60 s; {plan.state()}"
-            fleet.collect(done[0])
-            gate = plan.gate(trajs, actor_version=3)
-        assert fleet.replaced == 1 and plan.state().requeued_tokens_total > 0  # it died holding work
-        _check_against_brute_force(trajs, versions)
-        assert set(fleet.weights) == set(range(plan.resident, 4))  # older references dropped
-        states = ray.get([h.state.remote() for h in fleet.handles])
-        assert all(s.resident_version == plan.resident for s in states)
+    assert fleet.replaced == 1 and plan.state().requeued_tokens_total > 0  # it died holding work
+    _check_against_brute_force(trajs, versions)
+    assert set(fleet.weights) == set(range(plan.resident, 4))  # older references dropped
+    states = ray.get([h.state.remote() for h in fleet.handles])
+    assert all(s.resident_version == plan.resident for s in states)
 
 
 def test_weights_as_numpy_or_torch_score_the_same(versions: dict[int, Weights]) -> None:

@@ -34,14 +34,6 @@ def versions() -> dict[int, Weights]:
     return out
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    from asyncrl.trainer.driver.hosts.ray_env import local_ray
-
-    with local_ray(num_cpus=2):
-        yield
-
-
 def _spawn_gang(replica: int) -> Any:
     import ray
 
@@ -57,7 +49,7 @@ def _spawn_gang(replica: int) -> Any:
     return start_gang(2, {}, start_rank, role=f"dedicated scorer {replica}", after="replaced by the fleet")
 
 
-def test_a_tp2_gang_scores_what_one_process_and_the_actor_score(versions: dict[int, Weights], ray_local) -> None:
+def test_a_tp2_gang_scores_what_one_process_and_the_actor_score(versions: dict[int, Weights], ray_session) -> None:
     import ray
 
     gang = _spawn_gang(0)
@@ -89,7 +81,7 @@ def test_a_tp2_gang_scores_what_one_process_and_the_actor_score(versions: dict[i
 
 
 def test_a_gang_that_loses_a_rank_is_replaced_and_its_work_requeued(versions: dict[int, Weights],
-                                                                    ray_local) -> None:
+                                                                    ray_session) -> None:
     import ray
 
     plan = DedicatedPlan(replicas=1, max_lag_versions=1, start_version=0)
@@ -138,7 +130,7 @@ def test_a_gang_that_loses_a_rank_is_replaced_and_its_work_requeued(versions: di
 
 
 def test_a_gang_whose_rank_raises_is_replaced_counted_and_not_forever(versions: dict[int, Weights],
-                                                                      ray_local) -> None:
+                                                                      ray_session) -> None:
     import ray
 
     def raise_in_score(scorer: Any) -> None:  # runs inside a rank (__ray_call__; nested: pickled by value)

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = pytest.mark.slow  # real processes killed mid-run: about 5 minutes on 2 cores
@@ -57,7 +56,7 @@ def _rollout_pids(title: str = "ray::RolloutHost") -> list[int]:
     return pids
 
 
-def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(tmp_path: Path) -> None:
+def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(ray_session: None, tmp_path: Path) -> None:
     killed: list[int] = []
 
     def on_step(r: Any) -> None:  # a StepReport or an EvalResult
@@ -67,8 +66,7 @@ def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(tmp_path: Path
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
 
-    with local_ray(num_cpus=2):
-        result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
+    result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
     s = result.summary.to_json()  # summary.json's form
     assert killed and s["status"] == "succeeded", s
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5, 6]
@@ -80,7 +78,7 @@ def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(tmp_path: Path
     assert b["groups_aborted"] >= b["groups_in_flight_at_end"], b
 
 
-def test_kill_and_resume_continues_the_versions_without_replaying_prompts(tmp_path: Path) -> None:
+def test_kill_and_resume_continues_the_versions_without_replaying_prompts(ray_session: None, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     first: list[str] = []
     second: list[str] = []
@@ -89,12 +87,11 @@ def test_kill_and_resume_continues_the_versions_without_replaying_prompts(tmp_pa
         if getattr(r, "version", None) == 3:
             raise KeyboardInterrupt  # the job dies after the checkpoint at 2, with step 3 not saved
 
-    with local_ray(num_cpus=2):
-        with pytest.raises(KeyboardInterrupt):
-            run_job(validate_job(JOB), RunOptions(run_dir=run_dir), on_step=stop_after_3,
-                    on_batch=lambda groups, v: first.extend(g[0].group_id for g in groups if v < 2))
-        result = run_job(validate_job(JOB), RunOptions(run_dir=run_dir),
-                         on_batch=lambda groups, v: second.extend(g[0].group_id for g in groups))
+    with pytest.raises(KeyboardInterrupt):
+        run_job(validate_job(JOB), RunOptions(run_dir=run_dir), on_step=stop_after_3,
+                on_batch=lambda groups, v: first.extend(g[0].group_id for g in groups if v < 2))
+    result = run_job(validate_job(JOB), RunOptions(run_dir=run_dir),
+                     on_batch=lambda groups, v: second.extend(g[0].group_id for g in groups))
     s = result.summary.to_json()  # summary.json's form
     assert s["status"] == "succeeded" and s["start_version"] == 2, s
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5, 6]
@@ -105,7 +102,7 @@ def test_kill_and_resume_continues_the_versions_without_replaying_prompts(tmp_pa
     assert s["resume"]["cursors"] and all(c > 0 for c in s["resume"]["cursors"]), s["resume"]
 
 
-def test_a_killed_dedicated_scorer_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
+def test_a_killed_dedicated_scorer_is_replaced_and_nothing_is_lost(ray_session: None, tmp_path: Path) -> None:
     job = {**JOB, "spec": {**JOB["spec"], "correction": {"reference": "exact"},
                            "oldLogits": {"strategy": "dedicated"}, "model": {"rolloutDtype": "float32"},
                            "train": {**JOB["spec"]["train"], "steps": 5}}}
@@ -118,8 +115,7 @@ def test_a_killed_dedicated_scorer_is_replaced_and_nothing_is_lost(tmp_path: Pat
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
 
-    with local_ray(num_cpus=2):
-        result = run_job(validate_job(job), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
+    result = run_job(validate_job(job), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
     s = result.summary.to_json()  # summary.json's form
     assert killed and s["status"] == "succeeded", s
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5]

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 RD_TOLERANCE = 1e-3  # measured below; the kernels differ in summation order
@@ -54,9 +53,8 @@ def _job(strategy: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=STRATEGIES)
-def run(request, tmp_path_factory):
-    with local_ray(num_cpus=2):
-        result = run_job(validate_job(_job(request.param)), RunOptions(run_dir=tmp_path_factory.mktemp("exact")))
+def run(ray_session: None, request, tmp_path_factory):
+    result = run_job(validate_job(_job(request.param)), RunOptions(run_dir=tmp_path_factory.mktemp("exact")))
     assert result.summary.status == "succeeded", result.summary
     return request.param, result
 

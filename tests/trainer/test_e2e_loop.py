@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.trajectory import NO_VERSION
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 from asyncrl.trainer.driver.run.metrics import CATALOGUE
 
@@ -32,12 +31,6 @@ JOB = {
         "checkpoint": {"everySteps": 5},
     },
 }
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    with local_ray(num_cpus=2):
-        yield
 
 
 @pytest.fixture(scope="module")

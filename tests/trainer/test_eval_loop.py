@@ -15,7 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.envs.registry import get_task
 from asyncrl.rollout.envs.split import is_heldout
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.evaluation import EvalResult
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
@@ -44,7 +43,7 @@ def _scrape(url: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module", params=VARIANTS)
-def run(request, tmp_path_factory):
+def run(ray_session: None, request, tmp_path_factory):
     job = copy.deepcopy(JOB)
     if request.param == "interruptSync":
         job["spec"]["correction"] = {"reference": "exact"}
@@ -59,10 +58,9 @@ def run(request, tmp_path_factory):
     def on_step(record):
         scraped.append((record, _scrape(url["metrics"])))
 
-    with local_ray(num_cpus=2):
-        result = run_job(validate_job(job), RunOptions(run_dir=tmp_path_factory.mktemp("eval"), port=0),
-                         on_step=on_step, on_batch=on_batch,
-                         on_start=lambda info: url.setdefault("metrics", info["metrics_url"]))
+    result = run_job(validate_job(job), RunOptions(run_dir=tmp_path_factory.mktemp("eval"), port=0),
+                     on_step=on_step, on_batch=on_batch,
+                     on_start=lambda info: url.setdefault("metrics", info["metrics_url"]))
     assert result.summary.status == "succeeded", result.summary
     return result, trained, scraped
 

@@ -15,16 +15,13 @@ from asyncrl.trainer import export
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.cli import main
 from asyncrl.trainer.driver.run import export as run_export
-from asyncrl.trainer.megatron import compat
 from tests.support.hf_models import ALL_FAMILIES, tiny_folder
 from tests.support.megatron_parts import full_logits
 
 VERSION = 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 def _job(tmp: Path, *, tied: bool = True, weights: str | None = None, task: str = "calculator") -> AsyncRLJob:

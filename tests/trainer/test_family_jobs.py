@@ -9,7 +9,6 @@ import pytest
 
 from asyncrl.api.model_arch import FAMILIES, Family
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 from tests.support.hf_models import ALL_FAMILIES, tiny_folder
 
@@ -37,11 +36,10 @@ def _job(family: Family, folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("family", ALL_FAMILIES)
-def test_two_steps_per_family_report_rd_of_one(family: Family, tmp_path: Path) -> None:
+def test_two_steps_per_family_report_rd_of_one(ray_session: None, family: Family, tmp_path: Path) -> None:
     folder = tiny_folder(tmp_path / "models", family)
     job = validate_job(_job(family, folder))
-    with local_ray(num_cpus=2):
-        result = run_job(job, RunOptions(run_dir=tmp_path / "run", steps=2))
+    result = run_job(job, RunOptions(run_dir=tmp_path / "run", steps=2))
     assert result.summary.status == "succeeded", result.summary
     load = result.summary.model_load
     assert load["architecture"] == FAMILIES[family].architecture

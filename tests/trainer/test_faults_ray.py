@@ -40,7 +40,7 @@ def _attach(address: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow  # two refused attaches: Ray retries each for a while (about 30 s on 2 shared cores)
-def test_an_unauthenticated_attach_to_a_local_run_is_refused(tmp_path: Path) -> None:
+def test_an_unauthenticated_attach_to_a_local_run_is_refused(no_shared_ray: None, tmp_path: Path) -> None:
     import ray
 
     with local_ray(num_cpus=1) as own:
@@ -62,7 +62,7 @@ def test_an_unauthenticated_attach_to_a_local_run_is_refused(tmp_path: Path) -> 
 
 
 @pytest.mark.slow  # a Ray start and stop: about 25 s on 2 loaded cores
-def test_after_a_local_ray_no_process_of_it_remains_and_its_folder_is_gone() -> None:
+def test_after_a_local_ray_no_process_of_it_remains_and_its_folder_is_gone(no_shared_ray: None) -> None:
     import ray
 
     before = descendants()

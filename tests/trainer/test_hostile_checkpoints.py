@@ -19,7 +19,6 @@ from asyncrl.trainer.checkpoint import safe_load
 from asyncrl.trainer.checkpoint import sharded as sharded_checkpoint
 from asyncrl.trainer.checkpoint.folder import CheckpointError
 from asyncrl.trainer.cli import main
-from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.megatron.model import build_gpt_model
 from tests.support.hostile_checkpoints import HOSTILE_FOLDERS, HostileFolder
 
@@ -28,9 +27,7 @@ STEP = f"step-{VERSION:06d}"
 CODE_ROWS = [c for c in HOSTILE_FOLDERS if c.runs_code]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 def _job() -> AsyncRLJob:

@@ -16,13 +16,9 @@ import torch
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer import export
 from asyncrl.trainer.export_target import check_target
-from asyncrl.trainer.megatron import compat
 from tests.support.hf_models import tiny_folder
 
-
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 @pytest.fixture(scope="module")

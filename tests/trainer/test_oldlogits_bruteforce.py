@@ -16,7 +16,6 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
 from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
-from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.oldlogits import MissingSnapshotError
 from asyncrl.trainer.oldlogits.retention import live_versions
 from tests.support.bruteforce import brute_force_logp_old, fresh_model_logprobs
@@ -32,9 +31,7 @@ SCHEDULE: dict[int, list[list[int]]] = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 def _actor() -> MegatronActor:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.support.rank_processes import rank_context
 
 
 def _weights(v: int) -> dict[str, torch.Tensor]:
@@ -62,7 +63,7 @@ def _run(tmp_path: Path, device: str, work_dir: str | None) -> list[dict[str, An
     from asyncrl.trainer.megatron.parallel import rendezvous
 
     init_method = rendezvous("127.0.0.1")
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     procs = [ctx.Process(target=_rank, args=(r, init_method, str(tmp_path), device, work_dir)) for r in range(2)]
     for p in procs:
         p.start()

@@ -6,7 +6,6 @@ import math
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = pytest.mark.slow
@@ -26,18 +25,17 @@ JOB = {
 }
 
 
-def test_a_data_parallel_actor_group_trains_checkpoints_and_resumes(tmp_path) -> None:
-    with local_ray(num_cpus=2):
-        first = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run", port=0))
-        assert [r["version"] for r in first.steps] == [1, 2, 3, 4]
-        assert all(math.isfinite(r["loss"]) for r in first.steps)
-        assert (first.run_dir / "checkpoints" / "step-000004" / "meta.json").exists()
-        again = run_job(validate_job(JOB), RunOptions(run_dir=first.run_dir, steps=5, port=0))
+def test_a_data_parallel_actor_group_trains_checkpoints_and_resumes(ray_session: None, tmp_path) -> None:
+    first = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run", port=0))
+    assert [r["version"] for r in first.steps] == [1, 2, 3, 4]
+    assert all(math.isfinite(r["loss"]) for r in first.steps)
+    assert (first.run_dir / "checkpoints" / "step-000004" / "meta.json").exists()
+    again = run_job(validate_job(JOB), RunOptions(run_dir=first.run_dir, steps=5, port=0))
     assert again.summary.resumed_from.endswith("step-000004")
     assert [r["version"] for r in again.steps] == [1, 2, 3, 4, 5]
 
 
-def test_the_data_parallel_example_runs_and_its_versions_advance(tmp_path) -> None:
+def test_the_data_parallel_example_runs_and_its_versions_advance(ray_session: None, tmp_path) -> None:
     """``examples/data-parallel.yaml`` (the quickstart at DP=2) through the path ``asyncrl run`` takes, a few
     steps from a random init (its 300 warm-start steps are the long part of the real run)."""
     from pathlib import Path
@@ -47,8 +45,7 @@ def test_the_data_parallel_example_runs_and_its_versions_advance(tmp_path) -> No
 
     (job,) = load_jobs(str(Path(__file__).resolve().parents[2] / "examples" / "data-parallel.yaml"))
     assert job.spec.actor.world_size == 2 and job.spec.actor.data_parallel == 2
-    with local_ray(num_cpus=2):
-        result = run_with_restarts(job, RunOptions(run_dir=tmp_path / "run", port=0, steps=3, warm_start=False))
+    result = run_with_restarts(job, RunOptions(run_dir=tmp_path / "run", port=0, steps=3, warm_start=False))
     assert result.summary.status == "succeeded" and result.summary.restarts == 0, result.summary
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) for r in result.steps if "version" in r)

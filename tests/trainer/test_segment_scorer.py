@@ -15,7 +15,6 @@ from asyncrl.rollout.hf_model import build_model
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.rollout.worker import RolloutWorker
 from asyncrl.trainer.actor.megatron_actor import ActorSettings, MegatronActor
-from asyncrl.trainer.megatron import compat
 from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings, SegmentScorer
 
 VOCAB = 40
@@ -29,9 +28,7 @@ SPEC = AsyncRLJobSpec.model_validate(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 @pytest.fixture(scope="module")

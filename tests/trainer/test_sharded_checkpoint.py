@@ -15,16 +15,13 @@ from asyncrl.trainer.actor.checkpoint_io import load_actor, model_state, save_ac
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.checkpoint.folder import CheckpointError
 from asyncrl.trainer.driver.run import checkpoints, recovery
-from asyncrl.trainer.megatron import compat
 from tests.support.sharded_ranks import single_file
 
 VOCAB = 40
 B, T = 4, 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 def _actor(reference: str = "ewma") -> MegatronActor:

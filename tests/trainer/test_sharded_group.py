@@ -9,7 +9,6 @@ import math
 import pytest
 
 from asyncrl.api.validation import validate_job
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = pytest.mark.slow
@@ -29,15 +28,14 @@ JOB = {
 }
 
 
-def test_a_tensor_parallel_actor_group_checkpoints_and_resumes(tmp_path) -> None:
-    with local_ray(num_cpus=2):
-        first = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run", port=0))
-        assert [r["version"] for r in first.steps] == [1, 2]
-        assert all(math.isfinite(r["loss"]) for r in first.steps)
-        folder = first.run_dir / "checkpoints" / "step-000002"
-        meta = json.loads((folder / "meta.json").read_text())
-        assert meta["format"] == "sharded" and meta["layout"]["tp"] == 2 and meta["layout"]["world"] == 2
-        assert {"__0_0.distcp", "__1_0.distcp"} <= set(meta["files"])  # both TP ranks wrote their shards
-        again = run_job(validate_job(JOB), RunOptions(run_dir=first.run_dir, steps=3, port=0))
+def test_a_tensor_parallel_actor_group_checkpoints_and_resumes(ray_session: None, tmp_path) -> None:
+    first = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run", port=0))
+    assert [r["version"] for r in first.steps] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in first.steps)
+    folder = first.run_dir / "checkpoints" / "step-000002"
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["format"] == "sharded" and meta["layout"]["tp"] == 2 and meta["layout"]["world"] == 2
+    assert {"__0_0.distcp", "__1_0.distcp"} <= set(meta["files"])  # both TP ranks wrote their shards
+    again = run_job(validate_job(JOB), RunOptions(run_dir=first.run_dir, steps=3, port=0))
     assert again.summary.resumed_from.endswith("step-000002")
     assert [r["version"] for r in again.steps] == [1, 2, 3]

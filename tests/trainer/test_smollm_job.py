@@ -15,7 +15,6 @@ import yaml
 from asyncrl.api.validation import validate_job
 from asyncrl.rollout.models import pull
 from asyncrl.rollout.tokenizer import HFTokenizer, tokenizer_for
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
 pytestmark = [pytest.mark.slow]
@@ -24,16 +23,15 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2.yaml"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory):
+def run(ray_session: None, tmp_path_factory: pytest.TempPathFactory):
     folder = pull("smollm2", root=tmp_path_factory.mktemp("models")).path
     doc = yaml.safe_load(EXAMPLE.read_text())
     assert doc["spec"]["model"]["weights"] == "~/.cache/asyncrl/models/smollm2-135m"  # the default cache
     doc["spec"]["model"]["weights"] = str(folder)
     job = validate_job(doc)
     batches = []
-    with local_ray(num_cpus=2):
-        result = run_job(job, RunOptions(run_dir=tmp_path_factory.mktemp("run"), steps=2, port=0),
-                         on_batch=lambda groups, version: batches.append([t for g in groups for t in g]))
+    result = run_job(job, RunOptions(run_dir=tmp_path_factory.mktemp("run"), steps=2, port=0),
+                     on_batch=lambda groups, version: batches.append([t for g in groups for t in g]))
     return job, result, batches
 
 

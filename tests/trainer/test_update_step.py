@@ -20,16 +20,13 @@ from asyncrl.trainer.actor.update_plan import (
 )
 from asyncrl.trainer.correction import correction_loss
 from asyncrl.trainer.correction.stats import CorrectionStats
-from asyncrl.trainer.megatron import compat
 
 VOCAB = 40
 B, T, PROMPT = 6, 14, 4
 REFERENCES = ["behavior", "current", "linear", "loglinear", "ewma", "exact/snapshot", "exact/dedicated"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_on_cpu() -> None:
-    compat.init_megatron(seed=0, device="cpu")
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
 def _spec(reference: str = "behavior", correction: dict[str, Any] | None = None, **train: Any) -> AsyncRLJobSpec:

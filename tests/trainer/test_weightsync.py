@@ -2,7 +2,6 @@
 wire cast), bucket sizes are honoured, the object-store and disk transports round-trip, bad buckets
 are refused with the numbers."""
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,15 +96,7 @@ def test_disk_transport_round_trip_keeps_newest(tmp_path: Path, root: Path) -> N
         t.receive(handles[0])
 
 
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    from asyncrl.trainer.driver.hosts.ray_env import local_ray
-
-    with local_ray(1):
-        yield
-
-
-def test_object_store_transport_round_trip(ray_local: None, root: Path) -> None:
+def test_object_store_transport_round_trip(ray_session: None, root: Path) -> None:
     from asyncrl.trainer.weight_sync.objectstore import BucketRefs
 
     folder = tiny_folder(root, "llama")

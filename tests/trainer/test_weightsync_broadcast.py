@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, new_endpoint
 from asyncrl.trainer.weight_sync.broadcast import BroadcastVersion, open_group
 from asyncrl.trainer.weight_sync.buckets import pack_buckets
 from asyncrl.trainer.weight_sync.transport import make_transport
+from tests.support.rank_processes import rank_context
 
 WORLD = 3
 
@@ -42,7 +42,7 @@ def _member(rank: int, endpoint: Endpoint, results: Any) -> None:
 
 @pytest.mark.slow  # three processes importing torch: 40-75 s on loaded cores
 def test_broadcast_on_gloo_reaches_every_receiver_bit_exactly() -> None:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     endpoint = new_endpoint(LOOPBACK)
     procs = [ctx.Process(target=_member, args=(r, endpoint, results)) for r in range(WORLD)]

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from asyncrl.trainer.collective.endpoint import LOOPBACK, Endpoint, new_endpoint
 from asyncrl.trainer.weight_sync.broadcast import open_group, receive_version, send
 from asyncrl.trainer.weight_sync.buckets import pack_buckets
+from tests.support.rank_processes import rank_context
 
 WORLD = 3
 TIMEOUT_S = 240.0  # far above what a failing collective takes; a hang would end in a timeout error instead
@@ -45,7 +45,7 @@ def _member(rank: int, endpoint: Endpoint, results: Any) -> None:
 
 @pytest.mark.slow  # three processes importing torch: ~40 s on loaded cores
 def test_a_dead_member_fails_the_broadcast_for_everyone_without_a_timeout() -> None:
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     endpoint = new_endpoint(LOOPBACK)
     procs = [ctx.Process(target=_member, args=(r, endpoint, results)) for r in range(WORLD)]

@@ -2,14 +2,12 @@
 installs it bit for bit (bf16 on the wire = the engine's own rounding), reports transfer apart from
 pause, and a late joiner (a replacement worker) given the latest handle holds the same version."""
 
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.hosts.fleet import RolloutHost
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.stage import sync_report
 from asyncrl.trainer.megatron.convert import hf_shapes
 from asyncrl.trainer.weight_sync.buckets import pack_buckets
@@ -20,14 +18,8 @@ JOB = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"
        "spec": {"task": {"name": "calculator", "groupSize": 2, "maxNewTokens": 8}, "rollout": {"replicas": 2}}}
 
 
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    with local_ray(1):
-        yield
-
-
 @pytest.mark.slow  # two rollout hosts and a local Ray: ~90 s on loaded cores
-def test_rollout_host_installs_bucketed_versions_and_a_late_joiner_matches(ray_local: None) -> None:
+def test_rollout_host_installs_bucketed_versions_and_a_late_joiner_matches(ray_session: None) -> None:
     spec = validate_job(JOB).spec
     spec_json = spec.model_dump(mode="json", by_alias=True)
     host = RolloutHost(spec_json, 0, threads=1)

@@ -14,7 +14,6 @@ import pytest
 
 from asyncrl.api.validation import validate_job
 from asyncrl.api.weight_sync import WeightTransport
-from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 from asyncrl.trainer.driver.loop.weight_sync import disk_keep
 from asyncrl.trainer.weight_sync import disk
@@ -54,8 +53,7 @@ class _Versions:
 
 def _run(job: dict[str, Any], run_dir: Path, **kw: Any) -> tuple[Any, _Versions]:
     versions = _Versions()
-    with local_ray(num_cpus=2):
-        result = run_job(validate_job(job), RunOptions(run_dir=run_dir), on_batch=versions, **kw)
+    result = run_job(validate_job(job), RunOptions(run_dir=run_dir), on_batch=versions, **kw)
     assert result.summary.status == "succeeded", result.summary
     return result, versions
 
@@ -79,13 +77,13 @@ def test_spec_accepts_every_transport() -> None:
 
 
 @pytest.mark.slow  # a 3-step job on local Ray: ~1 min on loaded cores
-def test_broadcast_job_finishes_and_rollout_follows_the_versions(tmp_path: Path) -> None:
+def test_broadcast_job_finishes_and_rollout_follows_the_versions(ray_session: None, tmp_path: Path) -> None:
     result, versions = _run(_job("broadcast"), tmp_path / "run")
     _check_learned_and_synced(result, versions, 3)
 
 
 @pytest.mark.slow
-def test_disk_job_finishes_and_keeps_only_the_loadable_versions(tmp_path: Path) -> None:
+def test_disk_job_finishes_and_keeps_only_the_loadable_versions(ray_session: None, tmp_path: Path) -> None:
     result, versions = _run(_job("disk"), tmp_path / "run")
     _check_learned_and_synced(result, versions, 3)
     root = tmp_path / "run" / "checkpoints" / "weight-sync"
@@ -100,7 +98,7 @@ def _rollout_pids() -> list[int]:
 
 
 @pytest.mark.slow  # a worker killed mid-run and replaced: ~1.5 min
-def test_broadcast_replaced_worker_gets_the_current_version_and_joins_the_group(
+def test_broadcast_replaced_worker_gets_the_current_version_and_joins_the_group(ray_session: None,
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     killed: list[int] = []
 
@@ -127,7 +125,7 @@ def _exact(transport: str, strategy: str) -> dict[str, Any]:
 
 @pytest.mark.slow  # dedicated scorers beside rollout in the group: ~1.5 min
 @pytest.mark.parametrize("strategy", ["dedicated", "interruptSync"])
-def test_exact_pi_old_when_weights_arrive_by_broadcast(tmp_path: Path, strategy: str) -> None:
+def test_exact_pi_old_when_weights_arrive_by_broadcast(ray_session: None, tmp_path: Path, strategy: str) -> None:
     result, versions = _run(_exact("broadcast", strategy), tmp_path / "run")
     _check_learned_and_synced(result, versions, 3)
     for r in result.steps:
