@@ -10,7 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
+
+from tests.support.rank_processes import rank_context
 
 VOCAB = 64
 B, T = 8, 16
@@ -128,7 +129,7 @@ def spawn_ranks(target: Callable[..., None], extra: tuple[Any, ...], world: int,
     from asyncrl.trainer.megatron.parallel import rendezvous
 
     init_method = rendezvous("127.0.0.1") if world > 1 else None
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     procs = [ctx.Process(target=target, args=(r, world, tp, init_method, out, *extra)) for r in range(world)]
     for p in procs:
         p.start()
