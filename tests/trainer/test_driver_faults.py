@@ -1,6 +1,7 @@
 """Faults a running job survives, for real: a rollout worker's process killed mid-run, and the
 whole job killed and resumed from its checkpoint (local Ray, real processes)."""
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -56,7 +57,10 @@ def _rollout_pids(title: str = "ray::RolloutHost") -> list[int]:
     return pids
 
 
-def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(ray_session: None, tmp_path: Path) -> None:
+def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(ray_session: None, tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Under the broadcast transport, the hardest case for a replacement: it must get the current version and
+    the group must take it in again (one test for both: this and test_weightsync_job ran the same kill)."""
     killed: list[int] = []
 
     def on_step(r: Any) -> None:  # a StepReport or an EvalResult
@@ -66,11 +70,20 @@ def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(ray_session: N
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
 
-    result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
+    caplog.set_level(logging.INFO, logger="asyncrl.trainer.driver.loop.weight_sync")
+    job = {**JOB, "spec": {**JOB["spec"], "actor": {"weightSync": {"transport": "broadcast", "bucketMiB": 1}}}}
+    seen: list[set[int]] = []
+    result = run_job(validate_job(job), RunOptions(run_dir=tmp_path / "run"), on_step=on_step,
+                     on_batch=lambda groups, v: seen.append({x for g in groups for t in g for x in t.sampled_versions}))
     s = result.summary.to_json()  # summary.json's form
     assert killed and s["status"] == "succeeded", s
     assert [r["version"] for r in result.steps if "version" in r] == [1, 2, 3, 4, 5, 6]
     assert s["worker_replacements"] == 1, s
+    for r in result.steps:
+        if "version" in r:
+            assert r["sync_bytes"] > 0 and r["sync_transfer_s"] >= 0 and r["sync_pause_s"] >= 0, r
+    assert max(max(v) for v in seen) >= 1, seen  # rollout sampled under the new versions
+    assert "broadcast group formed again" in caplog.text  # the replacement joined before a later version
     # Its in-flight groups were counted as aborted (or it was idle); every admitted group is accounted for
     # (the calls still in flight at the end are aborted by the drain, so they are in groups_aborted too).
     b = s["buffer"]

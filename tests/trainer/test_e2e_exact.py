@@ -49,6 +49,9 @@ def _job(strategy: str) -> dict[str, Any]:
     job = copy.deepcopy(JOB)
     job["metadata"]["name"] = f"e2e-{strategy.lower()}"
     job["spec"]["oldLogits"] = {"strategy": strategy}
+    if strategy != "snapshot":  # the scorers and the interrupted workers take each version by broadcast, in
+        # many buckets: the exact pi_old must not depend on how the weights travel (was a job of its own)
+        job["spec"]["actor"] = {"weightSync": {"transport": "broadcast", "bucketMiB": 1}}
     return job
 
 
@@ -69,6 +72,12 @@ def test_exact_old_logits_leave_only_the_train_inference_discrepancy(run):
         assert r["keep_ratio"] == 1.0
         # fp32 engine vs fp32 megatron: the same function up to kernel rounding (measured ~1e-5).
         assert abs(r["rd_min"] - 1.0) < RD_TOLERANCE and abs(r["rd_max"] - 1.0) < RD_TOLERANCE, (strategy, r)
+    assert [r["version"] for r in records] == [1, 2, 3, 4, 5]
+    if strategy != "snapshot":
+        assert all(r["sync_bytes"] > 0 and r["sync_transfer_s"] >= 0 and r["sync_pause_s"] >= 0 for r in records)
+    if strategy == "dedicated":
+        d = result.summary.dedicated
+        assert d["scored_tokens"] > 0 and d["latest_version"] == 5, d
     if strategy == "interruptSync":
         sync = result.summary.interrupt_sync
         assert sync["syncs"] == 5 and sync["tokens_scored"] > 0, sync

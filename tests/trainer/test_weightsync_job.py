@@ -1,12 +1,9 @@
 """``actor.weightSync.transport`` broadcast and disk in the real job (``asyncrl`` driver, local Ray, real
-processes): the job finishes, rollout generates under the new versions, a worker replaced mid-run under
-broadcast gets the current version and the group takes it in, the dedicated scorers and interrupt-sync
-receive by broadcast and still recover the exact ``pi_old``."""
+processes): the job finishes and rollout generates under the new versions. A worker replaced mid-run under
+broadcast is tested in test_driver_faults (its killed-worker job runs on broadcast), the dedicated scorers and
+interrupt-sync receiving by broadcast in test_e2e_exact (their jobs run on broadcast)."""
 
 import copy
-import logging
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +27,6 @@ JOB: dict[str, Any] = {
         "monitoring": {"enabled": False},
     },
 }
-RD_TOLERANCE = 1e-3  # fp32 engine vs fp32 megatron, every token scored under its own version (test_e2e_exact)
 
 
 def _job(transport: str, **spec: Any) -> dict[str, Any]:
@@ -89,51 +85,3 @@ def test_disk_job_finishes_and_keeps_only_the_loadable_versions(ray_session: Non
     root = tmp_path / "run" / "checkpoints" / "weight-sync"
     assert disk.versions(root) == [2, 3]  # keep 2: the newest and the one before
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp")]
-
-
-def _rollout_pids() -> list[int]:
-    from tests.trainer.test_driver_faults import _rollout_pids as pids
-
-    return pids()
-
-
-@pytest.mark.slow  # a worker killed mid-run and replaced: ~1.5 min
-def test_broadcast_replaced_worker_gets_the_current_version_and_joins_the_group(ray_session: None,
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    killed: list[int] = []
-
-    def on_step(r: Any) -> None:  # a step's event (its version: None until applied)
-        version = r.get("version") if isinstance(r, dict) else getattr(r, "version", None)
-        if version == 1 and not killed:
-            pids = _rollout_pids()
-            assert len(pids) == 2, pids
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
-
-    caplog.set_level(logging.INFO, logger="asyncrl.trainer.driver.loop.weight_sync")
-    result, versions = _run(_job("broadcast", train={"steps": 4, "promptsPerStep": 2, "warmStartSteps": 0}),
-                            tmp_path / "run", on_step=on_step)
-    assert killed and result.summary.worker_replacements == 1, result.summary
-    _check_learned_and_synced(result, versions, 4)
-    assert "broadcast group formed again" in caplog.text  # the replacement joined before a later version
-
-
-def _exact(transport: str, strategy: str) -> dict[str, Any]:
-    return _job(transport, correction={"reference": "exact"}, oldLogits={"strategy": strategy},
-                model={"rolloutDtype": "float32"})
-
-
-@pytest.mark.slow  # dedicated scorers beside rollout in the group: ~1.5 min
-@pytest.mark.parametrize("strategy", ["dedicated", "interruptSync"])
-def test_exact_pi_old_when_weights_arrive_by_broadcast(ray_session: None, tmp_path: Path, strategy: str) -> None:
-    result, versions = _run(_exact("broadcast", strategy), tmp_path / "run")
-    _check_learned_and_synced(result, versions, 3)
-    for r in result.steps:
-        assert r["reference"] == "exact" and r["keep_ratio"] == 1.0, r
-        # every token scored under its own version: r_d = pi_old / mu_old is 1 up to kernel rounding
-        assert abs(r["rd_min"] - 1.0) < RD_TOLERANCE and abs(r["rd_max"] - 1.0) < RD_TOLERANCE, r
-    if strategy == "dedicated":
-        d = result.summary.dedicated
-        assert d["scored_tokens"] > 0 and d["latest_version"] == 3, d
-    else:
-        assert result.summary.interrupt_sync["syncs"] == 3
