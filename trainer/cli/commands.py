@@ -130,6 +130,28 @@ def _task_refused(spec, source: str) -> bool:  # spec: AsyncRLJobSpec
     return False
 
 
+def _agent_key_refused(spec, source: str) -> bool:  # spec: AsyncRLJobSpec
+    """An external agent's session key as the workers will read it (``asyncrl.rollout.agent.keys``): an empty or
+    whitespace-padded ``$ASYNCRL_AGENT_SESSION_KEY``, ``sessionKeyFrom`` without it, or a non-loopback bind without
+    a key is printed, True; checked here so that the run stops before Ray, not in every worker."""
+    import os
+
+    from asyncrl.api.agent import EXTERNAL
+
+    if spec.task.agent != EXTERNAL:
+        return False
+    from asyncrl.rollout.agent.host import bind_address
+    from asyncrl.rollout.agent.keys import SessionKeyError, session_key
+
+    try:
+        session_key(os.environ, external=True, bind_host=bind_address(0)[0],
+                    key_from=spec.task.endpoint.session_key_from)
+    except (SessionKeyError, ValueError) as exc:
+        print(f"{source}: {exc}", file=sys.stderr)
+        return True
+    return False
+
+
 def _cmd_status_relay(args: argparse.Namespace) -> int:
     """The driver pod's ``status`` sidecar: the only holder of the <job>-status token (trainer/driver/status/relay.py)."""
     import logging
@@ -170,7 +192,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     if job.spec.model.weights is not None and _model_folder_refused(job.spec.model, source):
         return 2  # before Ray starts: the workers would fail one by one
-    if _task_refused(job.spec, source):
+    if _task_refused(job.spec, source) or _agent_key_refused(job.spec, source):
         return 2
     if job.spec.rollout.engine == "vllm":  # before Ray starts: every rollout worker would fail on it
         from asyncrl.rollout.vllm_process import VLLMUnavailableError, vllm_python
@@ -215,6 +237,8 @@ def _cmd_driver(args: argparse.Namespace) -> int:
     if model.weights is not None and _model_folder_refused(model, args.spec, must_exist=False):
         return 2
     if _task_refused(jobs[0].spec, args.spec):
+        return 2
+    if args.local and _agent_key_refused(jobs[0].spec, args.spec):  # in a pod the key is the rollout pods' only
         return 2
     import logging
     from pathlib import Path
