@@ -155,3 +155,19 @@ def test_a_job_that_moves_to_an_in_process_agent_loses_its_service_and_its_endpo
     assert [(a.verb, a.kind, a.name) for a in p.actions if a.name.startswith("j-agent")] == [
         ("delete", "Service", "j-agent")]
     assert p.status.agent_endpoint is None
+
+
+def test_allow_from_everywhere_is_never_served_without_a_key() -> None:
+    # before: allowFrom admitting 0.0.0.0/0 validated without a key, and anyone on the internet that reached the
+    # port took sessions; now an external agent's pods always read a key, and an in-process agent refuses allowFrom
+    from asyncrl.api.validation import SpecError, validate_job
+
+    everyone = [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+    d = build(spec(allowFrom=everyone))
+    assert ("NetworkPolicy", "j-agent") in kids(d) and ("Secret", "j-agent-key") in kids(d)
+    assert rollout_env(d)[C.AGENT_SESSION_KEY_ENV]["valueFrom"]["secretKeyRef"]["name"] == "j-agent-key"
+    doc = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "j"},
+           "spec": {"task": {"agent": "my_agent:run", "endpoint": {"allowFrom": everyone}}}}
+    with pytest.raises(SpecError) as err:
+        validate_job(doc)
+    assert "spec.task.endpoint.allowFrom" in str(err.value) and "task.agent: external" in str(err.value)
