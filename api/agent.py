@@ -9,8 +9,9 @@ Two ways in:
 - ``agent: "external"``: another process or pod opens sessions (``POST /v1/sessions``), calls the endpoint
   with each session's key and posts the reward (``POST /v1/sessions/{id}/reward``).
 
-The endpoint listens on loopback in a local run; in a cluster on ``endpoint.port`` of each rollout pod,
-behind a NetworkPolicy that admits the job's own pods and the peers of ``endpoint.allowFrom``.
+The endpoint listens on loopback in a local run and for an in-process agent; an external agent's, in a cluster,
+on ``endpoint.port`` of each rollout pod, behind a NetworkPolicy that admits the job's own pods and the peers of
+``endpoint.allowFrom``, and taking a session needs a key (``sessionKeyFrom``, else one the operator makes).
 """
 
 import ipaddress
@@ -111,8 +112,11 @@ class AgentEndpointSpec(SpecModel):
     session_key_from: SecretKeyRef | None = Field(
         default=None,
         description="A Secret key whose value an external harness must send as 'Authorization: Bearer <value>' to "
-        "take a session (POST /v1/sessions). In the rollout pods it is ASYNCRL_AGENT_SESSION_KEY; locally asyncrl "
-        "run reads that variable. Null: taking a session needs no key (the NetworkPolicy and loopback are the gates).",
+        "take a session (POST /v1/sessions); the value may not be empty nor start or end with whitespace. In the "
+        "rollout pods it is ASYNCRL_AGENT_SESSION_KEY; locally asyncrl run reads that variable (and refuses to "
+        "start without it). Null: in a cluster the operator makes the Secret <job>-agent-key (key 'key', 192 random "
+        "bits, created once); locally taking a session needs no key (loopback), unless ASYNCRL_AGENT_SESSION_KEY "
+        "is set. External agents only.",
     )
     max_request_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
@@ -120,7 +124,37 @@ class AgentEndpointSpec(SpecModel):
     )
 
 
+# ---- keys and peers (issue 35, part C): what an in-process agent cannot use, and the session key's value
+IN_PROCESS_ENDPOINT_MESSAGE = (
+    "task.endpoint.allowFrom and task.endpoint.sessionKeyFrom are for an external harness (task.agent: external); an "
+    "in-process agent ('package.module:function') is served on loopback inside its rollout pod, where no peer "
+    "reaches it: remove them, or set task.agent: external"
+)
+IN_PROCESS_ENDPOINT_RULES: Final = tuple(
+    CelRule(f"!has(self.agent) || self.agent == '{EXTERNAL}' || !has(self.endpoint) || {absent}",
+            IN_PROCESS_ENDPOINT_MESSAGE, f".endpoint.{field}")
+    for field, absent in (("allowFrom", "!has(self.endpoint.allowFrom) || size(self.endpoint.allowFrom) == 0"),
+                          ("sessionKeyFrom", "!has(self.endpoint.sessionKeyFrom)")))
+
+
+def in_process_endpoint_problems(agent: str | None, endpoint: AgentEndpointSpec) -> list[tuple[str, str]]:
+    """(field, message) for ``allowFrom``/``sessionKeyFrom`` set with an in-process agent (the CEL rules'
+    twins: :data:`IN_PROCESS_ENDPOINT_RULES`)."""
+    if agent is None or agent == EXTERNAL:
+        return []
+    out = []
+    if endpoint.allow_from:
+        out.append(("endpoint.allowFrom", f"{IN_PROCESS_ENDPOINT_MESSAGE} (agent is {agent!r}, "
+                                          f"{len(endpoint.allow_from)} peer(s))"))
+    if endpoint.session_key_from is not None:
+        out.append(("endpoint.sessionKeyFrom", f"{IN_PROCESS_ENDPOINT_MESSAGE} (agent is {agent!r})"))
+    return out
+
+
 __all__ = [
+    "IN_PROCESS_ENDPOINT_MESSAGE",
+    "IN_PROCESS_ENDPOINT_RULES",
+    "in_process_endpoint_problems",
     "AGENT_MESSAGE",
     "AGENT_PATTERN",
     "AGENT_WITH_ENVIRONMENT_MESSAGE",

@@ -12,7 +12,9 @@ from asyncrl.api.agent import (
     AGENT_MESSAGE,
     AGENT_PATTERN,
     AGENT_WITH_ENVIRONMENT_MESSAGE,
+    IN_PROCESS_ENDPOINT_RULES,
     AgentEndpointSpec,
+    in_process_endpoint_problems,
 )
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule, raise_all
@@ -109,6 +111,7 @@ class TaskSpec(SpecModel):
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         *TASK_SOURCE_RULES,
         CelRule("!has(self.agent) || !has(self.environment)", AGENT_WITH_ENVIRONMENT_MESSAGE, ".agent"),
+        *IN_PROCESS_ENDPOINT_RULES,
     )
 
     # before the pattern check, so the error says the rule in words rather than the regular expression
@@ -134,6 +137,7 @@ class TaskSpec(SpecModel):
                                         self.environment, self.agent)
         if self.agent is not None and self.environment is not None:
             problems.append(("agent", f"{AGENT_WITH_ENVIRONMENT_MESSAGE} (agent is {self.agent!r})"))
+        problems += in_process_endpoint_problems(self.agent, self.endpoint)
         raise_all(problems)
         return self
 

@@ -272,8 +272,8 @@ def _pod(
     spec_digest: str,
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One pod of ``role``. A rollout pod of a job with ``spec.task.agent`` also gets the agent endpoint's
-    port and environment (:mod:`asyncrl.operator.agent_endpoint`)."""
+    """One pod of ``role``. A rollout pod of a job with an external agent (``spec.task.agent: external``) also
+    gets the agent endpoint's port and environment (:mod:`asyncrl.operator.agent_endpoint`)."""
     name = names.pod_name(job.name, role, index)
     gang = spec.scheduling.gang_scheduler
     gang_labels, gang_annotations = pod_policy.gang_metadata(gang, names.pod_group_name(job.name))
@@ -314,7 +314,7 @@ def _pod(
         mounts += [driver_pod.relay_mount(), *task_mounts]
         volumes += [driver_pod.status_relay_volume(), driver_pod.status_token_volume(), *task_volumes]
     ports = [{"name": "metrics", "containerPort": spec.monitoring.port}]
-    serves_agent = role is Role.ROLLOUT and agent_endpoint.enabled(spec)
+    serves_agent = role is Role.ROLLOUT and agent_endpoint.exposed(spec)  # an in-process agent: loopback
     if serves_agent:
         ports.append(agent_endpoint.rollout_port(spec))
     if role is Role.DRIVER:
@@ -331,7 +331,7 @@ def _pod(
         "imagePullPolicy": settings.image_pull_policy,
         "command": _command(job, role, gpus, resources.cpu, memory, ray_resources),
         "env": [*_env(job, role, index, {**checkpoint_env, **(extra_env or {})}, overrides.env,
-                      agent_endpoint.rollout_env(spec) if serves_agent else None),
+                      agent_endpoint.rollout_env(job.name, spec) if serves_agent else None),
                 # a service's headersFrom Secrets where the task is built (driver's check) and called (rollout)
                 *(header_env(spec.task) if role in (Role.DRIVER, Role.ROLLOUT) else ())],
         "ports": ports,
@@ -465,11 +465,13 @@ def ray_token_secret(job: JobRef, token: str) -> Child:
 
 
 def desired_children(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings,
-                     pods: dict[str, PodSlot], *, ray_token: str | None = None) -> list[Child]:
+                     pods: dict[str, PodSlot], *, ray_token: str | None = None,
+                     agent_key: str | None = None) -> list[Child]:
     """In creation order: the Ray token Secret (only with ``ray_token``), the ConfigMap (validated
     spec), the headless Service, the NetworkPolicy, the driver's status-reporting identity, the
-    agent endpoint's Service and NetworkPolicy (only with ``spec.task.agent``, the policy only with
-    ``allowFrom``: :func:`agent_children`), and the PodGroup of the gang scheduler (only with one)."""
+    agent endpoint's key Secret, Service and NetworkPolicy (only with ``spec.task.agent: external``, the key
+    only with ``agent_key`` and no ``sessionKeyFrom``, the policy only with ``allowFrom``: :func:`agent_children`),
+    and the PodGroup of the gang scheduler (only with one)."""
     sa = names.status_account_name(job.name)
     ports = [
         {"name": "gcs", "port": PORT_GCS, "targetPort": PORT_GCS},
@@ -510,7 +512,7 @@ def desired_children(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettin
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}],
         }),
     ]
-    children += agent_children(job, spec)
+    children += agent_children(job, spec, agent_key=agent_key)
     gang = spec.scheduling.gang_scheduler
     if gang is not GangScheduler.NONE:
         group = names.pod_group_name(job.name)
@@ -522,12 +524,19 @@ def desired_children(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettin
     return children
 
 
-def agent_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Child]:
-    """The agent endpoint's Service (with ``spec.task.agent``) and NetworkPolicy (with ``allowFrom`` too)."""
-    if not agent_endpoint.enabled(spec):
+def agent_children(job: JobRef, spec: AsyncRLJobSpec, *, agent_key: str | None = None) -> list[Child]:
+    """An external agent's key Secret (the operator's, with ``agent_key`` and no ``sessionKeyFrom``), Service, and
+    NetworkPolicy (with ``allowFrom`` too). An in-process agent has none: its endpoint stays on loopback."""
+    if not agent_endpoint.exposed(spec):
         return []
     svc, netpol = names.agent_service_name(job.name), names.agent_network_policy_name(job.name)
-    out = [Child("Service", svc, agent_endpoint.service(_meta(job, svc), job.name, spec), follows_spec=True,
+    out: list[Child] = []
+    if agent_key is not None and agent_endpoint.generates_key(spec):
+        secret = names.agent_key_secret_name(job.name)
+        out.append(Child("Secret", secret, agent_endpoint.key_secret(_meta(job, secret), agent_key),
+                         note=f"the key a harness sends to take a session (POST /v1/sessions), in its key "
+                         f"{names.AGENT_KEY_KEY!r}"))
+    out += [Child("Service", svc, agent_endpoint.service(_meta(job, svc), job.name, spec), follows_spec=True,
                  note=f"the agent endpoint: {agent_endpoint.api_base(job.name, job.namespace, spec)}")]
     if agent_endpoint.admits_peers(spec):
         out.append(Child("NetworkPolicy", netpol, agent_endpoint.network_policy(_meta(job, netpol), job.name, spec),
@@ -542,13 +551,15 @@ def unwanted_children(job: JobRef, spec: AsyncRLJobSpec) -> list[Unwanted]:
 
 
 def desired(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, epoch: int, *,
-            ray_token: str | None = None) -> Desired:
+            ray_token: str | None = None, agent_key: str | None = None) -> Desired:
     """Everything ``job`` should own at pod generation ``epoch``.
 
     ``ray_token``: the job's Ray token, generated by the caller (``secrets.token_urlsafe(32)``) and
     only used to create the Secret; without it the Secret is not among the children (the pods still
-    read it by name, so pass it whenever the Secret may be missing).
+    read it by name, so pass it whenever the Secret may be missing). ``agent_key``: the same for an external
+    agent's session key (``secrets.token_urlsafe(agent_endpoint.KEY_BYTES)``, the Secret ``<job>-agent-key``).
     """
     pods = desired_pods(job, spec, settings, epoch)
-    return Desired(pods=pods, children=desired_children(job, spec, settings, pods, ray_token=ray_token),
+    return Desired(pods=pods, children=desired_children(job, spec, settings, pods, ray_token=ray_token,
+                                                        agent_key=agent_key),
                    spec_hash=spec_hash(spec), unwanted=unwanted_children(job, spec))

@@ -25,8 +25,9 @@ Failure policy:
 - a child of the job's name owned by someone else is never adopted, patched or deleted: the
   ``ChildConflict`` condition names it and no pod is started while it lasts;
 - ``status.agentEndpoint`` is the agent endpoint's in-cluster base URL while the job has
-  ``spec.task.agent``, its Service ``<job>-agent`` exists and the job is not final
-  (``asyncrl.operator.agent_endpoint``);
+  ``spec.task.agent: external``, its Service ``<job>-agent`` exists and the job is not final
+  (``asyncrl.operator.agent_endpoint``); an external agent's session key Secret is created once and never
+  patched (as every Secret: :func:`_child_patch`);
 - ``Succeeded``/``Failed`` are final: nothing is ever created again, running pods are deleted
   (GPUs freed), finished pods stay for their logs until ``ttlSecondsAfterFinished``;
 - an interrupt-sync phase (other than ``Idle``) the driver reported longer ago than
@@ -290,7 +291,7 @@ class _Planner:
         missing (created in this plan: the next reconcile sees it) or another owner's. Children not read
         this time: the last value stands (an agent the spec dropped clears it at once)."""
         ref = self.job.ref
-        if not agent_endpoint.enabled(spec):
+        if not agent_endpoint.exposed(spec):  # no agent, or an in-process one (loopback, no Service)
             self.st.agent_endpoint = None
         elif self.obs.children is not None:
             seen = self.obs.children.get(("Service", names.agent_service_name(ref.name)))

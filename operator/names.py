@@ -87,6 +87,16 @@ def agent_network_policy_name(job: str) -> str:
     return f"{job}-agent"
 
 
+def agent_key_secret_name(job: str) -> str:
+    """Secret the operator makes for an external agent (``spec.task.agent: external``) without
+    ``spec.task.endpoint.sessionKeyFrom``: key :data:`AGENT_KEY_KEY` holds the key a harness sends to take a
+    session (created once, never rotated; it goes with the job)."""
+    return f"{job}-agent-key"
+
+
+AGENT_KEY_KEY = "key"  # the key's entry in that Secret
+
+
 def pod_group_name(job: str) -> str:
     """PodGroup of the gang scheduler (volcano or coscheduling): all pods or none."""
     return job

@@ -21,7 +21,7 @@ from asyncrl.api.constants import API_VERSION, KIND
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.status import OPERATOR_FIELDS, Phase
 from asyncrl.api.validation import SpecError, validate_job
-from asyncrl.operator import builders, names
+from asyncrl.operator import agent_endpoint, builders, names
 from asyncrl.operator.admission import admission_problems
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.kube import Kube, server_message
@@ -232,9 +232,10 @@ class Reconciler:
             log.warning("status of %s/%s: left out unreadable field(s) %s", namespace, name, unreadable)
         status = view.status
         spec = parse_spec(body)
-        # A fresh token each time: it is used only if the Secret is missing (created once, never patched).
+        # Fresh values each time: each is used only if its Secret is missing (created once, never patched).
         desired = None if isinstance(spec, SpecError) else builders.desired(
-            ref, spec, self.cfg, status.epoch, ray_token=secrets.token_urlsafe(32))
+            ref, spec, self.cfg, status.epoch, ray_token=secrets.token_urlsafe(32),
+            agent_key=secrets.token_urlsafe(agent_endpoint.KEY_BYTES))
         if desired is not None and isinstance(spec, AsyncRLJobSpec) and (
                 inadmissible := admission_problems(spec, namespace, self.cfg, desired.pods)):
             spec, desired = SpecError(inadmissible), None  # ValidationFailed: nothing is created

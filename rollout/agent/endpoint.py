@@ -84,14 +84,18 @@ class AgentEndpoint:
         advertise: the base URL sessions hand out (None: ``http://host:port``); in a cluster the pod's address.
         model: the model id ``/v1/models`` lists (any ``model`` a request names is served by this policy).
         max_request_bytes: ``spec.task.endpoint.maxRequestBytes``.
-        session_key: the key a harness sends to take a session (``spec.task.endpoint.sessionKeyFrom``).
+        session_key: the key a harness sends to take a session (``spec.task.endpoint.sessionKeyFrom``, else the
+            operator's ``<job>-agent-key``; checked by :func:`~asyncrl.rollout.agent.keys.session_key`).
+        hidden_fields: fields of a session's sample the harness is not handed (the dataset's answer: the worker
+            scores it, and held-out rows never leave the worker with their answers).
         temperature: ``spec.task.temperature``; a request asking for another (or for ``top_p`` < 1) is answered at
             this one and counted (``sampling_overridden``).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
                  model: str = "asyncrl-policy", max_request_bytes: int = 4 * 1024 * 1024,
-                 temperature: float = 1.0, session_key: str | None = None) -> None:
+                 temperature: float = 1.0, session_key: str | None = None,
+                 hidden_fields: tuple[str, ...] = ()) -> None:
         self.sessions = SessionTable()
         self.counters = EndpointCounters()
         self._clock = threading.Lock()
@@ -99,6 +103,7 @@ class AgentEndpoint:
         self.max_request_bytes = max_request_bytes
         self.temperature = temperature  # spec.task.temperature: what every training turn is sampled at
         self._session_key = session_key  # what POST /v1/sessions must carry (None: nothing)
+        self._hidden = frozenset(hidden_fields)  # never in a session's handed-out sample
         self._created = int(time.time())
         self._sock = socket.create_server((host, port), reuse_port=False)  # listening now: no start-up race
         # answers leave at once: without it Nagle holds a response's body behind its head until the client's
@@ -162,8 +167,9 @@ class AgentEndpoint:
                                            "its staleness bound admits new groups; retry shortly",
                                            type_="rate_limit_error", code="no_session_waiting"), {"Retry-After": "1"})
             self.count("sessions_claimed")
+            shown = {k: v for k, v in s.sample.items() if k not in self._hidden}  # the answer stays here
             return JSONResponse({"id": s.id, "api_key": s.key, "base_url": self.base_url, "model": self.model,
-                                 "sample": s.sample})
+                                 "sample": shown})
 
         async def reward(request: Request) -> JSONResponse:
             sid = str(request.path_params["sid"])

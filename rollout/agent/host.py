@@ -16,9 +16,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from asyncrl.api.constants import AGENT_ADVERTISE_ENV, AGENT_BIND_ENV, AGENT_SESSION_KEY_ENV
+from asyncrl.api.constants import AGENT_ADVERTISE_ENV, AGENT_BIND_ENV
 from asyncrl.rollout.agent.endpoint import AgentEndpoint
 from asyncrl.rollout.agent.environment import AgentAdapter, AgentEnvironment
+from asyncrl.rollout.agent.keys import session_key
 from asyncrl.rollout.agent.runner import AgentRunner
 from asyncrl.rollout.envs.binding import AgentTask
 from asyncrl.rollout.envs.interface import Sample
@@ -85,12 +86,16 @@ class AgentHost:
               name: str = "agent", temperature: float = 1.0, agent_path: str = "",
               python_path: Sequence[str] = ()) -> "AgentHost":
         """The endpoint and, for an agent function (``agent_path``: ``spec.task.agent``), its runner process, which
-        imports the function by that name (:class:`AgentLoadError`, naming ``spec.task.agent``, when it cannot)."""
+        imports the function by that name (:class:`AgentLoadError`, naming ``spec.task.agent``, when it cannot).
+        An external agent's session key is read and checked first (:func:`~asyncrl.rollout.agent.keys.session_key`:
+        :class:`~asyncrl.rollout.agent.keys.SessionKeyError` before anything listens)."""
         host, port = bind_address(worker_index)
         limit = getattr(task.endpoint, "max_request_bytes", 4 * 1024 * 1024)
+        key = session_key(os.environ, external=task.fn is None, bind_host=host,
+                          key_from=getattr(task.endpoint, "session_key_from", None))  # before anything listens
         endpoint = AgentEndpoint(host=host, port=port, advertise=advertised(os.environ.get(AGENT_ADVERTISE_ENV)),
                                  model=model_name, max_request_bytes=limit, temperature=temperature,
-                                 session_key=os.environ.get(AGENT_SESSION_KEY_ENV) or None)
+                                 session_key=key, hidden_fields=task.hidden_fields)
         try:
             runner = AgentRunner(agent_path, python_path, timeout_s=timeout_s) if task.fn is not None else None
         except BaseException:

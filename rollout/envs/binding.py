@@ -41,6 +41,9 @@ class AgentTask:
     fn: Callable[..., Any] | None
     scorer: Callable[[str, dict[str, Any]], float] | None = None
     endpoint: Any = None  # spec.task.endpoint (api/agent.py AgentEndpointSpec)
+    hidden_fields: tuple[str, ...] = ()
+    """Fields of a sample never handed to an external harness (``POST /v1/sessions``): the dataset's
+    ``answerField``, which only the worker's scorer reads."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +160,9 @@ def _bind_agent(task: TaskSpec, workers: int, seed: int) -> TaskBinding:
     def no_env() -> TurnEnvironment:
         raise RuntimeError("an agent task's episodes are built by the rollout worker (rollout/agent/)")
 
+    answer = task.dataset.answer_field if task.dataset is not None else None
     return TaskBinding(task.label, samples, no_env, task.tool_call_format,
-                       agent=AgentTask(fn, scorer, task.endpoint))
+                       agent=AgentTask(fn, scorer, task.endpoint, hidden_fields=(answer,) if answer else ()))
 
 
 def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding:

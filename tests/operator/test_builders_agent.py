@@ -121,12 +121,12 @@ def test_the_agent_port_changes_nothing_else_of_the_rollout_pod() -> None:
         c = doc["spec"]["containers"][0]
         c["ports"] = [p for p in c["ports"] if p["name"] != "agent"]
         c["env"] = [e for e in c["env"] if e["name"] not in
-                    (C.AGENT_BIND_ENV, C.AGENT_ADVERTISE_ENV, agent_endpoint.POD_IP_ENV)]
+                    (C.AGENT_BIND_ENV, C.AGENT_ADVERTISE_ENV, agent_endpoint.POD_IP_ENV, C.AGENT_SESSION_KEY_ENV)]
     assert a == b
 
 
 def test_template_env_comes_after_the_endpoint_variables() -> None:
-    s = spec_of({"agent": "my_agent:run"}, rollout={"replicas": 1, "template": {"env": [{"name": "HOME_DIR",
+    s = spec_of({"agent": "external"}, rollout={"replicas": 1, "template": {"env": [{"name": "HOME_DIR",
                                                                                            "value": "/x"}]}})
     order = env_names(main_container(build(s), "j-rollout-0"))
     assert order.index(C.AGENT_ADVERTISE_ENV) < order.index("HOME_DIR")
@@ -283,7 +283,9 @@ def test_a_session_key_from_a_secret_reaches_the_rollout_pods_only_as_a_secret_r
         assert env[C.AGENT_SESSION_KEY_ENV] == {"name": "ASYNCRL_AGENT_SESSION_KEY",
                                                 "valueFrom": {"secretKeyRef": {"name": "harness", "key": "token"}}}
     assert C.AGENT_SESSION_KEY_ENV not in env_names(main_container(d, "j-driver-0"))
-    assert C.AGENT_SESSION_KEY_ENV not in env_names(main_container(build(agent()), "j-rollout-0"))
+    # without sessionKeyFrom the pods read the operator's Secret (tests/operator/test_agent_keys.py)
+    env = {e["name"]: e for e in main_container(build(agent()), "j-rollout-0")["env"]}
+    assert env[C.AGENT_SESSION_KEY_ENV]["valueFrom"] == {"secretKeyRef": {"name": "j-agent-key", "key": "key"}}
 
 
 # ---------------------------------------------------------------- status.agentEndpoint

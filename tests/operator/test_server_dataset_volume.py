@@ -60,7 +60,8 @@ def test_the_driver_pod_mounts_the_dataset_volume_and_its_token_only_in_the_side
 def test_the_relay_sends_the_summary_with_the_status_token_and_nothing_else(
         apiserver: ApiServer, jobs: Jobs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from asyncrl.trainer.driver.status.api import kubernetes_sender
-    from asyncrl.trainer.driver.status.relay import relay_sender, serve_in_thread
+    from asyncrl.trainer.driver.status.relay import register_driver
+    from asyncrl.trainer.driver.status.relay_server import serve_in_thread
 
     jobs.create()
     wait_for(lambda: apiserver.kubectl("get", "rolebinding", "job1-status", "-n", jobs.ns,
@@ -71,16 +72,22 @@ def test_the_relay_sends_the_summary_with_the_status_token_and_nothing_else(
     path = tmp_path / "status.sock"
     server, thread = serve_in_thread(path, kubernetes_sender("job1", jobs.ns))
     try:
-        relay_sender(path)(training_patch(TrainingSummary(policy_version=5, keep_ratio=0.5)))
+        send = register_driver(path)
+        send(training_patch(TrainingSummary(policy_version=5, keep_ratio=0.5)))
         wait_for(lambda: jobs.status().get("training", {}).get("policyVersion") == 5, message="the report landed")
         assert jobs.status()["training"]["keepPercent"] == 50.0
-        # what the token itself may do (patch any status field) the relay does not pass on
+        # what the token itself may do (patch any status field) the relay does not pass on, not even for the
+        # registered driver; and another process (no driver token) is refused before its summary is read
+        from asyncrl.trainer.driver.status.relay import RelayError
+
+        with pytest.raises(RelayError) as err:
+            send({"status": {"training": {"policyVersion": 6}, "phase": "Succeeded"}})
+        assert err.value.status == 400, err.value.reason
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(str(path))
-            body = {"status": {"training": {"policyVersion": 6}, "phase": "Succeeded"}}
-            conn.sendall(json.dumps(body).encode() + b"\n")
+            conn.sendall(json.dumps({"status": {"training": {"policyVersion": 999}}}).encode() + b"\n")
             answer = json.loads(conn.makefile("rb").readline())
-        assert answer["ok"] is False and answer["status"] == 400, answer
+        assert answer["ok"] is False and answer["status"] == 401, answer
         assert jobs.status()["training"]["policyVersion"] == 5 and jobs.phase() != "Succeeded"
     finally:
         server.shutdown()

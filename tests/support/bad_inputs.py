@@ -22,7 +22,7 @@ from typing import Any
 
 from asyncrl.api import kube_types as K
 from asyncrl.api import pod_security as P
-from asyncrl.api.agent import AGENT_WITH_ENVIRONMENT_MESSAGE
+from asyncrl.api.agent import AGENT_WITH_ENVIRONMENT_MESSAGE, IN_PROCESS_ENDPOINT_MESSAGE
 from asyncrl.api.correction import (
     AUDIT_EXACT_MESSAGE,
     AUDIT_FRACTION_UNUSED_MESSAGE,
@@ -340,6 +340,13 @@ BAD_INPUTS: list[BadInput] = [
              {"task": {"agent": "external", "endpoint": {"allowFrom": [
                  {"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {"matchLabels": {"app": "h"}}}]}}},
              "spec.task.endpoint.allowFrom[0]", "with ipBlock names no selector"),
+    # an in-process agent is served on loopback: peers and a session key would be accepted and then ignored
+    BadInput("agent-in-process-allow-from",
+             {"task": {"agent": "my_agent:run", "endpoint": {"allowFrom": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}}},
+             "spec.task.endpoint.allowFrom", IN_PROCESS_ENDPOINT_MESSAGE),
+    BadInput("agent-in-process-session-key",
+             {"task": {"agent": "my_agent:run", "endpoint": {"sessionKeyFrom": {"name": "k", "key": "key"}}}},
+             "spec.task.endpoint.sessionKeyFrom", IN_PROCESS_ENDPOINT_MESSAGE),
     BadInput("reward-not-an-import-path", {"task": {"dataset": {"path": "d.jsonl"}, "reward": "my_reward.score"}},
              "spec.task.reward", "", cli_message="is not an import path"),
     BadInput("reward-service-not-http", {"task": {"dataset": {"path": "d.jsonl"}, "rewardService": {"url": "r:8"}}},

@@ -3,7 +3,8 @@
 Before: the driver patched the job's status itself, with a token that also let it read the job and
 patch every status field. Now the token is in the sidecar, which takes a validated summary over a Unix
 socket and sends only ``{"status": {"training": ...}}``. On the real API server, with the
-``<job>-status`` token: ``tests/operator/test_server_dataset_volume.py``.
+``<job>-status`` token: ``tests/operator/test_server_dataset_volume.py``. That the relay takes the registered
+driver's reports only, and that one process cannot block it: ``tests/trainer/test_status_relay_hostile.py``.
 """
 
 import json
@@ -20,12 +21,14 @@ from asyncrl.trainer.driver.status.relay import (
     RateLimit,
     Relay,
     RelayError,
-    relay_sender,
-    serve_in_thread,
+    register_driver,
+    token_digest,
 )
+from asyncrl.trainer.driver.status.relay_server import serve_in_thread
 from asyncrl.trainer.driver.status.reporter import StatusReporter
 
 SUMMARY = TrainingSummary(policy_version=7, keep_ratio=0.25, reported_at="2026-12-01T00:00:00Z")
+TOKEN = "t" * 43  # the driver's registration token (secrets.token_urlsafe(32) is 43 characters)
 
 
 class Recorder:
@@ -42,12 +45,17 @@ class Recorder:
 
 
 def line(doc: Any) -> bytes:
-    return json.dumps(doc).encode() + b"\n"
+    """A request line of the registered driver (its token added to an object)."""
+    return json.dumps({"token": TOKEN, **doc} if isinstance(doc, dict) else doc).encode() + b"\n"
+
+
+def registered(send: Any, limit: RateLimit | None = None) -> Relay:
+    return Relay(send, limit, driver=token_digest(TOKEN))
 
 
 def test_a_summary_is_sent_as_the_training_patch_only() -> None:
     sent = Recorder()
-    relay = Relay(sent)
+    relay = registered(sent)
     assert relay.handle(line(training_patch(SUMMARY))) == {"ok": True}
     # keepPercent derived (25.0) as the driver's own patch would carry it
     assert sent.bodies == [{"status": {"training": {"policyVersion": 7, "keepRatio": 0.25, "keepPercent": 25.0,
@@ -62,18 +70,18 @@ def test_a_summary_is_sent_as_the_training_patch_only() -> None:
     ({"status": {"training": {"policyVersion": 1, "restarts": 0}}}, "status.training.restarts: Extra inputs"),
     ({"status": {"training": {"policyVersion": -1}}}, "status.training.policyVersion: Input should be greater"),
     ({"status": {"training": {"policyVersion": 1, "keepRatio": 3.0}}}, "status.training.keepRatio"),
-    ([1, 2], "status.training only"),
+    ([1, 2], "must be a JSON object"),
 ], ids=["other-status-field", "phase-only", "metadata", "unknown-training-field", "negative", "ratio-above-1",
         "not-an-object"])
 def test_anything_but_a_valid_summary_is_refused_and_nothing_is_sent(doc: Any, says: str) -> None:
     sent = Recorder()
-    answer = Relay(sent).handle(line(doc))
+    answer = registered(sent).handle(line(doc))
     assert answer["ok"] is False and answer["status"] == 400 and says in answer["reason"], answer
     assert sent.bodies == []
 
 
 def test_not_json_and_oversize_requests_are_refused() -> None:
-    relay = Relay(Recorder())
+    relay = registered(Recorder())
     assert "not JSON" in relay.handle(b"{nope\n")["reason"]
     big = b'{"status": {"training": {"policyVersion": 1, "lastCheckpoint": "' + b"x" * MAX_REQUEST_BYTES + b'"}}}\n'
     assert f"over {MAX_REQUEST_BYTES} bytes" in relay.handle(big)["reason"]
@@ -83,7 +91,7 @@ def test_not_json_and_oversize_requests_are_refused() -> None:
 def test_the_rate_limit_allows_a_burst_then_one_per_refill() -> None:
     now = [0.0]
     sent = Recorder()
-    relay = Relay(sent, RateLimit(burst=4, refill_s=5.0, clock=lambda: now[0]))
+    relay = registered(sent, RateLimit(burst=4, refill_s=5.0, clock=lambda: now[0]))
     answers = [relay.handle(line(training_patch(SUMMARY)))["ok"] for _ in range(5)]
     assert answers == [True, True, True, True, False] and len(sent.bodies) == 4
     now[0] = 4.9  # 0.98 of a token back: still none
@@ -98,7 +106,7 @@ def test_over_the_socket_a_report_arrives_and_an_api_error_comes_back_with_its_c
     server, thread = serve_in_thread(path, sent)
     try:
         assert path.stat().st_mode & 0o777 == 0o600  # the owner's only
-        reporter = StatusReporter(relay_sender(path))
+        reporter = StatusReporter(register_driver(path))
         assert reporter.flush() and reporter.sent == 1 and sent.bodies[0]["status"]["training"]["policyVersion"] == 0
         sent.error = ApiException(status=403, reason="Forbidden")
         assert not reporter.flush()
@@ -113,10 +121,12 @@ def test_over_the_socket_a_report_arrives_and_an_api_error_comes_back_with_its_c
 
 
 def test_a_missing_sidecar_is_a_counted_failure_that_names_it(tmp_path: Path) -> None:
-    send = relay_sender(tmp_path / "absent.sock")
+    from asyncrl.trainer.driver.status.relay import relay_sender
+
     with pytest.raises(RelayError) as err:
-        send(training_patch(SUMMARY))
+        register_driver(tmp_path / "absent.sock", wait_s=0.0)
     assert err.value.status is None and "the status sidecar does not answer on" in err.value.reason
+    send = relay_sender(tmp_path / "absent.sock", TOKEN)
     reporter = StatusReporter(send)
     assert not reporter.flush() and reporter.failures == 1
 
@@ -129,7 +139,7 @@ def test_a_restarted_sidecar_replaces_its_stale_socket(tmp_path: Path) -> None:
     sent = Recorder()
     server, thread = serve_in_thread(path, sent)
     try:
-        relay_sender(path)(training_patch(SUMMARY))
+        register_driver(path)(training_patch(SUMMARY))
         assert len(sent.bodies) == 1
     finally:
         server.shutdown()

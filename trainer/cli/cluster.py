@@ -288,6 +288,7 @@ class DriverOptions:
     wait_timeout_s: float = 900.0  # for the role pods to join
     report_status: bool = True
     metrics_port: int | None = None  # default spec.monitoring.port (tests: 0 = any free port)
+    status_sender: Any = None  # the driver pod: the relay's sender, registered before any user code ran
 
 
 def job_identity(job: AsyncRLJob, env: Mapping[str, str]) -> tuple[str, str]:
@@ -329,15 +330,15 @@ def _terminate_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def _reporter(job: AsyncRLJob, enabled: bool) -> Any:
+def _reporter(job: AsyncRLJob, enabled: bool, relay: Any = None) -> Any:
     from asyncrl.trainer.driver.status.reporter import StatusReporter, kubernetes_sender
 
     if not enabled:
         return None
-    if relay := os.environ.get(C.ENV_STATUS_RELAY):  # the driver pod: its status sidecar holds the token
-        from asyncrl.trainer.driver.status.relay import relay_sender
-
-        return StatusReporter(relay_sender(relay))
+    if relay is not None:  # the driver pod: its status sidecar holds the token, and took this process's token
+        return StatusReporter(relay)
+    if os.environ.get(C.ENV_STATUS_RELAY):  # the registration failed (asyncrl driver logged why)
+        return None
     name, namespace = job_identity(job, os.environ)
     try:
         return StatusReporter(kubernetes_sender(name, namespace))
@@ -366,7 +367,7 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
             print(f"asyncrl driver --local: {problem}", file=sys.stderr)
             return 2
     required = required_roles(spec)
-    reporter = _reporter(job, options.report_status)
+    reporter = _reporter(job, options.report_status, options.status_sender)
     run_dir = options.run_dir or default_run_dir(job, os.environ)
     ckpt = checkpoint_root(job, os.environ)  # the spec stays as validated: the run resolves its dir there
     ray_ctx = private_ray(required, max(1, os.cpu_count() or 1)) if options.local else ray_head()

@@ -130,6 +130,51 @@ def _task_refused(spec, source: str) -> bool:  # spec: AsyncRLJobSpec
     return False
 
 
+def _register_with_relay():  # -> Sender | None
+    """In the driver pod (``$ASYNCRL_STATUS_RELAY`` set): register this process with its ``status`` sidecar, so
+    that the relay takes this process's reports only (``trainer/driver/status/relay.py``); None elsewhere, or when
+    the sidecar does not answer or refuses (logged: training goes on without status reports)."""
+    import logging
+    import os
+
+    from asyncrl.api.constants import ENV_STATUS_RELAY
+
+    path = os.environ.get(ENV_STATUS_RELAY)
+    if not path:
+        return None
+    from asyncrl.trainer.driver.status.relay import RelayError, register_driver
+
+    try:
+        return register_driver(path)
+    except RelayError as exc:
+        logging.getLogger("asyncrl.driver").error(
+            "status reports are off: the status sidecar refused or did not answer the registration (%s %s)",
+            exc.status or "", exc.reason)
+        return None
+
+
+def _agent_key_refused(spec, source: str) -> bool:  # spec: AsyncRLJobSpec
+    """An external agent's session key as the workers will read it (``asyncrl.rollout.agent.keys``): an empty or
+    whitespace-padded ``$ASYNCRL_AGENT_SESSION_KEY``, ``sessionKeyFrom`` without it, or a non-loopback bind without
+    a key is printed, True; checked here so that the run stops before Ray, not in every worker."""
+    import os
+
+    from asyncrl.api.agent import EXTERNAL
+
+    if spec.task.agent != EXTERNAL:
+        return False
+    from asyncrl.rollout.agent.host import bind_address
+    from asyncrl.rollout.agent.keys import SessionKeyError, session_key
+
+    try:
+        session_key(os.environ, external=True, bind_host=bind_address(0)[0],
+                    key_from=spec.task.endpoint.session_key_from)
+    except (SessionKeyError, ValueError) as exc:
+        print(f"{source}: {exc}", file=sys.stderr)
+        return True
+    return False
+
+
 def _cmd_status_relay(args: argparse.Namespace) -> int:
     """The driver pod's ``status`` sidecar: the only holder of the <job>-status token (trainer/driver/status/relay.py)."""
     import logging
@@ -137,7 +182,7 @@ def _cmd_status_relay(args: argparse.Namespace) -> int:
 
     from asyncrl.api.constants import ENV_JOB_NAME, ENV_JOB_NAMESPACE
     from asyncrl.trainer.driver.status.api import kubernetes_sender
-    from asyncrl.trainer.driver.status.relay import serve
+    from asyncrl.trainer.driver.status.relay_server import serve
 
     name, namespace = os.environ.get(ENV_JOB_NAME), os.environ.get(ENV_JOB_NAMESPACE)
     if not name or not namespace:
@@ -170,7 +215,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     if job.spec.model.weights is not None and _model_folder_refused(job.spec.model, source):
         return 2  # before Ray starts: the workers would fail one by one
-    if _task_refused(job.spec, source):
+    if _task_refused(job.spec, source) or _agent_key_refused(job.spec, source):
         return 2
     if job.spec.rollout.engine == "vllm":  # before Ray starts: every rollout worker would fail on it
         from asyncrl.rollout.vllm_process import VLLMUnavailableError, vllm_python
@@ -214,17 +259,21 @@ def _cmd_driver(args: argparse.Namespace) -> int:
     model = jobs[0].spec.model  # a model folder mounted here: refused (permanent) before any pod trains
     if model.weights is not None and _model_folder_refused(model, args.spec, must_exist=False):
         return 2
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    relay = None if args.no_status else _register_with_relay()  # before any user code runs (the task check)
     if _task_refused(jobs[0].spec, args.spec):
         return 2
-    import logging
+    if args.local and _agent_key_refused(jobs[0].spec, args.spec):  # in a pod the key is the rollout pods' only
+        return 2
     from pathlib import Path
 
     from asyncrl.trainer.cli.cluster import DriverOptions, run_driver
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = DriverOptions(run_dir=Path(args.run_dir) if args.run_dir else None, local=args.local,
                             wait_timeout_s=args.wait_timeout, report_status=not args.no_status,
-                            metrics_port=args.port)
+                            metrics_port=args.port, status_sender=relay)
     return run_driver(jobs[0], options)
 
 

@@ -1,7 +1,7 @@
 """The driver's one call to the Kubernetes API: the ``status.training`` merge patch, and what its failures mean.
 
 Light on purpose (the kubernetes client and :mod:`asyncrl.api`, no torch): the driver pod's ``status``
-sidecar (:mod:`.status_relay`) runs it with the ``<job>-status`` token; a driver outside a cluster
+sidecar (:mod:`.relay_server`) runs it with the ``<job>-status`` token; a driver outside a cluster
 runs it with its kubeconfig.
 """
 
