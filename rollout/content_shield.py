@@ -9,11 +9,13 @@ assistant turn inside one forced observation. :class:`ContentShield` keeps conte
    messages and tool schemas (values and keys, nested) by a placeholder of private-use characters with a random
    nonce, which no template changes and no one can guess;
 2. after rendering, every special string left in the text is the template's own. :meth:`~ContentShield.encode`
-   encodes the text between them with special-token parsing off (the placeholders put back first), and each marker
-   as its id.
+   encodes each marker as its id and the text between two markers that holds a placeholder with special-token
+   parsing off (the placeholders put back first); the rest as the template's text, as before.
 
-Text whose content held no special string is encoded as before, in one call: the same ids, bit for bit. Non-special
-added tokens (``<tool_call>`` in Qwen's vocabulary, the character tokenizers' tags such as ``<res>``) stay single
+Text whose content held no special string is encoded as before, in one call: the same ids, bit for bit. A
+SentencePiece tokenizer whose pre-tokenizer marks only the text's first word (``Metaspace``, ``prepend_scheme=
+"first"``: Mistral's) also marks the first word of such a stretch of content, which it would not after a marker
+(encoded apart, the stretch is a text of its own). Non-special added tokens (``<tool_call>`` in Qwen's vocabulary, the character tokenizers' tags such as ``<res>``) stay single
 ids in content too, as the tokenizer's own encoder has them; only special tokens are markers.
 """
 
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private use: no template or tokenizer gives them a meaning
+_PLACEHOLDER = f"({_OPEN}[0-9a-f]+:[0-9]+{_CLOSE})"
 
 
 class MarkedTokenizer(Protocol):
@@ -70,25 +73,26 @@ class ContentShield:
         return out
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text`` rendered from this shield's data: its special strings as marker ids, the rest (content,
-        placeholders restored) with special-token parsing off. Raises ``ValueError`` if the template altered a
-        placeholder (it would otherwise reach the model as text)."""
+        """Ids of ``text`` rendered from this shield's data: the special strings the template wrote as marker ids,
+        the content that typed one (the text between two such markers) with special-token parsing off, placeholders
+        restored. Raises ``ValueError`` if the template altered a placeholder (it would reach the model as text)."""
         if not self.replaced or self._find is None:
             return self._tok.encode(text)  # no special string in the content: the template's text as it was
-        out: list[int] = []
-        pos = 0
-        for m in self._find.finditer(text):
-            out += self._text(text[pos:m.start()])
-            out.append(self._ids[m.group(0)])
-            pos = m.end()
-        return out + self._text(text[pos:])
-
-    def _text(self, piece: str) -> list[int]:
-        if not piece:
-            return []
-        for p, s in self._original.items():
-            piece = piece.replace(p, s)
-        if self._nonce in piece:
+        if self._nonce in "".join(self._original.get(p, p) for p in re.split(_PLACEHOLDER, text)).lower():
             raise ValueError("the chat template changed a special token's placeholder in the content; render content "
                              "unchanged (no filters on message contents or tool schemas other than tojson/trim)")
-        return self._tok.encode(piece, special=False)
+        out: list[int] = []
+        clean = 0  # text[clean:start] holds no placeholder: encoded as the template's text, in one call
+        start = 0
+        for m in [*self._find.finditer(text), None]:
+            end = len(text) if m is None else m.start()
+            if self._nonce in text[start:end]:  # content that typed a special string, between two markers
+                out += self._tok.encode(text[clean:start]) if clean < start else []
+                out += self._tok.encode(self._restore(text[start:end]), special=False)
+                clean = end
+            if m is not None:
+                start = m.end()
+        return out + (self._tok.encode(text[clean:]) if clean < len(text) else [])
+
+    def _restore(self, piece: str) -> str:
+        return re.sub(_PLACEHOLDER, lambda m: self._original.get(m.group(0), m.group(0)), piece)

@@ -13,7 +13,7 @@
 a SentencePiece space after them survives: both decodes start at the same token), and keeps back the text of a
 token whose decode still ends in U+FFFD (an incomplete character the next token may complete). What it makes
 final, token by token, concatenates to ``tokenizer.decode(all tokens)``; :attr:`~IncrementalDetokenizer.text`
-is exactly that decode at every step (the final text plus the provisional tail).
+(the final text plus the provisional tail) is that decode at every step, where it ends in a whole character.
 
 Cost: each token decodes the window (the last two final chunks and the held-back tokens), a few tokens for real
 text, whatever the sequence's length. A run of tokens that keep the text ending in U+FFFD (invalid bytes; a
@@ -21,9 +21,11 @@ character needs at most 4 byte tokens) is cut once it holds :data:`MAX_HELD` tok
 where the text splits cleanly, so the window stays bounded there too (``bench/detokenize.py`` measures it).
 
 Exact for any sequence of a byte-level BPE (UTF-8 decoding with replacement restarts at a clean split, whatever
-follows), and for any tokenizer on text whose characters are whole. One case no streaming decoder can match: the
-``tokenizers`` library's SentencePiece ``ByteFallback`` turns a whole run of byte tokens into U+FFFD when any byte
-of it is invalid, characters decoded earlier in the run included; those stay as they were made final.
+follows: ``text`` is the decode after every token), and for any tokenizer on text whose characters are whole. One
+case no streaming decoder can match: the ``tokenizers`` library's SentencePiece ``ByteFallback`` shows a whole run
+of byte tokens as U+FFFD while any byte of it is invalid or incomplete, characters decoded earlier in the run
+included (``"\n"`` then the first byte of ``→``: two U+FFFD); what was made final stays, so ``text`` reads ``"\n"``
+then one U+FFFD there, and the increments differ from the decode only where a run holds an invalid byte.
 """
 
 from collections.abc import Iterable
