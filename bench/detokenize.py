@@ -32,7 +32,8 @@ def smollm2_tokenizer() -> HFTokenizer:
     from asyncrl.rollout.smollm import smollm2_gguf
 
     path = smollm2_gguf()
-    return HFTokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), "smollm2")
+    return HFTokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False),
+                       "smollm2")
 
 
 def turn_ids(tok: HFTokenizer, n: int) -> list[int]:
