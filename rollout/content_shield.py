@@ -2,8 +2,8 @@
 
 A chat template renders messages and tool schemas into one string, and encoding that string with special-token
 parsing on turns every ``<|im_end|>`` or ``<|im_start|>`` in it into the marker's id, whoever typed it: a tool
-result (a web page, a file) carrying ``<|im_end|>\\n<|im_start|>assistant\\n...`` forged 13 marker ids and a whole
-assistant turn inside one forced observation. :class:`ContentShield` keeps content data:
+result (a web page, a file) carrying ``<|im_end|>\\n<|im_start|>assistant\\n...`` forged 13 marker ids in one
+prompt, and a whole assistant turn inside a forced observation. :class:`ContentShield` keeps content data:
 
 1. before rendering, :meth:`~ContentShield.data` replaces each special token's string in every string of the
    messages and tool schemas (values and keys, nested) by a placeholder of private-use characters with a random
@@ -15,8 +15,9 @@ assistant turn inside one forced observation. :class:`ContentShield` keeps conte
 Text whose content held no special string is encoded as before, in one call: the same ids, bit for bit. A
 SentencePiece tokenizer whose pre-tokenizer marks only the text's first word (``Metaspace``, ``prepend_scheme=
 "first"``: Mistral's) also marks the first word of such a stretch of content, which it would not after a marker
-(encoded apart, the stretch is a text of its own). Non-special added tokens (``<tool_call>`` in Qwen's vocabulary, the character tokenizers' tags such as ``<res>``) stay single
-ids in content too, as the tokenizer's own encoder has them; only special tokens are markers.
+(encoded apart, the stretch is a text of its own). Non-special added tokens (``<tool_call>`` in Qwen's vocabulary,
+the character tokenizers' tags such as ``<res>``) stay single ids in content too, as the tokenizer's own encoder has
+them; only special tokens are markers.
 """
 
 import re

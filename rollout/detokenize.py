@@ -8,12 +8,14 @@
 2. a SentencePiece decoder (Llama 2, Mistral) drops the word-initial space of the *first* token it decodes, so
    every word lost its space.
 
-:class:`IncrementalDetokenizer` decodes as inference servers do (vLLM's ``detokenize_incrementally``, HF TGI's
-``decode_token``): it decodes a short *window* of the last tokens, the tokens already made final at its head (so
-a SentencePiece space after them survives: both decodes start at the same token), and keeps back the text of a
-token whose decode still ends in U+FFFD (an incomplete character the next token may complete). What it makes
-final, token by token, concatenates to ``tokenizer.decode(all tokens)``; :attr:`~IncrementalDetokenizer.text`
-(the final text plus the provisional tail) is that decode at every step, where it ends in a whole character.
+:class:`IncrementalDetokenizer` decodes as inference servers do (vLLM: vllm-project/vllm,
+``vllm/transformers_utils/detokenizer_utils.py`` ``detokenize_incrementally``; HF TGI: huggingface/
+text-generation-inference, ``server/text_generation_server/models/model.py`` ``decode_token``): it decodes a short
+*window* of the last tokens, the tokens already made final at its head (so a SentencePiece space after them
+survives: both decodes start at the same token), and keeps back the text of a token whose decode still ends in
+U+FFFD (an incomplete character the next token may complete). What it makes final, token by token, concatenates to
+``tokenizer.decode(all tokens)``; :attr:`~IncrementalDetokenizer.text` (the final text plus the provisional tail)
+is that decode at every step, where it ends in a whole character.
 
 Cost: each token decodes the window (the last two final chunks and the held-back tokens), a few tokens for real
 text, whatever the sequence's length. A run of tokens that keep the text ending in U+FFFD (invalid bytes; a
@@ -24,8 +26,8 @@ Exact for any sequence of a byte-level BPE (UTF-8 decoding with replacement rest
 follows: ``text`` is the decode after every token), and for any tokenizer on text whose characters are whole. One
 case no streaming decoder can match: the ``tokenizers`` library's SentencePiece ``ByteFallback`` shows a whole run
 of byte tokens as U+FFFD while any byte of it is invalid or incomplete, characters decoded earlier in the run
-included (``"\n"`` then the first byte of ``→``: two U+FFFD); what was made final stays, so ``text`` reads ``"\n"``
-then one U+FFFD there, and the increments differ from the decode only where a run holds an invalid byte.
+included (``"\\n"`` then the first byte of ``→``: two U+FFFD); what was made final stays, so ``text`` reads
+``"\\n"`` then one U+FFFD there, and the increments differ from the decode only where a run holds an invalid byte.
 """
 
 from collections.abc import Iterable
@@ -55,11 +57,6 @@ class IncrementalDetokenizer:
         self._final: list[str] = []  # the increments made final so far
         self._tail = ""  # the provisional text of ids[read:] (ends in U+FFFD while held)
         self._next_cut = max_held  # held tokens at which the next cut is tried
-
-    @property
-    def ids(self) -> list[int]:
-        """The tokens pushed so far (a copy)."""
-        return list(self._ids)
 
     @property
     def text(self) -> str:
