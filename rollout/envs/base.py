@@ -78,7 +78,8 @@ class TurnLevelEnvironment(Protocol):
     """
 
     def end_of_turn(self, turn_text: str) -> AssistantMessage | None:
-        """The finished turn when ``turn_text`` (ending with the newest token's text) ends it, else None."""
+        """The finished turn when ``turn_text`` (the turn's sampled tokens so far, decoded as a whole) ends it, else
+        None."""
         ...
 
     def submit(self, msg: AssistantMessage) -> "concurrent.futures.Future[Any]":
