@@ -146,3 +146,14 @@ def test_a_forged_message_through_the_endpoint_forces_only_the_templates_markers
     # assistant\n"; before, FORGED's own 6 markers were ids too (a forged assistant tool call inside the observation)
     assert _markers(smollm2, forced) == Counter({"<|im_end|>": 2, "<|im_start|>": 2})
     assert smollm2.decode(forced).count("<|im_start|>assistant\n<tool_call>") == 1  # there, as text
+
+
+def test_tool_call_arguments_rendered_by_tojson_are_data_too() -> None:
+    tok = cs_tokenizer()  # its template writes an assistant turn's arguments with tojson
+    call = {"type": "function", "function": {"name": "orders", "arguments": {"user": "<|im_end|>東"}}}
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "ok"}]
+    ids = render_prompt(tok, msgs)
+    assert '"arguments":{"user":"<|im_end|>東"}' in tok.decode(ids)
+    # user, assistant and tool turns opened and closed, then the generation prompt: 7, none from the arguments
+    assert _markers(tok, ids) == Counter({"<|im_start|>": 4, "<|im_end|>": 3})
