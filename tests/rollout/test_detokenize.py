@@ -189,3 +189,12 @@ def test_an_episode_and_its_rescore_read_the_same_turn_texts(smollm2: HFTokenize
     again.reset(random.Random(0))
     rescore(again, e.tokens, e.loss_mask, e.prompt_len)  # raises if a forced token differs
     assert again.texts == env.texts and len(env.texts) == len(ids)
+
+
+def test_the_character_tokenizers_decode_each_token_alone() -> None:
+    from asyncrl.rollout.envs.charset import TEXT_TOKENIZER
+    from asyncrl.rollout.tokenizer import TOKENIZER
+
+    for tok in (TOKENIZER, TEXT_TOKENIZER):  # whole pieces: the exact text per token, without a window
+        ids = tok.encode("<calc>12*34</calc><res>408</res><ans>408</ans>")
+        assert increments(tok, ids) == [tok.decode([i]) for i in ids]
