@@ -12,17 +12,15 @@ prompt, and a whole assistant turn inside a forced observation. :class:`ContentS
    encodes each marker as its id and the text between two markers that holds a placeholder with special-token
    parsing off (the placeholders put back first); the rest as the template's text, as before.
 
-Text whose content held no special string is encoded as before, in one call: the same ids, bit for bit. A
-SentencePiece tokenizer whose pre-tokenizer marks only the text's first word (``Metaspace``, ``prepend_scheme=
-"first"``: Mistral's) also marks the first word of such a stretch of content, which it would not after a marker
-(encoded apart, the stretch is a text of its own). Non-special added tokens (``<tool_call>`` in Qwen's vocabulary,
-the character tokenizers' tags such as ``<res>``) stay single ids in content too, as the tokenizer's own encoder has
-them; only special tokens are markers.
+Text whose content held no special string is encoded as before, in one call: the same ids, bit for bit; a stretch of
+content that typed one is encoded as the tokenizer encodes text after a marker (:meth:`ContentShield._after`).
+Non-special added tokens (``<tool_call>`` in Qwen's vocabulary, the character tokenizers' tags such as ``<res>``)
+stay single ids in content too, as the tokenizer's own encoder has them; only special tokens are markers.
 """
 
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 _OPEN, _CLOSE = "\ue000", "\ue001"  # private use: no template or tokenizer gives them a meaning
@@ -36,6 +34,8 @@ class MarkedTokenizer(Protocol):
     def special_tokens(self) -> Mapping[str, int]: ...
 
     def encode(self, text: str, *, bos: bool = False, special: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str: ...
 
 
 class ContentShield:
@@ -55,6 +55,7 @@ class ContentShield:
         self._original = {p: s for s, p in self._placeholder.items()}
         self._nonce = nonce
         self.replaced = 0  # special strings found in content so far
+        self._marks_first: dict[str, bool] = {}  # marker -> does text after it encode unlike a text of its own
 
     def data(self, value: Any) -> Any:
         """``value`` (messages, tool schemas: JSON-like) with every special string in its strings replaced."""
@@ -84,16 +85,37 @@ class ContentShield:
                              "unchanged (no filters on message contents or tool schemas other than tojson/trim)")
         out: list[int] = []
         clean = 0  # text[clean:start] holds no placeholder: encoded as the template's text, in one call
-        start = 0
+        start, marker = 0, None  # the stretch after the last marker, and that marker
         for m in [*self._find.finditer(text), None]:
             end = len(text) if m is None else m.start()
             if self._nonce in text[start:end]:  # content that typed a special string, between two markers
                 out += self._tok.encode(text[clean:start]) if clean < start else []
-                out += self._tok.encode(self._restore(text[start:end]), special=False)
+                out += self._after(marker, self._restore(text[start:end]))
                 clean = end
             if m is not None:
-                start = m.end()
+                start, marker = m.end(), m.group(0)
         return out + (self._tok.encode(text[clean:]) if clean < len(text) else [])
 
     def _restore(self, piece: str) -> str:
         return re.sub(_PLACEHOLDER, lambda m: self._original.get(m.group(0), m.group(0)), piece)
+
+    def _after(self, marker: str | None, stretch: str) -> list[int]:
+        """Ids of ``stretch`` as data, as the tokenizer encodes text that follows ``marker``.
+
+        Most tokenizers encode text after a marker as a text of its own. One whose pre-tokenizer marks only the
+        text's first word (SentencePiece ``Metaspace``, ``prepend_scheme="first"``: Mistral's) does not mark it
+        there; probed once per marker (``a`` after it vs alone), such a stretch is encoded after the marker's
+        own text and those ids dropped, when that splits cleanly (checked by decoding)."""
+        tok = self._tok
+        alone = tok.encode(stretch, special=False)
+        if marker is None:
+            return alone
+        if marker not in self._marks_first:
+            self._marks_first[marker] = tok.encode(marker + "a")[1:] != tok.encode("a", special=False)
+        if not self._marks_first[marker]:
+            return alone
+        head = tok.encode(marker, special=False)
+        joined = tok.encode(marker + stretch, special=False)
+        if joined[:len(head)] == head and tok.decode(joined) == tok.decode(head) + stretch:
+            return joined[len(head):]
+        return alone

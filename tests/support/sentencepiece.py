@@ -6,6 +6,10 @@ trained on a tiny corpus, with byte fallback (``<0x00>`` .. ``<0xFF>``, ids 3..2
 then one leading space stripped. That last step is why ``decode([token])`` loses each word's space, and the byte
 fallback is why it spells ``東`` as three tokens. Wrapped as a transformers ``PreTrainedTokenizerFast`` with a
 Llama-2-style chat template, behind :class:`~asyncrl.rollout.tokenizer.HFTokenizer`.
+
+``legacy=True`` marks words as Llama 2's first conversion did: a normalizer (``Prepend("▁")``, spaces to ``▁``) in
+place of the pre-tokenizer, run on each stretch of text between special tokens, so text after ``<s>`` is marked too
+(``Metaspace`` with ``prepend_scheme="first"`` marks only the text's first word).
 """
 
 import functools
@@ -23,10 +27,10 @@ CHAT_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=1)
-def sentencepiece_tokenizer() -> HFTokenizer:
+@functools.lru_cache(maxsize=2)
+def sentencepiece_tokenizer(legacy: bool = False) -> HFTokenizer:
     """The tokenizer (built once per process, ~0.1 s; the same ids every time)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     metaspace = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
@@ -39,11 +43,14 @@ def sentencepiece_tokenizer() -> HFTokenizer:
     vocab = {p: i for i, p in enumerate([*SPECIALS, *BYTES, *pieces])}
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learnt["merges"]]
     core = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
-    core.pre_tokenizer = metaspace
+    if legacy:
+        core.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    else:
+        core.pre_tokenizer = metaspace
     core.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                       decoders.Strip(" ", 1, 0)])
     core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
     hf = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                  clean_up_tokenization_spaces=False)
     hf.chat_template = CHAT_TEMPLATE
-    return HFTokenizer(hf, "sentencepiece-test")
+    return HFTokenizer(hf, "sentencepiece-legacy-test" if legacy else "sentencepiece-test")
