@@ -52,8 +52,9 @@ def test_multibyte_characters_split_over_byte_level_tokens_come_out_whole(smollm
     assert parts.count("") == 5  # 東 and 京 take 3 tokens each (2 held back), 🎉 takes 2 (1 held back)
 
 
-def test_sentencepiece_word_spaces_survive() -> None:
-    tok = sentencepiece_tokenizer()
+@pytest.mark.parametrize("legacy", [False, True], ids=["metaspace-first", "legacy-prepend"])
+def test_sentencepiece_word_spaces_survive(legacy: bool) -> None:
+    tok = sentencepiece_tokenizer(legacy)
     text = "hello world naïve café → 東京 🎉"
     ids = tok.encode(text)
     assert "".join(tok.decode([i]) for i in ids) == "helloworldnaïvecafé" + "\ufffd" * 13  # before
