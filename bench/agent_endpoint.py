@@ -20,9 +20,10 @@ of its own: module state set here does not reach it).
 
 The model never samples its end-of-turn token and always samples ``a`` (:func:`one_char_weights`: a residual
 dimension held constant feeds one logit), so every turn is exactly ``max_tokens`` long in every path; the
-environment class ends its turns with a stop string of 16 ``a`` s (it has no per-turn token limit) and forces the
-same end-of-turn token the endpoint forces after a turn cut at ``max_tokens``. Every path therefore samples and
-forces the same tokens (checked: the counts are equal), and a forward costs the same whatever it samples. Three
+environment class ends its turns with a stop string of 16 ``a`` s (it has no per-turn token limit) and forces one
+character where the endpoint forces the end-of-turn token after a turn cut at ``max_tokens`` (an environment's
+messages are data: it cannot write that id). Every path therefore samples and forces as many tokens (checked: the
+counts are equal), and a forward costs the same whatever it samples. Three
 models by default: ``h64`` (hidden 64, 2 layers: the endpoint's cost shows), ``h256`` (hidden 256, 4 layers, ~4x
 the engine time per token) and ``smollm2`` (SmolLM2-135M's transformer, hidden 576, 30 layers, 9 heads of which 3
 key/value, with the bench's small vocabulary: a real model's forward); ``--models h512`` (hidden 512, 4 layers) sits

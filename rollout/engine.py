@@ -119,8 +119,7 @@ def _apply(e: Episode, step: EnvStep) -> None:
         e.finish(TrajectoryStatus.FINISHED, step.reward, step.success, step.reason)
     elif step.tokens:
         e.forced.extend(step.tokens)
-        e.turn += 1
-        e.turn_text = ""
+        e.next_turn()
 
 
 def settle(e: Episode, max_new_tokens: int, *, wait: bool) -> bool:
@@ -159,8 +158,7 @@ def add_sampled_token(e: Episode, token: int, version: int, logp: float, max_new
     engine to :func:`settle` later (the transformers engine keeps decoding the other rows), True
     waits here. Any other environment (``step`` per token) answers inline.
     """
-    e.add_sampled(token, version, logp)
-    e.turn_text += e.env.tokenizer.decode([token])
+    e.add_sampled(token, version, logp)  # and into the turn's text (incrementally decoded: rollout/detokenize.py)
     env = e.turn_level
     if env is not None:
         msg = env.end_of_turn(e.turn_text)

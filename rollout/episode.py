@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.rollout.detokenize import IncrementalDetokenizer
 from asyncrl.rollout.envs.base import Environment, TurnLevelEnvironment, turn_level
 from asyncrl.rollout.envs.interface import AssistantMessage
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
@@ -36,7 +37,8 @@ class Episode:
     record: Trajectory
     forced: deque[int] = field(default_factory=deque)  # environment tokens still to feed
     turn: int = 0  # assistant turn index (environment answers seen so far)
-    turn_text: str = ""  # agent text of the current turn
+    # the current turn's sampled tokens as text, decoded incrementally (None until the turn's first token)
+    turn_decoder: IncrementalDetokenizer | None = None
     done: bool = False
     status: TrajectoryStatus = TrajectoryStatus.FINISHED
     reward: float = 0.0
@@ -106,6 +108,18 @@ class Episode:
         return self.env.task
 
     @property
+    def turn_text(self) -> str:
+        """``tokenizer.decode`` of the current turn's sampled tokens: what the environment reads after each one
+        (``rollout/detokenize.py``: never ``decode([token])`` appended per token, which garbles multibyte
+        characters and drops SentencePiece word spaces)."""
+        return "" if self.turn_decoder is None else self.turn_decoder.text
+
+    def next_turn(self) -> None:
+        """The environment answered: its tokens are queued, the next sampled token starts a new turn's text."""
+        self.turn += 1
+        self.turn_decoder = None
+
+    @property
     def new_tokens(self) -> int:
         """Tokens after the prompt (agent and environment)."""
         r = self.record  # read directly: asked several times per token (end_at_budget)
@@ -120,6 +134,9 @@ class Episode:
         r.turn_ids.append(self.turn)
         if r.logp_old is not None:
             r.logp_old.append(math.nan)
+        if self.turn_decoder is None:
+            self.turn_decoder = IncrementalDetokenizer(self.env.tokenizer)
+        self.turn_decoder.push(token)
 
     def add_forced(self, token: int) -> None:
         r = self.record

@@ -21,11 +21,12 @@ folder's Python code is never run and never prompts), and every chat-template re
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from asyncrl.rollout.content_shield import ContentShield
 from asyncrl.rollout.time_limit import TimeLimitError, call_within
 
 if TYPE_CHECKING:
@@ -60,12 +61,19 @@ class Tokenizer(Protocol):
     @property
     def eos_token(self) -> str: ...  # the text ``decode([eos_id])`` gives: an episode ends on it
 
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
-        """Ids of plain ``text`` (tool tags included as text); ``bos`` prepends the BOS id if any."""
+    @property
+    def special_tokens(self) -> Mapping[str, int]: ...  # the strings ``encode`` reads as special ids, and their ids
+
+    def encode(self, text: str, *, bos: bool = False, special: bool = True) -> list[int]:
+        """Ids of ``text``; ``bos`` prepends the BOS id if any. ``special``: a :attr:`special_tokens` string in
+        ``text`` becomes its id (a chat template's markers); False: it is text like any other (content from outside:
+        message contents, tool results, tool schemas; ``rollout/content_shield.py``)."""
         ...
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
-        """Text of ``ids``; ``decode([i])`` is the text token ``i`` appends (the engine's turn text)."""
+        """Text of ``ids``. ``decode([i])`` alone is not the text token ``i`` adds to a sequence (a multibyte
+        character spans tokens; SentencePiece drops the first token's word space): the engine's turn text is
+        decoded incrementally (``rollout/detokenize.py``)."""
         ...
 
     def chat_prompt(self, system: str, user: str, examples: Sequence[tuple[str, str]] = ()) -> list[int]:
@@ -80,7 +88,9 @@ class ToolTokenizer:
     """Maps text of the built-in tasks to ids and back.
 
     ``encode`` matches tags greedily before single characters; an unknown character raises a
-    ``ValueError`` that names it and lists the alphabet.
+    ``ValueError`` that names it and lists the alphabet. ``<pad>``, ``<bos>`` and ``<eos>`` are the special
+    tokens (``encode(special=False)`` reads them as characters); the tags are vocabulary, single ids in any
+    text, as a real tokenizer's added non-special tokens are (the math tasks' tools answer ``<res>..</res>``).
     """
 
     pieces: tuple[str, ...] = SPECIALS + TAGS + tuple(CHARS)
@@ -116,10 +126,15 @@ class ToolTokenizer:
     def eos_token(self) -> str:
         return EOS
 
+    @property
+    def special_tokens(self) -> Mapping[str, int]:
+        return {p: self._ids[p] for p in SPECIALS if p in self._ids}
+
     def chat_prompt(self, system: str, user: str, examples: Sequence[tuple[str, str]] = ()) -> list[int]:
-        """``<bos>`` + ``user``: the character alphabet cannot spell ``system`` (a tiny model learns the
-        protocol from demonstrations instead, not from ``examples`` in its short context)."""
-        return self.encode(user, bos=True)
+        """``<bos>`` + ``user`` (data: a ``<eos>`` typed in it is no end of turn): the character alphabet cannot
+        spell ``system`` (a tiny model learns the protocol from demonstrations instead, not from ``examples``
+        in its short context)."""
+        return self.encode(user, bos=True, special=False)
 
     def token_id(self, piece: str) -> int:
         """Id of one piece (a tag, a special token or a character)."""
@@ -130,15 +145,16 @@ class ToolTokenizer:
                 f"ToolTokenizer: {piece!r} is not a token; valid tokens: {list(self.pieces)}"
             ) from None
 
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
-        """Ids of ``text``; ``bos`` prepends ``<bos>``. Tags and ``<pad>``/``<bos>``/``<eos>`` are one id each."""
+    def encode(self, text: str, *, bos: bool = False, special: bool = True) -> list[int]:
+        """Ids of ``text``; ``bos`` prepends ``<bos>``. Tags are one id each, and so are ``<pad>``/``<bos>``/``<eos>``
+        when ``special`` (else they are characters, which this alphabet cannot spell)."""
         out = [self.bos_id] if bos else []
         i = 0
         while i < len(text):
             if text[i] == "<":
                 end = text.find(">", i)
                 piece = text[i : end + 1] if end >= 0 else ""
-                if piece in self._ids:
+                if piece in self._ids and (special or piece not in SPECIALS):
                     out.append(self._ids[piece])
                     i = end + 1
                     continue
@@ -196,6 +212,9 @@ class HFTokenizer:
         # SmolLM2 pads with its EOS; a tokenizer without a pad token gets the same (masked anyway)
         self._pad = int(hf.pad_token_id) if hf.pad_token_id is not None else self._eos
         self._bos = hf.bos_token_id
+        # the added tokens marked special: what split_special_tokens=True spells as text (non-special added
+        # tokens, e.g. Qwen's <tool_call>, stay single ids in any text, as the tokenizer itself has them)
+        self._special = {str(t.content): int(i) for i, t in hf.added_tokens_decoder.items() if t.special}
 
     @classmethod
     def from_folder(cls, folder: str | os.PathLike[str]) -> "HFTokenizer":
@@ -234,8 +253,12 @@ class HFTokenizer:
     def eos_token(self) -> str:
         return str(self.hf.eos_token)
 
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
-        ids = list(self.hf.encode(text, add_special_tokens=False))
+    @property
+    def special_tokens(self) -> Mapping[str, int]:
+        return self._special
+
+    def encode(self, text: str, *, bos: bool = False, special: bool = True) -> list[int]:
+        ids = list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=not special))
         return ([int(self._bos)] if bos and self._bos is not None else []) + ids
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
@@ -245,14 +268,16 @@ class HFTokenizer:
         return str(self.hf.decode(list(ids), skip_special_tokens=skip_special, clean_up_tokenization_spaces=False))
 
     def chat_prompt(self, system: str, user: str, examples: Sequence[tuple[str, str]] = ()) -> list[int]:
+        """The chat template's prompt; the texts are content (data: only the template's markers are special)."""
         if not self.hf.chat_template:
             shots = "".join(f"{q}\n{a}\n" for q, a in examples)
-            return self.encode(f"{system}\n{shots}{user}\n", bos=True)
+            return self.encode(f"{system}\n{shots}{user}\n", bos=True, special=False)
         msgs = [{"role": "system", "content": system}]
         for q, a in examples:
             msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         msgs.append({"role": "user", "content": user})
-        return self.encode(render_chat(self.hf, msgs, add_generation_prompt=True))
+        shield = ContentShield(self)
+        return shield.encode(render_chat(self.hf, shield.data(msgs), add_generation_prompt=True))
 
 
 def _load_hf_tokenizer(path: Path) -> Any:

@@ -176,8 +176,9 @@ def assistant_message(msg: AssistantMessage, call_ids: Sequence[str]) -> Message
 def completion(*, completion_id: str, model: str, msg: AssistantMessage, call_ids: Sequence[str],
                finish: FinishReason, prompt_tokens: int, completion_tokens: int) -> ChatCompletion:
     """The ``ChatCompletion`` of one sampled turn (``finish``: ``tool_calls`` when it called tools)."""
-    calls = [ChatCompletionMessageFunctionToolCall(
-        id=i, type="function", function=Function(name=c.name, arguments=json.dumps(dict(c.arguments))))
+    calls = [ChatCompletionMessageFunctionToolCall(  # arguments keep the model's characters, as OpenAI's API does
+        id=i, type="function", function=Function(name=c.name, arguments=json.dumps(dict(c.arguments),
+                                                                                   ensure_ascii=False)))
         for c, i in zip(msg.tool_calls, call_ids, strict=True)]
     message = ChatCompletionMessage(role="assistant", content=msg.content if (msg.content or not calls) else None,
                                     tool_calls=cast(Any, calls) or None)

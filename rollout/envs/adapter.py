@@ -121,8 +121,8 @@ class TurnAdapter:
 
     # ------------------------------------------------------------------ the turn-level split
     def end_of_turn(self, turn_text: str) -> AssistantMessage | None:
-        """The finished turn when ``turn_text`` (the turn so far, ending with the newest token's text)
-        ends at the end-of-turn token or contains a stop string; else None (the turn goes on)."""
+        """The finished turn when ``turn_text`` (the turn's sampled tokens so far, decoded as a whole) ends at
+        the end-of-turn token or contains a stop string; else None (the turn goes on)."""
         eos = self.tokenizer.eos_token
         if turn_text.endswith(eos):
             return self._message(turn_text[: -len(eos)], eos, eos=True)

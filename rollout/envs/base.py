@@ -2,7 +2,8 @@
 
 An episode is: prompt tokens (from :meth:`Environment.reset`), then agent turns. After every token
 the agent samples, the engine calls :meth:`Environment.step` with the text of the current assistant
-turn so far; the environment answers with tokens to force (a tool result: ``loss_mask`` False,
+turn so far: ``tokenizer.decode`` of the turn's sampled tokens, built incrementally
+(``rollout/detokenize.py``; :func:`replay` and :func:`rescore` build it the same way); the environment answers with tokens to force (a tool result: ``loss_mask`` False,
 ``version`` -1), and/or ends the episode with a reward. The turn text restarts after each forced
 observation, so ``turn_ids`` of sampled tokens count the environment answers seen before them.
 
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
+from asyncrl.rollout.detokenize import IncrementalDetokenizer
 from asyncrl.rollout.envs.conforms import conforms
 from asyncrl.rollout.envs.interface import AssistantMessage, Turn
 from asyncrl.rollout.tokenizer import Tokenizer
@@ -53,7 +55,8 @@ class Environment(Protocol):
         ...
 
     def step(self, turn_text: str) -> EnvStep:
-        """React to the agent's current turn after one more sampled token (``turn_text`` ends with it)."""
+        """React to the agent's current turn after one more sampled token: ``turn_text`` is
+        ``tokenizer.decode`` of the turn's sampled tokens (it ends in U+FFFD while a character is incomplete)."""
         ...
 
     def info(self) -> dict[str, Any]:
@@ -75,7 +78,8 @@ class TurnLevelEnvironment(Protocol):
     """
 
     def end_of_turn(self, turn_text: str) -> AssistantMessage | None:
-        """The finished turn when ``turn_text`` (ending with the newest token's text) ends it, else None."""
+        """The finished turn when ``turn_text`` (the turn's sampled tokens so far, decoded as a whole) ends it, else
+        None."""
         ...
 
     def submit(self, msg: AssistantMessage) -> "concurrent.futures.Future[Any]":
@@ -117,11 +121,12 @@ def replay(env: Environment, prompt: Sequence[int], agent_turns: Sequence[str]) 
     tokens, mask = list(prompt), [False] * len(prompt)
     for k, turn in enumerate(agent_turns):
         ids = tok.encode(turn)
-        text = ""
+        turn_text = IncrementalDetokenizer(tok)  # the turn's text, as the engine builds it (Episode.turn_text)
         for j, i in enumerate(ids):
             tokens.append(i)
             mask.append(True)
-            text += tok.decode([i])  # what the engine appends to the turn text
+            turn_text.push(i)
+            text = turn_text.text
             out = env.step(text)
             if out.done:
                 if j != len(ids) - 1:
@@ -147,7 +152,7 @@ def rescore(
     are the environment's own verdict, independent of whoever recorded the episode.
     """
     tok = env.tokenizer
-    text, expect = "", list[int]()
+    turn_text, expect = IncrementalDetokenizer(tok), list[int]()  # the turn's text, as the engine builds it
     out = EnvStep()
     for t in range(prompt_len, len(tokens)):
         if not loss_mask[t]:
@@ -160,14 +165,14 @@ def rescore(
             raise ValueError(
                 f"rescore: agent token at {t} while {env.task} still had {len(expect)} tokens to force"
             )
-        text += tok.decode([tokens[t]])
-        out = env.step(text)
+        turn_text.push(tokens[t])
+        out = env.step(turn_text.text)
         if out.done:
             if t != len(tokens) - 1:
                 raise ValueError(f"rescore: {env.task} ended the episode at token {t} of {len(tokens)}")
             break
         if out.tokens:
-            expect, text = list(out.tokens), ""
+            expect, turn_text = list(out.tokens), IncrementalDetokenizer(tok)
     return ScriptedEpisode(
         list(tokens), list(loss_mask), prompt_len, out.done, out.reward, out.success, out.reason
     )

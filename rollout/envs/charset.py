@@ -21,13 +21,14 @@ TEXT_CHARS: tuple[str, ...] = tuple(c for c in string.printable if c not in "\t\
 
 
 class TextTokenizer(ToolTokenizer):
-    """:class:`ToolTokenizer` over printable ASCII: a ``<`` that starts no tag is a character."""
+    """:class:`ToolTokenizer` over printable ASCII: a ``<`` that starts no tag is a character, and so is each
+    character of ``<pad>``, ``<bos>`` and ``<eos>`` in content (``encode(special=False)``)."""
 
     @property
     def name(self) -> str:
         return "char-text"
 
-    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+    def encode(self, text: str, *, bos: bool = False, special: bool = True) -> list[int]:
         ids = self._ids
         out = [self.bos_id] if bos else []
         i = 0
@@ -35,7 +36,7 @@ class TextTokenizer(ToolTokenizer):
             if text[i] == "<":
                 end = text.find(">", i)
                 piece = text[i : end + 1] if end >= 0 else ""
-                if len(piece) > 1 and piece in ids:
+                if len(piece) > 1 and piece in ids and (special or piece not in SPECIALS):
                     out.append(ids[piece])
                     i = end + 1
                     continue
@@ -51,7 +52,7 @@ class TextTokenizer(ToolTokenizer):
         return out
 
     def chat_prompt(self, system: str, user: str, examples: Sequence[tuple[str, str]] = ()) -> list[int]:
-        return self.encode(user, bos=True)
+        return self.encode(user, bos=True, special=False)
 
 
 TEXT_TOKENIZER = TextTokenizer(pieces=SPECIALS + TAGS + TOOL_TAGS + TEXT_CHARS)

@@ -14,12 +14,17 @@ Two renderings, chosen by the tokenizer:
 
 An observation after a turn that ended at a stop string of the environment (``Reset.stop``) is forced
 *inline*, as plain content that continues the assistant's text (the built-in math tasks' format).
+
+Content is data: message contents, tool results and tool schemas are encoded with special-token parsing off
+(``rollout/content_shield.py``), so only the template's own markers are special tokens; a tool result that types
+``<|im_end|>`` or ``<eos>`` cannot end a turn or forge one.
 """
 
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from asyncrl.rollout.content_shield import ContentShield
 from asyncrl.rollout.envs.interface import Message
 from asyncrl.rollout.tokenizer import Tokenizer, render_chat
 
@@ -46,7 +51,7 @@ def _plain_prompt(tokenizer: Tokenizer, messages: Sequence[Message]) -> list[int
     if shaped:
         examples = [(pairs[i]["content"], pairs[i + 1]["content"]) for i in range(0, len(pairs), 2)]
         return tokenizer.chat_prompt(system, rest[-1]["content"], examples)
-    return tokenizer.encode("".join(m["content"] for m in rest), bos=True)
+    return tokenizer.encode("".join(m["content"] for m in rest), bos=True, special=False)
 
 
 def tool_messages(tokenizer: Tokenizer, messages: Sequence[Message],
@@ -77,7 +82,8 @@ def render_prompt(tokenizer: Tokenizer, messages: Sequence[Message],
     hf = _template(tokenizer)
     if hf is None:
         return _plain_prompt(tokenizer, messages)
-    return tokenizer.encode(_apply(hf, messages, tools, True))
+    shield = ContentShield(tokenizer)
+    return shield.encode(_apply(hf, shield.data(messages), shield.data(tools), True))
 
 
 def render_observation(
@@ -97,7 +103,9 @@ def render_observation(
     plain = "".join(m["content"] for m in observation)
     hf = None if inline else _template(tokenizer)
     if hf is None:
-        return tokenizer.encode(plain)
+        return tokenizer.encode(plain, special=False)
+    shield = ContentShield(tokenizer)
+    history, observation, tools = shield.data(history), shield.data(observation), shield.data(tools)
     before = _apply(hf, history, tools, False)
     after = _apply(hf, [*history, *observation], tools, True)
     if not after.startswith(before):
@@ -108,4 +116,4 @@ def render_observation(
     eos = tokenizer.eos_token
     cut = before.rfind(eos)
     tail = before[cut + len(eos):] if cut >= 0 else ""  # e.g. the "\n" after <|im_end|>
-    return tokenizer.encode(tail + after[len(before):])
+    return shield.encode(tail + after[len(before):])

@@ -9,8 +9,9 @@ assistant turns of exactly ``max_tokens`` sampled tokens, each but the last answ
 - the agent asks ``max_tokens`` per request and every turn ends there (``finish_reason: length``); the endpoint
   then forces the end-of-turn token and the follow-up;
 - the environment class, which has no per-turn token limit, ends the turn with a stop string of ``max_tokens``
-  :data:`FILL` s and writes the same end-of-turn token (``<eos>``) in front of its follow-up, so both
-  trajectories hold the same tokens, sampled and forced.
+  :data:`FILL` s and writes one character (:data:`TURN_END_STAND_IN`) in front of its follow-up where the endpoint
+  forces its end-of-turn token, so both trajectories hold as many tokens, sampled and forced. (An environment's
+  messages are data: ``<eos>`` typed there is five characters, not the end-of-turn id.)
 
 What each side saw is kept here, read and cleared by the bench between ``generate`` calls: the agent's request
 latencies (:data:`LATENCIES`, the client's time from request to response) and the environment's turn gaps
@@ -24,7 +25,7 @@ from typing import Any
 from asyncrl.rollout.envs.interface import AssistantMessage, Reset, Turn
 
 FILL = "a"  # the one character the bench's model samples
-EOS_TEXT = "<eos>"  # the character tokenizer's end-of-turn token, as text its encoder reads as that one id
+TURN_END_STAND_IN = "\n"  # one token, where the endpoint forces the end-of-turn id (content cannot write that id)
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
                                             "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
                                                            "required": ["q"]}}}]
@@ -98,4 +99,4 @@ class Conversation:
         if self.k >= self.shape.turns:
             return Turn(done=True, reward=1.0, success=True, reason="conversation over")
         self._back = time.perf_counter()
-        return Turn([{"role": "user", "content": EOS_TEXT + follow_up(self.k - 1, self.shape)}])
+        return Turn([{"role": "user", "content": TURN_END_STAND_IN + follow_up(self.k - 1, self.shape)}])
