@@ -15,7 +15,7 @@ def test_advantage_is_reward_minus_group_mean():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
     # group 0 mean = 2/4 = 0.5 -> [0.5, -0.5, -0.5, 0.5]; group 1 all ones -> 0
-    expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0])
+    expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0], dtype=torch.float64)  # computed in float64
     torch.testing.assert_close(grpo_advantages(rewards, groups), expected, rtol=0, atol=0)
 
 
@@ -24,7 +24,7 @@ def test_std_normalisation_uses_population_std():
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
     # group 0: std = sqrt(mean([0.25]*4)) = 0.5 -> +-0.5 / (0.5 + 1e-6); group 1: 0 / (0 + eps) = 0
     got = grpo_advantages(rewards, groups, normalize_std=True)
-    expected = torch.tensor([1.0, -1.0, -1.0, 1.0, 0.0, 0.0]) * (0.5 / (0.5 + 1e-6))
+    expected = torch.tensor([1.0, -1.0, -1.0, 1.0, 0.0, 0.0], dtype=torch.float64) * (0.5 / (0.5 + 1e-6))
     torch.testing.assert_close(got, expected, rtol=1e-7, atol=0)
 
 
@@ -36,7 +36,7 @@ def test_vectorised_advantages_match_a_loop():
     for i in range(40):
         members = rewards[groups == groups[i]]
         ref = (rewards[i] - members.mean()) / (members.std(unbiased=False) + 1e-6)
-        torch.testing.assert_close(got[i], ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[i].float(), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_shape_errors_print_both_shapes():
