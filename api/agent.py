@@ -157,7 +157,7 @@ class AgentEndpointSpec(SpecModel):
     max_branches: int = Field(
         default=8, ge=0, le=1024,
         description="Branches a session may start (requests that do not extend its conversation); one more is "
-        "refused with 400 (reason too_many_branches) and the session goes on with its current branch.",
+        "refused with 400 (reason too_many_branches) and the session is aborted: none of its branches trains.",
     )
 
 

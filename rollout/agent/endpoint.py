@@ -150,7 +150,8 @@ class AgentEndpoint:
             self.count("unauthorized")
 
     def _key_refusal(self, method: str, path: str, authorization: str) -> RequestError | None:
-        """The 401 of a request whose key can open nothing (checked on its headers, before its body is read)."""
+        """The 401 of a request whose key can open nothing, the 409 of an aborted session's (checked on its headers,
+        before its body is read)."""
         if method != "POST":
             return None
         scheme, _, key = authorization.partition(" ")
@@ -161,11 +162,17 @@ class AgentEndpoint:
             return RequestError(401, "wrong or missing key to take a session: send the value of "
                                 "spec.task.endpoint.sessionKeyFrom as the Bearer key", type_="authentication_error",
                                 code="invalid_api_key")
-        if not path.startswith(_SESSION_ROUTES) or (key and self.sessions.knows(key)):
+        if not path.startswith(_SESSION_ROUTES):
             return None
-        return RequestError(401, "missing or unknown API key: use the key of an open session (POST /v1/sessions, "
-                            "or the client asyncrl hands the agent function)", type_="authentication_error",
-                            code="invalid_api_key")
+        s = self.sessions.get(key) if key else None
+        if s is None:
+            return RequestError(401, "missing or unknown API key: use the key of an open session (POST /v1/sessions, "
+                                "or the client asyncrl hands the agent function)", type_="authentication_error",
+                                code="invalid_api_key")
+        if s.aborted:
+            return RequestError(409, f"session {s.id} was aborted ({s.aborted[:200]}); its reward and requests are "
+                                "no longer taken", code="session_aborted")
+        return None
 
     def close(self) -> None:
         self._server.should_exit = True

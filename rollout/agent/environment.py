@@ -210,7 +210,7 @@ class AgentEnvironment:
         assert self._reply is not None
         _resolve(self._reply, answer)
         ev = await s.mailbox.get()
-        while ev.kind == "request":
+        if ev.kind == "request":
             n = len(self.messages)
             tools = ev.request.normal_tools() if ev.request is not None else None
             if ev.messages[:n] == self.messages and len(ev.messages) > n and tools == self.tools:
@@ -222,17 +222,14 @@ class AgentEnvironment:
                 self.endpoint.count("prefix_mismatch")
                 self.branch_to = ev
                 return Turn(done=True, reason="branched: the request did not extend the conversation")
-            # one branch too many: refused, the session goes on with this branch (its answer stands)
+            # one branch too many: refused, and the session aborted (none of its branches trains; its key gets 409)
+            exc = RequestError(400, f"this request would start branch {self.branch + 1} of session {s.id}, over "
+                               f"spec.task.endpoint.maxBranches={cap}; the session is aborted", code="too_many_branches")
             self.endpoint.refuse("too_many_branches")
-            with s.lock:
-                if s.current is not None and s.current[1] is ev.reply:
-                    s.current = None
+            s.abort(str(exc))
             if ev.reply is not None:
-                _resolve(ev.reply, exc=RequestError(
-                    400, f"this request would start branch {self.branch + 1} of session {s.id}, over "
-                    f"spec.task.endpoint.maxBranches={cap}: extend the conversation (the messages so far, the answer "
-                    "as given, then new ones) or post the reward", code="too_many_branches"))
-            ev = await s.mailbox.get()
+                _resolve(ev.reply, exc=exc)
+            raise EnvFault("agent_bad_request", str(exc))
         if ev.kind == "end":
             reward = ev.reward
             if reward is None:

@@ -13,7 +13,7 @@ starts only after a response, so a client that never finishes its headers (slowl
 3. the header block's time: a connection that has not completed its headers within ``headerTimeoutSeconds`` of its
    first byte (or of connecting) is closed;
 4. the key, once the headers are parsed and before the body is read: a request for a session route with no key or a
-   key no session has is answered 401 from here (no ASGI task, no Starlette routing: a 401 flood costs the decode
+   key no session has is answered 401 from here (an aborted session's key 409) (no ASGI task, no Starlette routing: a 401 flood costs the decode
    loop's GIL a few microseconds a request) and its connection closed, so its body is never read.
 
 Every refusal is answered in OpenAI's error shape and counted (:class:`~asyncrl.rollout.agent.limits.Refusals`).
@@ -32,7 +32,8 @@ from asyncrl.rollout.agent.protocol import RequestError
 
 _END = b"\r\n\r\n"
 _LINGER_S = 0.5  # between a refusal's answer and the close
-_REASON_PHRASES = {401: b"Unauthorized", 408: b"Request Timeout", 431: b"Request Header Fields Too Large",
+_REASON_PHRASES = {401: b"Unauthorized", 408: b"Request Timeout", 409: b"Conflict",
+                   431: b"Request Header Fields Too Large",
                    503: b"Service Unavailable"}
 
 
@@ -73,7 +74,9 @@ class GuardedProtocol(HttpToolsProtocol):
     # ------------------------------------------------------------------ bounds
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.guard.limits.max_connections:
+        # refused connections lingering before their close do not count: a flood of 401s must not fill the cap
+        live = sum(not (isinstance(c, GuardedProtocol) and c._refused) for c in self.connections)
+        if live > self.guard.limits.max_connections:
             self._refuse("too_many_connections", RequestError(
                 503, f"this rollout worker holds spec.task.endpoint.maxConnections="
                 f"{self.guard.limits.max_connections} connections; retry shortly", type_="server_error",
@@ -123,7 +126,7 @@ class GuardedProtocol(HttpToolsProtocol):
         path = self.url.split(b"?", 1)[0].decode("latin-1")
         refusal = self.guard.check_key(self.parser.get_method().decode("ascii", "replace"), path, auth)
         if refusal is not None:
-            self._refuse("unauthorized", refusal)
+            self._refuse("unauthorized" if refusal.status == 401 else "session_aborted", refusal)
             return
         super().on_headers_complete()
 

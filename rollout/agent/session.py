@@ -158,10 +158,10 @@ class SessionTable:
             raise RequestError(404, f"session {s.id} has ended", code="session_finished")
         return s
 
-    def knows(self, key: str) -> bool:
-        """``key`` is a session's (open, aborted or ended and still remembered)."""
+    def get(self, key: str) -> AgentSession | None:
+        """The session of ``key`` whatever its state (open, aborted, or ended and still remembered), or None."""
         with self._lock:
-            return key in self._by_key
+            return self._by_key.get(key)
 
     def by_id(self, sid: str) -> AgentSession | None:
         with self._lock:
