@@ -82,7 +82,10 @@ class EndpointCounters:
 
 
 def _error(exc: RequestError, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=dict(headers or {}))
+    out = dict(headers or {})
+    if exc.status == 413:  # the rest of the body is never read: close the connection rather than wait for it
+        out["connection"] = "close"
+    return JSONResponse(exc.body(), status_code=exc.status, headers=out)
 
 
 def _bearer(request: Request) -> str:

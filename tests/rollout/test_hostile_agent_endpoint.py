@@ -250,6 +250,8 @@ def test_a_hostile_request_is_refused_counted_and_bounded_while_an_honest_harnes
         assert m.alone > 0, "the honest harness completed nothing alone"
         ratios.append(f"{m.during}/{m.alone:g}")
         if m.during / m.alone >= 0.5:
+            print(f"{row.id[:20]}: honest sessions {m.during} under the attack, {m.alone:g} alone; RSS "
+                  f"+{m.rss_growth_mib:.0f} MiB; refused {refused[row.reason]} ({row.reason})")
             return
     raise AssertionError(f"honest sessions under {row.id} / alone, each try: {ratios}")
 
