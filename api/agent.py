@@ -118,9 +118,50 @@ class AgentEndpointSpec(SpecModel):
         "bits, created once); locally taking a session needs no key (loopback), unless ASYNCRL_AGENT_SESSION_KEY "
         "is set. External agents only.",
     )
+    # ---- bounds on every input (docs/agents.md, "Bounds"): each refusal answers OpenAI's error shape and counts
+    # under asyncrl_agent_requests_refused_total{reason}
     max_request_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
-        description="Largest request body; a larger one is refused with 413 and counted (bad_request).",
+        description="Largest request body: a Content-Length above it is refused with 413 before any byte of the "
+        "body is read, and a body without one is cut off there (reason body_too_large).",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024, ge=4096, le=1024 * 1024,
+        description="Largest header block (request line and headers); a longer one is refused with 431 before it "
+        "reaches the HTTP parser, and the connection closed (reason header_too_large).",
+    )
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0.0, le=600.0,
+        description="Time a connection has to send a complete header block, from its first byte (or from "
+        "connecting); after it the connection is closed (reason header_timeout: a slowloris client).",
+    )
+    max_connections: int = Field(
+        default=512, ge=8, le=65536,
+        description="Open connections per rollout worker; one more is answered 503 and closed at once (reason "
+        "too_many_connections). Keep it under the worker's file-descriptor limit.",
+    )
+    max_json_depth: int = Field(
+        default=32, ge=4, le=512,
+        description="Deepest nesting of a request's JSON (objects and arrays); deeper is refused with 400 "
+        "(reason bad_request).",
+    )
+    max_name_chars: int = Field(
+        default=256, ge=16, le=65536,
+        description="Longest name-like string of a request (model, role, tool and function names, tool-call ids, "
+        "stop strings); a longer one is refused with 400 and never echoed back (reason bad_request). Contents are "
+        "bounded by maxRequestBytes and the model's context.",
+    )
+    max_reward_magnitude: float = Field(
+        default=1.0e6, gt=0.0, le=1.0e30,
+        description="Largest |reward| a harness may post or an agent function return; a larger, non-finite or "
+        "non-number reward is refused with 400 (reason reward_out_of_range) and the session is aborted. "
+        "Advantages are differences of rewards times log-probability ratios: 1e6 keeps them and their gradient "
+        "far inside float32 while leaving any sensible reward scale free.",
+    )
+    max_branches: int = Field(
+        default=8, ge=0, le=1024,
+        description="Branches a session may start (requests that do not extend its conversation); one more is "
+        "refused with 400 (reason too_many_branches) and the session is aborted: none of its branches trains.",
     )
 
 

@@ -129,7 +129,7 @@ class RolloutWorker:
             self.agent = host.AgentHost.start(self.binding.agent, model_name=model.preset or "asyncrl-policy",
                                          worker_index=worker_index, timeout_s=task.env_timeout_seconds,
                                          temperature=task.temperature, agent_path=str(task.agent),
-                                         python_path=task.python_path)
+                                         python_path=task.python_path, context=self.arch.max_sequence_length)
         self._suspended: list[Episode] = []
         self._failed: list[Trajectory] = []  # episodes whose environment failed at reset (returned next)
         self._env_errors = dict.fromkeys(ENV_ERROR_REASONS, 0)

@@ -8,7 +8,14 @@ Routes (errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code
   ``{id, api_key, base_url, model, sample}``; 429 with ``Retry-After`` when none waits (the worker opens
   sessions only as fast as the staleness bound lets it start groups);
 - ``POST /v1/sessions/{id}/reward``: ``{"reward": x}`` ends the session (its key in the Bearer header);
-- ``GET  /health``.
+- ``GET  /health``;
+- ``GET  /metrics``: ``asyncrl_agent_requests_refused_total{reason}`` in Prometheus' text format.
+
+Every input is bounded (``spec.task.endpoint``, :class:`~asyncrl.rollout.agent.limits.EndpointLimits`): connections,
+the header block's size and time and unknown keys below the app (:mod:`~asyncrl.rollout.agent.http_guard`), then the
+body's size (``Content-Length`` first, then as it streams in), its nesting, its names, the reward's range and, in the
+episode (:mod:`~asyncrl.rollout.agent.environment`), the prompt against the model's context and the branches of a
+session. Each refusal answers OpenAI's error shape and is counted by reason.
 
 Any other path gets 404, a known path asked with another method 405, both in OpenAI's error shape.
 
@@ -27,7 +34,7 @@ messages as the request in flight, or as the last one answered) gets that answer
 import asyncio
 import concurrent.futures
 import hmac
-import json
+import math
 import socket
 import threading
 import time
@@ -40,12 +47,23 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from asyncrl.rollout.agent.protocol import ChatRequest, RequestError, model_card, reward_value
+from asyncrl.rollout.agent.http_guard import Guard, guarded_protocol
+from asyncrl.rollout.agent.limits import EndpointLimits, RefusalReason, Refusals
+from asyncrl.rollout.agent.protocol import (
+    ChatRequest,
+    RequestError,
+    check_names,
+    model_card,
+    parse_json,
+    reward_value,
+)
 from asyncrl.rollout.agent.session import AgentSession, Event, SessionTable
 from asyncrl.rollout.envs.runner import last_line
+
+_SESSION_ROUTES = ("/v1/chat/completions", "/v1/sessions/")  # the routes a session's key opens
 
 
 @dataclass
@@ -56,7 +74,7 @@ class EndpointCounters:
     retries: int = 0  # repeated requests answered with the recorded answer
     prefix_mismatch: int = 0  # requests that did not extend the session's history: a new branch
     bad_requests: int = 0  # malformed requests (400/413) of an open session: that episode is aborted
-    unauthorized: int = 0  # unknown key (401) or ended session (404)
+    unauthorized: int = 0  # no key or an unknown key (401), or an ended session (404)
     conflicts: int = 0  # a second, different request while one is in flight (409)
     sessions_claimed: int = 0  # external sessions handed to a harness
     sessions_refused: int = 0  # POST /v1/sessions with none waiting (429)
@@ -64,7 +82,10 @@ class EndpointCounters:
 
 
 def _error(exc: RequestError, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=dict(headers or {}))
+    out = dict(headers or {})
+    if exc.status == 413:  # the rest of the body is never read: close the connection rather than wait for it
+        out["connection"] = "close"
+    return JSONResponse(exc.body(), status_code=exc.status, headers=out)
 
 
 def _bearer(request: Request) -> str:
@@ -83,7 +104,7 @@ class AgentEndpoint:
         host, port: where to listen (a local run: ``127.0.0.1``, port 0 = a free one).
         advertise: the base URL sessions hand out (None: ``http://host:port``); in a cluster the pod's address.
         model: the model id ``/v1/models`` lists (any ``model`` a request names is served by this policy).
-        max_request_bytes: ``spec.task.endpoint.maxRequestBytes``.
+        limits: ``spec.task.endpoint``'s bounds (None: the spec's defaults, the context unchecked).
         session_key: the key a harness sends to take a session (``spec.task.endpoint.sessionKeyFrom``, else the
             operator's ``<job>-agent-key``; checked by :func:`~asyncrl.rollout.agent.keys.session_key`).
         hidden_fields: fields of a session's sample the harness is not handed (the dataset's answer: the worker
@@ -93,14 +114,15 @@ class AgentEndpoint:
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
-                 model: str = "asyncrl-policy", max_request_bytes: int = 4 * 1024 * 1024,
+                 model: str = "asyncrl-policy", limits: EndpointLimits | None = None,
                  temperature: float = 1.0, session_key: str | None = None,
                  hidden_fields: tuple[str, ...] = ()) -> None:
         self.sessions = SessionTable()
         self.counters = EndpointCounters()
+        self.refusals = Refusals()  # asyncrl_agent_requests_refused_total{reason}, this worker's registry
         self._clock = threading.Lock()
         self.model = model
-        self.max_request_bytes = max_request_bytes
+        self.limits = limits if limits is not None else EndpointLimits.from_spec()
         self.temperature = temperature  # spec.task.temperature: what every training turn is sampled at
         self._session_key = session_key  # what POST /v1/sessions must carry (None: nothing)
         self._hidden = frozenset(hidden_fields)  # never in a session's handed-out sample
@@ -112,9 +134,10 @@ class AgentEndpoint:
         self.host, self.port = self._sock.getsockname()[:2]
         shown = f"[{self.host}]" if ":" in str(self.host) else str(self.host)
         self.base_url = (advertise.rstrip("/") if advertise else f"http://{shown}:{self.port}") + "/v1"
-        # uvicorn's default http/loop ("auto") picks httptools and uvloop, dependencies of the package on Linux
-        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=60, limit_concurrency=None)
+        # httptools under the guard (http_guard.py); uvicorn's default loop ("auto") picks uvloop, a dependency on Linux
+        guard = Guard(self.limits, self.refuse, self._key_refusal)
+        config = uvicorn.Config(self._app(), http=guarded_protocol(guard), log_level="warning", access_log=False,
+                                lifespan="off", timeout_keep_alive=60, limit_concurrency=None)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="asyncrl-agent-endpoint", daemon=True)
@@ -128,6 +151,37 @@ class AgentEndpoint:
         with self._clock:
             return asdict(self.counters)
 
+    def refuse(self, reason: RefusalReason) -> None:
+        """Count one refused request (``asyncrl_agent_requests_refused_total{reason}``)."""
+        self.refusals.count(reason)
+        if reason == "unauthorized":
+            self.count("unauthorized")
+
+    def _key_refusal(self, method: str, path: str, authorization: str) -> RequestError | None:
+        """The 401 of a request whose key can open nothing, the 409 of an aborted session's (checked on its headers,
+        before its body is read)."""
+        if method != "POST":
+            return None
+        scheme, _, key = authorization.partition(" ")
+        key = key.strip() if scheme.lower() == "bearer" else ""
+        if path == "/v1/sessions":
+            if self._session_key is None or (key and hmac.compare_digest(key.encode(), self._session_key.encode())):
+                return None
+            return RequestError(401, "wrong or missing key to take a session: send the value of "
+                                "spec.task.endpoint.sessionKeyFrom as the Bearer key", type_="authentication_error",
+                                code="invalid_api_key")
+        if not path.startswith(_SESSION_ROUTES):
+            return None
+        s = self.sessions.get(key) if key else None
+        if s is None:
+            return RequestError(401, "missing or unknown API key: use the key of an open session (POST /v1/sessions, "
+                                "or the client asyncrl hands the agent function)", type_="authentication_error",
+                                code="invalid_api_key")
+        if s.aborted:
+            return RequestError(409, f"session {s.id} was aborted ({s.aborted[:200]}); its reward and requests are "
+                                "no longer taken", code="session_aborted")
+        return None
+
     def close(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
@@ -137,6 +191,9 @@ class AgentEndpoint:
     def _app(self) -> Starlette:
         async def health(request: Request) -> JSONResponse:
             return JSONResponse({"ok": True, "sessions_waiting": self.sessions.waiting})
+
+        async def metrics(request: Request) -> Response:
+            return Response(self.refusals.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
         async def models(request: Request) -> JSONResponse:
             return JSONResponse({"object": "list",
@@ -153,10 +210,10 @@ class AgentEndpoint:
                 try:
                     given = _bearer(request)
                 except RequestError as exc:
-                    self.count("unauthorized")
+                    self.refuse("unauthorized")
                     return _error(exc)
                 if not hmac.compare_digest(given.encode(), self._session_key.encode()):
-                    self.count("unauthorized")
+                    self.refuse("unauthorized")
                     return _error(RequestError(401, "wrong key to take a session: send the value of "
                                                "spec.task.endpoint.sessionKeyFrom as the Bearer key",
                                                type_="authentication_error", code="invalid_api_key"))
@@ -180,9 +237,13 @@ class AgentEndpoint:
                                        code="invalid_api_key")
                 body = await self._json(request, s)
                 try:
-                    value = reward_value(body)
+                    value = reward_value(body, self.limits.max_reward_magnitude)
                 except RequestError as exc:
-                    s.mailbox.put(Event("fault", reason="nonfinite_reward" if exc.code else "agent_bad_request",
+                    raw = body.get("reward") if isinstance(body, dict) else None
+                    nonfinite = isinstance(raw, float) and not math.isfinite(raw)
+                    self.refuse("reward_out_of_range")
+                    s.abort(f"reward refused: {exc}")
+                    s.mailbox.put(Event("fault", reason="nonfinite_reward" if nonfinite else "agent_bad_request",
                                         message=f"POST /v1/sessions/{sid}/reward: {exc}"))
                     raise
                 s.mailbox.put(Event("end", reward=value))
@@ -205,6 +266,7 @@ class AgentEndpoint:
 
         return Starlette(routes=[
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/sessions", open_session, methods=["POST"]),
@@ -214,27 +276,46 @@ class AgentEndpoint:
     def _session(self, request: Request) -> AgentSession:
         try:
             return self.sessions.by_key(_bearer(request))
-        except RequestError:
-            self.count("unauthorized")
+        except RequestError as exc:
+            if exc.status == 401:
+                self.refuse("unauthorized")
+            elif exc.status == 409:
+                self.refuse("session_aborted")
+            else:
+                self.count("unauthorized")  # an ended session (404), counted as before
             raise
 
     async def _json(self, request: Request, s: AgentSession) -> Any:
-        """The body as JSON; a malformed or oversized body aborts the session's episode (``agent_bad_request``)."""
-        body = await request.body()
+        """The body as JSON, bounded: ``Content-Length`` over ``maxRequestBytes`` is refused before a byte of the
+        body is read, a body without it is cut off there as it streams in; then :func:`parse_json`'s nesting bound.
+        A refused body aborts the session's episode (``agent_bad_request``)."""
+        cap = self.limits.max_request_bytes
         try:
-            if len(body) > self.max_request_bytes:
-                raise RequestError(413, f"request body of {len(body)} bytes is over spec.task.endpoint."
-                                   f"maxRequestBytes={self.max_request_bytes}", code="request_too_large")
-            try:
-                return json.loads(body)
-            except ValueError as exc:
-                raise RequestError(400, f"the body is not JSON: {exc}") from None
+            declared = request.headers.get("content-length")
+            if declared is not None and (not declared.isdigit() or int(declared) > cap):
+                raise RequestError(413, f"request body of {declared[:20]} bytes (Content-Length) is over "
+                                   f"spec.task.endpoint.maxRequestBytes={cap}", code="request_too_large")
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise RequestError(413, f"request body over spec.task.endpoint.maxRequestBytes={cap}",
+                                       code="request_too_large")
+                chunks.append(chunk)
         except RequestError as exc:
-            self._bad(s, str(exc))
+            self._bad(s, str(exc), "body_too_large")
+            raise
+        try:
+            return parse_json(b"".join(chunks), self.limits.max_json_depth)
+        except RequestError as exc:
+            self._bad(s, str(exc), "bad_request")
             raise
 
-    def _bad(self, s: AgentSession, message: str) -> None:
+    def _bad(self, s: AgentSession, message: str, reason: RefusalReason) -> None:
         self.count("bad_requests")
+        self.refuse(reason)
+        s.abort(message)
         s.mailbox.put(Event("fault", reason="agent_bad_request", message=message))
 
     async def _chat(self, request: Request) -> dict[str, Any]:
@@ -242,15 +323,16 @@ class AgentEndpoint:
         body = await self._json(request, s)
         try:
             chat = ChatRequest.model_validate(body)
+            check_names(chat, self.limits.max_name_chars)
             messages = chat.normal_messages()
             chat.normal_tools()
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
-            self._bad(s, f"POST /v1/chat/completions: {where}: {err['msg']}")
+            self._bad(s, f"POST /v1/chat/completions: {where}: {err['msg']}", "bad_request")
             raise RequestError(400, f"{where}: {err['msg']}", param=where) from None
         except RequestError as exc:
-            self._bad(s, f"POST /v1/chat/completions: {exc}")
+            self._bad(s, f"POST /v1/chat/completions: {exc}", "bad_request")
             raise
         if (chat.temperature is not None and chat.temperature != self.temperature) or (chat.top_p or 1.0) < 1.0:
             self.count("sampling_overridden")  # answered at the job's temperature, the policy's own mu

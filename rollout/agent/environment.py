@@ -29,11 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.rollout.agent.endpoint import AgentEndpoint
+from asyncrl.rollout.agent.limits import RefusalReason
 from asyncrl.rollout.agent.protocol import (
     ChatRequest,
     FinishReason,
     RequestError,
     assistant_message,
+    bounded_reward,
     completion,
 )
 from asyncrl.rollout.agent.runner import AgentRaised, AgentRunner, AgentRunnerLost, Returned
@@ -162,10 +164,20 @@ class AgentEnvironment:
             name = value.type_name if isinstance(value, Returned) else type(value).__name__
             s.mailbox.put(Event("fault", reason="agent_exception",
                                 message=f"the agent returned {name}, expected a float or None"))
-        elif value is not None and not math.isfinite(value):
-            s.mailbox.put(Event("fault", reason="nonfinite_reward", message=f"the agent returned reward {value!r}"))
-        else:
-            s.mailbox.put(Event("end", reward=None if value is None else float(value)))
+            return
+        if value is None:
+            s.mailbox.put(Event("end", reward=None))
+            return
+        try:  # the endpoint's bound on a posted reward holds for a returned one too
+            reward = bounded_reward(value, self.endpoint.limits.max_reward_magnitude, "the agent returned reward")
+        except RequestError as exc:
+            self.endpoint.refuse("reward_out_of_range")
+            nonfinite = isinstance(value, float) and not math.isfinite(value)
+            s.abort(str(exc))
+            s.mailbox.put(Event("fault", reason="nonfinite_reward" if nonfinite else "agent_bad_request",
+                                message=str(exc)))
+            return
+        s.mailbox.put(Event("end", reward=reward))
 
     def _fault(self, ev: Event, *, first: bool = False) -> None:
         if ev.kind == "fault":
@@ -205,9 +217,19 @@ class AgentEnvironment:
                 obs = ev.messages[n:]
                 self._take(ev)
                 return Turn(obs)
-            self.endpoint.count("prefix_mismatch")
-            self.branch_to = ev
-            return Turn(done=True, reason="branched: the request did not extend the conversation")
+            cap = self.endpoint.limits.max_branches
+            if self.branch < cap:
+                self.endpoint.count("prefix_mismatch")
+                self.branch_to = ev
+                return Turn(done=True, reason="branched: the request did not extend the conversation")
+            # one branch too many: refused, and the session aborted (none of its branches trains; its key gets 409)
+            exc = RequestError(400, f"this request would start branch {self.branch + 1} of session {s.id}, over "
+                               f"spec.task.endpoint.maxBranches={cap}; the session is aborted", code="too_many_branches")
+            self.endpoint.refuse("too_many_branches")
+            s.abort(str(exc))
+            if ev.reply is not None:
+                _resolve(ev.reply, exc=exc)
+            raise EnvFault("agent_bad_request", str(exc))
         if ev.kind == "end":
             reward = ev.reward
             if reward is None:
@@ -234,12 +256,34 @@ class AgentEnvironment:
                 out["agent"] = {"requests": s.requests, "retries": s.retries, "branches": self.branch}
         return out
 
-    def close(self, reason: str = "the episode ended") -> None:
+    def refuse_request(self, exc: RequestError, reason: RefusalReason) -> None:
+        """Answer the request in flight with ``exc`` (counted under ``reason``) and abort the session."""
+        self.endpoint.refuse(reason)
+        if self.session is not None:
+            self.session.abort(str(exc))
+        if self._reply is not None:
+            _resolve(self._reply, exc=exc)
+
+    def answer_length(self, msg: AssistantMessage, usage: TurnUsage) -> None:
+        """The episode reached ``spec.task.maxNewTokens`` inside a turn: the request in flight gets that turn as far
+        as it was sampled, ``finish_reason`` ``length`` (as OpenAI answers a turn cut at the context), and the session
+        then ends."""
+        if self._reply is None or self._reply.done() or self.request is None:
+            return
+        ids = [f"call_{secrets.token_hex(6)}" for _ in msg.tool_calls]
+        answer = completion(completion_id=f"chatcmpl-{secrets.token_hex(8)}", model=self.request.model or
+                            self.endpoint.model, msg=msg, call_ids=ids, finish="length",
+                            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+        _resolve(self._reply, answer.model_dump(mode="json"))
+
+    def close(self, reason: str = "the episode ended", *, aborted: bool = False) -> None:
         """End the session (the episode is done, truncated or aborted): a request still waiting gets 404 and the
-        agent function is cancelled."""
+        agent function is cancelled; ``aborted``: later requests and rewards get 409."""
         s = self.session
         if s is None:
             return
+        if aborted:
+            s.abort(reason)
         self.endpoint.sessions.close(s)
         if self._agent_future is not None and not self._agent_future.done():
             self._agent_future.cancel()
@@ -259,13 +303,40 @@ class AgentAdapter(TurnAdapter):
 
     def reset(self, rng: Any = None) -> list[int]:
         ids = super().reset(rng)
+        self._context = 0
+        self._within_context(len(ids))  # before any prefill
         self._context = len(ids)
         self._turn_tokens = 0
         return ids
 
+    def _within_context(self, adding: int) -> None:
+        """The request in flight's prompt (the trajectory so far plus ``adding`` tokens) and its ``max_tokens`` (at
+        least one token) within the model's context; else it is answered 400 ``context_length_exceeded`` and the
+        episode fails (``agent_bad_request``) before the engine sees a token of it."""
+        context = self.env.endpoint.limits.context
+        req = self.env.request
+        if not context or req is None:
+            return
+        prompt = self._context + adding
+        wanted = req.turn_limit or 1
+        if prompt + wanted > context:
+            exc = RequestError(400, f"this model's context is {context} tokens; the request's messages are {prompt} "
+                               f"tokens and max_tokens asks for {wanted} more: shorten the messages or max_tokens",
+                               param="messages", code="context_length_exceeded")
+            self.env.refuse_request(exc, "context_length_exceeded")
+            raise EnvFault("agent_bad_request", str(exc))
+
+    def answer_at_budget(self) -> None:
+        """The episode was truncated at ``spec.task.maxNewTokens``: answer the request in flight with its turn so far
+        (``finish_reason`` ``length``)."""
+        content, calls, bad = self._parse(self._turn_text)
+        msg = AssistantMessage(self._turn_text, content, calls, bad, "length", eos=False)
+        self.env.answer_length(msg, TurnUsage(self._context - self._turn_tokens, self._turn_tokens, "length"))
+
     def end_of_turn(self, turn_text: str) -> AssistantMessage | None:
         self._turn_tokens += 1
         self._context += 1
+        self._turn_text = turn_text
         msg = super().end_of_turn(turn_text)
         if msg is not None:
             self.env.usage = TurnUsage(self._context, self._turn_tokens, "stop")
@@ -307,12 +378,15 @@ class AgentAdapter(TurnAdapter):
             ids = [self.tokenizer.eos_id, *ids]
         if not ids:
             raise EnvFault("agent_bad_request", "the request's new messages render to no tokens")
+        self._within_context(len(ids))  # before they are forced, and before the next turn's prefill
         self.messages = [*history, *obs]
         self._context += len(ids)
+        self._turn_text = ""
         return EnvStep(tokens=tuple(ids))
 
     _context: int = 0
     _turn_tokens: int = 0
+    _turn_text: str = ""  # the turn being sampled, as far as it is
 
 
 __all__ = ["AgentAdapter", "AgentEnvironment", "AgentFn", "Scorer", "TurnUsage"]

@@ -20,6 +20,7 @@ from asyncrl.api.constants import AGENT_ADVERTISE_ENV, AGENT_BIND_ENV
 from asyncrl.rollout.agent.endpoint import AgentEndpoint
 from asyncrl.rollout.agent.environment import AgentAdapter, AgentEnvironment
 from asyncrl.rollout.agent.keys import session_key
+from asyncrl.rollout.agent.limits import EndpointLimits
 from asyncrl.rollout.agent.runner import AgentRunner
 from asyncrl.rollout.envs.binding import AgentTask
 from asyncrl.rollout.envs.interface import Sample
@@ -84,17 +85,18 @@ class AgentHost:
     @classmethod
     def start(cls, task: AgentTask, *, model_name: str, worker_index: int, timeout_s: float,
               name: str = "agent", temperature: float = 1.0, agent_path: str = "",
-              python_path: Sequence[str] = ()) -> "AgentHost":
+              python_path: Sequence[str] = (), context: int = 0) -> "AgentHost":
         """The endpoint and, for an agent function (``agent_path``: ``spec.task.agent``), its runner process, which
         imports the function by that name (:class:`AgentLoadError`, naming ``spec.task.agent``, when it cannot).
+        ``context``: the model's context in tokens (every request's prompt and ``max_tokens`` must fit it).
         An external agent's session key is read and checked first (:func:`~asyncrl.rollout.agent.keys.session_key`:
         :class:`~asyncrl.rollout.agent.keys.SessionKeyError` before anything listens)."""
         host, port = bind_address(worker_index)
-        limit = getattr(task.endpoint, "max_request_bytes", 4 * 1024 * 1024)
+        limits = EndpointLimits.from_spec(task.endpoint, context=context)
         key = session_key(os.environ, external=task.fn is None, bind_host=host,
                           key_from=getattr(task.endpoint, "session_key_from", None))  # before anything listens
         endpoint = AgentEndpoint(host=host, port=port, advertise=advertised(os.environ.get(AGENT_ADVERTISE_ENV)),
-                                 model=model_name, max_request_bytes=limit, temperature=temperature,
+                                 model=model_name, limits=limits, temperature=temperature,
                                  session_key=key, hidden_fields=task.hidden_fields)
         try:
             runner = AgentRunner(agent_path, python_path, timeout_s=timeout_s) if task.fn is not None else None
@@ -151,7 +153,7 @@ class AgentHost:
                     except EnvFault as fault:
                         failed.append((p.tid, p.gid, fault))
                 elif now - p.opened > self.timeout_s:
-                    p.env.close("no first request in time")
+                    p.env.close("no first request in time", aborted=True)
                     what = "no harness took the session" if self.task.fn is None else "the agent sent no request"
                     failed.append((p.tid, p.gid, EnvFault(
                         "timeout", f"{what} within {self.timeout_s:g} s (spec.task.envTimeoutSeconds)")))
@@ -195,7 +197,10 @@ class AgentHost:
                 except EnvFault as fault:
                     out.extend(self._release(sid, None, f"the next branch could not start: {fault}"))
                 continue
-            env.close()
+            if t.status is TrajectoryStatus.TRUNCATED:  # at maxNewTokens: the request in flight gets the turn so far
+                adapter.answer_at_budget()
+            aborted = t.status is TrajectoryStatus.ABORTED
+            env.close("the episode was aborted" if aborted else "the episode ended", aborted=aborted)
             out.extend(self._release(sid, t))
             out.append(t)
         return out, branches
@@ -215,7 +220,7 @@ class AgentHost:
         do sessions still waiting for their first request."""
         out = list(snapshots)
         for p in self._pending:
-            p.env.close("the job dropped the session")
+            p.env.close("the job dropped the session", aborted=True)
             out.append(Trajectory(traj_id=p.tid, group_id=p.gid, task=self.name, tokens=[], prompt_len=0,
                                   loss_mask=[], versions=[], logp_mu=[], turn_ids=[], status=TrajectoryStatus.ABORTED,
                                   info={"end_reason": "the job dropped the session before its first request"}))
@@ -223,7 +228,7 @@ class AgentHost:
         for e in episodes:
             if isinstance(e.env, AgentAdapter):
                 env = e.env.env
-                env.close("the job dropped the episode")
+                env.close("the job dropped the episode", aborted=True)
                 if env.session is not None:
                     out.extend(self._release(env.session.id, None, "the job dropped the session"))
         return out

@@ -1,8 +1,10 @@
 """The OpenAI chat-completions wire format, as the endpoint reads and writes it.
 
 Requests are validated by :class:`ChatRequest` (the fields the endpoint honours; unknown ones are accepted
-and ignored, as OpenAI-compatible servers do, except those that would change what is trained: ``n > 1``,
-``stream``, ``logit_bias``). Responses are the ``openai`` package's own types (``ChatCompletion`` and its
+and ignored, as OpenAI-compatible servers do, except those it cannot honour, refused with a 400 naming the field:
+``n > 1``, ``stream``, ``logit_bias`` (it would change what is trained), a ``tool_choice`` other than ``auto``).
+Bodies are parsed by :func:`parse_json` (a nesting bound, no traceback for any input); name-like strings are
+bounded by :func:`check_names` and never echoed back whole. Responses are the ``openai`` package's own types (``ChatCompletion`` and its
 parts, ``Model``), so what a client parses is exactly what the SDK expects.
 
 Messages are compared in a *normal form* (:func:`normal_message`): what the chat template renders of them.
@@ -57,6 +59,7 @@ class ChatRequest(BaseModel):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    logit_bias: Any = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -72,6 +75,23 @@ class ChatRequest(BaseModel):
             raise ValueError("n must be 1: each choice is its own trajectory; open one session per sample "
                              "(spec.task.groupSize sessions are opened per prompt)")
         return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: Any) -> Any:
+        if v not in (None, "auto"):
+            raise ValueError(f"tool_choice {_shown(v)} cannot be honoured: the policy decides whether to call a tool "
+                             "(a forced or forbidden call would train a turn the policy did not choose); send 'auto' "
+                             "or leave it out")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v: Any) -> Any:
+        if v:
+            raise ValueError("logit_bias cannot be honoured: a biased distribution is not the policy's own, and the "
+                             "trainer's ratio pi/mu needs mu to be it; leave logit_bias out")
+        return None
 
     @field_validator("stream")
     @classmethod
@@ -112,6 +132,54 @@ class ChatRequest(BaseModel):
         return [dict(t) for t in self.tools]
 
 
+def _shown(v: Any, limit: int = 40) -> str:
+    """``repr(v)`` cut to ``limit`` characters: an error names a bad value without echoing a megabyte of it."""
+    text = repr(v)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def parse_json(body: bytes, max_depth: int) -> Any:
+    """``body`` as JSON nested at most ``max_depth`` deep; ``RequestError`` 400 (never a traceback) otherwise."""
+    try:
+        value = json.loads(body)
+    except RecursionError:  # deeper than the interpreter's own limit: far past max_depth
+        raise RequestError(400, f"the body nests deeper than spec.task.endpoint.maxJsonDepth={max_depth}",
+                           code="json_too_deep") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer over the interpreter's digit limit
+        raise RequestError(400, f"the body is not JSON: {_shown(str(exc), 120)}") from None
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:  # one pass per nesting level, each container once: linear in the body
+        depth += 1
+        if depth > max_depth:
+            raise RequestError(400, f"the body nests deeper than spec.task.endpoint.maxJsonDepth={max_depth}",
+                               code="json_too_deep")
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, dict | list)]
+    return value
+
+
+def check_names(chat: "ChatRequest", max_chars: int) -> None:
+    """Every name-like string of ``chat`` at most ``max_chars`` long (``RequestError`` 400 naming the field)."""
+    found: list[tuple[str, Any]] = [("model", chat.model)]
+    found += [(f"stop[{i}]", v) for i, v in enumerate(chat.stop_strings)]
+    for i, m in enumerate(chat.messages):
+        if isinstance(m, Mapping):
+            found += [(f"messages[{i}].{k}", m.get(k)) for k in ("role", "name", "tool_call_id")]
+            for k, c in enumerate(m.get("tool_calls") or ()):
+                if isinstance(c, Mapping):
+                    fn = c.get("function")
+                    found += [(f"messages[{i}].tool_calls[{k}].id", c.get("id")),
+                              (f"messages[{i}].tool_calls[{k}].function.name",
+                               fn.get("name") if isinstance(fn, Mapping) else None)]
+    for i, t in enumerate(chat.tools or ()):
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        found.append((f"tools[{i}].function.name", fn.get("name") if isinstance(fn, Mapping) else None))
+    for where, v in found:
+        if isinstance(v, str) and len(v) > max_chars:
+            raise RequestError(400, f"{where}: a string of {len(v)} characters is over spec.task.endpoint."
+                               f"maxNameChars={max_chars}", param=where, code="string_too_long")
+
+
 def _text(content: Any, what: str) -> str:
     if content is None:
         return ""
@@ -148,7 +216,7 @@ def normal_message(m: Any, what: str = "message") -> Message:
     if role == "developer":
         role = "system"
     if role not in ROLES:
-        raise RequestError(400, f"{what}.role: {role!r} is not one of {', '.join(ROLES)}", param=what)
+        raise RequestError(400, f"{what}.role: {_shown(role)} is not one of {', '.join(ROLES)}", param=what)
     out: Message = {"role": role, "content": _text(m.get("content"), what)}
     if role == "assistant" and m.get("tool_calls"):
         calls = []
@@ -194,14 +262,27 @@ def model_card(model: str, created: int) -> Model:
     return Model(id=model, object="model", created=created, owned_by="asyncrl")
 
 
-def reward_value(body: Any) -> float:
-    """The reward of ``POST /v1/sessions/{id}/reward`` (``{"reward": number}``); ``RequestError`` 400 otherwise."""
-    value = body.get("reward") if isinstance(body, Mapping) else None
+def bounded_reward(value: Any, max_magnitude: float, what: str = "reward") -> float:
+    """``value`` as a float when it is a number (not a bool) with ``|value| <= max_magnitude``; ``RequestError`` 400
+    (code ``reward_out_of_range``) otherwise: NaN, infinities, 1e300 (inf in float32) and a 400-digit integer
+    (which ``float()`` cannot even convert) are all refused here, before anything adds or subtracts them."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RequestError(400, 'expected {"reward": <number>}', param="reward")
-    if not math.isfinite(value):
-        raise RequestError(400, f"reward {value!r} is not a finite number", param="reward", code="nonfinite_reward")
+        raise RequestError(400, f"{what}: expected a number, got {type(value).__name__}", param="reward",
+                           code="reward_out_of_range")
+    # an int is compared as an int: float() of a 400-digit one raises OverflowError
+    ok = abs(value) <= max_magnitude if isinstance(value, int) else math.isfinite(value) and abs(value) <= max_magnitude
+    if not ok:
+        raise RequestError(400, f"{what} {_shown(value)} is outside [-{max_magnitude:g}, {max_magnitude:g}] "
+                           "(spec.task.endpoint.maxRewardMagnitude; finite numbers only)", param="reward",
+                           code="reward_out_of_range")
     return float(value)
+
+
+def reward_value(body: Any, max_magnitude: float) -> float:
+    """The reward of ``POST /v1/sessions/{id}/reward`` (``{"reward": number}``, see :func:`bounded_reward`)."""
+    if not isinstance(body, Mapping) or "reward" not in body:
+        raise RequestError(400, 'expected {"reward": <number>}', param="reward", code="reward_out_of_range")
+    return bounded_reward(body["reward"], max_magnitude)
 
 
 __all__ = [
@@ -209,8 +290,11 @@ __all__ = [
     "FinishReason",
     "RequestError",
     "assistant_message",
+    "bounded_reward",
+    "check_names",
     "completion",
     "model_card",
     "normal_message",
+    "parse_json",
     "reward_value",
 ]

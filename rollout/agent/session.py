@@ -93,6 +93,12 @@ class AgentSession:
     claimed: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
     requests: int = 0  # chat completions taken (each one sampled turn)
     retries: int = 0  # repeated requests answered with the recorded answer
+    aborted: str = ""  # why the session was aborted ("" = it was not): a later request or reward gets 409
+
+    def abort(self, why: str) -> None:
+        """Mark the session aborted (the first reason stays): from now on its key is answered 409, never 200."""
+        with self.lock:
+            self.aborted = self.aborted or why
 
     def finish(self) -> None:
         """No request is taken any more; a request still waiting gets 404."""
@@ -137,16 +143,25 @@ class SessionTable:
             return None
 
     def by_key(self, key: str) -> AgentSession:
-        """The session of a Bearer key; ``RequestError`` 401 (unknown key) or 404 (the session has ended)."""
+        """The session of a Bearer key; ``RequestError`` 401 (unknown key), 409 (the session was aborted) or 404
+        (the session has ended)."""
         with self._lock:
             s = self._by_key.get(key)
         if s is None:
             raise RequestError(401, "unknown API key: use the key of an open session (POST /v1/sessions, or the "
                                "client asyncrl hands the agent function)", type_="authentication_error",
                                code="invalid_api_key")
+        if s.aborted:
+            raise RequestError(409, f"session {s.id} was aborted ({s.aborted[:200]}); its reward and requests are "
+                               "no longer taken", code="session_aborted")
         if s.state == "finished":
             raise RequestError(404, f"session {s.id} has ended", code="session_finished")
         return s
+
+    def get(self, key: str) -> AgentSession | None:
+        """The session of ``key`` whatever its state (open, aborted, or ended and still remembered), or None."""
+        with self._lock:
+            return self._by_key.get(key)
 
     def by_id(self, sid: str) -> AgentSession | None:
         with self._lock:

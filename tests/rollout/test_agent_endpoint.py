@@ -380,7 +380,9 @@ def test_the_endpoint_runs_on_the_c_http_parser_and_loop() -> None:
         _http("GET", f"{ep.base_url}/models")
         config = ep._server.config
         assert config.loaded
-        assert config.http_protocol_class.__module__.endswith("httptools_impl")
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        assert issubclass(config.http_protocol_class, HttpToolsProtocol)  # httptools, under the guard (http_guard.py)
         loop = config.get_loop_factory()()  # what Server.run made the endpoint's loop with
         loop_kind = type(loop).__module__
         loop.close()

@@ -15,7 +15,7 @@ def test_advantage_is_reward_minus_group_mean():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
     # group 0 mean = 2/4 = 0.5 -> [0.5, -0.5, -0.5, 0.5]; group 1 all ones -> 0
-    expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0])
+    expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0], dtype=torch.float64)  # computed in float64
     torch.testing.assert_close(grpo_advantages(rewards, groups), expected, rtol=0, atol=0)
 
 
@@ -24,7 +24,7 @@ def test_std_normalisation_uses_population_std():
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
     # group 0: std = sqrt(mean([0.25]*4)) = 0.5 -> +-0.5 / (0.5 + 1e-6); group 1: 0 / (0 + eps) = 0
     got = grpo_advantages(rewards, groups, normalize_std=True)
-    expected = torch.tensor([1.0, -1.0, -1.0, 1.0, 0.0, 0.0]) * (0.5 / (0.5 + 1e-6))
+    expected = torch.tensor([1.0, -1.0, -1.0, 1.0, 0.0, 0.0], dtype=torch.float64) * (0.5 / (0.5 + 1e-6))
     torch.testing.assert_close(got, expected, rtol=1e-7, atol=0)
 
 
@@ -36,7 +36,7 @@ def test_vectorised_advantages_match_a_loop():
     for i in range(40):
         members = rewards[groups == groups[i]]
         ref = (rewards[i] - members.mean()) / (members.std(unbiased=False) + 1e-6)
-        torch.testing.assert_close(got[i], ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[i].float(), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_shape_errors_print_both_shapes():
@@ -75,3 +75,33 @@ def test_a_trained_token_without_version_is_rejected():
     bad = _traj("a", 0, [(5, -1, True)], reward=1.0)
     with pytest.raises(ValueError, match="a-0 trains on tokens without a version"):
         assemble_batch([[bad]], pad_id=0)
+
+
+def test_advantages_are_float64_so_a_float32_overflow_never_becomes_nan():
+    # rewards of 1e300 are inf in float32, and inf - mean(inf, -inf) is NaN: the batch's loss and gradient norm with it
+    # (issue 35: one 1e30 session per group gave loss -1.4e22 and a NaN gradient norm). In float64 the group
+    # [1e300, -1e300] has mean 0 and advantages exactly +-1e300.
+    rewards = torch.tensor([1e300, -1e300], dtype=torch.float64)
+    adv = grpo_advantages(rewards, torch.tensor([0, 0]))
+    assert adv.dtype == torch.float64 and adv.tolist() == [1e300, -1e300]
+    assert torch.isnan(rewards.float() - rewards.float().mean()).any()  # what float32 made of them
+
+
+def test_a_non_finite_advantage_is_refused_before_the_actor():
+    with pytest.raises(ValueError, match="non-finite advantage never reaches the actor"):
+        grpo_advantages(torch.tensor([float("inf"), 0.0], dtype=torch.float64), torch.tensor([0, 0]))
+
+
+def test_out_of_range_rewards_and_over_length_trajectories_are_refused_and_counted():
+    from asyncrl.rollout.trajectory import TrajectoryStatus
+    from asyncrl.trainer.driver.loop.grpo_batch import refuse_unusable
+
+    trajs = [_traj("g", i, [(3, 4, True)], r) for i, r in enumerate([1e30, float("nan"), 0.5, 1e6, -1e6 - 1])]
+    long = _traj("g", 9, [(3, 4, True)], 0.25)
+    long.tokens += [7] * 20  # 24 tokens against a context of 16 (its other fields are not read here)
+    refused = refuse_unusable([*trajs, long], max_reward=1e6, context=16)
+    assert refused == {"reward_out_of_range": 3, "over_length": 1}
+    assert [t.status for t in trajs] == [TrajectoryStatus.ABORTED, TrajectoryStatus.ABORTED, TrajectoryStatus.FINISHED,
+                                         TrajectoryStatus.FINISHED, TrajectoryStatus.ABORTED]  # |1e6| is in range
+    assert long.status is TrajectoryStatus.ABORTED
+    assert all(t.reward == 0.0 and not t.success for t in (*trajs[:2], trajs[4], long))  # never in reward_sum

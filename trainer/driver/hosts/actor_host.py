@@ -47,8 +47,9 @@ class ActorHost:
         self.rank, self.world = rank, a.world_size
         # Every rank gets the run's one snapshot folder: ranks on one node share a version's files
         # (trainer/oldlogits/node_share.py names them by shard and node, so none collide).
+        self.context = task_context(self.spec, self.tokenizer)  # the longest trajectory the model is built for
         settings = ActorSettings.from_spec(self.spec, self.tokenizer.vocab_size, num_threads=threads,
-                                           max_sequence_length=task_context(self.spec, self.tokenizer), work_dir=work_dir)
+                                           max_sequence_length=self.context, work_dir=work_dir)
         layout = Layout(tp=a.megatron.tensor_parallel, pp=a.megatron.pipeline_parallel, ep=a.megatron.expert_parallel,
                         rank=rank, world=self.world, init_method=init_method)
         self.actor = MegatronActor(replace(settings, layout=layout))
@@ -59,6 +60,10 @@ class ActorHost:
 
     def pad_id(self) -> int:
         return self.pad
+
+    def context_length(self) -> int:
+        """The longest trajectory (tokens) the actor's model is built for: the driver refuses longer ones."""
+        return self.context
 
     def model_load(self) -> dict[str, Any] | None:
         """How loading ``spec.model.weights`` went (seconds, peak RSS, ...); None for a random init."""

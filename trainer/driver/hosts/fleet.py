@@ -46,6 +46,7 @@ class HostHandles:
     # owns the type, so the hosts hold it opaque)
     sync: object = None
     spawn_dedicated: Callable[[int], Any] | None = None  # replica -> a DedicatedScorer handle (dedicated)
+    context: int = 0  # the actor's context in tokens: longer trajectories are refused (0: unchecked)
 
     def replace_rollout(self, i: int) -> Any:
         """Start a new rollout worker ``i`` (the old handle is killed if it still answers); wait until up."""
@@ -130,7 +131,8 @@ def start_hosts(spec: AsyncRLJobSpec, *, n_procs_cpus: float, actor_threads: int
     if spec.old_logits_route is OldLogitsRoute.DEDICATED:
         spawn_dedicated = dedicated_spawner(spec, n_procs_cpus=n_procs_cpus, threads=rollout_threads,
                                             placement=placement)
-    return HostHandles(actor, rollout, pad_id, new_rollout, spawn_dedicated=spawn_dedicated)
+    context: int = ray.get(actor.context_length.remote())
+    return HostHandles(actor, rollout, pad_id, new_rollout, spawn_dedicated=spawn_dedicated, context=context)
 
 
 def dedicated_spawner(spec: AsyncRLJobSpec, *, n_procs_cpus: float, threads: int,

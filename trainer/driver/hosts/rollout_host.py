@@ -192,6 +192,10 @@ class RolloutHost:
     def stats(self) -> dict[str, Any]:
         return vars(self.worker.stats()).copy()
 
+    def endpoint_url(self) -> str | None:
+        """The base URL of this worker's agent endpoint (None without ``spec.task.agent``)."""
+        return self.worker.endpoint_url
+
 
 def _on_host(state: "dict[str, torch.Tensor]") -> "dict[str, torch.Tensor]":
     """``state``'s tensors in host memory (no copy for those already there)."""

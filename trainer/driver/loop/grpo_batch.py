@@ -11,14 +11,22 @@ recipe for this task (measured on the embedded model and tasks) uses the plain d
 the advantage of nearly-solved groups and did not help. A sequence's advantage is broadcast to
 all its tokens; ``loss_mask`` decides which of them count.
 
+Rewards and advantages are float64 here: a float32 reward of 1e300 is inf, and ``inf - inf`` a NaN advantage
+that poisons the whole batch's loss. Trajectories the actor must not see are refused before a batch is built
+(:func:`refuse_unusable`): a reward outside ``spec.task.endpoint.maxRewardMagnitude`` (the same bound the agent
+endpoint enforces; built-in rewards are in [0, 1]) and a trajectory longer than the actor's context.
+
 Pure functions: tensors and plain records in, tensors out; torch only.
 """
 
+import math
+from collections import Counter
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
-from asyncrl.rollout.trajectory import NO_VERSION, Trajectory
+from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
 from asyncrl.trainer.actor.batch import TrainBatch
 
 
@@ -34,21 +42,27 @@ def grpo_advantages(
         eps: added to the std so that single-sample and uniform groups stay finite.
 
     Returns:
-        ``[N]`` advantages (float32).
+        ``[N]`` advantages (float64; ``ValueError`` when one is not finite).
     """
     if rewards.dim() != 1 or rewards.shape != group_index.shape:
         raise ValueError(
             f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} must both be [N]"
         )
-    rewards = rewards.to(torch.float32)
+    rewards = rewards.to(torch.float64)
     n_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
-    count = torch.zeros(n_groups).index_add_(0, group_index, torch.ones_like(rewards))
-    mean = torch.zeros(n_groups).index_add_(0, group_index, rewards) / count.clamp(min=1)
+    zeros = torch.zeros(n_groups, dtype=torch.float64)
+    count = zeros.clone().index_add_(0, group_index, torch.ones_like(rewards))
+    mean = zeros.clone().index_add_(0, group_index, rewards) / count.clamp(min=1)
     centred = rewards - mean[group_index]
-    if not normalize_std:
-        return centred
-    var = torch.zeros(n_groups).index_add_(0, group_index, centred.square()) / count.clamp(min=1)
-    return centred / (var.sqrt()[group_index] + eps)
+    if normalize_std:
+        var = zeros.clone().index_add_(0, group_index, centred.square()) / count.clamp(min=1)
+        centred = centred / (var.sqrt()[group_index] + eps)
+    bad = ~torch.isfinite(centred)
+    if bad.any():
+        i = int(bad.nonzero()[0].item())
+        raise ValueError(f"advantage of row {i} is {float(centred[i])!r} (its reward {float(rewards[i])!r}): a "
+                         "non-finite advantage never reaches the actor; refuse such rewards first (refuse_unusable)")
+    return centred
 
 
 def assemble_batch(
@@ -66,8 +80,8 @@ def assemble_batch(
         raise ValueError("assemble_batch needs at least one trajectory")
     B, T = len(trajs), max(len(t.tokens) for t in trajs)
     group_index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g], dtype=torch.int64)
-    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
-    adv = grpo_advantages(rewards, group_index, normalize_std)
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+    adv = grpo_advantages(rewards, group_index, normalize_std).to(torch.float32)  # |A| <= 2 maxRewardMagnitude
 
     tokens = torch.full((B, T), pad_id, dtype=torch.int64)
     loss_mask = torch.zeros(B, T, dtype=torch.bool)
@@ -98,6 +112,34 @@ def assemble_batch(
     turn_ids = torch.where(loss_mask, turn_ids, torch.full_like(turn_ids, -1))
     advantages = adv[:, None].expand(B, T) * attention_mask  # 0 on padding
     return TrainBatch(tokens, loss_mask, logp_mu, versions, advantages.contiguous(), turn_ids, logp_old)
+
+
+Unusable = Literal["reward_out_of_range", "over_length"]
+
+
+def unusable(t: Trajectory, *, max_reward: float, context: int) -> Unusable | None:
+    """Why the actor must not train on ``t`` (None: it may): its reward is not finite or over ``max_reward`` in
+    magnitude, or it is longer than ``context`` tokens (0: unchecked)."""
+    if not (math.isfinite(t.reward) and abs(t.reward) <= max_reward):
+        return "reward_out_of_range"
+    if context and len(t.tokens) > context:
+        return "over_length"
+    return None
+
+
+def refuse_unusable(trajs: Sequence[Trajectory], *, max_reward: float, context: int) -> Counter[Unusable]:
+    """Turn every unusable trajectory of ``trajs`` (:func:`unusable`) ABORTED in place, reward 0 and unsuccessful,
+    so that it never enters a batch, ``reward_mean``, success or ``reward_sum``; returns how many, by reason."""
+    refused: Counter[Unusable] = Counter()
+    for t in trajs:
+        if t.status is TrajectoryStatus.ABORTED:
+            continue
+        why = unusable(t, max_reward=max_reward, context=context)
+        if why is not None:
+            refused[why] += 1
+            t.info["end_reason"] = f"refused by the trainer: {why} (reward {t.reward!r}, {len(t.tokens)} tokens)"
+            t.status, t.reward, t.success = TrajectoryStatus.ABORTED, 0.0, False
+    return refused
 
 
 def token_staleness(versions: torch.Tensor, loss_mask: torch.Tensor, actor_version: int) -> torch.Tensor:

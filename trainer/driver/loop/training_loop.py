@@ -52,7 +52,7 @@ from asyncrl.trainer.driver.loop.accounting import (
     success_rate,
 )
 from asyncrl.trainer.driver.loop.evaluation import EvalResult, Evaluator, evaluated_versions
-from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch, token_staleness
+from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch, refuse_unusable, token_staleness
 from asyncrl.trainer.driver.loop.run_scope import (
     JobHosts,
     MetricsEndpoint,
@@ -166,6 +166,7 @@ def run_job(job: AsyncRLJob, options: RunOptions = RunOptions(), on_step: StepCa
             hosts = held.track(_start_hosts(spec, options, run))
             summary.startup_s = round(time.monotonic() - started, 2)
             _model_load(hosts, summary)
+            _announce_endpoints(hosts, spec)
             weight_sync.setup(hosts, spec, run.checkpoint_dir(spec.checkpoint.dir), options.placement)
             if on_start is not None:
                 on_start({**summary.to_json(), "total_steps": total_steps})
@@ -206,6 +207,16 @@ def _model_load(hosts: HostHandles, summary: SummaryDraft) -> None:
         summary.model_load = model_load
         log.info("actor loaded %s (%s): %.2f s, peak RSS %.0f MiB", model_load["folder"],
                  model_load["architecture"], model_load["seconds"], model_load["peak_rss_bytes"] / 2**20)
+
+
+def _announce_endpoints(hosts: HostHandles, spec: AsyncRLJobSpec) -> None:
+    """Log each rollout worker's OpenAI-compatible endpoint (``spec.task.agent``): where a harness connects."""
+    import ray
+
+    if spec.task.agent is None:
+        return
+    for i, url in enumerate(ray.get([w.endpoint_url.remote() for w in hosts.rollout])):
+        log.info("agent endpoint of rollout worker %d: %s", i, url)
 
 
 def _warm_threads(hosts: HostHandles, options: RunOptions) -> int:
@@ -437,6 +448,11 @@ class _Loop:
             self.buffer.abort(reserved)
             self.stage.returned(self, ref, [])
             raise RuntimeError(f"rollout worker {i} failed: {_cause(exc)}") from exc
+        # rewards out of range and over-length trajectories never reach a batch (nor reward_mean or reward_sum)
+        refused = refuse_unusable(trajs, max_reward=self.spec.task.endpoint.max_reward_magnitude,
+                                  context=self.hosts.context)
+        for why, n in refused.items():
+            self.m.trajectories_dropped.labels(why).inc(n)
         count_rollouts(self.m, trajs)
         self.buffer.put(trajs, reserved)
         self.stage.returned(self, ref, trajs)

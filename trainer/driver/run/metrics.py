@@ -20,12 +20,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
 from asyncrl.api.correction import ReferencePolicy
+from asyncrl.rollout.agent.limits import REFUSAL_REASONS, REFUSED_HELP, REFUSED_METRIC
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.trainer.correction.ewma_controller import ResetReason
 
 REFERENCES = tuple(r.value for r in ReferencePolicy)
 TRAJECTORY_STATUSES = ("finished", "truncated", "aborted")
-DROP_REASONS = ("stale", "snapshot_cap")
+DROP_REASONS = ("stale", "snapshot_cap", "reward_out_of_range", "over_length")
 CLIP_SIDES = ("low", "high", "dual")
 TOKEN_KINDS = ("prompt", "sampled", "environment")
 # The EWMA controller's own reason names (paper §6.5 keep-ratio rule, or an explicit reset).
@@ -90,7 +91,9 @@ CATALOGUE: tuple[MetricDef, ...] = (
               ratio="partial ratio = partial / trajectories_total"),
     MetricDef("trajectories_dropped", "counter", "asyncrl_dropped_trajectories_total",
               "Trajectories dropped before training (stale: version gap above async.maxStaleness; snapshot_cap: "
-              "their version's weights were given up at oldLogits.snapshot.maxVersions).",
+              "their version's weights were given up at oldLogits.snapshot.maxVersions; reward_out_of_range: a "
+              "reward not finite or over task.endpoint.maxRewardMagnitude; over_length: longer than the actor's "
+              "context). The last two are refused as they return and count as aborted trajectories too.",
               labels=(("reason", DROP_REASONS),)),
     MetricDef("tokens_dropped", "counter", "asyncrl_dropped_tokens_total",
               "Sampled tokens of dropped trajectories.", labels=(("reason", DROP_REASONS),)),
@@ -239,6 +242,12 @@ CATALOGUE: tuple[MetricDef, ...] = (
 )
 
 
+# The agent endpoint's own metrics (rollout/agent/limits.py defines and serves them): documented here with the rest.
+ENDPOINT_CATALOGUE: tuple[MetricDef, ...] = (
+    MetricDef("agent_refused", "counter", REFUSED_METRIC, REFUSED_HELP, labels=(("reason", REFUSAL_REASONS),)),
+)
+
+
 class DriverMetrics:
     """The catalogue's metrics in one registry; attribute names are ``MetricDef.attr``."""
 
@@ -332,6 +341,19 @@ def metrics_markdown(defs: tuple[MetricDef, ...] = CATALOGUE) -> str:
     for d in defs:
         if d.kind == "histogram":
             lines.append(f"- `{d.name}`: {', '.join(f'{b:g}' for b in d.buckets)}")
+    lines += [
+        "",
+        "## Each rollout worker's agent endpoint",
+        "",
+        "With `spec.task.agent`, each rollout worker's OpenAI-compatible endpoint serves these on its own",
+        "`GET /metrics` (the endpoint's port; `docs/agents.md`), from the worker's registry:",
+        "",
+        "| metric | type | labels | meaning | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for d in ENDPOINT_CATALOGUE:
+        labels = "<br>".join(f"`{n}`: {', '.join(v)}" for n, v in d.labels) or "-"
+        lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help} | {d.ratio or '-'} |")
     lines += [
         "",
         "The run directory's `metrics.jsonl` has one line per step with the same quantities as",
