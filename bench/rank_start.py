@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def _rank(rank: int, world: int, endpoint: Any) -> None:
+    import megatron.core  # noqa: F401  (what an actor rank imports)
     import torch
     import torch.distributed as dist
 
-    import megatron.core  # noqa: F401  (what an actor rank imports)
     from asyncrl.trainer.collective.groups import init_default_group
     from asyncrl.trainer.megatron import parallel  # noqa: F401
 
