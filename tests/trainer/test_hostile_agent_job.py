@@ -5,6 +5,7 @@ finite. Before: one 1e30 session per group made the loss -1.4e22 and the gradien
 steps); 1e300 made every later step train 0 tokens and report reward_mean 1e300."""
 
 import copy
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,10 @@ JOB: dict[str, Any] = {
 }
 
 
-def test_a_job_survives_hostile_rewards_with_finite_reward_metrics(tmp_path: Path) -> None:
+def test_a_job_survives_hostile_rewards_with_finite_reward_metrics(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     trained: list[Any] = []
+    caplog.set_level(logging.INFO, logger="asyncrl")
     with local_ray(num_cpus=2):
         result = run_job(validate_job(copy.deepcopy(JOB)), RunOptions(run_dir=tmp_path / "run"),
                          on_batch=lambda groups, version: trained.extend(t for g in groups for t in g))
@@ -50,3 +53,5 @@ def test_a_job_survives_hostile_rewards_with_finite_reward_metrics(tmp_path: Pat
     assert trained and all(0.0 <= t.reward < 1.0 for t in trained)
     errors = s["env_errors"]
     assert errors["agent_bad_request"] + errors["nonfinite_reward"] > 0, errors
+    # the job says where its endpoint is (docs/agents.md: a harness connects there)
+    assert "agent endpoint of rollout worker 0: http://127.0.0.1:" in caplog.text
