@@ -152,7 +152,7 @@ class AgentEndpointSpec(SpecModel):
         "bounded by maxRequestBytes and the model's context.",
     )
     max_reward_magnitude: float = Field(
-        default=1.0e6, gt=0.0, le=1.0e30,
+        default=1.0e6, gt=0.0, le=1.0e9,
         description="Largest |reward| a harness may post or an agent function return; a larger, non-finite or "
         "non-number reward is refused with 400 (reason reward_out_of_range) and the session is aborted. "
         "Advantages are differences of rewards times log-probability ratios: 1e6 keeps them and their gradient "

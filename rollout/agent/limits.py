@@ -3,8 +3,9 @@
 :class:`EndpointLimits` is ``spec.task.endpoint``'s bound fields as the endpoint reads them (the defaults live in
 :class:`~asyncrl.api.agent.AgentEndpointSpec` only). :class:`Refusals` counts every request the endpoint refuses
 under ``asyncrl_agent_requests_refused_total{reason}``: a Prometheus counter in the worker's own registry, every
-reason pre-set to 0, served on the endpoint's ``GET /metrics`` and listed in ``docs/metrics.md`` (generated from
-:data:`REFUSED_METRIC` by ``trainer/driver/run/metrics.py``).
+reason pre-set to 0, served on the endpoint's ``GET /metrics``; the job's driver adds up its workers' counts into the
+same name at every step (``trainer/driver/run/metrics.py``, from :data:`REFUSED_METRIC` and :data:`REFUSED_HELP`,
+which also generates its line of ``docs/metrics.md``).
 """
 
 from dataclasses import dataclass

@@ -29,6 +29,8 @@ from asyncrl.rollout.hf_model import build_model
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 from asyncrl.rollout.worker import RolloutWorker
 
+pytestmark = pytest.mark.slow  # 17 rows of three 2.5 s windows each: ~3 min on 2 loaded cores
+
 CLIENT = str(Path(__file__).parent / "hostile_agent_client.py")
 MODEL = ModelSpec(hidden_size=64, ffn_hidden_size=128, rollout_dtype="float32")
 WINDOW_S = 2.5  # each measuring window (the counts are compared, never the time)

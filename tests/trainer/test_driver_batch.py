@@ -105,3 +105,23 @@ def test_out_of_range_rewards_and_over_length_trajectories_are_refused_and_count
                                          TrajectoryStatus.FINISHED, TrajectoryStatus.ABORTED]  # |1e6| is in range
     assert long.status is TrajectoryStatus.ABORTED
     assert all(t.reward == 0.0 and not t.success for t in (*trajs[:2], trajs[4], long))  # never in reward_sum
+
+
+def test_the_workers_endpoint_refusals_reach_the_drivers_counter_once_each():
+    from prometheus_client import CollectorRegistry
+
+    from asyncrl.rollout.agent.limits import REFUSAL_REASONS
+    from asyncrl.trainer.driver.loop.accounting import count_refusals
+    from asyncrl.trainer.driver.run.metrics import create_metrics
+
+    m = create_metrics(CollectorRegistry())
+
+    def total(reason: str) -> float:
+        return m.registry.get_sample_value("asyncrl_agent_requests_refused_total", {"reason": reason}) or 0.0
+
+    assert all(total(r) == 0.0 for r in REFUSAL_REASONS)  # pre-set: the series exist before the first refusal
+    seen: dict[str, int] = {}
+    count_refusals(m, seen, {"unauthorized": 5, "header_timeout": 1})
+    count_refusals(m, seen, {"unauthorized": 7, "header_timeout": 1})  # a running count: +2 and +0
+    count_refusals(m, seen, {"unauthorized": 3, "header_timeout": 0})  # a replaced worker, from 0 again: +3
+    assert (total("unauthorized"), total("header_timeout")) == (5 + 2 + 3, 1.0)

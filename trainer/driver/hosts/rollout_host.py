@@ -196,6 +196,11 @@ class RolloutHost:
         """The base URL of this worker's agent endpoint (None without ``spec.task.agent``)."""
         return self.worker.endpoint_url
 
+    def agent_refusals(self) -> dict[str, int]:
+        """This worker's endpoint refusals so far by reason (``asyncrl_agent_requests_refused_total``; {} without
+        ``spec.task.agent``)."""
+        return {} if self.worker.agent is None else self.worker.agent.endpoint.refusals.snapshot()
+
 
 def _on_host(state: "dict[str, torch.Tensor]") -> "dict[str, torch.Tensor]":
     """``state``'s tensors in host memory (no copy for those already there)."""

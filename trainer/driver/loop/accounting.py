@@ -66,6 +66,16 @@ def count_rollouts(m: DriverMetrics, trajs: Sequence[Trajectory]) -> None:
         m.rollout_tokens.labels("environment").inc(len(t.tokens) - t.prompt_len - sampled)
 
 
+def count_refusals(m: DriverMetrics, seen: dict[str, int], now: dict[str, int]) -> None:
+    """One rollout worker's endpoint refusals (``asyncrl_agent_requests_refused_total``, a running count per reason)
+    into the driver's counter: what is new since ``seen`` (its last count, updated here). A replaced worker starts
+    again from 0: a count below the last one is all new."""
+    for reason, n in now.items():
+        last = seen.get(reason, 0)
+        m.agent_refused.labels(reason).inc(n - last if n >= last else n)
+        seen[reason] = n
+
+
 def count_correction(m: DriverMetrics, stats: CorrectionStats[float], reference: str, trained_tokens: int) -> None:
     """One applied step's correction counts into the numerator/denominator counters, and the
     last-step gauges (ESS ratio, k3 KL between pi_theta and pi_ref)."""

@@ -48,6 +48,7 @@ from asyncrl.trainer.driver.loop.accounting import (
     count_eval,
     count_ewma_reset,
     count_old_logits,
+    count_refusals,
     count_rollouts,
     success_rate,
 )
@@ -308,6 +309,7 @@ class _Loop:
         self.m.policy_version.set(version)
         self.cursors = [0] * n  # groups requested from each worker over the run (its prompt cursor)
         self.replacements = 0
+        self.refusals_seen: dict[int, dict[str, int]] = {}  # worker index -> its endpoint's refusals counted so far
         self.step_extra: dict[str, float] = {}  # what the stage adds to the next step's report
         self.reports: list[StepReport] = []  # this session's steps
         # versions already evaluated (a resumed run's log says which; read back from its lines once)
@@ -546,6 +548,7 @@ class _Loop:
             actor=actor, dedicated_wait_s=self.step_extra.get("dedicated_wait_s"),
         )
         self.step_extra = {}
+        self._pull_refusals()
         if not out.applied:
             # Non-finite loss: the actor skipped the update; the report carries its batch summary.
             # No version came of these groups: their admission slots are free again.
@@ -646,12 +649,27 @@ class _Loop:
         self.summary.worker_replacements = self.replacements
         # episodes the environment's code aborted, by reason (asyncrl_env_errors_total; the job went on)
         self.summary.env_errors = self._env_errors()
+        self._pull_refusals()
         buffer = vars(self.buffer.counts).copy()
         buffer["groups_in_flight_at_end"] = in_flight
         buffer["groups_left_unused"] = self.buffer.ready
         # interrupt-sync: groups whose members are still suspended in their workers when the run ends
         buffer["groups_suspended_at_end"] = self.buffer.running
         self.summary.buffer = buffer
+
+    def _pull_refusals(self) -> None:
+        """The rollout workers' endpoint refusals into ``asyncrl_agent_requests_refused_total`` (agent jobs only; a
+        worker that does not answer is skipped until the next step: metrics never stop the job)."""
+        import ray
+
+        if self.spec.task.agent is None:
+            return
+        for i, w in enumerate(self.hosts.rollout):
+            try:
+                now = ray.get(w.agent_refusals.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 -- a dead or busy worker: its counts arrive with the next pull
+                continue
+            count_refusals(self.m, self.refusals_seen.setdefault(i, {}), now)
 
     def _env_errors(self) -> dict[str, int]:
         """``asyncrl_env_errors_total`` by reason, as counted so far."""

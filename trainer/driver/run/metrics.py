@@ -135,6 +135,9 @@ CATALOGUE: tuple[MetricDef, ...] = (
               "Requests that did not extend their session's conversation (the harness edited or truncated the "
               "history): each starts a new branch, trained as its own trajectory.",
               ratio="branch ratio = agent_prefix_mismatch / agent_requests"),
+    MetricDef("agent_refused", "counter", REFUSED_METRIC,
+              REFUSED_HELP + " The driver adds up its rollout workers' counts at every step.",
+              labels=(("reason", REFUSAL_REASONS),)),
     MetricDef("worker_replacements", "counter", "asyncrl_worker_replacements_total",
               "Processes of the job that died and were replaced while the job continued, by role "
               "(rollout: a rollout worker; oldlogits: a dedicated old-logit scorer).",
@@ -242,12 +245,6 @@ CATALOGUE: tuple[MetricDef, ...] = (
 )
 
 
-# The agent endpoint's own metrics (rollout/agent/limits.py defines and serves them): documented here with the rest.
-ENDPOINT_CATALOGUE: tuple[MetricDef, ...] = (
-    MetricDef("agent_refused", "counter", REFUSED_METRIC, REFUSED_HELP, labels=(("reason", REFUSAL_REASONS),)),
-)
-
-
 class DriverMetrics:
     """The catalogue's metrics in one registry; attribute names are ``MetricDef.attr``."""
 
@@ -341,19 +338,6 @@ def metrics_markdown(defs: tuple[MetricDef, ...] = CATALOGUE) -> str:
     for d in defs:
         if d.kind == "histogram":
             lines.append(f"- `{d.name}`: {', '.join(f'{b:g}' for b in d.buckets)}")
-    lines += [
-        "",
-        "## Each rollout worker's agent endpoint",
-        "",
-        "With `spec.task.agent`, each rollout worker's OpenAI-compatible endpoint serves these on its own",
-        "`GET /metrics` (the endpoint's port; `docs/agents.md`), from the worker's registry:",
-        "",
-        "| metric | type | labels | meaning | ratio |",
-        "|---|---|---|---|---|",
-    ]
-    for d in ENDPOINT_CATALOGUE:
-        labels = "<br>".join(f"`{n}`: {', '.join(v)}" for n, v in d.labels) or "-"
-        lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.help} | {d.ratio or '-'} |")
     lines += [
         "",
         "The run directory's `metrics.jsonl` has one line per step with the same quantities as",
