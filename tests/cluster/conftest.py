@@ -37,8 +37,8 @@ def operator(cluster: Cluster) -> str:
     docker/operator.Dockerfile), under the chart's ServiceAccount and RBAC. Images are imported, never pulled
     (pullPolicy Never). Returns the operator's namespace."""
     cluster.namespace(OPERATOR_NAMESPACE)
-    cluster.helm("install", RELEASE, str(ROOT / "charts" / "asyncrl"), "-n", OPERATOR_NAMESPACE,
+    cluster.helm("upgrade", "--install", RELEASE, str(ROOT / "charts" / "asyncrl"), "-n", OPERATOR_NAMESPACE,
                  "--set", "image.pullPolicy=Never", "--set", "jobImage.pullPolicy=Never",
                  "--wait", "--timeout", "5m")
-    cluster.wait("deployment", RELEASE, "condition=Available", OPERATOR_NAMESPACE, timeout=300)
+    cluster.wait("deployment", f"{RELEASE}-operator", "condition=Available", OPERATOR_NAMESPACE, timeout=300)
     return OPERATOR_NAMESPACE
