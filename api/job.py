@@ -36,6 +36,7 @@ from asyncrl.api.paths import CHECKPOINT_DIR_RULE, MAX_PATH_LENGTH, checkpoint_d
 from asyncrl.api.pods import (
     DEFAULT_TRAINING_SIDE_MEMORY,
     ActorSpec,
+    DriverSpec,
     MonitoringSpec,
     RolloutSpec,
     RunPolicySpec,
@@ -234,6 +235,7 @@ class AsyncRLJobSpec(SpecModel):
     )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout workers.")
     actor: ActorSpec = Field(default_factory=ActorSpec, description="Actor (trainer) processes.")
+    driver: DriverSpec = Field(default_factory=DriverSpec, description="The driver pod (Ray head + job driver).")
     run_policy: RunPolicySpec = Field(default_factory=RunPolicySpec, description="Failure and time limits.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Prometheus metrics.")

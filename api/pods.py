@@ -112,6 +112,23 @@ class Resources(SpecModel):
         return v
 
 
+class DriverResources(SpecModel):
+    """CPU and memory of the driver pod: the Ray head and the job driver (no GPU, no device resources)."""
+
+    cpu: str = Field(default="2", pattern=_QUANTITY, description="CPU request, e.g. '2' or '500m'.")
+    memory: str = Field(default="8Gi", pattern=_QUANTITY, description="Memory request and limit, e.g. '8Gi'.")
+
+
+class DriverSpec(SpecModel):
+    """``spec.driver``: the driver pod (Ray head + job driver). It runs the actor's image (``actor.template``)."""
+
+    resources: DriverResources = Field(
+        default_factory=DriverResources, description="CPU and memory of the driver pod. The default suits a GPU "
+        "node; a small CPU-only node (a laptop's or CI's one-node cluster) needs less: with 2 CPUs the default "
+        "alone fills the node and the pod is never scheduled.",
+    )
+
+
 class Toleration(SpecModel):
     """A Kubernetes toleration (the common fields)."""
 

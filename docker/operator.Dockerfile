@@ -1,6 +1,9 @@
 # The asyncrl operator: kopf + the asyncrl API and operator packages only (no torch, no ray).
 # Build from the repository root:  docker build -f docker/operator.Dockerfile -t asyncrl/operator:0.1.0 .
-FROM python:3.11.9-slim-bookworm
+# BASE: any Debian-like image with Python 3.11's `python` and `pip` on PATH (the test cluster builds this file
+# with a base made from Debian bookworm's own Python 3.11: docs/cluster.md).
+ARG BASE=python:3.11.9-slim-bookworm
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 

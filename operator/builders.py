@@ -36,7 +36,7 @@ from asyncrl.api import constants as C
 from asyncrl.api.constants import API_VERSION, KIND
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.api.old_logits import OldLogitStrategy
-from asyncrl.api.pods import EnvVar, GangScheduler, PodOverrides, Resources, Toleration
+from asyncrl.api.pods import DriverSpec, EnvVar, GangScheduler, PodOverrides, Resources, Toleration
 from asyncrl.api.task_services import header_env
 from asyncrl.operator import agent_endpoint, driver_pod, names, pod_policy
 from asyncrl.operator.config import OperatorSettings
@@ -131,6 +131,8 @@ def spec_hash(spec: AsyncRLJobSpec) -> str:
     if task.get("agent") is None:  # no endpoint: the hash of an operator before task.agent (an upgrade restarts nothing)
         task.pop("agent", None)
         task.pop("endpoint", None)
+    if doc.get("driver") == DriverSpec().to_spec_dict():  # the default: the hash of an operator before spec.driver
+        doc.pop("driver", None)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
@@ -394,7 +396,7 @@ def desired_pods(job: JobRef, spec: AsyncRLJobSpec, settings: OperatorSettings, 
         slots.append(PodSlot(role, index, _pod(job, spec, settings, epoch, role, index, spec_digest=digest, **kw)))
 
     actor = spec.actor
-    driver = Resources(cpu="2", memory="8Gi")  # Ray head + driver: no GPU, modest memory
+    driver = Resources(cpu=spec.driver.resources.cpu, memory=spec.driver.resources.memory)  # no GPU
     add(Role.DRIVER, 0, gpus=0, resources=driver, memory=driver.memory,
         overrides=_driver_overrides(actor.template), ray_resources=_ray_resources(C.RESOURCE_DRIVER),
         extra_env={C.ENV_STATUS_RELAY: C.STATUS_RELAY_SOCKET})

@@ -1,6 +1,7 @@
 """Pure builders: names, labels, owner references, resources and roles of every child; hardening,
 start-up order, Ray token auth, the NetworkPolicy, gang scheduling and the pod overrides."""
 
+import hashlib
 import json
 from typing import Any
 
@@ -104,6 +105,26 @@ def test_ray_start_gets_what_the_pod_holds_and_shm_is_sized() -> None:
         spec = d.pods[pod].manifest["spec"]
         assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": limit}} in spec["volumes"]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
+
+
+def test_the_driver_pod_takes_spec_driver_resources_and_the_default_keeps_the_spec_hash() -> None:
+    """Found on the real one-node cluster (tests/cluster/): the driver's fixed 2 CPUs (+ 50m for its status
+    sidecar) exceed a 2-CPU node's allocatable 2000m, so the pod stayed Pending; spec.driver.resources sizes it."""
+    d = build(driver={"resources": {"cpu": "500m", "memory": "3Gi"}})
+    res = container(d, "j-driver-0")["resources"]
+    assert res == {"requests": {"cpu": "500m", "memory": "3Gi"}, "limits": {"memory": "3Gi"}}
+    default = build()
+    assert container(default, "j-driver-0")["resources"]["requests"] == {"cpu": "2", "memory": "8Gi"}
+    # an upgraded operator restarts no running job: the default section is left out of the hash
+    doc = spec_of().to_spec_dict()  # what an operator before spec.driver hashed (spec_hash's docstring)
+    for key in ("driver", "runPolicy"):
+        doc.pop(key)
+    doc["monitoring"].pop("maskGuard")
+    doc["task"].pop("agent")
+    doc["task"].pop("endpoint")
+    before = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    assert spec_hash(spec_of()) == before
+    assert spec_hash(spec_of(driver={"resources": {"cpu": "1"}})) != spec_hash(spec_of())
 
 
 # -------------------------------------------------------------------- hardening

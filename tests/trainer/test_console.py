@@ -52,3 +52,18 @@ def test_after_a_failure_the_printout_reads_this_attempts_file(tmp_path: Path) -
         f"  run directory: {tmp_path}  (report: (not written))",
         "  error: OSError: no space left",
     ]
+
+
+def test_the_driver_logs_one_progress_line_per_step_and_evaluation() -> None:
+    """What ``kubectl logs`` of a driver pod shows while it trains (it had no line between start-up and the end)."""
+    from asyncrl.trainer.cli.console import progress_line
+    from asyncrl.trainer.driver.loop.evaluation import EvalResult
+    from tests.support.step_reports import step_report
+
+    # keep 0.75: 75 of 100 valid tokens kept (correction_counts)
+    assert progress_line(step_report(3, keep=0.75, staleness=2), 4) == (
+        "step 3/4: version 3, success 0.500, reward 0.500, keep 0.750, staleness max 2, 0.3 s")
+    assert progress_line(step_report(3, applied=False), 4).startswith("step 3/4: version - (not applied),")
+    ev = EvalResult(version=2, prompts=16, succeeded=5, reward_sum=5.0, sampled_tokens=100, seconds=1.0,
+                    drain_seconds=0.0)
+    assert progress_line(ev, 4) == f"eval at version 2: held-out success {ev.success:.3f}"

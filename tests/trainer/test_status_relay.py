@@ -145,3 +145,24 @@ def test_a_restarted_sidecar_replaces_its_stale_socket(tmp_path: Path) -> None:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_sigterm_stops_the_relay_cleanly(tmp_path: Path) -> None:
+    """The sidecar is PID 1 of its container, where a signal left at its default action is dropped: the relay
+    must handle SIGTERM itself (exit 0 here; -15 would mean the default action, which PID 1 never takes)."""
+    import signal
+    import subprocess
+    import sys
+
+    sock = tmp_path / "s.sock"
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
+            "from asyncrl.trainer.driver.status.relay_server import serve; "
+            f"serve({str(sock)!r}, lambda body: None)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert "listening" in proc.stderr.readline()  # the server is up (an event, not a sleep)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()

@@ -348,6 +348,17 @@ def _reporter(job: AsyncRLJob, enabled: bool, relay: Any = None) -> Any:
         return None
 
 
+def _logging_progress(reporter: Callable[[Any], None] | None, total: int) -> Callable[[Any], None]:
+    """``on_step``: a progress line in the pod's log (``kubectl logs``), then the status reporter."""
+    from asyncrl.trainer.cli.console import progress_line
+
+    def on_step(event: Any) -> None:
+        log.info("%s", progress_line(event, total))
+        if reporter is not None:
+            reporter(event)
+    return on_step
+
+
 def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
     """Head, wait, run, report; the process exit code (0 success or a clean stop after SIGTERM, 1 failure,
     2 ``--local`` without the GPUs the spec asks for, 3 pods never joined; SIGTERM before the run:
@@ -385,7 +396,8 @@ def run_driver(job: AsyncRLJob, options: DriverOptions) -> int:
                 checkpoint_base=None if ckpt is None else Path(os.environ[C.ENV_CHECKPOINT_DIR]),
             )
             on_phase = None if reporter is None else reporter.phase
-            result = run_job(job, run_options, on_step=reporter, on_phase=on_phase)
+            result = run_job(job, run_options, on_step=_logging_progress(reporter, spec.train.steps),
+                             on_phase=on_phase)
     except ClusterTimeoutError as exc:
         print(f"asyncrl driver: {exc}", file=sys.stderr)
         return 3

@@ -78,6 +78,17 @@ def _objects(value: JSON) -> list[JSONObject]:
     return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
+def progress_line(event: LoopEvent, total: int) -> str:
+    """One line per step or evaluation for a log (the driver pod's ``kubectl logs``; ``asyncrl run`` shows a bar)."""
+    if isinstance(event, EvalResult):
+        return f"eval at version {event.version}: held-out success {event.success:.3f}"
+    keep = event.actor.metrics.correction.keep_ratio
+    version = event.version if event.version is not None else "- (not applied)"
+    return (f"step {event.step}/{total}: version {version}, success {event.success_rate:.3f}, "
+            f"reward {event.reward_mean:.3f}, keep {keep:.3f}, staleness max {event.staleness_max}, "
+            f"{event.step_s:.1f} s")
+
+
 def run_with_progress(job: AsyncRLJob, options: RunOptions, *, quiet: bool = False) -> int:
     """Run ``job`` with a progress bar; returns the process exit code."""
     from tqdm import tqdm

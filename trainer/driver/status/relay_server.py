@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import selectors
+import signal
 import socket
 import threading
 import time
@@ -215,10 +216,25 @@ class RelayServer:
 
 
 def serve(path: str | Path, send: Sender) -> None:
-    """Run the relay on ``path`` until the process is stopped (the sidecar's command)."""
+    """Run the relay on ``path`` until SIGTERM or SIGINT (the sidecar's command), then exit cleanly.
+
+    The handler is needed, not a nicety: the relay is PID 1 of its container, and the kernel drops a signal
+    that PID 1 leaves at its default action. Without it the kubelet's SIGTERM (sent to a native sidecar once
+    the driver has exited) did nothing, and the finished driver pod stayed Running for the whole grace
+    period (``runPolicy.terminationGracePeriodSeconds``, 300 s by default) until SIGKILL (found on a real
+    kubelet: the sidecar ended with exit code 137, tests/cluster/test_training.py)."""
     server = RelayServer(path, Relay(send))
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("status relay stopping (signal %d)", signum)
+        # shutdown() waits for serve_forever() to return: call it from another thread than the serving one
+        threading.Thread(target=server.shutdown, name="status-relay-stop", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     log.info("status relay listening on %s", path)
     server.serve_forever()
+    server.server_close()
 
 
 def serve_in_thread(path: str | Path, send: Sender, *, deadline_s: float = CONNECTION_DEADLINE_S,
