@@ -13,7 +13,8 @@ import pytest
 
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
-from tests.trainer.test_weightsync_job import JOB, RD_TOLERANCE
+from tests.trainer.test_e2e_exact import RD_TOLERANCE
+from tests.trainer.test_weightsync_job import JOB
 
 pytestmark = pytest.mark.slow  # a 3-4 step job with a two-rank scorer gang: ~1.5 min each on loaded cores
 

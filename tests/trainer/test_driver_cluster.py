@@ -249,7 +249,7 @@ def test_sigterm_unwinds_with_a_final_report(tmp_path: Path, apiserver: Any) -> 
 
 
 @pytest.mark.slow
-def test_cluster_mode_on_one_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_mode_on_one_machine(no_shared_ray: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pod topology on one machine: the head as the driver starts it, one rollout and one actor
     node joining as the operator's worker pods do (``ray start --block --address --resources``),
     then the job with ``placement="cluster"``: each process holds its role's resource."""
