@@ -49,5 +49,9 @@ for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do ip netns de
 ip link del k8sreal0 2>/dev/null
 rm -rf /var/lib/cni/networks/k8sreal /var/lib/cni/results/k8sreal-*
 grep -E " ($W|/run/asyncrl-cluster|$C/containerd)/" /proc/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l
+if [ -f "$W/sysctl.saved" ]; then   # the host's forwarding settings as they were before up.sh
+  while read -r kv; do sysctl -qw "$kv" 2>/dev/null; done < "$W/sysctl.saved"
+  rm -f "$W/sysctl.saved"
+fi
 rm -f "$W/pids"
 echo "cluster down" >&2

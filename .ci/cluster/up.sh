@@ -26,6 +26,8 @@ START=$SECONDS
 ip link show k8sreal0 >/dev/null 2>&1 || { ip link add k8sreal0 type bridge; ip addr add $NODE_IP/24 dev k8sreal0; }
 ip link set k8sreal0 up
 modprobe br_netfilter 2>/dev/null || true
+# the host's values, put back by down.sh
+sysctl -e net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables 2>/dev/null | sed 's/ //g' > "$W/sysctl.saved"
 sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
 # Pods keep a default route (Ray finds its own address through it) but nothing they send is forwarded off
 # the bridge: no masquerade, and this rule drops what would leave through another interface.

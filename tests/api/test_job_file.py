@@ -338,7 +338,7 @@ def test_keys_that_look_like_pydantic_steps_or_hold_newlines_stay_one_line() -> 
     assert lines == [
         "kind[: unknown field; did you mean 'kind'? valid fields here: apiVersion, kind, metadata, spec, status",
         "spec.'tr\\nain': unknown field; did you mean 'train'? valid fields here: correction, oldLogits, async, "
-        "model, task, train, checkpoint, eval, rollout, actor, runPolicy, scheduling, monitoring",
+        "model, task, train, checkpoint, eval, rollout, actor, driver, runPolicy, scheduling, monitoring",
     ]  # (sorted)
 
 

@@ -29,6 +29,14 @@ def test_a_small_job_trains_to_completion_on_real_pods(cluster: Cluster, operato
     rec.wait_for("pod of each role Ready", lambda r: PODS <= {p for p, s in r.pods.items() if s.ever_ready},
                  timeout=900)
     rec.mark("all pods Ready")
+    # Ray joined across pods through the head Service's DNS name, with the job's token: a worker's readiness probe
+    # asks the head at that name whether this pod's raylet is ALIVE; with another token the head refuses it
+    probe = cluster.get("pod", "quickstart-rollout-0", ns)["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
+    assert f"quickstart-driver-0.quickstart.{ns}.svc:6379" in probe
+    exec_ = ("exec", "-n", ns, "quickstart-rollout-0", "-c", "rollout", "--")
+    assert "is ALIVE" in cluster.kubectl(*exec_, *probe).stdout
+    other = cluster.kubectl(*exec_, "env", "RAY_AUTH_TOKEN=not-the-jobs-token", *probe, check=False)
+    assert other.returncode != 0 and "refused this pod's Ray token" in other.stdout + other.stderr, other
     rec.wait_for("first policy version", lambda r: r.version >= 1, timeout=900)
     table = cluster.kubectl("get", "arj", "quickstart", "-n", ns).stdout  # the printer columns, mid-run
     rec.wait_for("a terminal phase", lambda r: r.phase in ("Succeeded", "Failed"), timeout=1200)
@@ -38,12 +46,9 @@ def test_a_small_job_trains_to_completion_on_real_pods(cluster: Cluster, operato
     assert rec.phase == "Succeeded", rec.status
     # every pod ran under the restricted level (the namespace enforces it) and reached Running and Ready
     assert PODS <= set(rec.pod_uids)
-    # Ray joined across pods through the head Service's DNS name, with the job's token: the workers'
-    # readiness probe is `asyncrl probe joined --address quickstart-driver-0.quickstart.<ns>.svc:6379`
-    rollout = cluster.get("pod", "quickstart-rollout-0", ns) if "quickstart-rollout-0" in rec.pods else None
-    if rollout is not None:
-        probe = rollout["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
-        assert f"quickstart-driver-0.quickstart.{ns}.svc:6379" in " ".join(probe)
+    # the namespace enforced the restricted Pod Security level, and admitted every pod the operator made
+    labels = cluster.get("namespace", ns)["metadata"]["labels"]  # cluster-scoped: -n is ignored
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     # the version moved, step by step, as the status sidecar reported it through the API
     versions = [v for _, v, _ in rec.versions]
     assert versions == sorted(versions) and versions[-1] == STEPS, rec.versions

@@ -73,53 +73,67 @@ def _api(cluster: Cluster) -> kubernetes.client.ApiClient:
 def _watch_pods(api: kubernetes.client.ApiClient, rec: JobRecord) -> None:
     core = kubernetes.client.CoreV1Api(api)
     while not rec.stop.is_set():
-        w = kubernetes.watch.Watch()
-        for ev in w.stream(core.list_namespaced_pod, rec.namespace, label_selector=f"{LABEL_JOB}={rec.name}",
-                           timeout_seconds=30):
-            pod = ev["object"]
-            name = pod.metadata.name
-            with rec.cond:
-                rec.pod_uids.setdefault(name, set()).add(pod.metadata.uid)
-                seen = rec.pods.setdefault(name, PodSeen())
-                if ev["type"] == "DELETED":
-                    rec.pods.pop(name, None)
-                else:
-                    seen.phase = pod.status.phase or ""
-                    conds = {c.type: c.status for c in (pod.status.conditions or [])}
-                    seen.ready = conds.get("Ready") == "True"
-                    seen.ever_ready |= seen.ready
-                    seen.restarts = sum(s.restart_count for s in (pod.status.container_statuses or []))
-                    if seen.phase == "Running":
-                        rec.mark(f"{name} Running")
-                    if seen.ready:
-                        rec.mark(f"{name} Ready")
-                rec.cond.notify_all()
-            if rec.stop.is_set():
-                w.stop()
+        try:
+            _pods_once(core, rec)
+        except Exception:  # noqa: BLE001 -- a watch cut by the API server (or the cluster's teardown): watch again
+            rec.stop.wait(1.0)
+
+
+def _pods_once(core: Any, rec: JobRecord) -> None:
+    w = kubernetes.watch.Watch()
+    for ev in w.stream(core.list_namespaced_pod, rec.namespace, label_selector=f"{LABEL_JOB}={rec.name}",
+                       timeout_seconds=30):
+        pod = ev["object"]
+        name = pod.metadata.name
+        with rec.cond:
+            rec.pod_uids.setdefault(name, set()).add(pod.metadata.uid)
+            seen = rec.pods.setdefault(name, PodSeen())
+            if ev["type"] == "DELETED":
+                rec.pods.pop(name, None)
+            else:
+                seen.phase = pod.status.phase or ""
+                conds = {c.type: c.status for c in (pod.status.conditions or [])}
+                seen.ready = conds.get("Ready") == "True"
+                seen.ever_ready |= seen.ready
+                seen.restarts = sum(s.restart_count for s in (pod.status.container_statuses or []))
+                if seen.phase == "Running":
+                    rec.mark(f"{name} Running")
+                if seen.ready:
+                    rec.mark(f"{name} Ready")
+            rec.cond.notify_all()
+        if rec.stop.is_set():
+            w.stop()
 
 
 def _watch_job(api: kubernetes.client.ApiClient, rec: JobRecord) -> None:
     custom = kubernetes.client.CustomObjectsApi(api)
     while not rec.stop.is_set():
-        w = kubernetes.watch.Watch()
-        for ev in w.stream(custom.list_namespaced_custom_object, GROUP, VERSION, rec.namespace, PLURAL,
-                           field_selector=f"metadata.name={rec.name}", timeout_seconds=30):
-            obj = ev["object"]
-            status = obj.get("status") or {}
-            training = status.get("training") or {}
-            with rec.cond:
-                rec.status = status
-                phase = status.get("phase", "")
-                if phase and phase != rec.phase:
-                    rec.phases.append((time.monotonic() - rec.submitted, phase))
-                    rec.mark(f"phase {phase}")
-                version = training.get("policyVersion")
-                if isinstance(version, int) and version != rec.version:
-                    rec.versions.append((time.monotonic() - rec.submitted, version, training.get("keepRatio")))
-                    rec.mark(f"version {version}")
-                rec.cond.notify_all()
-            if rec.stop.is_set():
-                w.stop()
+        try:
+            _job_once(custom, rec)
+        except Exception:  # noqa: BLE001 -- a watch cut by the API server (or the cluster's teardown): watch again
+            rec.stop.wait(1.0)
+
+
+def _job_once(custom: Any, rec: JobRecord) -> None:
+    w = kubernetes.watch.Watch()
+    for ev in w.stream(custom.list_namespaced_custom_object, GROUP, VERSION, rec.namespace, PLURAL,
+                       field_selector=f"metadata.name={rec.name}", timeout_seconds=30):
+        obj = ev["object"]
+        status = obj.get("status") or {}
+        training = status.get("training") or {}
+        with rec.cond:
+            rec.status = status
+            phase = status.get("phase", "")
+            if phase and phase != rec.phase:
+                rec.phases.append((time.monotonic() - rec.submitted, phase))
+                rec.mark(f"phase {phase}")
+            version = training.get("policyVersion")
+            if isinstance(version, int) and version != rec.version:
+                rec.versions.append((time.monotonic() - rec.submitted, version, training.get("keepRatio")))
+                rec.mark(f"version {version}")
+            rec.cond.notify_all()
+        if rec.stop.is_set():
+            w.stop()
 
 
 def load_job(path: Path, namespace: str, **spec_overrides: dict[str, Any]) -> dict[str, Any]:
