@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from asyncrl.api.validation import validate_job
+from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 from tests.trainer.test_e2e_exact import RD_TOLERANCE
 from tests.trainer.test_weightsync_job import JOB
@@ -49,13 +50,16 @@ def _check_exact(result: Any, steps: int) -> None:
     assert d["scored_tokens"] > 0 and d["latest_version"] == steps, d
 
 
-def test_broadcast_to_a_tp2_scorer_gang(ray_session: None, tmp_path: Path) -> None:
-    result = run_job(validate_job(_job("broadcast", 3)), RunOptions(run_dir=tmp_path / "run"))
+# Each job on a Ray of its own (no_shared_ray): on the session's shared Ray the second job's replaced gang waited
+# for something the first job's gang still held, and hung (seen twice; not yet understood, so not hidden here).
+def test_broadcast_to_a_tp2_scorer_gang(no_shared_ray: None, tmp_path: Path) -> None:
+    with local_ray(num_cpus=2):
+        result = run_job(validate_job(_job("broadcast", 3)), RunOptions(run_dir=tmp_path / "run"))
     _check_exact(result, 3)
     assert result.summary.dedicated["replacements"] == 0
 
 
-def test_a_killed_gang_rank_gets_its_gang_replaced_once(ray_session: None, tmp_path: Path) -> None:
+def test_a_killed_gang_rank_gets_its_gang_replaced_once(no_shared_ray: None, tmp_path: Path) -> None:
     killed: list[int] = []
 
     def on_step(r: Any) -> None:
@@ -65,7 +69,9 @@ def test_a_killed_gang_rank_gets_its_gang_replaced_once(ray_session: None, tmp_p
             os.kill(max(pids), signal.SIGKILL)  # one rank only: the other is stopped by the gang
             killed.append(max(pids))
 
-    result = run_job(validate_job(_job("objectStore", 4)), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
+    with local_ray(num_cpus=2):
+        result = run_job(validate_job(_job("objectStore", 4)), RunOptions(run_dir=tmp_path / "run"),
+                         on_step=on_step)
     assert killed
     _check_exact(result, 4)
     assert result.summary.dedicated["replacements"] == 1, result.summary.dedicated
