@@ -10,8 +10,8 @@ there, never the worker: their futures fail (``agent_exception``; a loop blocked
 
 The wire (a ``multiprocessing`` pipe, pickled tuples): worker -> runner ``("start", n, base_url, key, sample,
 timeout_s)``, ``("cancel", n)``; runner -> worker ``("ready",)`` or ``("load_error", text)`` once, ``("beat",)``
-every ``beat_s`` from the loop, and ``("done", n, kind, payload)`` per session: ``("value", reward)`` (a number,
-a bool, None), ``("type", type name)`` (anything else the agent returned), ``("raised", "Type: message")``.
+every ``beat_s`` from the loop, ``("cancelled", n)`` once the loop has taken a cancel, and ``("done", n, kind,
+payload)`` per session: ``("value", reward)`` (a number, a bool, None), ``("type", type name)`` (anything else the agent returned), ``("raised", "Type: message")``.
 """
 
 import asyncio
@@ -70,6 +70,10 @@ class AgentRunner:
         self._lock = threading.RLock()
         self._restarted = threading.Condition(self._lock)
         self._inflight: dict[int, concurrent.futures.Future[Any]] = {}
+        # cancelled sessions whose cancel the runner's loop has not acknowledged yet: a loop that blocks while it
+        # owes one is stuck too (else a session cancelled by its own timeout first leaves the runner blocked, and
+        # no restart, until the block ends by itself; seen under heavy load)
+        self._cancelling: set[int] = set()
         self._n = 0
         self._closed = False
         self._broken: str | None = None  # a restart failed to load the agent: every start fails with this
@@ -128,6 +132,7 @@ class AgentRunner:
         with self._lock:
             if self._inflight.pop(n, None) is None:
                 return
+            self._cancelling.add(n)
             try:
                 self._conn.send(("cancel", n))
             except (OSError, ValueError):
@@ -153,7 +158,8 @@ class AgentRunner:
                 continue
             if msg is None:
                 # no lock here: a start() may hold it, blocked on a pipe the stuck runner no longer drains
-                stuck = bool(self._inflight) and time.monotonic() - self._last > self.timeout_s
+                owed = bool(self._inflight) or bool(self._cancelling)
+                stuck = owed and time.monotonic() - self._last > self.timeout_s
                 if stuck:
                     self._proc.kill()  # that start()'s send then fails, and the lock is free for _lost
                     self._proc.join(5)
@@ -162,6 +168,10 @@ class AgentRunner:
                                "in the runner); the runner was restarted", "timeout")
                 continue
             self._last = time.monotonic()
+            if msg[0] == "cancelled":
+                with self._lock:
+                    self._cancelling.discard(msg[1])
+                continue
             if msg[0] == "done":
                 _, n, kind, payload = msg
                 with self._lock:
@@ -188,6 +198,7 @@ class AgentRunner:
             if self._closed:
                 return
             lost, self._inflight = list(self._inflight.values()), {}
+            self._cancelling.clear()
             self._conn.close()
             for fut in lost:
                 if not fut.done():
@@ -304,6 +315,7 @@ async def _loop(conn: multiprocessing.connection.Connection, fn: Any, beat_s: fl
                     t = tasks.pop(msg[1], None)
                     if t is not None:
                         t.cancel()
+                    send(("cancelled", msg[1]))  # the loop runs: the worker stops counting this session as owed
         except (EOFError, OSError):  # the worker closed the pipe or is gone
             if not ended.done():
                 ended.set_result(None)
