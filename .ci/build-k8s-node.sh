@@ -12,6 +12,7 @@
 set -euo pipefail
 V="${1:-${ASYNCRL_KUBE_VERSION:-1.36.3}}"
 COREDNS_V="${ASYNCRL_COREDNS_VERSION:-v1.15.0}"
+PROM_V="${ASYNCRL_PROMETHEUS_MODULE_VERSION:-v0.316.0}"   # the Go module of Prometheus 3.16 (tags v3.x = v0.3xx)
 GOV="$(go env GOVERSION)"
 GOMINOR="$(echo "$GOV" | sed -E 's/^go([0-9]+\.[0-9]+).*/\1/')"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/asyncrl/kube/v$V-go$GOMINOR"
@@ -56,4 +57,17 @@ if [ ! -x "$CDNS" ]; then
   echo "built CoreDNS in $(( $(date +%s) - start )) s" >&2
 fi
 ln -sfn "coredns-$COREDNS_V" "$CACHE/coredns"
+
+# Prometheus with Kubernetes service discovery (Debian's package is built without it): the cluster test scrapes
+# the pods as the chart's PodMonitor declares (tests/support/cluster_prometheus.py). ~10 min once.
+PROM="$CACHE/prometheus-$PROM_V"
+if [ ! -x "$PROM" ]; then
+  echo "building Prometheus ($PROM_V, one time per machine) ..." >&2
+  start=$(date +%s)
+  G="$(mktemp -d)"
+  GOBIN="$G" "${NICE[@]}" go install -trimpath -ldflags '-s -w' "github.com/prometheus/prometheus/cmd/prometheus@$PROM_V" >&2
+  mv "$G/prometheus" "$PROM"; rm -rf "$G"
+  echo "built Prometheus in $(( $(date +%s) - start )) s" >&2
+fi
+ln -sfn "prometheus-$PROM_V" "$CACHE/prometheus"
 echo "$CACHE"

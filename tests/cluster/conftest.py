@@ -11,7 +11,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.cluster import ROOT, Cluster, attach, down, leftovers, up
+from tests.support import cluster_prometheus
+from tests.support.cluster import (
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    ROOT,
+    RUN_DIR,
+    Cluster,
+    attach,
+    down,
+    leftovers,
+    up,
+)
+from tests.support.cluster_jobs import close_all
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +40,7 @@ def cluster() -> Iterator[Cluster]:
         assert not left, f"the cluster's teardown left: {left}\n{log}"
 
 
-RELEASE, OPERATOR_NAMESPACE = "asyncrl", "asyncrl-system"
+
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +54,21 @@ def operator(cluster: Cluster) -> str:
                  "--wait", "--timeout", "5m")
     cluster.wait("deployment", f"{RELEASE}-operator", "condition=Available", OPERATOR_NAMESPACE, timeout=300)
     return OPERATOR_NAMESPACE
+
+
+@pytest.fixture(autouse=True)
+def _watches_end_with_their_test() -> Iterator[None]:
+    """Every job record's watch threads stop when its test ends (tests/support/cluster_jobs.py)."""
+    yield
+    close_all()
+
+
+@pytest.fixture(scope="session")
+def prometheus(cluster: Cluster, operator: str) -> Iterator[cluster_prometheus.Prometheus]:
+    """The host's Prometheus, scraping the cluster as the chart's PodMonitor and ServiceMonitor declare and
+    evaluating the chart's PrometheusRule (tests/support/cluster_prometheus.py)."""
+    prom = cluster_prometheus.start(cluster, RELEASE, operator, RUN_DIR / "prometheus")
+    try:
+        yield prom
+    finally:
+        prom.stop()

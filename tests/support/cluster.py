@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = ROOT / ".ci" / "cluster"
 RUN_DIR = Path(os.environ.get("ASYNCRL_CLUSTER_DIR", Path(os.environ.get(
     "XDG_CACHE_HOME", Path.home() / ".cache")) / "asyncrl" / "cluster" / "run"))
+RELEASE, OPERATOR_NAMESPACE = "asyncrl", "asyncrl-system"  # the chart's helm release in the tests
 _FIX = "run `make cluster-images` (bash .ci/install-k8s-node.sh) once on this machine"
 
 

@@ -22,6 +22,8 @@ from tests.support.cluster import Cluster
 
 GROUP, VERSION, PLURAL = C.GROUP, C.VERSION, C.PLURAL
 TERMINAL = ("Succeeded", "Failed")
+WATCH_S = 5  # server-side timeout of one watch call: the longest a stopped watch takes to return
+OPEN: list["JobRecord"] = []  # records whose watches run; tests/cluster/conftest.py closes them after each test
 
 
 @dataclass
@@ -45,6 +47,19 @@ class JobRecord:
     status: dict[str, Any] = field(default_factory=dict)
     cond: threading.Condition = field(default_factory=threading.Condition)
     stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Stop the watches and wait for their threads (a watch returns within ``WATCH_S`` of ``stop``).
+
+        No watch thread may outlive its test: one still inside the kubernetes client when the interpreter
+        exits can abort it (a run once passed every test and then died of SIGABRT at exit)."""
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=WATCH_S + 30)
+        alive = [t.name for t in self.threads if t.is_alive()]
+        if alive:
+            raise RuntimeError(f"watch threads of {self.namespace}/{self.name} did not stop: {alive}")
 
     def mark(self, event: str) -> None:
         self.timeline.setdefault(event, round(time.monotonic() - self.submitted, 1))
@@ -82,7 +97,7 @@ def _watch_pods(api: kubernetes.client.ApiClient, rec: JobRecord) -> None:
 def _pods_once(core: Any, rec: JobRecord) -> None:
     w = kubernetes.watch.Watch()
     for ev in w.stream(core.list_namespaced_pod, rec.namespace, label_selector=f"{LABEL_JOB}={rec.name}",
-                       timeout_seconds=30):
+                       timeout_seconds=WATCH_S):
         pod = ev["object"]
         name = pod.metadata.name
         with rec.cond:
@@ -117,7 +132,7 @@ def _watch_job(api: kubernetes.client.ApiClient, rec: JobRecord) -> None:
 def _job_once(custom: Any, rec: JobRecord) -> None:
     w = kubernetes.watch.Watch()
     for ev in w.stream(custom.list_namespaced_custom_object, GROUP, VERSION, rec.namespace, PLURAL,
-                       field_selector=f"metadata.name={rec.name}", timeout_seconds=30):
+                       field_selector=f"metadata.name={rec.name}", timeout_seconds=WATCH_S):
         obj = ev["object"]
         status = obj.get("status") or {}
         training = status.get("training") or {}
@@ -150,7 +165,16 @@ def submit(cluster: Cluster, job: dict[str, Any]) -> JobRecord:
     rec = JobRecord(job["metadata"]["name"], job["metadata"]["namespace"])
     api = _api(cluster)
     for target in (_watch_pods, _watch_job):
-        threading.Thread(target=target, args=(api, rec), daemon=True, name=f"watch-{target.__name__}").start()
+        t = threading.Thread(target=target, args=(api, rec), daemon=True, name=f"watch-{target.__name__}")
+        rec.threads.append(t)
+        t.start()
+    OPEN.append(rec)
     rec.submitted = time.monotonic()
     cluster.apply(job)
     return rec
+
+
+def close_all() -> None:
+    """Stop every open record's watches (after each test)."""
+    while OPEN:
+        OPEN.pop().close()
