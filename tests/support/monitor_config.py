@@ -57,49 +57,42 @@ def _sd(role: str, monitor: dict[str, Any], api_server: str, tls: dict[str, str]
     return {"role": role, "api_server": api_server, "tls_config": tls, **_namespaces(monitor)}
 
 
-def pod_monitor(monitor: dict[str, Any], api_server: str, tls: dict[str, str]) -> list[dict[str, Any]]:
-    spec, name = monitor["spec"], f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
-    configs = []
-    for i, ep in enumerate(spec["podMetricsEndpoints"]):
-        relabel = _selector("pod", spec["selector"].get("matchLabels") or {})
-        relabel += [
-            {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": ep["port"]},
+def _target_labels(kind: str, port: str, job: str) -> list[dict[str, Any]]:
+    """The kind's own keep/drop rules and target labels, before the endpoint's ``relabelings``."""
+    if kind == "pod":
+        return [
+            {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": port},
             {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"},
             {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
             {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
             {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {"target_label": "job", "replacement": name},
-            {"target_label": "endpoint", "replacement": ep["port"]},
+            {"target_label": "job", "replacement": job},
+            {"target_label": "endpoint", "replacement": port},
         ]
-        configs.append({
-            "job_name": f"podMonitor/{name}/{i}", "honor_labels": bool(ep.get("honorLabels", False)),
-            "metrics_path": ep.get("path", "/metrics"), "scrape_interval": ep.get("interval", "30s"),
-            "scrape_timeout": ep.get("scrapeTimeout", "10s"),
-            "kubernetes_sd_configs": [_sd("pod", monitor, api_server, tls)],
-            "relabel_configs": relabel + _relabelings(ep.get("relabelings") or []),
-        })
-    return configs
+    return [
+        {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": port},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
+        {"target_label": "endpoint", "replacement": port},
+    ]
 
 
-def service_monitor(monitor: dict[str, Any], api_server: str, tls: dict[str, str]) -> list[dict[str, Any]]:
+def _monitor(kind: str, monitor: dict[str, Any], api_server: str, tls: dict[str, str]) -> list[dict[str, Any]]:
+    """``kind`` "pod" (a PodMonitor: its ``podMetricsEndpoints``) or "service" (a ServiceMonitor: ``endpoints``)."""
     spec, name = monitor["spec"], f"{monitor['metadata']['namespace']}/{monitor['metadata']['name']}"
+    endpoints, prefix, role = ((spec["podMetricsEndpoints"], "podMonitor", "pod") if kind == "pod"
+                               else (spec["endpoints"], "serviceMonitor", "endpoints"))
     configs = []
-    for i, ep in enumerate(spec["endpoints"]):
-        relabel = _selector("service", spec["selector"].get("matchLabels") or {})
-        relabel += [
-            {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]},
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
-            {"target_label": "endpoint", "replacement": ep["port"]},
-        ]
+    for i, ep in enumerate(endpoints):
+        relabel = _selector(kind, spec["selector"].get("matchLabels") or {}) + _target_labels(kind, ep["port"], name)
         configs.append({
-            "job_name": f"serviceMonitor/{name}/{i}", "honor_labels": bool(ep.get("honorLabels", False)),
+            "job_name": f"{prefix}/{name}/{i}", "honor_labels": bool(ep.get("honorLabels", False)),
             "metrics_path": ep.get("path", "/metrics"), "scrape_interval": ep.get("interval", "30s"),
             "scrape_timeout": ep.get("scrapeTimeout", "10s"),
-            "kubernetes_sd_configs": [_sd("endpoints", monitor, api_server, tls)],
+            "kubernetes_sd_configs": [_sd(role, monitor, api_server, tls)],
             "relabel_configs": relabel + _relabelings(ep.get("relabelings") or []),
         })
     return configs
@@ -112,7 +105,7 @@ def scrape_configs(docs: list[dict[str, Any]], api_server: str, pki: Path) -> li
     out: list[dict[str, Any]] = []
     for doc in docs:
         if doc and doc.get("kind") == "PodMonitor":
-            out += pod_monitor(doc, api_server, tls)
+            out += _monitor("pod", doc, api_server, tls)
         elif doc and doc.get("kind") == "ServiceMonitor":
-            out += service_monitor(doc, api_server, tls)
+            out += _monitor("service", doc, api_server, tls)
     return out
