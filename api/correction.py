@@ -227,6 +227,21 @@ class EwmaResetSpec(SpecModel):
     consecutive_steps: int = Field(
         default=3, ge=1, le=10_000, description="k: reset after this many consecutive low policy versions (batches)."
     )
+    rule: Literal["paper", "paperCooldown", "recentre"] = Field(
+        default="paper",
+        description="paper: k versions below keepRatioBelow reset theta_prox to the current weights (paper "
+        "section 6.5); paperCooldown: the same, at most once per async.maxStaleness versions; recentre: the "
+        "threshold is the reference's own running in-bounds level minus margin, with the same cooldown, and "
+        "the reset moves theta_prox to the average of the weights that sampled the batch's tokens "
+        "(keeps the last maxStaleness + 2 versions' weights).",
+    )
+    margin: float = Field(
+        default=0.1,
+        gt=0.0,
+        lt=1.0,
+        description="recentre: a version is low when its in-bounds ratio is below the running level (an "
+        "exponential average of the ratios before it, about 9 versions back) minus this margin.",
+    )
 
 
 DECAY_AUTO_HINT = "omit decay for the automatic g/(g+1), g the expected version gap"

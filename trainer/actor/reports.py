@@ -50,6 +50,13 @@ class TrainStepMetrics:
     loss_last: float = math.nan  # the last update's loss (nan when it stopped before)
     grad_norm_last: float = math.nan  # the last update's gradient norm (nan when it stopped before backward)
     in_bounds_ratio: float = 1.0  # share of the batch's valid tokens with r_d inside mask.bounds (EWMA reset)
+    # The EWMA reset rule (trainer/correction/ewma_reset.py): the threshold in force (nan: none, or not ewma),
+    # the outcome of an earlier reset decided at this version ("recovered" / "unrecovered" / ""), and counters.
+    learning_rate: float = math.nan  # the optimizer's learning rate for this step's updates (ActorOptimizer.learning_rate())
+    ewma_reset_threshold: float = math.nan
+    ewma_reset_outcome: str = ""
+    ewma_resets_recovered_total: int = 0
+    ewma_resets_unrecovered_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,3 +103,15 @@ class UpdateTally:
 # A rank that trained no row this batch (fewer rows than DP ranks): zero counts, the neutral extremes.
 NO_TOKENS = CorrectionStats(**{f.name: 1.0 if f.name in ("rd_min", "rd_max", "rs_min", "rs_max") else 0.0
                                for f in dataclasses.fields(CorrectionStats)})
+
+
+def ewma_reset_fields(provider: object) -> dict[str, object]:
+    """The ``ewma_reset_*`` fields of a step report from a provider with a reset rule (the ewma one);
+    none (the defaults) for every other provider."""
+    status_of = getattr(provider, "reset_status", None)
+    if status_of is None:
+        return {}
+    st = status_of()
+    return {"ewma_reset_threshold": st.threshold, "ewma_reset_outcome": st.outcome,
+            "ewma_resets_recovered_total": st.recovered_total, "ewma_resets_unrecovered_total": st.unrecovered_total}
+
