@@ -83,7 +83,7 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("nonfinite_losses", "counter", "asyncrl_nonfinite_losses_total",
               "Steps whose loss was NaN/Inf; the step is skipped (no weight update) and the batch is logged."),
     MetricDef("ewma_resets", "counter", "asyncrl_ewma_resets_total",
-              "Resets of the PPO-EWMA reference theta_prox to the current weights, by reason.",
+              "Resets of the PPO-EWMA reference theta_prox (to the current weights, or under reset.rule recentre to the average of the weights that sampled the batch), by reason.",
               labels=(("reason", EWMA_RESET_REASONS),)),
     MetricDef("ewma_reset_outcomes", "counter", "asyncrl_ewma_reset_outcomes_total",
               "EWMA reference resets by outcome, counted W = async.maxStaleness versions after each: recovered "
