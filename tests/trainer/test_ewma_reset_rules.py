@@ -32,13 +32,14 @@ def test_paper_rule_cascades_every_k_versions_while_low() -> None:
     assert _fires(rule, [0.5] * 9) == [2, 5, 8]
 
 
-def test_paper_cooldown_waits_w_versions_after_a_reset() -> None:
-    # W = 5 > k = 3: after the reset at 2 the streak reaches 3 at 5 but 5 - 2 = 3 < 5; the first version
-    # allowed is 7 (since_reset 5), where the streak is 5 >= 3; then 12.
+def test_paper_cooldown_does_not_count_the_w_versions_after_a_reset() -> None:
+    # W = 5, k = 3, low throughout: fires at 2; versions 3..7 (the W after it) are not counted, 8, 9, 10
+    # are: fires at 10, then 18. The soonest next reset is W + k versions later.
     rule = ResetRule("paperCooldown", keep_ratio_below=0.8, consecutive_steps=3, window=5)
-    assert _fires(rule, [0.5] * 13) == [2, 7, 12]
-    # W = 3 = k: the cooldown never binds beyond the streak itself (same as paper while low throughout).
-    assert _fires(ResetRule("paperCooldown", window=3), [0.5] * 9) == [2, 5, 8]
+    assert _fires(rule, [0.5] * 19) == [2, 10, 18]
+    # W = k = 3: the paper's rule fires every 3 versions, the cooldown every 6.
+    assert _fires(ResetRule("paperCooldown", window=3), [0.5] * 15) == [2, 8, 14]
+    assert _fires(ResetRule("paper", window=3), [0.5] * 15) == [2, 5, 8, 11, 14]
 
 
 def test_paper_rule_a_high_version_breaks_the_streak() -> None:
@@ -88,11 +89,11 @@ def test_outcome_recovered_when_one_of_the_next_w_versions_clears_the_threshold(
 
 def test_outcome_unrecovered_and_pending_at_the_end() -> None:
     rule = ResetRule("paperCooldown", keep_ratio_below=0.8, consecutive_steps=2, window=3)
-    steps = [rule.observe(x) for x in [0.5] * 8]
-    # fires at 1, then at 4 (cooldown 3, streak 3 >= 2), then at 7; resets 1 and 4 unrecovered (decided at
-    # 4 and 7), reset 7 pending.
-    assert [i for i, s in enumerate(steps) if s.fire] == [1, 4, 7]
-    assert [(i, s.outcomes) for i, s in enumerate(steps) if s.outcomes] == [(4, ("unrecovered",)), (7, ("unrecovered",))]
+    steps = [rule.observe(x) for x in [0.5] * 12]
+    # fires at 1; 2..4 not counted; 5, 6 low: fires at 6; 7..9 not counted; fires at 11. Resets 1 and 6 are
+    # unrecovered (decided at 4 and 9), reset 11 pending.
+    assert [i for i, s in enumerate(steps) if s.fire] == [1, 6, 11]
+    assert [(i, s.outcomes) for i, s in enumerate(steps) if s.outcomes] == [(4, ("unrecovered",)), (9, ("unrecovered",))]
     assert (rule.recovered, rule.unrecovered, len(rule.pending)) == (0, 2, 1)
 
 

@@ -7,9 +7,9 @@ in-bounds ratio of ``r_d`` (the share of valid tokens with ``r_d`` inside ``mask
     A version is *low* when the ratio is below ``tau = keepRatioBelow``; after ``k = consecutiveSteps``
     low versions in a row ``theta_prox`` is set to the current weights.
 ``paperCooldown``
-    The same, but no reset fires within ``W`` versions of the previous one (``W = async.maxStaleness``,
-    at least 1): at ``W = k = 3`` the paper's rule fires again exactly ``k`` versions after a reset whose
-    batches still carried the tokens sampled before it.
+    The same, but the ``W`` versions after a reset (``W = async.maxStaleness``, at least 1) are not counted:
+    their batches still carry tokens sampled before it, so the next reset comes ``W + k`` versions later at
+    the soonest. (The paper's rule at ``W = k = 3`` fires again exactly ``k`` versions after a reset.)
 ``recentre``
     The threshold is the reference's own level: ``tau_t = level_t - margin``, where ``level_t`` is a
     bias-corrected exponential average (memory :data:`LEVEL_MEMORY` per version) of the ratios observed
@@ -148,12 +148,14 @@ class ResetRule:
         if ratio is None:
             return RuleStep(tau, False, self.streak, False, tuple(outcomes))
         low = not math.isnan(tau) and ratio < tau
-        self.streak = self.streak + 1 if low else 0
+        # The cooldown: the W versions after a reset still train tokens sampled before it, so they are not
+        # counted at all (the streak restarts after them): the next reset comes W + k versions later at the soonest.
+        cooling = self.rule != "paper" and self.since_reset is not None and self.since_reset <= self.horizon
+        self.streak = self.streak + 1 if low and not cooling else 0
         self.level_sum = LEVEL_MEMORY * self.level_sum + float(ratio)
         self.level_weight = LEVEL_MEMORY * self.level_weight + 1.0
         self.observations += 1
-        cooling = self.rule != "paper" and self.since_reset is not None and self.since_reset < self.horizon
-        fire = self.enabled and self.streak >= self.consecutive_steps and not cooling
+        fire = self.enabled and self.streak >= self.consecutive_steps
         if fire:
             self.fired(tau)
         return RuleStep(tau, low, self.streak if not fire else self.consecutive_steps, fire, tuple(outcomes))
