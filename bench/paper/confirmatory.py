@@ -67,7 +67,11 @@ def run(cfg: harness.Config, scale: external.Scale, seed: int, weights: Path, ou
         experiment: str) -> None:
     if path.exists():
         return
-    rec = external.run_with_retries(cfg, scale, seed, weights, out)
+    # The run folder is named after the configuration and seed only: a scratch folder per experiment and rate,
+    # so two commands running at once (confirm and resets share the recentre configuration) never share one.
+    rec = external.run_with_retries(cfg, scale, seed, weights, out / experiment / lr_tag(scale.learning_rate))
+    if len(rec["steps"]) < scale.steps:  # an interrupted run (SIGINT ends the job early): no record
+        raise RuntimeError(f"{cfg.name} seed {seed}: {len(rec['steps'])} of {scale.steps} versions ran; not recorded")
     lrs = actor_learning_rates(rec)
     rec.update({"kind": experiment, "arm": cfg.name, "actor_learning_rate": lrs[0] if len(lrs) == 1 else lrs})
     path.parent.mkdir(parents=True, exist_ok=True)
