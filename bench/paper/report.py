@@ -288,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"figures named in docs/results.md are missing: {missing}; run: .venv/bin/python bench/paper/report.py")
             return 1
+        runbooks = importlib.import_module("runbook_numbers").stale(DATA)
+        if runbooks:
+            print(f"runbooks quote numbers their records no longer give: {runbooks}; run: .venv/bin/python bench/paper/report.py")
+            return 1
         if old != text:
             diff = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "docs/results.md",
                                                 "regenerated from docs/results/data", n=1))
@@ -296,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     DOC.write_text(text)
+    importlib.import_module("runbook_numbers").write(DATA)
     print(f"wrote {DOC} and its figures under {FIGURES}")
     return 0
 

@@ -55,7 +55,13 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
 from asyncrl.trainer.actor.held_reference import HeldReference, hold_reference
-from asyncrl.trainer.actor.reports import NO_TOKENS, SftStepMetrics, TrainStepMetrics, UpdateTally, ewma_reset_fields
+from asyncrl.trainer.actor.reports import (
+    NO_TOKENS,
+    SftStepMetrics,
+    TrainStepMetrics,
+    UpdateTally,
+    ewma_reset_fields,
+)
 from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.actor.update_plan import (
     LossShare,

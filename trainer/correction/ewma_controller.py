@@ -51,7 +51,13 @@ import torch
 from torch import Tensor, nn
 
 from asyncrl.api.correction import EwmaSpec
-from asyncrl.trainer.correction.ewma_reset import Outcome, ResetRule, Rule, next_batch_versions, recentre_weights
+from asyncrl.trainer.correction.ewma_reset import (
+    Outcome,
+    ResetRule,
+    Rule,
+    next_batch_versions,
+    recentre_weights,
+)
 
 ResetReason = Literal["keep_ratio_collapse", "manual"]
 # Forgetting factor of the measured gap: weight GAP_MEMORY**age per batch, centre of mass
