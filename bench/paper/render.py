@@ -61,7 +61,8 @@ def check_scale(record: Mapping[str, Any], cfg: h.Config, scale: h.Scale) -> Non
     actor = record.get("actor_learning_rate")
     if ran is None or not math.isclose(float(ran), lr, rel_tol=1e-9):
         bad["learning_rate"] = (ran, lr)
-    if actor is not None and not math.isclose(float(actor), lr, rel_tol=1e-6):
+    actors = [] if actor is None else [float(actor)] if isinstance(actor, (int, float)) else [float(x) for x in actor]
+    if any(not math.isclose(x, lr, rel_tol=1e-6) for x in actors):
         bad["actor_learning_rate"] = (actor, lr)
     if bad:
         raise ScaleMismatch(f"record {cfg.key()} seed {record.get('seed')} ({cfg.name}) ran at another scale than its "
