@@ -121,7 +121,7 @@ def test_state_dict_before_the_forgetting_window_loads() -> None:
 
 
 def test_reset_after_k_consecutive_low_steps() -> None:
-    spec = EwmaSpec(decay=0.9, reset=EwmaResetSpec(keep_ratio_below=0.8, consecutive_steps=3))
+    spec = EwmaSpec(decay=0.9, reset=EwmaResetSpec(rule="paper", keep_ratio_below=0.8, consecutive_steps=3))
     ctl = EwmaController.from_spec(spec, max_staleness=2)
     ctl.init(_params(0))
     ratios = [0.9, 0.7, 0.7, 0.95, 0.7, 0.79, torch.tensor(0.5), 0.7]
