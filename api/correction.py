@@ -207,7 +207,7 @@ class ClipSpec(SpecModel):
 
 
 class EwmaResetSpec(SpecModel):
-    """Automatic reset of the EWMA reference to the current weights (paper §6.5).
+    """Automatic reset of the EWMA reference (paper §6.5; ``rule`` chooses when and to what).
 
     The statistic is the batch's *in-bounds ratio*: the share of valid tokens whose (level-aggregated)
     ``r_d = pi_prox / mu`` lies inside ``mask.bounds``. Under ``mask.mode: mask`` it is the keep ratio
@@ -230,8 +230,9 @@ class EwmaResetSpec(SpecModel):
     rule: Literal["paper", "paperCooldown", "recentre"] = Field(
         default="paper",
         description="paper: k versions below keepRatioBelow reset theta_prox to the current weights (paper "
-        "section 6.5); paperCooldown: the same, at most once per async.maxStaleness versions; recentre: the "
-        "threshold is the reference's own running in-bounds level minus margin, with the same cooldown, and "
+        "section 6.5); paperCooldown: the same, but the async.maxStaleness versions after a reset do not count "
+        "toward the next streak; recentre: the threshold is the reference's own running in-bounds level minus "
+        "margin (keepRatioBelow unused), with the same cooldown, and "
         "the reset moves theta_prox to the average of the weights that sampled the batch's tokens "
         "(keeps the last maxStaleness + 2 versions' weights).",
     )
