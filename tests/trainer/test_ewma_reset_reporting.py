@@ -8,12 +8,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from asyncrl.api.correction import EwmaSpec
 from asyncrl.trainer.actor.reports import ewma_reset_fields
 from asyncrl.trainer.correction.ewma_reset import ResetStatus
 from asyncrl.trainer.driver.loop.accounting import count_ewma_reset
 from asyncrl.trainer.driver.run.metrics import create_metrics
 from asyncrl.trainer.driver.run.step_report import step_line
 from asyncrl.trainer.driver.status.reporter import StatusReporter
+from asyncrl.trainer.oldlogits.ewma import EwmaProvider
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -59,13 +61,10 @@ def test_status_carries_the_outcome_totals_for_the_ewma_reference_only() -> None
     assert training["ewmaResetsRecovered"] == 3 and training["ewmaResetsUnrecovered"] == 1
 
 
-class _Provider:
-    def reset_status(self) -> ResetStatus:
-        return ResetStatus(threshold=0.5, outcome="recovered", recovered_total=2, unrecovered_total=0)
-
-
-def test_report_fields_from_a_provider_with_a_reset_rule_only() -> None:
+def test_report_fields_from_the_ewma_provider_only() -> None:
     assert ewma_reset_fields(object()) == {}
-    assert ewma_reset_fields(_Provider()) == {"ewma_reset_threshold": 0.5, "ewma_reset_outcome": "recovered",
-                                              "ewma_resets_recovered_total": 2, "ewma_resets_unrecovered_total": 0}
+    provider = EwmaProvider(EwmaSpec(), max_staleness=3)
+    fields = ewma_reset_fields(provider)  # before its first version: no threshold, no outcome
+    assert math.isnan(fields.pop("ewma_reset_threshold"))  # type: ignore[arg-type]
+    assert fields == {"ewma_reset_outcome": "", "ewma_resets_recovered_total": 0, "ewma_resets_unrecovered_total": 0}
     assert math.isnan(ResetStatus().threshold)

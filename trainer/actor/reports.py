@@ -14,6 +14,7 @@ import torch
 
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.oldlogits.audit import AuditStats
+from asyncrl.trainer.oldlogits.ewma import EwmaProvider
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,11 @@ NO_TOKENS = CorrectionStats(**{f.name: 1.0 if f.name in ("rd_min", "rd_max", "rs
 
 
 def ewma_reset_fields(provider: object) -> dict[str, object]:
-    """The ``ewma_reset_*`` fields of a step report from a provider with a reset rule (the ewma one);
+    """The ``ewma_reset_*`` fields of a step report from the ewma provider (the one with a reset rule);
     none (the defaults) for every other provider."""
-    status_of = getattr(provider, "reset_status", None)
-    if status_of is None:
+    if not isinstance(provider, EwmaProvider):
         return {}
-    st = status_of()
+    st = provider.reset_status()
     return {"ewma_reset_threshold": st.threshold, "ewma_reset_outcome": st.outcome,
             "ewma_resets_recovered_total": st.recovered_total, "ewma_resets_unrecovered_total": st.unrecovered_total}
 
