@@ -228,7 +228,7 @@ class EwmaResetSpec(SpecModel):
         default=3, ge=1, le=10_000, description="k: reset after this many consecutive low policy versions (batches)."
     )
     rule: Literal["paper", "paperCooldown", "recentre"] = Field(
-        default="paper",
+        default="recentre",
         description="paper: k versions below keepRatioBelow reset theta_prox to the current weights (paper "
         "section 6.5); paperCooldown: the same, but the async.maxStaleness versions after a reset do not count "
         "toward the next streak; recentre: the threshold is the reference's own running in-bounds level minus "

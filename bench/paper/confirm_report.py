@@ -19,6 +19,8 @@ from typing import Any
 
 import stats as st
 
+from asyncrl.api.correction import EwmaResetSpec
+
 Record = Mapping[str, Any]
 ARMS = ("exact", "current", "ewma_reset_off", "ewma_recentre", "current_wide_mask")
 LEARNING_RATE = 3e-4  # the plan's scale
@@ -257,9 +259,10 @@ def reset_table(data: Path) -> str:
     head = ("| rule | lr | runs | resets / run | recovered (of decided) | followed by another within W | "
             "in-bounds ratio | primary endpoint |")
     out = [head, "|---|---|---|---|---|---|---|---|"]
+    arm = [r for r in confirmatory_runs(data)["ewma_recentre"].values()]
     for lr in RESET_LRS:
-        for rule in RULES:
-            rs = runs.get((rule, lr), [])
+        for rule, label, rs in [*((r, "", runs.get((r, lr), [])) for r in RULES),
+                                *([("recentre", " (the confirmatory arm)", arm)] if math.isclose(lr, LEARNING_RATE) else [])]:
             if not rs:
                 continue
             ev = [reset_events(r) for r in rs]
@@ -267,7 +270,7 @@ def reset_table(data: Path) -> str:
             decided = sum(e["recovered"] + e["unrecovered"] for e in ev)
             rec = sum(e["recovered"] for e in ev)
             share = f"{rec}/{decided} = {rec / decided:.2f}" if decided else "none decided"
-            out.append(f"| `{rule}` | {lr:g} | {len(rs)} | {resets / len(rs):.1f} | {share} | "
+            out.append(f"| `{rule}`{label} | {lr:g} | {len(rs)} | {resets / len(rs):.1f} | {share} | "
                        f"{sum(e['followed'] for e in ev)}/{resets} | "
                        f"{_ci([statistics.fmean(s['in_bounds_ratio'] for s in r['steps'] if 'in_bounds_ratio' in s) for r in rs], 4)} | "
                        f"{_ci([endpoint(r) for r in rs])} |")
@@ -290,7 +293,8 @@ def reset_section(data: Path) -> str:
 
 
 def section(data: Path) -> str:
-    return confirmatory_section(data) + "\n" + reset_section(data)
+    return (confirmatory_section(data) + "\n" + reset_section(data) + "\n" + default_decision(data) + "\n\n"
+            + storm_text(data))
 
 
 def closing(data: Path) -> str:
@@ -306,5 +310,58 @@ def closing(data: Path) -> str:
         t: Test = r["test"]
         lines.append(f"- **{r['id']}** ({r['what']}): `{r['a']}` − `{r['b']}` = {t.diff:+.3f} [{t.low:+.3f}, {t.high:+.3f}], "
                      f"{t.name}, raw p {t.p:.3g}, Holm p {r['p_adj']:.3g}: **{r['reading']}**.")
-    lines += ["", f"Regime: {why}.", "", reset_table(data)]
+    lines += ["", f"Regime: {why}.", "", default_decision(data), "", reset_table(data)]
     return "\n".join(lines)
+
+
+def default_decision(data: Path) -> str:
+    """The plan's rule for the default ``reset.rule``, applied to the records (one sentence)."""
+    runs, resets = confirmatory_runs(data), reset_runs(data)
+    parts, ok = [], True
+    for lr in (1e-4, 3e-4):
+        rs = list(resets.get(("recentre", lr), [])) + (list(runs["ewma_recentre"].values())
+                                                       if math.isclose(lr, LEARNING_RATE) else [])
+        ev = [reset_events(r) for r in rs]
+        dec = sum(e["recovered"] + e["unrecovered"] for e in ev)
+        rec = sum(e["recovered"] for e in ev)
+        pev = [reset_events(r) for r in resets.get(("paper", lr), [])]
+        pdec = sum(e["recovered"] + e["unrecovered"] for e in pev)
+        prec = sum(e["recovered"] for e in pev)
+        share = rec / dec if dec else 1.0  # no decided reset: none failed to recover
+        pshare = prec / pdec if pdec else 0.0
+        ok = ok and share > 0.5 and share > pshare
+        parts.append(f"lr {lr:g}: recentre recovered {rec} of {dec} decided resets "
+                     f"({sum(e['resets'] for e in ev)} fired in {len(rs)} runs), paper {prec} of {pdec}")
+    h3 = next((r for r in hypotheses(runs) if r["id"] == "H3"), None)
+    if h3 is None:
+        return "Default rule: H3 not tested yet."
+    t: Test = h3["test"]
+    ok = ok and t.diff >= -PAPER_SIZED and t.low > -0.05
+    shipped = EwmaResetSpec().rule
+    if shipped != ("recentre" if ok else "paper"):
+        return f"**Default reset rule: the spec's default `{shipped}` disagrees with the plan's rule on these records.**"
+    return ("**Default reset rule (the plan's rule).** " + "; ".join(parts) + f"; H3 {t.diff:+.3f} "
+            f"[{t.low:+.3f}, {t.high:+.3f}]: " + ("the criterion holds, so `recentre` is the default `reset.rule` "
+                                                   "(the paper's rule stays available as `rule: paper`)." if ok else
+                                                   "the criterion does not hold, so `paper` stays the default."))
+
+
+def storm_text(data: Path) -> str:
+    """What ``docs/results/data/alerts/storm_evidence.json`` shows of AsyncRLEwmaResetStorm on a real Prometheus."""
+    path = data / "alerts" / "storm_evidence.json"
+    if not path.exists():
+        return "AsyncRLEwmaResetStorm on a real Prometheus: no record yet (`bench/paper/storm_evidence.py`).\n"
+    ev = json.loads(path.read_text())
+    out = []
+    for name, j in sorted(ev["jobs"].items()):
+        fired = [f["alert"] for f in ev["firing"] if f["labels"].get("asyncrljob") == name]
+        unrec = sum(o["outcome"] == "unrecovered" for o in j.get("own_outcomes", []))
+        out.append(f"`{name}` ({j['cell']}, {ev['steps']} versions, exit {j['exit_code']}): {len(j['own_resets'])} resets, "
+                   f"{unrec} unrecovered; alerts fired: {', '.join(sorted(set(fired))) or 'none'}")
+    missing = sorted({"healthy", "lagging"} - set(ev["jobs"]))
+    note = (f" No record of {', '.join(f'`{m}`' for m in missing)}: on this shared machine (23 GB, other agents' jobs) "
+            "the three attempts that ran the two together failed (a Ray start-up timeout, then Ray's memory monitor "
+            "killing workers); in the second attempt the lagging job's AsyncRLEwmaResetStorm fired at version 10 before the healthy job was killed "
+            "(seen in that attempt's log, not a record), so the firing half is not evidenced here." if missing else "")
+    return ("**AsyncRLEwmaResetStorm on a real Prometheus** (`bench/paper/storm_evidence.py`, the chart's rules as "
+            "helm renders them, shipped values): " + "; ".join(out) + "." + note + "\n")

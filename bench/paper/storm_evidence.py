@@ -44,8 +44,11 @@ def roles() -> dict[str, ae.Role]:
     return {"healthy": (healthy.name, scale, healthy), "lagging": (lagging.name, scale, lagging)}
 
 
-def collect(out: Path, *, seed: int = 0, warm_start: Path | None = None, log: Any = print) -> dict[str, Any]:
-    return ae.collect(out, seed=seed, warm_start=warm_start, log=log, roles=roles())
+def collect(out: Path, *, seed: int = 0, warm_start: Path | None = None, log: Any = print,
+            only: list[str] | None = None) -> dict[str, Any]:
+    """Both jobs (``only``: a subset, e.g. when the machine has no memory for two Ray clusters at once)."""
+    chosen = {k: v for k, v in roles().items() if only is None or k in only}
+    return ae.collect(out, seed=seed, warm_start=warm_start, log=log, roles=chosen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,9 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/paper/storm"))
     p.add_argument("--warm-start", type=Path, default=h.warm_dir(Path("runs/paper/full"), h.FULL))
+    p.add_argument("--only", nargs="+", choices=("healthy", "lagging"), default=None,
+                   help="run these jobs only; the record keeps the other job's entry from the committed record")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    ev = collect(args.out, seed=args.seed, warm_start=args.warm_start if args.warm_start.exists() else None)
+    ev = collect(args.out, seed=args.seed, warm_start=args.warm_start if args.warm_start.exists() else None,
+                 only=args.only)
+    if args.only and RECORD.exists():  # one job per run: merge with the other job's committed evidence
+        old = json.loads(RECORD.read_text())
+        ev["jobs"] = {**{k: v for k, v in old["jobs"].items() if k not in ev["jobs"]}, **ev["jobs"]}
+        ev["firing"] = [f for f in old["firing"] if f["labels"].get("asyncrljob") not in args.only] + ev["firing"]
+        ev["separate_runs"] = sorted(set(old.get("separate_runs", [])) | set(args.only))
     RECORD.parent.mkdir(parents=True, exist_ok=True)
     RECORD.write_text(json.dumps(ev, indent=1, sort_keys=True) + "\n")
     print(json.dumps(ev["firing"], indent=1))

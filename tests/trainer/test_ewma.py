@@ -154,11 +154,11 @@ def test_manual_reset() -> None:
 
 
 def test_state_dict_round_trip_continues_identically() -> None:
-    a = EwmaController.from_spec(EwmaSpec(window="measured"), max_staleness=3)
+    a = EwmaController.from_spec(EwmaSpec(window="measured", reset=EwmaResetSpec(rule="paper")), max_staleness=3)
     a.init(_params(0))
     a.observe_staleness(2.0)
     a.update(_params(1), keep_ratio=0.5)
-    b = EwmaController.from_spec(EwmaSpec(window="measured"), max_staleness=3)
+    b = EwmaController.from_spec(EwmaSpec(window="measured", reset=EwmaResetSpec(rule="paper")), max_staleness=3)
     b.load_state_dict(a.state_dict())
     for ctl in (a, b):
         ctl.observe_staleness(1.0)

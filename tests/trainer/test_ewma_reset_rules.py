@@ -194,7 +194,7 @@ def test_controller_state_dict_keeps_rule_and_history() -> None:
 
 
 def test_spec_rule_and_margin() -> None:
-    assert EwmaResetSpec().rule == "paper"
+    assert EwmaResetSpec().rule == "recentre"  # the default since issue 36's confirmatory experiment
     assert EwmaResetSpec.model_validate({"rule": "recentre", "margin": 0.05}).margin == 0.05
     with pytest.raises(ValidationError, match="rule"):
         EwmaResetSpec.model_validate({"rule": "often"})
