@@ -207,7 +207,7 @@ class ClipSpec(SpecModel):
 
 
 class EwmaResetSpec(SpecModel):
-    """Automatic reset of the EWMA reference to the current weights (paper §6.5).
+    """Automatic reset of the EWMA reference (paper §6.5; ``rule`` chooses when and to what).
 
     The statistic is the batch's *in-bounds ratio*: the share of valid tokens whose (level-aggregated)
     ``r_d = pi_prox / mu`` lies inside ``mask.bounds``. Under ``mask.mode: mask`` it is the keep ratio
@@ -226,6 +226,22 @@ class EwmaResetSpec(SpecModel):
     )
     consecutive_steps: int = Field(
         default=3, ge=1, le=10_000, description="k: reset after this many consecutive low policy versions (batches)."
+    )
+    rule: Literal["paper", "paperCooldown", "recentre"] = Field(
+        default="recentre",
+        description="paper: k versions below keepRatioBelow reset theta_prox to the current weights (paper "
+        "section 6.5); paperCooldown: the same, but the async.maxStaleness versions after a reset do not count "
+        "toward the next streak; recentre: the threshold is the reference's own running in-bounds level minus "
+        "margin (keepRatioBelow unused), with the same cooldown, and "
+        "the reset moves theta_prox to the average of the weights that sampled the batch's tokens "
+        "(keeps the last maxStaleness + 2 versions' weights).",
+    )
+    margin: float = Field(
+        default=0.1,
+        gt=0.0,
+        lt=1.0,
+        description="recentre: a version is low when its in-bounds ratio is below the running level (an "
+        "exponential average of the ratios before it, about 9 versions back) minus this margin.",
     )
 
 

@@ -55,7 +55,13 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
 from asyncrl.trainer.actor.held_reference import HeldReference, hold_reference
-from asyncrl.trainer.actor.reports import NO_TOKENS, SftStepMetrics, TrainStepMetrics, UpdateTally
+from asyncrl.trainer.actor.reports import (
+    NO_TOKENS,
+    SftStepMetrics,
+    TrainStepMetrics,
+    UpdateTally,
+    ewma_reset_fields,
+)
 from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.actor.update_plan import (
     LossShare,
@@ -372,6 +378,8 @@ class MegatronActor:
             ewma_reset=bool(reset),
             ewma_reset_reason=reset,
             ewma_resets_total=self.ewma_resets_total,
+            **ewma_reset_fields(self.old_logits),
+            learning_rate=self._optimizer.learning_rate(),
             reference_seconds=tally.reference_seconds,
             forward_seconds=tally.forward_s,
             backward_seconds=tally.backward_s,

@@ -108,10 +108,13 @@ def count_old_logits(m: DriverMetrics, step: "TrainStepMetrics", reference: str)
     m.audit_disagree_tokens.labels(reference, "clip").inc(audit.clip_disagree_tokens)
 
 
-def count_ewma_reset(m: DriverMetrics, reason: str) -> None:
-    """One automatic (or manual) reset of the EWMA reference; ``""``: no reset this step."""
+def count_ewma_reset(m: DriverMetrics, reason: str, outcome: str = "") -> None:
+    """One automatic (or manual) reset of the EWMA reference; ``""``: no reset this step. ``outcome``: an
+    earlier reset's outcome decided at this step (``recovered`` / ``unrecovered``; ``""``: none)."""
     if reason:
         m.ewma_resets.labels(reason).inc()
+    if outcome:
+        m.ewma_reset_outcomes.labels(outcome).inc()
 
 
 def count_eval(m: DriverMetrics, result: "EvalResult") -> None:
