@@ -39,8 +39,9 @@ environment's call log, in :meth:`CustomerService.info`.
 
 import json
 import random
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from asyncrl.rollout.envs.cs_behaviour import behaviour
 from asyncrl.rollout.envs.interface import AssistantMessage, Reset, Turn
@@ -208,12 +209,23 @@ def goal_reached(s: Scenario, db: Db) -> bool:
 
 
 class CustomerService:
-    """One customer-service episode (a turn-level environment, ``envs/interface.py``)."""
+    """One customer-service episode (a turn-level environment, ``envs/interface.py``).
+
+    ``shuffle_rewards`` (``spec.task.args``; 0 = off) is the shuffled-reward control of ``bench/customer_service.py``
+    (issue 39): the reward an episode trains on is the real outcome of an episode drawn at random among the last
+    ``shuffle_rewards`` ones this process finished (itself included), so the rewards keep their rate but lose their
+    link to what the episode did; ``success`` stays the episode's own (the metrics and evaluations report it)."""
 
     truncated_reward = 0.0
+    _recent: ClassVar[deque[bool]] = deque()  # the process's last real outcomes (shuffle_rewards only)
+    _shuffle_rng: ClassVar[random.Random] = random.Random(39)
 
-    def __init__(self, max_tool_calls: int = 4) -> None:
+    def __init__(self, max_tool_calls: int = 4, shuffle_rewards: int = 0) -> None:
+        if not 0 <= int(shuffle_rewards) <= 100_000:
+            raise ValueError(f"customer-service: task.args.shuffle_rewards = {shuffle_rewards!r}, must be 0 (off) or "
+                             "a window of 1-100000 episodes")
         self.max_tool_calls = max_tool_calls
+        self.shuffle_rewards = int(shuffle_rewards)
         self.scenario: Scenario | None = None
         self.db: Db = {}
         self.calls = 0
@@ -237,7 +249,7 @@ class CustomerService:
         if msg.tool_calls or msg.malformed or OPEN in msg.text:
             self.calls += 1
             if self.calls > self.max_tool_calls:
-                return Turn(done=True, reason=f"more than {self.max_tool_calls} tool calls")
+                return Turn(done=True, reward=self._reward(False), reason=f"more than {self.max_tool_calls} tool calls")
             if msg.malformed or not msg.tool_calls:  # short: the details (msg.malformed) would echo the bad text
                 return Turn([{"role": "tool", "content": "error: malformed call"}])
             call = msg.tool_calls[0]
@@ -245,13 +257,23 @@ class CustomerService:
             answer, over = call_tool(s, self.db, call.name, args)
             self.log.append((call.name, str(args.get("user", args.get("order", ""))), answer))
             if over:  # a wrong action: no second chance (the module docstring)
-                return Turn(done=True, reward=0.0, success=False, reason=f"wrong action: {call.name}")
+                return Turn(done=True, reward=self._reward(False), success=False, reason=f"wrong action: {call.name}")
             return Turn([{"role": "tool", "content": answer}])
         if msg.content.rstrip().endswith("?") and not self.nudged:  # the scripted user answers once
             self.nudged = True
             return Turn([{"role": "user", "content": s.request}])
         ok = goal_reached(s, self.db)
-        return Turn(done=True, reward=float(ok), success=ok, reason="goal reached" if ok else "goal missed")
+        return Turn(done=True, reward=self._reward(ok), success=ok, reason="goal reached" if ok else "goal missed")
+
+    def _reward(self, ok: bool) -> float:
+        """The reward the episode trains on: its outcome, or under ``shuffle_rewards`` a recent episode's."""
+        if not self.shuffle_rewards:
+            return float(ok)
+        recent = CustomerService._recent
+        recent.append(ok)
+        while len(recent) > self.shuffle_rewards:
+            recent.popleft()
+        return float(CustomerService._shuffle_rng.choice(recent))
 
     def info(self) -> dict[str, Any]:
         s = self._need()

@@ -155,3 +155,37 @@ def test_the_baselines_record_and_table() -> None:
     assert hi == 1.0 and 0.985 < lo < 1.0  # Wilson at 300/300: 300 / (300 + 1.96^2) = 0.9873
     assert B.wilson(0, 100)[0] == 0.0 and abs(B.wilson(50, 100)[0] - 0.4038) < 1e-4  # hand: (0.5+.0192-.0999)/1.0384
     assert B.table(record).count("\n") == len(POLICIES) + 1
+
+
+# ---- the shuffled-reward control's knob ------------------------------------------------------------------------
+def test_shuffled_rewards_keep_the_rate_and_lose_the_link_to_the_episode() -> None:
+    from asyncrl.api.task import TaskSpec
+    from asyncrl.rollout.envs.binding import bind_task
+
+    CustomerService._recent.clear()
+    scenarios = _scenarios(3000, 11)
+    rng = random.Random(4)
+    outcomes, rewards = [], []
+    for s in scenarios:  # the status shortcut: real success ~0.276
+        env = CustomerService(shuffle_rewards=64)
+        env.reset(s.to_sample())
+        turn = None
+        for text in [*first_fit(s, rng), "done"]:
+            content, calls, bad = parse_hermes(text)
+            turn = env.step(AssistantMessage(text, content, calls, bad))
+            if turn.done:
+                break
+        assert turn is not None and turn.done
+        outcomes.append(turn.success)
+        rewards.append(turn.reward)
+    rate, paid = statistics.fmean(outcomes), statistics.fmean(rewards)
+    assert abs(paid - rate) < 0.03, (paid, rate)  # the same rate (a window of 64 recent outcomes)
+    # no link: reward given success ~ reward given failure (each ~0.276; 4 sigma of the difference ~0.08)
+    won = statistics.fmean(r for r, o in zip(rewards, outcomes, strict=True) if o)
+    lost = statistics.fmean(r for r, o in zip(rewards, outcomes, strict=True) if not o)
+    assert abs(won - lost) < 0.08, (won, lost)
+    assert CustomerService().shuffle_rewards == 0  # off by default: the reward is the episode's own
+    with pytest.raises(ValueError, match="shuffle_rewards = -1"):
+        CustomerService(shuffle_rewards=-1)
+    assert bind_task(TaskSpec(name="customer-service", args={"shuffle_rewards": 64})).new_env().shuffle_rewards == 64
+    CustomerService._recent.clear()
