@@ -328,9 +328,3 @@ def agent_turns(s: Scenario, kind: str, rng: random.Random) -> list[str]:
         digits[i] = rng.choice([d for d in "0123456789" if d != digits[i] and (i or d != "0")])
         return [lookup, call_text(tool, order="o" + "".join(digits))]
     raise ValueError(f"unknown customer-service demo kind {kind!r}; valid: {', '.join(DEMO_KINDS)}")
-
-
-def first_fit_turns(s: Scenario) -> list[str]:
-    """The status shortcut as a scripted policy: look up, act on the first listed order whose status fits."""
-    first = s.fitting[0]
-    return [call_text("orders", user=s.user), call_text(s.intent, order=first)] + ([FINAL] if first == s.target else [])
