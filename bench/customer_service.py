@@ -77,7 +77,7 @@ class Scale:
 
 FULL = Scale()
 PILOT = Scale(warm_start_steps=120, rl_steps=16, points=2, tasks=16, trials=4, seeds=(0,))
-SMOKE = Scale(warm_start_steps=4, rl_steps=2, points=1, prompts=2, group=4, tasks=4, trials=2, seeds=(0,),
+SMOKE = Scale(warm_start_steps=4, rl_steps=2, points=1, prompts=2, group=4, tasks=4, trials=4, seeds=(0,),
               shuffle_window=8)
 EVAL_SEED = 2024  # the held-out scenarios (the same for every run and point)
 
@@ -340,7 +340,7 @@ def arm_run(kind: str, scale: Scale, seed: int, work: Path, ev: Evaluator, rl: M
 def warm_dir(work: Path, scale: Scale) -> Path:
     from asyncrl.rollout.envs.cs_tokenizer import NAME
 
-    return work / f"warm-{NAME}-{scale.warm_start_steps}"
+    return work / f"warm-{NAME}-{scale.warm_start_steps}-new{scale.max_new_tokens}"  # the context is in the weights
 
 
 def eval_seed(seed: int, k: int) -> int:
