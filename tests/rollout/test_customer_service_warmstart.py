@@ -52,6 +52,8 @@ def _sft(model: torch.nn.Module, steps: int, rng: random.Random) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 39: measured on the v2 task, this stand-in ends with copied_user 0.00 "
+                   "and success 0 (docs/tasks.md, Warm start); strict, so the day a recipe copies ids it says so")
 def test_warm_start_gives_a_policy_that_sometimes_succeeds_on_heldout_scenarios() -> None:
     torch.manual_seed(0)
     arch = resolve_arch(ModelSpec(preset="tiny-llama"), T.vocab_size, 256)
