@@ -7,8 +7,10 @@ in the actor's forwards. It needs three things this module checks at validation,
 2. for ``rollout`` (R3), an engine that records routes: the transformers engine does (every forward,
    re-prefills after a weight swap included); asyncrl's vLLM engine does not read vLLM's routed-experts
    output yet, and a replay without routes would silently train on the actor's own routes;
-3. for ``oldLogits`` (R2), an old-logit forward to record them in: reference ``current``, ``ewma`` or ``exact``
-   (``behavior``, ``linear`` and ``loglinear`` run no actor forward before training).
+3. for ``oldLogits`` (R2), one old-logit forward to record them in: reference ``current`` or ``ewma``
+   (``behavior``, ``linear`` and ``loglinear`` run no actor forward before training; ``exact`` scores each version
+   in a forward of its own, so a partial trajectory has no single set of old-logit routes, and recording
+   per version is not built: with ``exact`` use ``rollout``, which replays each version's own routes).
 
 Router fusion (megatron's ``moe_router_fusion``) computes top-k inside a fused kernel that never calls the replay
 hook; the actor pins it off (``trainer/megatron/model.py``), and ``trainer/megatron/routing_replay.py`` refuses
@@ -29,10 +31,11 @@ VLLM_MESSAGE = (
     "would replay nothing; use rollout.engine: transformers, or set correction.routingReplay: none"
 )
 R2_MESSAGE = (
-    "routingReplay: oldLogits records the routes in the old-logit forward, and this reference runs none; use "
-    "reference current, ewma or exact, or routingReplay: rollout"
+    "routingReplay: oldLogits records the routes in the one old-logit forward of reference current or ewma "
+    "(behavior, linear and loglinear run none; exact runs one per version, not recorded); use reference current "
+    "or ewma, or routingReplay: rollout (with exact it replays each version's own rollout routes)"
 )
-_FORWARD_REFERENCES = (ReferencePolicy.CURRENT, ReferencePolicy.EWMA, ReferencePolicy.EXACT)
+_FORWARD_REFERENCES = (ReferencePolicy.CURRENT, ReferencePolicy.EWMA)
 
 
 def routing_replay_problems(

@@ -52,11 +52,15 @@ def test_vllm_is_refused_for_rollout_routes_only(folders: dict[str, Path]) -> No
     validate_job(_job(_spec(folders["moe"], "oldLogits", engine="vllm")))
 
 
-@pytest.mark.parametrize("reference", ["behavior", "linear", "loglinear"])
-def test_r2_needs_an_old_logit_forward(folders: dict[str, Path], reference: str) -> None:
-    msg = _problems(_spec(folders["moe"], "oldLogits", reference=reference))["spec.correction.routingReplay"]
-    assert "runs none" in msg and repr(reference) in msg
-    validate_job(_job(_spec(folders["moe"], "rollout", reference=reference)))  # R3 replays in training anyway
+@pytest.mark.parametrize("reference", ["behavior", "linear", "loglinear", "exact"])
+def test_r2_needs_one_old_logit_forward(folders: dict[str, Path], reference: str) -> None:
+    spec = _spec(folders["moe"], "oldLogits", reference=reference)
+    if reference == "exact":
+        spec["oldLogits"] = {"strategy": "snapshot"}
+    msg = _problems(spec)["spec.correction.routingReplay"]
+    assert "current or ewma" in msg and repr(reference) in msg
+    spec["correction"]["routingReplay"] = "rollout"  # R3 replays the rollout's routes, whatever the reference
+    validate_job(_job(spec))
 
 
 def test_unknown_mode_lists_the_valid_ones(folders: dict[str, Path]) -> None:

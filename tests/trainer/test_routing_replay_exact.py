@@ -1,4 +1,5 @@
-"""Routing replay (R3) with exact old logits: each segment of a trajectory spanning three versions (W = 2) is
+"""Routing replay (R3) with exact old logits (snapshot in the actor; the SegmentScorer of dedicated and
+interruptSync): each segment of a trajectory spanning three versions (W = 2) is
 scored under its own version's weights *and* the prefix routes that version sampled it through (re-prefills
 included); under fp32 rollout r_d = 1 within 1e-5. Also: the replayed training step, its flip count, and R2."""
 
@@ -15,6 +16,7 @@ from asyncrl.rollout.hf_engine import HFEngine
 from asyncrl.rollout.tokenizer import HFTokenizer
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch
+from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings, SegmentScorer
 from tests.support.hf_models import CountingEnv, folder_arch, tiny_folder
 
 pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
@@ -97,6 +99,20 @@ def test_snapshot_scores_each_segment_with_its_versions_routes(folder: Path) -> 
     print(f"positions routed differently by an older version: {moved}; max |log r_d| {err:.2e} exact, "
           f"{(wrong[m] - batch.logp_mu[m]).abs().max():.2e} with the newest routes")
     assert moved > 0 and (wrong[m] - batch.logp_mu[m]).abs().max() > 1e-4
+    # dedicated and interruptSync score with a SegmentScorer outside the actor: whole trajectories (the
+    # rollout host's interrupt-sync window) and (tokens, positions, routes) segments (a dedicated request)
+    scorer = SegmentScorer(ScorerSettings(arch=folder_arch(folder), device="cpu"))
+    worst = 0.0
+    for v in (0, 1, 2):
+        scorer.load(weights[v], version=v)
+        for t, (positions, values) in zip(trajs, scorer.score(trajs, v), strict=True):
+            mu = torch.tensor([t.logp_mu[p] for p in positions])
+            worst = max(worst, float((torch.tensor(values) - mu).abs().max()))
+        segs = [(t.tokens, t.unscored(v), t.routes.for_version(v)) for t in trajs]
+        for (_, positions, _), values, t in zip(segs, scorer.score_segments(segs), trajs, strict=True):
+            mu = torch.tensor([t.logp_mu[p] for p in positions])
+            worst = max(worst, float((torch.tensor(values) - mu).abs().max()))
+    assert worst < 1e-5, f"segment scorer: max |log r_d| {worst:.2e}"
 
 
 def test_r3_training_step_replays_and_counts_flips(folder: Path) -> None:
