@@ -42,7 +42,7 @@ from asyncrl.api.pods import (
     RunPolicySpec,
     SchedulingSpec,
 )
-from asyncrl.api.routing_replay import routing_replay_problems
+from asyncrl.api.routing_replay import routing_replay_problems, visible_arch
 from asyncrl.api.task import TaskSpec
 
 MAX_SEED = 2**32 - 1  # numpy's generators take seeds below 2^32
@@ -353,7 +353,7 @@ class AsyncRLJobSpec(SpecModel):
     def _routing_replay_can_work(self) -> "AsyncRLJobSpec":
         c = self.correction
         raise_all(routing_replay_problems(c.routing_replay, c.reference, self.rollout.engine,
-                                          known_arch(self.model) if c.routing_replay != "none" else None))
+                                          visible_arch(self.model) if c.routing_replay != "none" else None))
         return self
 
     @model_validator(mode="after")

@@ -18,7 +18,8 @@ a model built with it, so no spec field can turn it on.
 """
 
 from asyncrl.api.correction import ReferencePolicy, RoutingReplay
-from asyncrl.api.model_arch import ModelArch
+from asyncrl.api.model import ModelSpec
+from asyncrl.api.model_arch import ModelArch, folder_config, known_arch
 
 FIELD = "correction.routingReplay"
 DENSE_MESSAGE = (
@@ -36,6 +37,15 @@ R2_MESSAGE = (
     "or ewma, or routingReplay: rollout (with exact it replays each version's own rollout routes)"
 )
 _FORWARD_REFERENCES = (ReferencePolicy.CURRENT, ReferencePolicy.EWMA)
+
+
+def visible_arch(model: ModelSpec) -> ModelArch | None:
+    """The architecture when validation can see it: the weights folder's when its config.json is readable here,
+    the preset's when there is no folder; None for a folder not readable here (the check waits for job start,
+    where the actor resolves the same folder)."""
+    if model.weights is not None and folder_config(model.weights) is None:
+        return None
+    return known_arch(model)
 
 
 def routing_replay_problems(

@@ -63,6 +63,13 @@ def test_r2_needs_one_old_logit_forward(folders: dict[str, Path], reference: str
     validate_job(_job(spec))
 
 
+def test_a_folder_not_readable_here_waits_for_job_start(tmp_path: Path) -> None:
+    # the example's folder is made on the machine that runs it: not a dense preset in the meantime
+    validate_job(_job(_spec(tmp_path / "not-made-yet", "rollout")))
+    msg = _problems({"correction": {"reference": "current", "routingReplay": "rollout"}})  # the default preset
+    assert "LlamaForCausalLM" in msg["spec.correction.routingReplay"]
+
+
 def test_unknown_mode_lists_the_valid_ones(folders: dict[str, Path]) -> None:
     msg = _problems(_spec(folders["moe"], "R3"))["spec.correction.routingReplay"]
     assert "rollout" in msg and "oldLogits" in msg
