@@ -45,8 +45,9 @@ class RouteTap:
 
 
 @contextmanager
-def capturing(model: torch.nn.Module) -> Iterator[RouteTap]:
-    """A :class:`RouteTap` hooked on ``model``'s routers for the duration of the block."""
+def capturing(model: Any) -> Iterator[RouteTap]:
+    """A :class:`RouteTap` hooked on ``model``'s routers for the duration of the block (``model``: a
+    transformers ``PreTrainedModel``, typed ``Any`` for its ``config.num_experts``)."""
     routers = moe_routers(model)
     if not routers:
         raise ValueError("route capture needs a mixture-of-experts model; this one has no MoE router")
