@@ -297,10 +297,11 @@ def load_shards(gpt: torch.nn.Module, arch: ModelArch, hf: Mapping[str, Tensor])
 def _segment_routes(segments: Sequence[Segment], T: int) -> torch.Tensor | None:
     """``[b, T, L, k]`` routes of the packed ``segments`` (positions past a segment's routes: experts 0..k-1,
     which no scored logit attends to); None when no segment carries routes."""
-    blocks = [s[2] if len(s) > 2 else None for s in segments]
-    if all(b is None for b in blocks):
+    given = [s[2] if len(s) > 2 else None for s in segments]
+    blocks: list[np.ndarray] = [b for b in given if b is not None]
+    if not blocks:
         return None
-    if any(b is None for b in blocks):
+    if len(blocks) != len(given):
         raise ValueError("routing replay: some segments of a forward carry routes and others do not")
     _, L, k = blocks[0].shape
     out = np.empty((len(blocks), T, L, k), dtype=blocks[0].dtype)
