@@ -30,7 +30,7 @@ from asyncrl.api.model_arch import ModelArch
 from asyncrl.rollout.engine import EngineReleasedError, add_sampled_token, end_at_budget, settle, wait_any
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.generation_loop import Boundary, BoundaryEngine, TokenBatch
-from asyncrl.rollout.hf_model import LM_HEAD, build_model, load_hf_state_dict, torch_dtype
+from asyncrl.rollout.hf_model import LM_HEAD, build_model, hf_state_dict, load_hf_state_dict, torch_dtype
 from asyncrl.rollout.route_capture import RouteTap, capturing
 from asyncrl.rollout.routes import RouteLog
 from asyncrl.rollout.trajectory import NO_VERSION
@@ -149,8 +149,8 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
                 raise RuntimeError("HFEngine.release: a generate() is running; interrupt() it first")
             if self._released:
                 return
-            if self._model is not None:
-                self._host = {k: v.detach().to("cpu") for k, v in self._model.state_dict().items()}
+            if self._model is not None:  # under checkpoint names (per expert), which acquire() loads back
+                self._host = {k: v.detach().to("cpu") for k, v in hf_state_dict(self._model).items()}
             self._model = None
             self._released = True
         gc.collect()

@@ -105,3 +105,15 @@ def test_route_log_blocks() -> None:
     log.record(4, 2, r[:1])
     assert snap.length(4) == 2 and log.length(4) == 3
     assert route_dtype(256) is np.uint8 and route_dtype(257) is np.int16
+
+
+def test_release_and_acquire_keep_a_moe_model(moe_weights: Callable, script_env: type) -> None:
+    """interruptSync releases the engine's model and acquires it back: a MoE model's fused experts must be
+    kept under their checkpoint names (the names load_hf_state_dict takes), or the job stops at acquire."""
+    eng = HFEngine(MOE, dtype="float32", seed=0, capture_routes=True)
+    eng.load_weights(moe_weights(0), version=0)
+    before = {k: v.clone() for k, v in eng.model.state_dict().items()}
+    eng.release()
+    eng.acquire()
+    after = eng.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
