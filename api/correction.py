@@ -77,6 +77,21 @@ class LossAggregation(StrEnum):
     SEQUENCE_MEAN = "sequenceMean"
 
 
+class RoutingReplay(StrEnum):
+    """Which expert routes a mixture-of-experts actor replays (docs/architecture.md, routing replay).
+
+    - ``none``: every forward routes by its own router (route flips count as discrepancy).
+    - ``rollout`` (R3): the routes the rollout engine sampled each token through are replayed in the
+      reference/old-logit forward and in the training forward.
+    - ``oldLogits`` (R2): the routes of the old-logit forward (the reference or exact scoring forward) are
+      recorded there and replayed in the training forward.
+    """
+
+    NONE = "none"
+    ROLLOUT = "rollout"
+    OLD_LOGITS = "oldLogits"
+
+
 # A ratio bound beyond this keeps every token a float32 ratio can hold: no repair at all (use mode: none).
 MAX_RATIO_BOUND = 1000.0
 BOUNDS_FORM_MESSAGE = (
@@ -400,6 +415,12 @@ class CorrectionSpec(SpecModel):
         default_factory=AuditSpec,
         description="Live audit of a cheap reference against exact pi_old on sampled steps (off by default; "
         "costs up to W+1 host weight copies while on). Not with reference: exact.",
+    )
+    routing_replay: RoutingReplay = Field(
+        default=RoutingReplay.NONE,
+        description="Mixture-of-experts models only: none, rollout (R3: replay the experts the rollout engine "
+        "routed each token through, in every actor forward that scores it) or oldLogits (R2: replay the "
+        "routes of the old-logit forward in the training forward). Transformers rollout engine only.",
     )
     startup_check: StartupCheckSpec = Field(
         default_factory=StartupCheckSpec,

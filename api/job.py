@@ -42,6 +42,7 @@ from asyncrl.api.pods import (
     RunPolicySpec,
     SchedulingSpec,
 )
+from asyncrl.api.routing_replay import routing_replay_problems, visible_arch
 from asyncrl.api.task import TaskSpec
 
 MAX_SEED = 2**32 - 1  # numpy's generators take seeds below 2^32
@@ -346,6 +347,13 @@ class AsyncRLJobSpec(SpecModel):
             return self  # a dedicated section set under another strategy is refused by OldLogitsSpec
         layout = self.old_logits.dedicated.layout_for(self.actor)
         raise_all(scorer_layout_problems(layout, known_arch(self.model) if layout.tensor_parallel > 1 else None))
+        return self
+
+    @model_validator(mode="after")
+    def _routing_replay_can_work(self) -> "AsyncRLJobSpec":
+        c = self.correction
+        raise_all(routing_replay_problems(c.routing_replay, c.reference, self.rollout.engine,
+                                          visible_arch(self.model) if c.routing_replay != "none" else None))
         return self
 
     @model_validator(mode="after")

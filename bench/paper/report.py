@@ -8,7 +8,8 @@ Usage::
 Nothing here runs an experiment: every number comes from a record (:mod:`records`), every figure from
 the same numbers (checked by the hash of its data, :mod:`render`). The sections of the other
 measurements are imported when their modules exist -- ``gaps.py`` (|log r_d| per gap source) and
-``external.py`` (a task from an external generator) and ``warm_starts.py`` (version 0 of the warm start made at
+``external.py`` (a task from an external generator), ``moe_replay.py`` (MoE routing replay, issue 37) and
+``warm_starts.py`` (version 0 of the warm start made at
 several seeds), each ``section(data_dir) -> str`` over its own
 folder of records -- and ``alert_evidence.py`` (the reset alert scraped by a real Prometheus).
 """
@@ -124,7 +125,8 @@ def rerun_spread(ctx: rd.Context) -> str:
 def foreign_section(module: str, folder: str, write_figures: bool) -> str:
     """Another measurement's section (``module.section(DATA)``), or a line saying it has none yet."""
     title = {"gaps": "## The train–inference gap per source", "external": "## A task from an external generator",
-             "warm_starts": "## 9. How much the warm start decides"}[module]
+             "warm_starts": "## 9. How much the warm start decides",
+             "moe_replay": "## MoE routing replay: the routing part of the train–inference gap"}[module]
     data = DATA / folder
     if not data.exists() or not any(data.glob("*.json")):
         return f"{title}\n\nNo records yet (`docs/results/data/{folder}/` is empty).\n"
@@ -173,6 +175,7 @@ def generate(write_figures: bool, figures: Path | None = None) -> str:
         "in brackets, the range):\n", log_rd_table(ctx),
         foreign_section("gaps", "gaps", write_figures),
         foreign_section("external", "external", write_figures),
+        foreign_section("moe_replay", "moe_replay", write_figures),
         "## 6. Proposition 1 in practice (Figure 5 analog)\n", experiment("prop1").section(ctx),
         "## 7. System cost (Table 3 and Table 6 analog)\n", system_cost_section(write_figures),
         "## 8. Reruns: the spread of one cell run twice\n", rerun_spread(ctx),

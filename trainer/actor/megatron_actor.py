@@ -62,6 +62,7 @@ from asyncrl.trainer.actor.reports import (
     UpdateTally,
     ewma_reset_fields,
 )
+from asyncrl.trainer.actor.route_replay import count_route_flips, old_logit_routes, route_flip_counts
 from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.actor.update_plan import (
     LossShare,
@@ -95,8 +96,10 @@ class _LogprobCall(torch.nn.Module):
         super().__init__()
         self.gpt = gpt
 
-    def forward(self, tokens: torch.Tensor, temperature: float, max_chunk_bytes: int) -> torch.Tensor:
-        return token_logprobs(self.gpt, tokens, temperature=temperature, max_chunk_bytes=max_chunk_bytes)
+    def forward(self, tokens: torch.Tensor, temperature: float, max_chunk_bytes: int,
+                routes: torch.Tensor | None = None) -> torch.Tensor:
+        return token_logprobs(self.gpt, tokens, temperature=temperature, max_chunk_bytes=max_chunk_bytes,
+                              routes=routes)
 
 
 class MegatronActor:
@@ -153,18 +156,20 @@ class MegatronActor:
         )
 
     # ---------------------------------------------------------------- forward passes
-    def logprobs(self, tokens: torch.Tensor, *, temperature: float | None = None) -> torch.Tensor:
+    def logprobs(self, tokens: torch.Tensor, *, temperature: float | None = None,
+                 routes: torch.Tensor | None = None) -> torch.Tensor:
         """No-grad ``logp_theta`` ``[B, T]`` of ``tokens`` ``[B, T]`` under the current weights
-        (position 0 = 0; default temperature: the rollout's)."""
+        (position 0 = 0; default temperature: the rollout's); ``routes`` ``[B, T, L, k]``: replay them."""
         t = self.settings.temperature if temperature is None else temperature
         with torch.no_grad():
-            return self._logprobs(tokens.to(self.runtime.device), t)
+            return self._logprobs(tokens.to(self.runtime.device), t, routes)
 
     def named_weights(self) -> Mapping[str, torch.Tensor]:
         """The live trainable parameters by name (the old-logit providers read them)."""
         return self._named
 
-    def logprobs_under(self, weights: Mapping[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    def logprobs_under(self, weights: Mapping[str, torch.Tensor], tokens: torch.Tensor,
+                       routes: torch.Tensor | None = None) -> torch.Tensor:
         """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under ``weights`` (named like
         :meth:`named_weights`; host or device tensors).
 
@@ -172,7 +177,8 @@ class MegatronActor:
         place of its parameters for this one forward: nothing is copied into the live weights (on a
         GPU only the host-to-device transfer of ``weights``), so it may run anywhere in a step, even
         while autograd holds the live parameters. Bit-identical to loading ``weights`` into the
-        model (tested against the in-place swap it replaced and against a fresh model).
+        model (tested against the in-place swap it replaced and against a fresh model). ``routes``
+        ``[b, T, L, k]``: route every position through them (routing replay).
         """
         missing = sorted(set(self._named) - set(weights))
         wrong = [f"{n} {tuple(weights[n].shape)} (live {tuple(p.shape)})"
@@ -189,12 +195,13 @@ class MegatronActor:
         swapped = {"gpt." + n: weights[n].to(device, p.dtype, non_blocking=True) for n, p in self._named.items()}
         with torch.no_grad():
             return functional_call(
-                self._scoring, swapped, (tokens.to(device), self.settings.temperature, self.settings.max_chunk_bytes)
+                self._scoring, swapped,
+                (tokens.to(device), self.settings.temperature, self.settings.max_chunk_bytes, routes),
             )
 
-    def _logprobs(self, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    def _logprobs(self, tokens: torch.Tensor, temperature: float, routes: torch.Tensor | None = None) -> torch.Tensor:
         return token_logprobs(
-            self._ddp, tokens, temperature=temperature, max_chunk_bytes=self.settings.max_chunk_bytes
+            self._ddp, tokens, temperature=temperature, max_chunk_bytes=self.settings.max_chunk_bytes, routes=routes
         )
 
     # ---------------------------------------------------------------- training
@@ -223,6 +230,7 @@ class MegatronActor:
                            version=version, group_size=s.group_size)
         audited = self.auditor is not None and self.auditor.due(version)
         t0 = time.perf_counter()
+        batch = old_logit_routes(self, batch)  # routingReplay oldLogits (R2): the routes the reference forward takes
         if self.auditor is not None:
             self.auditor.before_step(self)
         ref = hold_reference(self, batch, version, fused=len(plan) == 1 and self.dp_size == 1, audited=audited)
@@ -310,7 +318,8 @@ class MegatronActor:
 
         s = self.settings
         sub = select_rows(batch, chunk)
-        logp_theta = self._logprobs(sub.tokens, s.temperature)  # [b, T] with grad
+        logp_theta = self._logprobs(sub.tokens, s.temperature, sub.routes)  # [b, T] with grad; replays sub.routes
+        count_route_flips(self._gpt, sub, tally)
         if ref.held is not None:
             logp_ref = ref.held[chunk]
         else:  # fused: one update on one rank, so the arrival weights are the live ones
@@ -395,6 +404,7 @@ class MegatronActor:
             loss_last=tally.loss_last,
             grad_norm_last=tally.grad_last,
             in_bounds_ratio=in_bounds_ratio(stats),
+            **route_flip_counts(tally),
         )
 
     def sft_step(self, tokens: torch.Tensor, loss_mask: torch.Tensor) -> SftStepMetrics:

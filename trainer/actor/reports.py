@@ -58,6 +58,10 @@ class TrainStepMetrics:
     ewma_reset_outcome: str = ""
     ewma_resets_recovered_total: int = 0
     ewma_resets_unrecovered_total: int = 0
+    # routing replay: trained tokens (over every update) whose replayed routes the training forward's own router
+    # would have changed in >= 1 MoE layer, and the trained tokens replayed (both 0 without replay)
+    route_flips: float = 0.0
+    route_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,10 @@ class UpdateTally:
     grad_last: float = math.nan
     forward_s: float = 0.0
     backward_s: float = 0.0
+    # routing replay: per micro-batch, trained tokens whose replayed routes differ from the training forward's
+    # own router in >= 1 MoE layer, and the trained tokens counted (0-dim tensors: no host sync per micro-batch)
+    route_flips: list[torch.Tensor] = field(default_factory=list)
+    route_tokens: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def applied(self) -> bool:

@@ -78,8 +78,12 @@ class EwmaProvider:
             self.controller.init(scorer.named_weights(), version=scorer.version)
         return self.controller
 
+    def weights(self, scorer: Scorer) -> Mapping[str, Tensor]:
+        """``theta_prox`` (routing replay R2 records the routes of a forward under it)."""
+        return self._ensure(scorer).params
+
     def score(self, batch: PaddedBatch, scorer: Scorer) -> Tensor | None:
-        return scorer.logprobs_under(self._ensure(scorer).params, batch.tokens)
+        return scorer.logprobs_under(self._ensure(scorer).params, batch.tokens, batch.routes)
 
     def logp_ref(
         self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None

@@ -227,6 +227,14 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("in_bounds_ratio", "gauge", "asyncrl_in_bounds_ratio",
               "Share of the last batch's valid tokens whose r_d lies inside correction.mask.bounds, whatever "
               "mask.mode (the statistic of the EWMA reset rule)."),
+    MetricDef("route_flip_tokens", "counter", "asyncrl_route_flip_tokens_total",
+              "Trained tokens whose replayed MoE routes (correction.routingReplay) the training forward's own "
+              "router would have changed in at least one layer.",
+              ratio="route-flip share = route_flip_tokens / route_replayed_tokens"),
+    MetricDef("route_replayed_tokens", "counter", "asyncrl_route_replayed_tokens_total",
+              "Trained tokens whose training forward replayed MoE routes (correction.routingReplay rollout or "
+              "oldLogits; 0 without replay).",
+              ratio="denominator of the route-flip share"),
     MetricDef("oldlogits_lag", "gauge", "asyncrl_oldlogits_lag_versions",
               "How many versions the dedicated old-logit scorers trail the actor at the last step "
               "(oldLogits.strategy dedicated; bounded by maxLagVersions)."),

@@ -95,6 +95,9 @@ def _actor_part(a: ActorStep) -> dict[str, Any]:
         "micro_batches": m.micro_batches, "loss_last": m.loss_last, "grad_norm_last": m.grad_norm_last,
         "in_bounds_ratio": m.in_bounds_ratio,
         "learning_rate": m.learning_rate,
+        # routing replay: share of trained tokens whose replayed routes the training forward's router would change
+        **({"route_flip_frac": m.route_flips / m.route_tokens, "route_replayed_tokens": m.route_tokens}
+           if m.route_tokens else {}),
         **m.correction.record(), **(m.audit.record() if m.audit is not None else {}),
     }
     if not math.isnan(m.ewma_reset_threshold):  # the ewma reference's reset rule (none before its warm-up)
