@@ -253,10 +253,10 @@ def _layer_order(name: str) -> tuple[int, str]:
     return int(parts[2]), name
 
 
-def is_hf_adapter_name(name: str) -> bool:
-    return name.endswith(".lora_A.weight") or name.endswith(".lora_B.weight")
+def hf_with_adapters(own: Mapping[str, Tensor], arch: ModelArch, scale: float) -> dict[str, Tensor]:
+    """A full megatron state dict with adapters -> the base's HF tensors plus the adapters in peft's names,
+    ``B`` multiplied by ``scale`` (what a rollout engine merges: :mod:`asyncrl.rollout.adapter_merge`)."""
+    from asyncrl.trainer.megatron.convert import megatron_to_hf
 
-
-def base_of_hf_adapter(name: str) -> str:
-    """``...q_proj.lora_A.weight`` -> ``...q_proj.weight`` (the HF base weight it adapts)."""
-    return name.replace(".lora_A.weight", ".weight").replace(".lora_B.weight", ".weight")
+    base = megatron_to_hf({k: v for k, v in own.items() if not is_adapter_name(k)}, arch)
+    return base | dict(hf_adapter_tensors({k: v for k, v in own.items() if is_adapter_name(k)}, arch, scale=scale))

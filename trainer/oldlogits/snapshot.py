@@ -40,7 +40,7 @@ from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
 from asyncrl.trainer.oldlogits import node_share
-from asyncrl.trainer.oldlogits.protocol import PaddedBatch, ResidentVersions, Scorer
+from asyncrl.trainer.oldlogits.protocol import PaddedBatch, ResidentVersions, Scorer, VersionBankScorer
 
 SnapshotMedium = Literal["cpu", "disk"]
 _GIVEN_UP_MEMORY = 64  # how many released/given-up versions the store remembers for its errors
@@ -287,7 +287,9 @@ def score_exact(store: WeightSnapshots, scorer: Scorer, tokens: Tensor, versions
         scorer: runs the forwards (:meth:`Scorer.logprobs_under`, the live weights untouched).
         tokens: ``[b, T]`` long; versions: ``[b, T]`` long; loss_mask: ``[b, T]`` bool.
 
-    One forward per version, over only the rows that hold it; ``disk`` loads one version at a time.
+    One forward per version, over only the rows that hold it; ``disk`` loads one version at a time. A scorer
+    that runs several versions at once (:class:`VersionBankScorer`: LoRA adapters) gets ONE forward instead,
+    over one row per (row, version it holds) pair, each under its own version's adapter.
     """
     if not (tokens.shape == versions.shape == loss_mask.shape) or tokens.dim() != 2:
         raise ValueError(
@@ -297,11 +299,28 @@ def score_exact(store: WeightSnapshots, scorer: Scorer, tokens: Tensor, versions
     out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     wanted = sorted(int(v) for v in torch.unique(versions[loss_mask]).tolist())
     store.check(wanted)  # a missing version must fail before any forward runs
+    if len(wanted) > 1 and isinstance(scorer, VersionBankScorer) and scorer.scores_versions_at_once:
+        return _score_in_one_forward(store, scorer, tokens, versions, loss_mask, wanted, out)
     for v in wanted:
         sel = loss_mask & (versions == v)  # [b, T]
         rows = sel.any(dim=1).nonzero().squeeze(1)  # only the rows that hold version v
         logp = scorer.logprobs_under(store.get(v), tokens[rows]).float()  # [r, T]
         out[rows] = torch.where(sel[rows], logp.to(out.device), out[rows])
+    return out
+
+
+def _score_in_one_forward(store: WeightSnapshots, scorer: VersionBankScorer, tokens: Tensor, versions: Tensor,
+                          loss_mask: Tensor, wanted: list[int], out: Tensor) -> Tensor:
+    """:func:`score_exact` as one forward: row ``i`` of ``tokens`` appears once per version it holds."""
+    sels = [loss_mask & (versions == v) for v in wanted]  # [b, T] each
+    rows = [sel.any(dim=1).nonzero().squeeze(1) for sel in sels]  # the rows holding each version
+    slot = torch.cat([torch.full((len(r),), k, dtype=torch.long) for k, r in enumerate(rows)])
+    logp = scorer.logprobs_under_each([store.get(v) for v in wanted], tokens[torch.cat(rows)], slot).float()
+    start = 0
+    for sel, r in zip(sels, rows, strict=True):
+        part = logp[start:start + len(r)].to(out.device)  # [r, T]
+        out[r] = torch.where(sel[r], part, out[r])
+        start += len(r)
     return out
 
 

@@ -68,12 +68,17 @@ def _buckets(actor: SyncedActor, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
     """The actor's current version as buckets, lazily: nothing is gathered until they are read."""
     dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
     return actor_buckets(actor.named_weights(), actor.settings.arch, version=int(actor.version),
-                         bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype)
+                         bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype, adapter_scale=_adapter_scale(spec))
 
 
-def _join_gathers(actor: SyncedActor) -> None:
-    for _ in hf_tensors(actor.named_weights(), actor.settings.arch):  # join every gather, keep nothing
-        pass
+def _adapter_scale(spec: AsyncRLJobSpec) -> float | None:
+    """``spec.model.lora``: the trainable parameters are the adapters, sent alone (``B`` scaled); else None."""
+    return spec.model.lora.scale if spec.model.lora is not None else None
+
+
+def _join_gathers(actor: SyncedActor, spec: AsyncRLJobSpec) -> None:
+    for _ in hf_tensors(actor.named_weights(), actor.settings.arch, adapter_scale=_adapter_scale(spec)):
+        pass  # join every gather, keep nothing
 
 
 @dataclass
@@ -106,7 +111,7 @@ class ActorSync:
         transport = self._configured()
         if self._joins_only:
             if self.tp > 1 and transport.moves_at_publish:
-                _join_gathers(actor)
+                _join_gathers(actor, self.spec)
             return None
         return transport.publish(_buckets(actor, self.spec), int(actor.version))
 
@@ -119,7 +124,7 @@ class ActorSync:
                                f"{int(actor.version)}")
         if self._joins_only:
             if self.tp > 1:
-                _join_gathers(actor)
+                _join_gathers(actor, self.spec)
             return None
         if self.group is None:
             raise RuntimeError("weight sync (broadcast): no group formed (the driver forms it before a send)")
