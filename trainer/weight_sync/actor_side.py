@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.lora import LoraSpec
 from asyncrl.api.model_arch import ModelArch
 from asyncrl.api.weight_sync import WeightTransport
 from asyncrl.trainer.weight_sync.broadcast import SyncGroup
@@ -42,6 +43,9 @@ from asyncrl.trainer.weight_sync.transport import (
 class _Arch(Protocol):
     @property
     def arch(self) -> ModelArch: ...
+
+    @property
+    def lora(self) -> LoraSpec | None: ...
 
 
 class SyncedActor(Protocol):
@@ -68,16 +72,17 @@ def _buckets(actor: SyncedActor, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
     """The actor's current version as buckets, lazily: nothing is gathered until they are read."""
     dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
     return actor_buckets(actor.named_weights(), actor.settings.arch, version=int(actor.version),
-                         bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype, adapter_scale=_adapter_scale(spec))
+                         bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype, adapter_scale=_adapter_scale(actor))
 
 
-def _adapter_scale(spec: AsyncRLJobSpec) -> float | None:
+def _adapter_scale(actor: SyncedActor) -> float | None:
     """``spec.model.lora``: the trainable parameters are the adapters, sent alone (``B`` scaled); else None."""
-    return spec.model.lora.scale if spec.model.lora is not None else None
+    lora = actor.settings.lora
+    return lora.scale if lora is not None else None
 
 
-def _join_gathers(actor: SyncedActor, spec: AsyncRLJobSpec) -> None:
-    for _ in hf_tensors(actor.named_weights(), actor.settings.arch, adapter_scale=_adapter_scale(spec)):
+def _join_gathers(actor: SyncedActor) -> None:
+    for _ in hf_tensors(actor.named_weights(), actor.settings.arch, adapter_scale=_adapter_scale(actor)):
         pass  # join every gather, keep nothing
 
 
@@ -111,7 +116,7 @@ class ActorSync:
         transport = self._configured()
         if self._joins_only:
             if self.tp > 1 and transport.moves_at_publish:
-                _join_gathers(actor, self.spec)
+                _join_gathers(actor)
             return None
         return transport.publish(_buckets(actor, self.spec), int(actor.version))
 
@@ -124,7 +129,7 @@ class ActorSync:
                                f"{int(actor.version)}")
         if self._joins_only:
             if self.tp > 1:
-                _join_gathers(actor, self.spec)
+                _join_gathers(actor)
             return None
         if self.group is None:
             raise RuntimeError("weight sync (broadcast): no group formed (the driver forms it before a send)")
