@@ -22,8 +22,8 @@ from asyncrl.api.constants import (
 )
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.evaluation import EvalSpec
-from asyncrl.api.metadata import ObjectMeta
 from asyncrl.api.lora import lora_problems
+from asyncrl.api.metadata import ObjectMeta
 from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import known_arch, parallel_problems
 from asyncrl.api.old_logits import (
