@@ -90,8 +90,8 @@ class LoraSpec(SpecModel):
         return self.alpha / self.rank
 
 
-def lora_problems(lora: LoraSpec | None, *, engine: str, strategy: str | None,
-                  smallest_dim: int | None) -> list[tuple[str, str]]:
+def lora_problems(lora: LoraSpec | None, *, engine: str, strategy: str | None, smallest_dim: int | None,
+                  tensor_parallel: int = 1) -> list[tuple[str, str]]:
     """The ``(path, message)`` of every combination the job cannot serve with ``lora`` (empty without it).
 
     ``strategy``: ``oldLogits.strategy`` (None for a cheap reference); ``smallest_dim``: the model's smallest
@@ -103,6 +103,13 @@ def lora_problems(lora: LoraSpec | None, *, engine: str, strategy: str | None,
         out.append(("rollout.engine", f"{ENGINE_MESSAGE} (got {engine!r})"))
     if strategy is not None and strategy != "snapshot":
         out.append(("oldLogits.strategy", f"{STRATEGY_MESSAGE} (got {strategy!r})"))
+    if lora.dropout > 0.0 and tensor_parallel > 1:
+        out.append((
+            "model.lora.dropout",
+            f"model.lora.dropout {lora.dropout} with actor.megatron.tensorParallel {tensor_parallel}: the adapter's dropout mask "
+            "is drawn per rank, and a column-parallel layer's ranks must drop the same inputs; set dropout: 0 or "
+            "tensorParallel: 1",
+        ))
     if smallest_dim is not None and lora.rank > smallest_dim:
         out.append((
             "model.lora.rank",

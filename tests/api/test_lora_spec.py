@@ -65,6 +65,9 @@ def test_rank_above_the_models_width_is_refused() -> None:
      "dedicated"),
     ({"correction": {"reference": "exact"}, "oldLogits": {"strategy": "interruptSync"}}, "spec.oldLogits.strategy",
      "interrupt-sync"),
+    ({"model": {"lora": {"dropout": 0.1}}, "actor": {"gpusPerReplica": 2, "megatron": {"tensorParallel": 2}}},
+     "spec.model.lora.dropout",
+     "dropout mask"),
 ])
 def test_combinations_it_cannot_serve_are_refused_with_the_reason(spec: dict, path: str, reason: str) -> None:
     problems = _problems(_job(**spec))
