@@ -264,14 +264,16 @@ def main(argv: list[str] | None = None) -> int:
 
     compat.init_megatron(seed=0, device="cpu")
     load_before = os.getloadavg()
-    records = [measure(m, args.rank, args.rows, args.tokens, args.repeats) for m in args.models.split(",")]
-    for r in records:
-        _print(r)
-    record = {"bench": "lora_versions", "torch_threads": args.threads, "cpu_count": os.cpu_count(),
-              "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "repeats": args.repeats,
-              "models": records}
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    records: list[dict[str, Any]] = []
+    for model in args.models.split(","):  # each model's record is printed and written as soon as it is measured
+        records.append(measure(model, args.rank, args.rows, args.tokens, args.repeats))
+        _print(records[-1])
+        record = {"bench": "lora_versions", "torch_threads": args.threads, "cpu_count": os.cpu_count(),
+                  "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "repeats": args.repeats,
+                  "models": records}
+        if args.json:
+            Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        sys.stdout.flush()
     return 0
 
 
