@@ -23,7 +23,10 @@ and measured back to back on the same batches, so the shared machine's load hits
 - when ``peft`` is importable: the engine's forward over the batch with the adapters merged (what the engine
   does) against peft's unmerged LoRA layers on the same weights, and their max log-prob difference.
 
-Times are medians of ``--repeats``; the machine's load average is recorded. Nothing here asserts a time.
+Both actors stay resident and every timed operation runs once per round, in turn, for ``--repeats`` rounds
+(after a warm-up round); a ratio is the median over rounds of the two operations' times in the same round, so
+the shared machine's load, which drifts by 10x within minutes on 2 cores shared by several jobs, hits both
+alike. Times are medians; the load average is recorded. Nothing here asserts a time.
 """
 
 import argparse
@@ -168,66 +171,81 @@ def _peft_vs_merged(actor: Any, rows: int, tokens: int, repeats: int) -> dict[st
             "max_abs_logp_diff": float((a - b).abs().max())}
 
 
-def _train_step_s(actor: Any, ids: torch.Tensor, mask: torch.Tensor, repeats: int) -> float:
-    """Median seconds of ``train_step`` on a fresh on-policy batch at the actor's current version each time
-    (the batch is built outside the timing)."""
-    times = []
-    for i in range(repeats + 1):
-        batch = _train_batch(actor, ids, mask)
-        t0 = time.perf_counter()
-        actor.train_step(batch)
-        if i:  # the first is a warm-up
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _rounds(ops: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
+    """Each op's seconds over ``repeats`` rounds, every op once per round in turn (after one warm-up round), so
+    that the shared machine's load drifts alike over all of them; ratios are then taken round by round."""
+    times: dict[str, list[float]] = {k: [] for k in ops}
+    for r in range(repeats + 1):
+        for k, fn in ops.items():
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                times[k].append(time.perf_counter() - t0)
+    return times
 
 
-def measure_kind(preset: str, lora: dict[str, Any] | None, rows: int, tokens: int, repeats: int) -> dict[str, Any]:
-    """Every figure of one actor (full fine-tuning when ``lora`` is None)."""
-    from asyncrl.trainer.oldlogits.snapshot import score_exact
+def _ratio(times: dict[str, list[float]], num: str, den: str) -> float:
+    """The median over rounds of ``num``'s time over ``den``'s in the same round."""
+    return statistics.median(a / b for a, b in zip(times[num], times[den], strict=True))
 
-    actor = _actor(preset, lora, "exact")
-    versions = _versions(actor, VERSIONS)
-    store = _store(versions)
-    ids, mask, one = _batch(rows, tokens, spans=False)
-    _, _, two = _batch(rows, tokens, spans=True)
-    ewma_s = _median(lambda: actor.logprobs_under(versions[0], ids), repeats)
-    exact_one_s = _median(lambda: score_exact(store, actor, ids, one, mask), repeats)
-    exact_two_s = _median(lambda: score_exact(store, actor, ids, two, mask), repeats)
-    sync = _sync(actor, actor.settings.lora.scale if actor.settings.lora else None, repeats)
-    out = {
-        "model_params": sum(p.numel() for p in actor.gpt.parameters()),
-        "trainable_params": sum(t.numel() for t in versions[0].values()),
-        "resident_bytes_per_version": sum(t.numel() * t.element_size() for t in versions[0].values()),
-        "ewma_forward_s": ewma_s,
-        "exact_forward_s_rows_one_version": exact_one_s, "exact_forward_s_rows_two_versions": exact_two_s,
-        "exact_over_ewma_rows_one_version": exact_one_s / ewma_s,
-        "exact_over_ewma_rows_two_versions": exact_two_s / ewma_s,
-        "train_step_s": _train_step_s(actor, ids, mask, repeats),
-        **{f"sync_{k}": v for k, v in sync.items()},
-    }
-    if lora is not None:
-        out["peft_vs_merged"] = _peft_vs_merged(actor, rows, tokens, repeats)
-    actor.close()
-    return out
+
+def _train_op(actor: Any, ids: torch.Tensor, mask: torch.Tensor) -> Callable[[], Any]:
+    """One train step on an on-policy batch at the actor's current version (built before the clock starts)."""
+    box = [_train_batch(actor, ids, mask)]
+
+    def step() -> None:
+        actor.train_step(box[0])
+        box[0] = _train_batch(actor, ids, mask)  # the next round's (inside this op's time: same for both kinds)
+
+    return step
 
 
 def measure(preset: str, rank: int, rows: int, tokens: int, repeats: int) -> dict[str, Any]:
-    """Full fine-tuning and LoRA (rank ``rank``, alpha ``2 rank``, every projection) of one model."""
-    full = measure_kind(preset, None, rows, tokens, repeats)
-    lora = measure_kind(preset, {"rank": rank, "alpha": 2.0 * rank}, rows, tokens, repeats)
-    return {
-        "model": preset, "rank": rank, "rows": rows, "tokens": tokens,
-        "full": full, "lora": {k: v for k, v in lora.items() if k != "peft_vs_merged"},
-        "peft_vs_merged": lora.get("peft_vs_merged"),
-        "lora_over_full": {
-            "resident_bytes_per_version": lora["resident_bytes_per_version"] / full["resident_bytes_per_version"],
-            "sync_wire_bytes": lora["sync_wire_bytes"] / full["sync_wire_bytes"],
-            "train_step_s": lora["train_step_s"] / full["train_step_s"],
-            "exact_forward_s_rows_one_version": lora["exact_forward_s_rows_one_version"]
-            / full["exact_forward_s_rows_one_version"],
-        },
-        "goal_exact_over_ewma_met": lora["exact_over_ewma_rows_one_version"] <= GOAL_EXACT_OVER_EWMA,
+    """Full fine-tuning and LoRA (rank ``rank``, alpha ``2 rank``, every projection) of one model, both actors
+    resident and every timed op interleaved round by round."""
+    from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    kinds: dict[str, dict[str, Any] | None] = {"full": None, "lora": {"rank": rank, "alpha": 2.0 * rank}}
+    actors = {k: _actor(preset, lora, "exact") for k, lora in kinds.items()}
+    ids, mask, one = _batch(rows, tokens, spans=False)
+    _, _, two = _batch(rows, tokens, spans=True)
+    ops: dict[str, Callable[[], Any]] = {}
+    sizes: dict[str, dict[str, Any]] = {}
+    for k, actor in actors.items():
+        versions = _versions(actor, VERSIONS)
+        store = _store(versions)
+        ops[f"{k}.ewma"] = lambda a=actor, v=versions: a.logprobs_under(v[0], ids)
+        ops[f"{k}.exact_one"] = lambda a=actor, st=store: score_exact(st, a, ids, one, mask)
+        ops[f"{k}.exact_two"] = lambda a=actor, st=store: score_exact(st, a, ids, two, mask)
+        ops[f"{k}.train"] = _train_op(actor, ids, mask)
+        sizes[k] = {"model_params": sum(p.numel() for p in actor.gpt.parameters()),
+                    "trainable_params": sum(t.numel() for t in versions[0].values()),
+                    "resident_bytes_per_version": sum(t.numel() * t.element_size() for t in versions[0].values())}
+    times = _rounds(ops, repeats)
+    out: dict[str, Any] = {"model": preset, "rank": rank, "rows": rows, "tokens": tokens}
+    for k, actor in actors.items():
+        med = {name: statistics.median(times[f"{k}.{name}"]) for name in ("ewma", "exact_one", "exact_two", "train")}
+        sync = _sync(actor, actor.settings.lora.scale if actor.settings.lora else None, repeats)
+        out[k] = {
+            **sizes[k], "ewma_forward_s": med["ewma"],
+            "exact_forward_s_rows_one_version": med["exact_one"], "exact_forward_s_rows_two_versions": med["exact_two"],
+            "exact_over_ewma_rows_one_version": _ratio(times, f"{k}.exact_one", f"{k}.ewma"),
+            "exact_over_ewma_rows_two_versions": _ratio(times, f"{k}.exact_two", f"{k}.ewma"),
+            "train_step_s": med["train"], **{f"sync_{n}": v for n, v in sync.items()},
+        }
+    out["peft_vs_merged"] = _peft_vs_merged(actors["lora"], rows, tokens, repeats)
+    for actor in actors.values():
+        actor.close()
+    full, lora = out["full"], out["lora"]
+    out["lora_over_full"] = {
+        "resident_bytes_per_version": lora["resident_bytes_per_version"] / full["resident_bytes_per_version"],
+        "sync_wire_bytes": lora["sync_wire_bytes"] / full["sync_wire_bytes"],
+        "train_step_s": _ratio(times, "lora.train", "full.train"),
+        "exact_forward_s_rows_one_version": _ratio(times, "lora.exact_one", "full.exact_one"),
+        "ewma_forward_s": _ratio(times, "lora.ewma", "full.ewma"),
     }
+    out["goal_exact_over_ewma_met"] = lora["exact_over_ewma_rows_one_version"] <= GOAL_EXACT_OVER_EWMA
+    return out
 
 
 def _print(record: dict[str, Any]) -> None:
