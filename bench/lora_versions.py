@@ -10,6 +10,7 @@ in this process, one full fine-tuning and one with ``spec.model.lora`` (every at
 and measured back to back on the same batches, so the shared machine's load hits both alike:
 
 - resident bytes per kept version: the trainable tensors a snapshot (or the EWMA copy) holds per version;
+- the live forward (no functional call) of each actor, LoRA's against the full model's;
 - the old-logit forward of each route, in seconds and against EWMA's (one forward under ``theta_prox``):
   ``exact`` with ``K = W + 1 = 3`` versions resident over a batch whose rows each hold one version (a version
   per third of the rows), and over a batch whose every row spans two versions (partial rollouts). Full
@@ -214,6 +215,7 @@ def measure(preset: str, rank: int, rows: int, tokens: int, repeats: int) -> dic
     for k, actor in actors.items():
         versions = _versions(actor, VERSIONS)
         store = _store(versions)
+        ops[f"{k}.forward"] = lambda a=actor: a.logprobs(ids)  # the live weights: no functional call
         ops[f"{k}.ewma"] = lambda a=actor, v=versions: a.logprobs_under(v[0], ids)
         ops[f"{k}.exact_one"] = lambda a=actor, st=store: score_exact(st, a, ids, one, mask)
         ops[f"{k}.exact_two"] = lambda a=actor, st=store: score_exact(st, a, ids, two, mask)
@@ -243,6 +245,7 @@ def measure(preset: str, rank: int, rows: int, tokens: int, repeats: int) -> dic
         "train_step_s": _ratio(times, "lora.train", "full.train"),
         "exact_forward_s_rows_one_version": _ratio(times, "lora.exact_one", "full.exact_one"),
         "ewma_forward_s": _ratio(times, "lora.ewma", "full.ewma"),
+        "live_forward_s": _ratio(times, "lora.forward", "full.forward"),
     }
     out["goal_exact_over_ewma_met"] = lora["exact_over_ewma_rows_one_version"] <= GOAL_EXACT_OVER_EWMA
     return out
