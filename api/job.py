@@ -22,6 +22,7 @@ from asyncrl.api.constants import (
 )
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.evaluation import EvalSpec
+from asyncrl.api.lora import lora_problems
 from asyncrl.api.metadata import ObjectMeta
 from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import known_arch, parallel_problems
@@ -339,6 +340,19 @@ class AsyncRLJobSpec(SpecModel):
         if arch is not None:
             raise_all([("actor.megatron", f"{p} (spec.model)")
                        for p in parallel_problems(arch, m.tensor_parallel, m.pipeline_parallel, m.expert_parallel)])
+        return self
+
+    @model_validator(mode="after")
+    def _lora_can_be_served(self) -> "AsyncRLJobSpec":
+        lora = self.model.lora
+        if lora is None:
+            return self
+        arch = known_arch(self.model)
+        smallest = None if arch is None else min(arch.hidden_size, arch.head_dim * arch.num_attention_heads,
+                                                 arch.moe_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size)
+        strategy = self.old_logits.strategy.value if self.old_logits.strategy else None
+        raise_all(lora_problems(lora, engine=self.rollout.engine, strategy=strategy, smallest_dim=smallest,
+                                tensor_parallel=self.actor.megatron.tensor_parallel))
         return self
 
     @model_validator(mode="after")

@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from asyncrl.api.model_arch import ModelArch
+from asyncrl.rollout.adapter_merge import AdapterMerge, is_hf_adapter_name
 from asyncrl.rollout.engine import EngineReleasedError, add_sampled_token, end_at_budget, settle, wait_any
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.generation_loop import Boundary, BoundaryEngine, TokenBatch
@@ -97,6 +98,7 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
         self.counters = EngineCounters()
         self._model: PreTrainedModel | None = None
         self._host: dict[str, torch.Tensor] | None = None  # weights kept while released
+        self._adapters = AdapterMerge()  # spec.model.lora: the base kept, each version's adapters merged
         self._released = False
         self._version = NO_VERSION
         self._sampler = torch.Generator(device=self.device).manual_seed(seed)
@@ -115,8 +117,10 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
         return self._model
 
     def _copy(self, state_dict: StateDict) -> dict[str, torch.Tensor]:
-        # Copy now: the caller (an in-process actor) may update its tensors in place right after.
-        out = {k: v.detach().to("cpu", self.dtype, copy=True) for k, v in state_dict.items()}
+        # Copy now: the caller (an in-process actor) may update its tensors in place right after. LoRA adapters
+        # stay fp32 until they are merged (rollout/adapter_merge.py).
+        out = {k: v.detach().to("cpu", torch.float32 if is_hf_adapter_name(k) else self.dtype, copy=True)
+               for k, v in state_dict.items()}
         if self.fp32_head:  # full-precision copies of the head's weights, before any rounding
             head = "model.embed_tokens.weight" if self.arch.tie_embeddings else LM_HEAD
             for k in (NORM, head):
@@ -134,7 +138,7 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
 
     def _apply(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Install ``weights`` as ``version`` (caller holds ``_lock`` and no forward is running)."""
-        weights = self._set_head(weights)
+        weights = self._adapters.resolve(self._set_head(weights))  # LoRA: the base with this version merged
         if self._released:
             self._host = weights  # installed on acquire()
         else:

@@ -45,7 +45,7 @@ the reports and the updates' tally :mod:`asyncrl.trainer.actor.reports`, checkpo
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -76,6 +76,7 @@ from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat, parallel
 from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import token_logprobs
+from asyncrl.trainer.megatron.lora import adapter_bank, apply_lora, hf_with_adapters
 from asyncrl.trainer.megatron.model import build_gpt_model
 from asyncrl.trainer.megatron.optimizers import make_optimizer
 from asyncrl.trainer.oldlogits import OldLogitProvider, ProviderSettings, make_provider
@@ -123,6 +124,8 @@ class MegatronActor:
         if settings.init_weights is not None:  # one tensor at a time, memory-mapped (convert.load_folder)
             self.load_report = load_folder(self._gpt, settings.arch, settings.init_weights)
             log.info("%s", self.load_report.line())
+        # spec.model.lora: the base frozen, adapters added, before the optimizer and DDP see the parameters
+        self.lora = apply_lora(self._gpt, settings.arch, settings.lora, seed=settings.seed) if settings.lora else None
         # The device's defaults filled in (CUDA: bf16 params, megatron's distributed optimizer; CPU: fp32 AdamW).
         self.optimizer_settings = settings.optimizer.resolved(self.runtime)
         self._gpt = compat.cast_model(self._gpt, self.optimizer_settings)  # bf16 after loading the fp32 weights
@@ -198,6 +201,21 @@ class MegatronActor:
                 self._scoring, swapped,
                 (tokens.to(device), self.settings.temperature, self.settings.max_chunk_bytes, routes),
             )
+
+    @property
+    def scores_versions_at_once(self) -> bool:
+        """A dense LoRA actor scores rows under different versions in one forward (:meth:`logprobs_under_each`)."""
+        return self.lora is not None and not self.lora.moe
+
+    def logprobs_under_each(self, versions: Sequence[Mapping[str, torch.Tensor]], tokens: torch.Tensor,
+                            slot: torch.Tensor) -> torch.Tensor:
+        """No-grad log-probs ``[n, T]`` of ``tokens`` ``[n, T]``, row ``i`` under the adapters ``versions[slot[i]]``
+        (named like :meth:`named_weights`), in one forward (:func:`~asyncrl.trainer.megatron.lora.adapter_bank`)."""
+        if self.lora is None:
+            raise ValueError("logprobs_under_each: this actor trains no LoRA adapters (spec.model.lora unset)")
+        with torch.no_grad(), adapter_bank(self._gpt, self.lora, versions, slot):
+            return self._scoring(tokens.to(self.runtime.device), self.settings.temperature,
+                                 self.settings.max_chunk_bytes)
 
     def _logprobs(self, tokens: torch.Tensor, temperature: float, routes: torch.Tensor | None = None) -> torch.Tensor:
         return token_logprobs(
@@ -508,7 +526,9 @@ class MegatronActor:
         """HF Llama-named fp32 CPU copies of the weights (weight sync to the rollout engine).
 
         Tied architectures list ``lm_head.weight`` as the same tensor as ``model.embed_tokens.weight``,
-        so ``LlamaForCausalLM.load_state_dict(..., strict=True)`` accepts it.
+        so ``LlamaForCausalLM.load_state_dict(..., strict=True)`` accepts it. Under ``spec.model.lora``: the
+        base's weights plus the adapters in peft's names with ``B`` scaled by ``alpha / rank``
+        (:func:`~asyncrl.trainer.megatron.lora.hf_with_adapters`; the rollout engine merges them).
         """
         owners = dict(self._gpt.named_parameters())  # TP shards are gathered whole (a collective per shard)
         own = {
@@ -516,6 +536,8 @@ class MegatronActor:
             for k, v in self._gpt.state_dict().items()
             if not k.endswith("_extra_state")
         }
+        if self.lora is not None:  # the base's weights plus the adapters as s B and A (the engine merges them)
+            return hf_with_adapters(own, self.settings.arch, self.lora.spec.scale)
         return megatron_to_hf(own, self.settings.arch)
 
     def load_hf_state_dict(self, hf: dict[str, torch.Tensor]) -> None:

@@ -34,7 +34,7 @@ in this order (:meth:`MegatronActor.train_step`):
    rollout receives it now).
 """
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -102,6 +102,21 @@ class Scorer(Protocol):
         """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under ``weights`` (same names and
         shapes as :meth:`named_weights`); the live weights are never written (a functional call);
         ``routes`` ``[b, T, L, k]``: MoE routes to replay."""
+        ...
+
+
+@runtime_checkable
+class VersionBankScorer(Protocol):
+    """A scorer that can run rows under different versions in one forward (LoRA: each row picks its version's
+    adapter, ``trainer/megatron/lora.py``'s adapter bank)."""
+
+    @property
+    def scores_versions_at_once(self) -> bool:
+        """True when :meth:`logprobs_under_each` serves this model (a dense LoRA actor)."""
+        ...
+
+    def logprobs_under_each(self, versions: Sequence[Mapping[str, Tensor]], tokens: Tensor, slot: Tensor) -> Tensor:
+        """No-grad log-probs ``[n, T]`` of ``tokens`` ``[n, T]``, row ``i`` under ``versions[slot[i]]``."""
         ...
 
 
