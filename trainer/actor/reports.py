@@ -9,6 +9,7 @@ version advanced": at least one optimizer update of the batch was applied.
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import torch
 
@@ -114,7 +115,16 @@ NO_TOKENS = CorrectionStats(**{f.name: 1.0 if f.name in ("rd_min", "rd_max", "rs
                                for f in dataclasses.fields(CorrectionStats)})
 
 
-def ewma_reset_fields(provider: object) -> dict[str, object]:
+class EwmaResetFields(TypedDict, total=False):
+    """The ``ewma_reset_*`` fields of :class:`TrainStepMetrics` (typed, so they unpack into it)."""
+
+    ewma_reset_threshold: float
+    ewma_reset_outcome: str
+    ewma_resets_recovered_total: int
+    ewma_resets_unrecovered_total: int
+
+
+def ewma_reset_fields(provider: object) -> EwmaResetFields:
     """The ``ewma_reset_*`` fields of a step report from the ewma provider (the one with a reset rule);
     none (the defaults) for every other provider."""
     if not isinstance(provider, EwmaProvider):

@@ -13,7 +13,7 @@ would have routed elsewhere (trainer/megatron/routing_replay.py notes it per lay
 """
 
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 
@@ -84,7 +84,14 @@ def count_route_flips(gpt: Any, sub: TrainBatch, tally: UpdateTally) -> None:
     tally.route_tokens.append(sub.loss_mask.sum())
 
 
-def route_flip_counts(tally: UpdateTally) -> dict[str, float]:
+class RouteFlipCounts(TypedDict):
+    """The ``route_*`` fields of a step's metrics (typed, so they unpack into ``TrainStepMetrics``)."""
+
+    route_flips: float
+    route_tokens: float
+
+
+def route_flip_counts(tally: UpdateTally) -> RouteFlipCounts:
     """``{"route_flips", "route_tokens"}`` of the step's training forwards, summed over the DP ranks."""
     flips = float(sum(tally.route_flips)) if tally.route_flips else 0.0
     tokens = float(sum(tally.route_tokens)) if tally.route_tokens else 0.0
