@@ -115,8 +115,10 @@ def test_prometheus_scrapes_the_job_and_the_operator_as_the_chart_declares(train
             assert labels["job"] == f"{OPERATOR_NAMESPACE}/{RELEASE}-operator-jobs", labels  # the PodMonitor's job label
     (version,) = prometheus.query(f'max_over_time(asyncrl_policy_version{{asyncrljob="quickstart",namespace="{ns}"}}[1h])')
     assert 1 <= float(version["value"][1]) <= STEPS, version
-    (valid,) = prometheus.query(f'max_over_time(asyncrl_discrepancy_valid_tokens_total{{namespace="{ns}"}}[1h])')
-    assert float(valid["value"][1]) > 0 and valid["metric"]["reference"] == "ewma", valid
+    # one series per correction.reference, pre-set to 0; the job's own (ewma) counted its tokens
+    valid = {s["metric"]["reference"]: float(s["value"][1]) for s in prometheus.query(
+        f'max_over_time(asyncrl_discrepancy_valid_tokens_total{{namespace="{ns}",asyncrljob="quickstart"}}[1h])')}
+    assert valid["ewma"] > 0 and all(v == 0 for r, v in valid.items() if r != "ewma"), valid
     # 2. the operator's series, from its pod through the metrics Service: the job's own namespace, not the operator's
     phases = prometheus.query('last_over_time(asyncrl_operator_job_phase{asyncrljob="quickstart"}[1h])')
     assert phases and {s["metric"]["namespace"] for s in phases} == {ns}, phases
