@@ -77,6 +77,21 @@ class LossAggregation(StrEnum):
     SEQUENCE_MEAN = "sequenceMean"
 
 
+class RoutingReplay(StrEnum):
+    """Which expert routes a mixture-of-experts actor replays (docs/architecture.md, routing replay).
+
+    - ``none``: every forward routes by its own router (route flips count as discrepancy).
+    - ``rollout`` (R3): the routes the rollout engine sampled each token through are replayed in the
+      reference/old-logit forward and in the training forward.
+    - ``oldLogits`` (R2): the routes of the old-logit forward (the reference or exact scoring forward) are
+      recorded there and replayed in the training forward.
+    """
+
+    NONE = "none"
+    ROLLOUT = "rollout"
+    OLD_LOGITS = "oldLogits"
+
+
 # A ratio bound beyond this keeps every token a float32 ratio can hold: no repair at all (use mode: none).
 MAX_RATIO_BOUND = 1000.0
 BOUNDS_FORM_MESSAGE = (
@@ -207,7 +222,7 @@ class ClipSpec(SpecModel):
 
 
 class EwmaResetSpec(SpecModel):
-    """Automatic reset of the EWMA reference to the current weights (paper §6.5).
+    """Automatic reset of the EWMA reference (paper §6.5; ``rule`` chooses when and to what).
 
     The statistic is the batch's *in-bounds ratio*: the share of valid tokens whose (level-aggregated)
     ``r_d = pi_prox / mu`` lies inside ``mask.bounds``. Under ``mask.mode: mask`` it is the keep ratio
@@ -226,6 +241,22 @@ class EwmaResetSpec(SpecModel):
     )
     consecutive_steps: int = Field(
         default=3, ge=1, le=10_000, description="k: reset after this many consecutive low policy versions (batches)."
+    )
+    rule: Literal["paper", "paperCooldown", "recentre"] = Field(
+        default="recentre",
+        description="paper: k versions below keepRatioBelow reset theta_prox to the current weights (paper "
+        "section 6.5); paperCooldown: the same, but the async.maxStaleness versions after a reset do not count "
+        "toward the next streak; recentre: the threshold is the reference's own running in-bounds level minus "
+        "margin (keepRatioBelow unused), with the same cooldown, and "
+        "the reset moves theta_prox to the average of the weights that sampled the batch's tokens "
+        "(keeps the last maxStaleness + 2 versions' weights).",
+    )
+    margin: float = Field(
+        default=0.1,
+        gt=0.0,
+        lt=1.0,
+        description="recentre: a version is low when its in-bounds ratio is below the running level (an "
+        "exponential average of the ratios before it, about 9 versions back) minus this margin.",
     )
 
 
@@ -384,6 +415,12 @@ class CorrectionSpec(SpecModel):
         default_factory=AuditSpec,
         description="Live audit of a cheap reference against exact pi_old on sampled steps (off by default; "
         "costs up to W+1 host weight copies while on). Not with reference: exact.",
+    )
+    routing_replay: RoutingReplay = Field(
+        default=RoutingReplay.NONE,
+        description="Mixture-of-experts models only: none, rollout (R3: replay the experts the rollout engine "
+        "routed each token through, in every actor forward that scores it) or oldLogits (R2: replay the "
+        "routes of the old-logit forward in the training forward). Transformers rollout engine only.",
     )
     startup_check: StartupCheckSpec = Field(
         default_factory=StartupCheckSpec,

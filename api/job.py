@@ -22,6 +22,7 @@ from asyncrl.api.constants import (
 )
 from asyncrl.api.correction import CorrectionSpec, ReferencePolicy
 from asyncrl.api.evaluation import EvalSpec
+from asyncrl.api.lora import lora_problems
 from asyncrl.api.metadata import ObjectMeta
 from asyncrl.api.model import ModelSpec
 from asyncrl.api.model_arch import known_arch, parallel_problems
@@ -42,6 +43,7 @@ from asyncrl.api.pods import (
     RunPolicySpec,
     SchedulingSpec,
 )
+from asyncrl.api.routing_replay import routing_replay_problems, visible_arch
 from asyncrl.api.task import TaskSpec
 
 MAX_SEED = 2**32 - 1  # numpy's generators take seeds below 2^32
@@ -341,11 +343,31 @@ class AsyncRLJobSpec(SpecModel):
         return self
 
     @model_validator(mode="after")
+    def _lora_can_be_served(self) -> "AsyncRLJobSpec":
+        lora = self.model.lora
+        if lora is None:
+            return self
+        arch = known_arch(self.model)
+        smallest = None if arch is None else min(arch.hidden_size, arch.head_dim * arch.num_attention_heads,
+                                                 arch.moe_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size)
+        strategy = self.old_logits.strategy.value if self.old_logits.strategy else None
+        raise_all(lora_problems(lora, engine=self.rollout.engine, strategy=strategy, smallest_dim=smallest,
+                                tensor_parallel=self.actor.megatron.tensor_parallel))
+        return self
+
+    @model_validator(mode="after")
     def _scorer_layout_can_work(self) -> "AsyncRLJobSpec":
         if self.old_logits.strategy is not OldLogitStrategy.DEDICATED:
             return self  # a dedicated section set under another strategy is refused by OldLogitsSpec
         layout = self.old_logits.dedicated.layout_for(self.actor)
         raise_all(scorer_layout_problems(layout, known_arch(self.model) if layout.tensor_parallel > 1 else None))
+        return self
+
+    @model_validator(mode="after")
+    def _routing_replay_can_work(self) -> "AsyncRLJobSpec":
+        c = self.correction
+        raise_all(routing_replay_problems(c.routing_replay, c.reference, self.rollout.engine,
+                                          visible_arch(self.model) if c.routing_replay != "none" else None))
         return self
 
     @model_validator(mode="after")

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.api.base import SpecModel
 from asyncrl.api.cel import CelRule
+from asyncrl.api.lora import LoraSpec
 
 GQA_MESSAGE = "numAttentionHeads must be a multiple of numKeyValueHeads (grouped-query attention)"
 
@@ -49,6 +50,11 @@ class ModelSpec(SpecModel):
         default="bfloat16",
         description="Precision of the rollout engine; bfloat16 vs the float32 actor makes the "
         "train–inference discrepancy real.",
+    )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="Train low-rank adapters on the frozen base instead of every weight (docs/lora.md); "
+        "null = full fine-tuning.",
     )
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (

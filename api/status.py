@@ -128,6 +128,12 @@ class TrainingSummary(_StatusModel):
         default=None, ge=0.0, le=1.0, description="Share of tokens whose staleness ratio was clipped."
     )
     ewma_resets: int = Field(default=0, ge=0, description="EWMA reference resets so far.")
+    ewma_resets_recovered: int | None = Field(
+        default=None, ge=0, description="ewma reference only: of the EWMA resets, those whose in-bounds ratio of r_d reached the reset's "
+        "threshold within async.maxStaleness versions (counted when decided, W versions after the reset).")
+    ewma_resets_unrecovered: int | None = Field(
+        default=None, ge=0, description="ewma reference only: of the EWMA resets, those that did not recover within async.maxStaleness "
+        "versions (AsyncRLEwmaResetStorm counts these).")
     env_errors: int = Field(
         default=0, ge=0, description="Episodes the task's environment code aborted so far (exception, timeout, "
         "non-finite reward, garbage messages; asyncrl_env_errors_total by reason); the job goes on without them."

@@ -128,12 +128,17 @@ ROWS: tuple[tuple[str, tuple[PanelDef, ...]], ...] = (
             f"sum by ({BY_JOB}, reason) (asyncrl_ewma_resets_total{{{JOB}}})", f"{J} {{{{reason}}}}"),),
             "Resets of the PPO-EWMA reference to the current weights, by reason; each reset is also an "
             "annotation on every panel.", min_value=0),
+        PanelDef("MoE route-flip share (routing replay)", "timeseries", (Query(
+            _ratio("asyncrl_route_flip_tokens_total", "asyncrl_route_replayed_tokens_total"), J),),
+            "Share of trained tokens whose replayed MoE routes (correction.routingReplay) the training forward's "
+            "own router would have changed in at least one layer: the routing part of the train-inference "
+            "mismatch that replay removes. Empty without replay.", unit="percentunit", min_value=0),
         PanelDef("Held-out evaluation (current version)", "timeseries", (
             Query(_per_job("asyncrl_eval_success"), f"{J} eval success"),
             Query(_per_job("asyncrl_eval_reward"), f"{J} eval reward"),
         ), "Success and mean reward of the last evaluated policy version on the task's fixed held-out prompts "
            "(spec.eval; never trained on): the learning curve at equal versions. asyncrl_eval_version says which "
-           "version; flat until the next evaluation.", unit="percentunit", width=24, min_value=0),
+           "version; flat until the next evaluation.", unit="percentunit", width=16, min_value=0),
     )),
     ("Async pipeline", (
         PanelDef("Token staleness (versions)", "heatmap", (Query(

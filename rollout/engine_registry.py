@@ -28,6 +28,7 @@ def make_engine(
     seed: int = 0,
     pad_id: int = 0,
     engine_args: Mapping[str, object] | None = None,
+    capture_routes: bool = False,
 ) -> RolloutEngine:
     """The engine ``spec.rollout.engine`` names, for ``arch``.
 
@@ -37,6 +38,8 @@ def make_engine(
     if name not in ENGINES:
         raise ValueError(f"spec.rollout.engine {name!r} is unknown; valid engines: {', '.join(ENGINES)}")
     if name == "vllm":
+        if capture_routes:
+            raise ValueError("the vllm engine does not capture MoE routes (spec.correction.routingReplay: rollout)")
         from asyncrl.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, engine_args=engine_args)
@@ -49,4 +52,4 @@ def make_engine(
         )
     from asyncrl.rollout.hf_engine import HFEngine
 
-    return HFEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, fp32_head=fp32_head)
+    return HFEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, fp32_head=fp32_head, capture_routes=capture_routes)

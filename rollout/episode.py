@@ -175,7 +175,8 @@ class Episode:
         r = self.record
         out = r if self.done else dataclasses.replace(
             r, tokens=list(r.tokens), loss_mask=list(r.loss_mask), versions=list(r.versions), logp_mu=list(r.logp_mu),
-            turn_ids=list(r.turn_ids), logp_old=None if r.logp_old is None else list(r.logp_old))
+            turn_ids=list(r.turn_ids), logp_old=None if r.logp_old is None else list(r.logp_old),
+            routes=None if r.routes is None else r.routes.copy())
         out.reward, out.success, out.info = self.reward, self.success, info
         out.status = self.status if status is None else status
         return out

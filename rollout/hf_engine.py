@@ -27,10 +27,13 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from asyncrl.api.model_arch import ModelArch
+from asyncrl.rollout.adapter_merge import AdapterMerge, is_hf_adapter_name
 from asyncrl.rollout.engine import EngineReleasedError, add_sampled_token, end_at_budget, settle, wait_any
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.generation_loop import Boundary, BoundaryEngine, TokenBatch
-from asyncrl.rollout.hf_model import LM_HEAD, build_model, load_hf_state_dict, torch_dtype
+from asyncrl.rollout.hf_model import LM_HEAD, build_model, hf_state_dict, load_hf_state_dict, torch_dtype
+from asyncrl.rollout.route_capture import RouteTap, capturing
+from asyncrl.rollout.routes import RouteLog
 from asyncrl.rollout.trajectory import NO_VERSION
 
 StateDict = Mapping[str, torch.Tensor]
@@ -65,6 +68,9 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
             4.3e-3 -> 3.6e-3, tokens outside a ±1 % ratio 10.1 % -> 7.2 %; a modest gain, smaller
             than measured for that variant on a larger vocabulary.
         device: ``"cuda"``, ``"cpu"`` or None: CUDA when available, else the CPU.
+        capture_routes: record every forward's top-k experts per MoE layer into each trajectory's
+            ``routes`` (rollout/routes.py; prefills, decode steps and re-prefills after a swap), for routing
+            replay (``spec.correction.routingReplay: rollout``). Mixture-of-experts models only.
     """
 
     counters: EngineCounters
@@ -78,8 +84,12 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
         pad_id: int = 0,
         fp32_head: bool = False,
         device: str | None = None,
+        capture_routes: bool = False,
     ) -> None:
+        if capture_routes and not arch.is_moe:
+            raise ValueError(f"HFEngine: capture_routes needs a mixture-of-experts model; {arch.architecture} is dense")
         self.arch = arch
+        self.capture_routes = capture_routes
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = torch_dtype(dtype)
         self.pad_id = pad_id
@@ -88,6 +98,7 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
         self.counters = EngineCounters()
         self._model: PreTrainedModel | None = None
         self._host: dict[str, torch.Tensor] | None = None  # weights kept while released
+        self._adapters = AdapterMerge()  # spec.model.lora: the base kept, each version's adapters merged
         self._released = False
         self._version = NO_VERSION
         self._sampler = torch.Generator(device=self.device).manual_seed(seed)
@@ -106,8 +117,10 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
         return self._model
 
     def _copy(self, state_dict: StateDict) -> dict[str, torch.Tensor]:
-        # Copy now: the caller (an in-process actor) may update its tensors in place right after.
-        out = {k: v.detach().to("cpu", self.dtype, copy=True) for k, v in state_dict.items()}
+        # Copy now: the caller (an in-process actor) may update its tensors in place right after. LoRA adapters
+        # stay fp32 until they are merged (rollout/adapter_merge.py).
+        out = {k: v.detach().to("cpu", torch.float32 if is_hf_adapter_name(k) else self.dtype, copy=True)
+               for k, v in state_dict.items()}
         if self.fp32_head:  # full-precision copies of the head's weights, before any rounding
             head = "model.embed_tokens.weight" if self.arch.tie_embeddings else LM_HEAD
             for k in (NORM, head):
@@ -125,7 +138,7 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
 
     def _apply(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Install ``weights`` as ``version`` (caller holds ``_lock`` and no forward is running)."""
-        weights = self._set_head(weights)
+        weights = self._adapters.resolve(self._set_head(weights))  # LoRA: the base with this version merged
         if self._released:
             self._host = weights  # installed on acquire()
         else:
@@ -140,8 +153,8 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
                 raise RuntimeError("HFEngine.release: a generate() is running; interrupt() it first")
             if self._released:
                 return
-            if self._model is not None:
-                self._host = {k: v.detach().to("cpu") for k, v in self._model.state_dict().items()}
+            if self._model is not None:  # under checkpoint names (per expert), which acquire() loads back
+                self._host = {k: v.detach().to("cpu") for k, v in hf_state_dict(self._model).items()}
             self._model = None
             self._released = True
         gc.collect()
@@ -188,7 +201,11 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
 
             handle = model.model.norm.register_forward_pre_hook(grab)
         try:
-            self._run(model, episodes, max_new_tokens, temperature, partial_rollout, sampler, captured)
+            if self.capture_routes:
+                with capturing(model) as tap:
+                    self._run(model, episodes, max_new_tokens, temperature, partial_rollout, sampler, captured, tap)
+            else:
+                self._run(model, episodes, max_new_tokens, temperature, partial_rollout, sampler, captured)
         finally:
             if handle is not None:
                 handle.remove()
@@ -210,12 +227,15 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
         partial_rollout: bool,
         sampler: torch.Generator,
         captured: list[torch.Tensor],
+        tap: RouteTap | None = None,
     ) -> None:
         batch = TokenBatch.start(self, episodes, max_new_tokens, partial_rollout=partial_rollout)
         kv = _Decode(fresh=[True] * len(batch.rows))
         while (at := batch.boundary()) is not Boundary.STOP:
             if at is Boundary.SWAPPED:
                 model, kv.need_prefill = self.model, True  # the old cache was computed with the old weights
+                if tap is not None and not tap.watches(model):  # weights load in place: the same routers
+                    raise batch.failure("engine model was rebuilt mid-generate; its routers are not captured")
             rows = batch.rows
             if not kv.need_prefill and not any(kv.fresh):
                 # every row waits for its environment: block briefly (no forward on pads), then force
@@ -224,10 +244,12 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
                 kv.fresh = self._settle_waiting(rows, max_new_tokens)
                 batch.rows = self._compact([i for i, e in enumerate(rows) if not e.done], rows, kv)
                 continue
-            version = self._version
+            version, prefill, fed = self._version, kv.need_prefill, list(kv.fresh)
             try:
                 with torch.inference_mode():
                     sampled, sampled_logp = self._sample(model, rows, kv, temperature, sampler, captured)
+                if tap is not None:
+                    _record_routes(tap, rows, version, prefill, fed, self.arch)
             except Exception as exc:
                 raise batch.failure(f"engine forward failed: {exc!r}") from exc
             keep, kv.fresh = self._advance(
@@ -321,6 +343,28 @@ class HFEngine(BoundaryEngine[dict[str, torch.Tensor], tuple[PreTrainedModel, to
                 appended = True
             fresh.append(appended)
         return fresh
+
+
+def _record_routes(tap: RouteTap, rows: list[Episode], version: int, prefill: bool, fed: list[bool],
+                   arch: ModelArch) -> None:
+    """Append the routes of the forward that just ran to each row's ``record.routes``: a prefill routed every
+    position of each (left-padded) prefix; a decode step one position per row that read a token (``fed``)."""
+    if prefill:
+        L = max(len(e.tokens) for e in rows)
+        routes = tap.take(len(rows), L)  # [B, L, layers, k]
+        for b, e in enumerate(rows):
+            _log(e, arch).record(version, 0, routes[b, L - len(e.tokens):])
+        return
+    routes = tap.take(len(rows), 1)  # [B, 1, layers, k]
+    for b, e in enumerate(rows):
+        if fed[b]:
+            _log(e, arch).record(version, len(e.tokens) - 1, routes[b])
+
+
+def _log(e: Episode, arch: ModelArch) -> RouteLog:
+    if e.record.routes is None:
+        e.record.routes = RouteLog(arch.num_layers, arch.moe_top_k)
+    return e.record.routes
 
 
 @dataclass

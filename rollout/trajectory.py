@@ -9,7 +9,10 @@ process boundaries through Ray and stays free of torch.
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.routes import RouteLog
 
 NO_VERSION = -1
 
@@ -50,6 +53,9 @@ class Trajectory:
     # old-logit stage before training (strategies dedicated and interruptSync); NaN = not scored yet.
     # None: nothing scored (every other reference).
     logp_old: list[float] | None = None
+    # The expert routes of every position, per version (rollout/routes.py); None unless the engine captures
+    # them (spec.correction.routingReplay: rollout, a mixture-of-experts model).
+    routes: "RouteLog | None" = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

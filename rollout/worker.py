@@ -81,6 +81,7 @@ class RolloutWorker:
             the first ``generate``.
         tokenizer: the model's tokenizer; default ``task_tokenizer(model, task)`` (the actor uses the same).
         workers: the job's rollout workers (``spec.rollout.replicas``: a dataset spreads its rows over them).
+        capture_routes: the engine records MoE expert routes per token (``correction.routingReplay: rollout``).
 
     Every task is a :class:`~asyncrl.rollout.envs.binding.TaskBinding` (built-in or by import path):
     each episode is its turn-level environment behind a :class:`~asyncrl.rollout.envs.adapter.TurnAdapter`.
@@ -100,6 +101,7 @@ class RolloutWorker:
         engine: RolloutEngine | None = None,
         tokenizer: Tokenizer | None = None,
         workers: int = 1,
+        capture_routes: bool = False,
     ) -> None:
         self.task_spec = task
         self.binding: TaskBinding = bind_task(task, workers=workers, seed=seed)
@@ -120,6 +122,7 @@ class RolloutWorker:
                 seed=_rng(seed, worker_index, 1).randrange(2**62),
                 pad_id=self.tokenizer.pad_id,
                 engine_args=rollout.engine_args,
+                capture_routes=capture_routes,
             )
         self.engine = engine
         self.agent: AgentHost | None = None

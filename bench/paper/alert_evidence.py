@@ -111,9 +111,26 @@ def own_resets(run_dir: Path) -> list[dict[str, Any]]:
             for r in lines if r.get("ewma_reset")]
 
 
+def own_outcomes(run_dir: Path) -> list[dict[str, Any]]:
+    """The reset outcomes decided during the job (metrics.jsonl): version and outcome."""
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return [{"version": int(r["version"]), "outcome": r["ewma_reset_outcome"]} for r in lines if r.get("ewma_reset_outcome")]
+
+
+Role = tuple[str, h.Scale, h.Config]  # (cell label, scale, configuration) of one job
+
+
+def default_roles() -> dict[str, Role]:
+    return {role: (label, scale, cfg) for (role, (label, scale)), cfg in zip(ROLES.items(), jobs().values(), strict=True)}
+
+
 def collect(out: Path, *, seed: int = 0, warm_start: Path | None = None,
-            timeout_s: float = 1800.0, log: Any = print) -> dict[str, Any]:
-    """Run both jobs under a real Prometheus and return the evidence record (see the module docstring)."""
+            timeout_s: float = 1800.0, log: Any = print, roles: Mapping[str, Role] | None = None) -> dict[str, Any]:
+    """Run the jobs (``roles``, default :data:`ROLES`) under a real Prometheus and return the evidence record
+    (see the module docstring)."""
+    roles = dict(roles or default_roles())
+    cfgs = {n: r[2] for n, r in roles.items()}
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         raise SystemExit("prometheus not found; run `make tools` (Debian package prometheus)")
@@ -122,14 +139,14 @@ def collect(out: Path, *, seed: int = 0, warm_start: Path | None = None,
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     (out / "rules.yaml").write_text(yaml.safe_dump({"groups": chart_rules()}))
-    ports = {name: free_port() for name in jobs()}
+    ports = {name: free_port() for name in cfgs}
     prom_port = free_port()
     (out / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
         "rule_files": [str(out / "rules.yaml")],
         "scrape_configs": [{"job_name": "asyncrl-jobs", "static_configs": [
             {"targets": [f"127.0.0.1:{ports[n]}"], "labels": {"namespace": NAMESPACE, "asyncrljob": n, "role": "driver"}}
-            for n in jobs()]}],
+            for n in cfgs]}],
     }))
     procs: dict[str, subprocess.Popen[bytes]] = {}
     seen: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -154,11 +171,11 @@ def collect(out: Path, *, seed: int = 0, warm_start: Path | None = None,
             [prometheus, f"--config.file={out / 'prometheus.yml'}", f"--storage.tsdb.path={out / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=(out / "prometheus.log").open("wb"), stderr=subprocess.STDOUT)
-        for name, cfg in jobs().items():
+        for name, cfg in cfgs.items():
             rdir = out / f"run-{name}"
             if warm_start is not None:  # the experiments' shared warm start (else each job makes its own)
                 shutil.copytree(warm_start, rdir / "warm_start")
-            (out / f"{name}.yaml").write_text(yaml.safe_dump(job_doc(name, cfg, ROLES[name][1], seed, ports[name])))
+            (out / f"{name}.yaml").write_text(yaml.safe_dump(job_doc(name, cfg, roles[name][1], seed, ports[name])))
             started[name] = time.time()
             procs[name] = subprocess.Popen([str(asyncrl), "run", str(out / f"{name}.yaml"), "--run-dir", str(rdir),
                                             "--quiet"], stdout=(out / f"{name}.log").open("wb"),
@@ -173,7 +190,7 @@ def collect(out: Path, *, seed: int = 0, warm_start: Path | None = None,
             except OSError:  # Prometheus still starting
                 continue
             note(alerts, versions)
-            if all(procs[n].poll() is not None for n in jobs()):
+            if all(procs[n].poll() is not None for n in cfgs):
                 time.sleep(3.0)  # one more scrape and evaluation of the final counters
                 note(api(prom_port, "alerts")["alerts"], versions)
                 break
@@ -185,16 +202,17 @@ def collect(out: Path, *, seed: int = 0, warm_start: Path | None = None,
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-    failed = {n: procs[n].returncode for n in jobs() if procs[n].returncode != 0}
+    failed = {n: procs[n].returncode for n in cfgs if procs[n].returncode != 0}
     if failed:
         tails = "\n".join(f"--- {n}\n{(out / f'{n}.log').read_text()[-1500:]}" for n in failed)
         raise SystemExit(f"jobs {failed} did not succeed (exit codes); no evidence written\n{tails}")
     return {
-        "schema": 1, "seed": seed, "steps": STEPS, "namespace": NAMESPACE,
+        "schema": 1, "seed": seed, "steps": max(r[1].steps for r in roles.values()), "namespace": NAMESPACE,
         "rules": "charts/asyncrl PrometheusRule (helm template, prometheusRule.enabled=true, shipped values)",
-        "jobs": {n: {"cell": ROLES[n][0], "config": c.spec(), "scale": h.scale_record(ROLES[n][1]),
+        "jobs": {n: {"cell": roles[n][0], "config": c.spec(), "scale": h.scale_record(roles[n][1]),
                      "exit_code": procs[n].returncode,
-                     "own_resets": own_resets(out / f"run-{n}")} for n, c in jobs().items()},
+                     "own_resets": own_resets(out / f"run-{n}"),
+                     "own_outcomes": own_outcomes(out / f"run-{n}")} for n, c in cfgs.items()},
         "firing": sorted(seen.values(), key=lambda r: (r["alert"], r["labels"].get("asyncrljob", ""))),
         "wall_s": round(time.time() - t0, 1),
     }

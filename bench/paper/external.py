@@ -43,7 +43,7 @@ DATA = ROOT / "docs" / "results" / "data"
 FIGURES = ROOT / "docs" / "results"
 PAPER_MASK = {"mode": "mask", "level": "token", "bounds": {"low": 0.99, "high": 1.01}}
 PAPER_CLIP = {"low": 0.003, "high": 0.004}  # r_s in [0.997, 1.004]
-EWMA_RESET = {"reset": {"enabled": True, "keepRatioBelow": 0.8, "consecutiveSteps": 3}}
+EWMA_RESET = {"reset": {"enabled": True, "keepRatioBelow": 0.8, "consecutiveSteps": 3, "rule": "paper"}}
 METHODS: tuple[harness.Config, ...] = (
     harness.Config("sync", harness.correction("current", mask=PAPER_MASK, clip=PAPER_CLIP), max_staleness=0),
     harness.Config("behavior", harness.correction("behavior", mask=PAPER_MASK, clip=PAPER_CLIP)),

@@ -99,7 +99,7 @@ class Config:
         learning rate digests as it did before the override existed (the committed records keep their names)."""
         import hashlib
 
-        parts: list[Any] = [self.correction, self.old_logits, self.max_staleness]
+        parts: list[Any] = [_digestible(self.correction), self.old_logits, self.max_staleness]
         if self.learning_rate is not None:
             parts.append({"learning_rate": self.learning_rate})
         blob = json.dumps(parts, sort_keys=True)
@@ -123,7 +123,17 @@ def correction(reference: str, *, mask: Mapping[str, Any] | None = None, clip: M
 
 
 def reset_rule(enabled: bool = True) -> dict[str, Any]:
-    return {"enabled": enabled, "keepRatioBelow": RESET_TAU, "consecutiveSteps": RESET_K}
+    """The paper's reset rule, named explicitly (``rule: paper``) so the cells keep running it whatever the
+    spec's default; :meth:`Config.key` leaves the name out of the digest (the records predate the field)."""
+    return {"enabled": enabled, "keepRatioBelow": RESET_TAU, "consecutiveSteps": RESET_K, "rule": "paper"}
+
+
+def _digestible(correction: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``correction`` without an explicit ``ewma.reset.rule: paper`` (the rule every record before the field ran)."""
+    reset = correction.get("ewma", {}).get("reset") if isinstance(correction.get("ewma"), Mapping) else None
+    if not isinstance(reset, Mapping) or reset.get("rule") != "paper":
+        return correction
+    return {**correction, "ewma": {**correction["ewma"], "reset": {k: v for k, v in reset.items() if k != "rule"}}}
 
 
 # The methods of the Table 2 analog; other experiments reuse some of them by name.
@@ -381,7 +391,8 @@ def run_experiment(args: argparse.Namespace, cfgs: Sequence[Config]) -> dict[str
 
 # --- condensed runs (the form bench/paper/gaps.py reads and draws; the experiments here use records) ---
 STEP_KEYS = ("version", "wall_s", "step_s", "keep_ratio", "clip_or_reject_frac", "clip_low_frac", "clip_high_frac",
-             "rd_min", "rd_max", "staleness_mean", "staleness_max", "ewma_reset", "success_rate", "in_bounds_ratio")
+             "rd_min", "rd_max", "staleness_mean", "staleness_max", "ewma_reset", "success_rate", "in_bounds_ratio",
+             "learning_rate", "ewma_reset_threshold", "ewma_reset_outcome")
 
 
 def condense(summary: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

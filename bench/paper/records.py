@@ -85,6 +85,10 @@ def build(*, key: str, seed: int, tag: str, config: Mapping[str, Any], scale: Ma
         curves[name] = [sig(s.get(name)) for s in applied]
     loop = summary.get("loop", {})
     resets = [int(s["version"]) for s in applied if s.get("ewma_reset")]
+    # The learning rate the optimizer actually used (ActorOptimizer.learning_rate() in every step line): one
+    # number, or the list when it changed; absent in records of runs before the step lines carried it.
+    lrs = sorted({float(s["learning_rate"]) for s in applied if s.get("learning_rate") is not None})
+    outcomes = [str(s["ewma_reset_outcome"]) for s in applied if s.get("ewma_reset_outcome")]
     return {
         "schema": RECORD_SCHEMA, "key": key, "seed": seed, "tag": tag,
         "config": dict(config), "scale": dict(scale),
@@ -92,6 +96,9 @@ def build(*, key: str, seed: int, tag: str, config: Mapping[str, Any], scale: Ma
                  "success": [sig(c["success"]) for c in curve], "loop_s": [sig(c.get("loop_s"), 3) for c in curve]},
         "curves": curves,
         "resets": {"count": len(resets), "versions": resets},
+        **({"reset_outcomes": {"recovered": outcomes.count("recovered"), "unrecovered": outcomes.count("unrecovered")}}
+           if outcomes else {}),
+        **({"actor_learning_rate": lrs[0] if len(lrs) == 1 else lrs} if lrs else {}),
         "low_streak": {**low_streaks(curves["in_bounds_ratio"], tau), "k": k},
         "log_rd": probe_quantiles(summary),
         "wall_s": sig(summary.get("wall_s"), 3),

@@ -8,7 +8,8 @@ Usage::
 Nothing here runs an experiment: every number comes from a record (:mod:`records`), every figure from
 the same numbers (checked by the hash of its data, :mod:`render`). The sections of the other
 measurements are imported when their modules exist -- ``gaps.py`` (|log r_d| per gap source) and
-``external.py`` (a task from an external generator) and ``warm_starts.py`` (version 0 of the warm start made at
+``external.py`` (a task from an external generator), ``moe_replay.py`` (MoE routing replay, issue 37) and
+``warm_starts.py`` (version 0 of the warm start made at
 several seeds), each ``section(data_dir) -> str`` over its own
 folder of records -- and ``alert_evidence.py`` (the reset alert scraped by a real Prometheus).
 """
@@ -16,6 +17,7 @@ folder of records -- and ``alert_evidence.py`` (the reset alert scraped by a rea
 import argparse
 import difflib
 import importlib
+import math
 import re
 import statistics
 import sys
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 import records as rec  # noqa: E402
 import render as rd  # noqa: E402
+import stats as st  # noqa: E402
 
 DATA = h.ROOT / "docs" / "results" / "data"
 DOC = h.ROOT / "docs" / "results.md"
@@ -122,7 +125,8 @@ def rerun_spread(ctx: rd.Context) -> str:
 def foreign_section(module: str, folder: str, write_figures: bool) -> str:
     """Another measurement's section (``module.section(DATA)``), or a line saying it has none yet."""
     title = {"gaps": "## The train–inference gap per source", "external": "## A task from an external generator",
-             "warm_starts": "## 9. How much the warm start decides"}[module]
+             "warm_starts": "## 9. How much the warm start decides",
+             "moe_replay": "## MoE routing replay: the routing part of the train–inference gap"}[module]
     data = DATA / folder
     if not data.exists() or not any(data.glob("*.json")):
         return f"{title}\n\nNo records yet (`docs/results/data/{folder}/` is empty).\n"
@@ -151,11 +155,16 @@ def system_cost_section(write_figures: bool) -> str:
     return str(mod.section(DATA / "system_cost.json", FIGURES if write_figures else None))
 
 
-def generate(write_figures: bool) -> str:
-    ctx = rd.Context(rec.Store(h.RECORDS), h.FULL, FIGURES, write_figures)
+def generate(write_figures: bool, figures: Path | None = None) -> str:
+    """The page; ``figures``: where this page's own figures go (default docs/results/, only when
+    ``write_figures``); a scratch folder draws them without touching docs/ (the others are not drawn then)."""
+    ctx = rd.Context(rec.Store(h.RECORDS), h.FULL, figures or FIGURES, write_figures or figures is not None)
+    if figures is not None:
+        write_figures = False  # the other measurements' figures write into docs/results/ only
     intro = experiment("intro")
+    confirm = importlib.import_module("confirm_report")
     parts = [
-        intro.head(ctx, records_summary(ctx)),
+        intro.head(ctx, records_summary(ctx), confirm.section(DATA)),
         "## 1. Methods at the paper's thresholds (Table 2 analog)\n", experiment("methods").section(ctx),
         "## 2. EWMA decay, the reset and its noise floor (Figures 4 and 10 analog)\n", experiment("ewma").section(ctx),
         "## 3. The reset alert, scraped by a real Prometheus\n", alert_section(),
@@ -166,29 +175,69 @@ def generate(write_figures: bool) -> str:
         "in brackets, the range):\n", log_rd_table(ctx),
         foreign_section("gaps", "gaps", write_figures),
         foreign_section("external", "external", write_figures),
+        foreign_section("moe_replay", "moe_replay", write_figures),
         "## 6. Proposition 1 in practice (Figure 5 analog)\n", experiment("prop1").section(ctx),
         "## 7. System cost (Table 3 and Table 6 analog)\n", system_cost_section(write_figures),
         "## 8. Reruns: the spread of one cell run twice\n", rerun_spread(ctx),
         foreign_section("warm_starts", "warm_starts", write_figures),
         intro.tail(ctx),
+        confirm.closing(DATA),
     ]
     parts.insert(1, summary(ctx))  # after the sections ran: their verdict rows are in ctx.verdicts
     return "\n".join(p.rstrip("\n") + "\n" for p in parts)
 
 
+FAMILIES = ("paper ordering", "mechanism")
+
+
+def page_verdict(row: Any, p_adj: float) -> str:
+    """The page's reading of one test after Holm: held / reversed at adjusted p < 0.05; else, for a learning
+    outcome, "no effect at this scale" when the 95% CI excludes a paper-sized difference in the paper's
+    direction, and "not resolved" otherwise."""
+    if p_adj < 0.05:
+        return "held" if (row.diff > 0) == (row.expected > 0) else "reversed"
+    if row.kind == "paper ordering" and not math.isnan(row.low):
+        excluded = row.high < rd.PAPER_SIZED if row.expected > 0 else row.low > -rd.PAPER_SIZED
+        if excluded:
+            return "no effect at this scale"
+    return "not resolved"
+
+
 def summary(ctx: rd.Context) -> str:
-    """Every paired test of the page in one list, by verdict (the sections below hold the tables)."""
-    by: dict[str, list[str]] = {}
-    for claim, what, diff, delta, test, verdict in ctx.verdicts:
-        key = verdict.strip("*").split(" (")[0]
-        by.setdefault(key, []).append(f"{claim} — {what}: " + (f"{diff} = {delta}, {test}" if delta != "-" else "fewer than 2 paired seeds"))
-    lines = ["## Summary: the paper's orderings at p < 0.05", "",
-             f"{len(ctx.verdicts)} paired tests below (sections 1, 2, 4 and 6); by verdict:", ""]
-    for key in ("held", "reversed", "not resolved"):
-        items = by.get(key, [])
-        lines.append(f"- **{key}** ({len(items)}):" + ("" if items else " none"))
-        lines += [f"  - {x}" for x in items]
-    lines.append("")
+    """Every test of the page by class: tautologies as checks; Holm within each family (paper orderings, i.e.
+    learning outcomes the paper orders; mechanism measurements), raw and adjusted p, the test named."""
+    rows = list(ctx.verdicts)
+    lines = ["## Summary of sections 1–8: every test, classified, Holm within each family", "",
+             f"{len(rows)} tests below (sections 1, 2, 4 and 6). Each is classified: a **paper ordering** (a learning "
+             "outcome, AUC or final held-out success, that the paper orders), a **mechanism** measurement (an in-bounds "
+             "or keep ratio, a clip fraction, a reset count) or a **tautology** (a check that cannot fail: a tighter "
+             "mask keeps fewer tokens, a looser clip clips fewer; shown as checks, never counted as reproductions). "
+             "Holm–Bonferroni runs within each family; a verdict is **held** / **reversed** at Holm-adjusted p < 0.05. "
+             f"Otherwise a paper ordering reads **no effect at this scale** when its 95% CI excludes a paper-sized "
+             f"difference ({rd.PAPER_SIZED} of success or AUC, the smallest Snapshot − Decoupled PPO gap of the paper's "
+             "Table 2) in the paper's direction, else **not resolved**. Each test pairs by seed only where the two "
+             f"sides' per-seed values correlate at r >= {rd.PAIR_R} (pairing then reduces the variance); elsewhere it "
+             "is Welch's unpaired t test; the test is named per row. All of these ran at 5 seeds and were not "
+             "registered in advance; the confirmatory experiment above is the registered test.", ""]
+    checks = [r for r in rows if getattr(r, "kind", "") == "tautology"]
+    if checks:
+        lines += ["**Checks (tautologies):**", ""]
+        lines += [f"- {r[0]} — {r[1]}: {r[2]} = {r[3]}, {r[4]}: {'passes' if r[5].strip('*') == 'held' else 'FAILS'}"
+                  for r in checks]
+        lines.append("")
+    for family in FAMILIES:
+        fam = [r for r in rows if getattr(r, "kind", "") == family]
+        if not fam:
+            continue
+        adj = st.holm([r.p for r in fam])
+        readings = [page_verdict(r, pa) for r, pa in zip(fam, adj, strict=True)]
+        counts = {k: readings.count(k) for k in ("held", "reversed", "no effect at this scale", "not resolved")}
+        lines += [f"**Family: {family}s** ({len(fam)} tests; " + ", ".join(f"{k} {v}" for k, v in counts.items()) + "):", "",
+                  "| claim | metric | difference | Δ (95% CI) | test | raw p | Holm p | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r, pa, v in sorted(zip(fam, adj, readings, strict=True), key=lambda x: x[1]):
+            lines.append(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r.test_name} | {r.p:.2g} | {pa:.2g} | **{v}** |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -202,16 +251,49 @@ def render_one(args: argparse.Namespace, name: str, section: Callable[[rd.Contex
     return text + f"\n(wrote {out})"
 
 
+def png_differences(drawn: Path, committed: Path) -> list[str]:
+    """The figures whose decoded pixels differ between ``drawn`` (just drawn from the records) and
+    ``committed`` (docs/results/): compared by content (RGBA arrays), not by file hash or metadata."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    out = []
+    for new in sorted(drawn.glob("*.png")):
+        old = committed / new.name
+        if not old.exists():
+            out.append(f"{new.name} (missing)")
+            continue
+        a, b = mpimg.imread(str(new)), mpimg.imread(str(old))
+        if a.shape != b.shape or not np.array_equal(a, b):
+            out.append(new.name)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="fail when docs/results.md differs from the records")
     args = p.parse_args(argv)
-    text = generate(write_figures=not args.check)
+    if args.check:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            text = generate(write_figures=False, figures=Path(tmp))
+            changed = png_differences(Path(tmp), FIGURES)
+        if changed:
+            print(f"figures differ in content from what their records draw: {changed}; run: .venv/bin/python "
+                  "bench/paper/report.py")
+            return 1
+    else:
+        text = generate(write_figures=True)
     if args.check:
         old = DOC.read_text() if DOC.exists() else ""
         missing = [m for m in re.findall(r"\]\((results/[^)]+\.png)\)", text) if not (DOC.parent / m).exists()]
         if missing:
             print(f"figures named in docs/results.md are missing: {missing}; run: .venv/bin/python bench/paper/report.py")
+            return 1
+        runbooks = importlib.import_module("runbook_numbers").stale(DATA)
+        if runbooks:
+            print(f"runbooks quote numbers their records no longer give: {runbooks}; run: .venv/bin/python bench/paper/report.py")
             return 1
         if old != text:
             diff = "".join(difflib.unified_diff(old.splitlines(True), text.splitlines(True), "docs/results.md",
@@ -221,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     DOC.write_text(text)
+    importlib.import_module("runbook_numbers").write(DATA)
     print(f"wrote {DOC} and its figures under {FIGURES}")
     return 0
 

@@ -127,3 +127,53 @@ def paired(a: Sequence[float], b: Sequence[float]) -> Paired:
     else:
         t = mean / (sd / math.sqrt(n))
     return Paired(mean, t_quantile_975(n - 1) * sd / math.sqrt(n), t, t_two_sided_p(t, n - 1), n)
+
+
+def pearson(a: Sequence[float], b: Sequence[float]) -> float:
+    """Pearson's r of paired values (NaN pairs skipped); nan under 3 pairs or no spread."""
+    pairs = [(x, y) for x, y in zip(a, b, strict=True) if not (math.isnan(x) or math.isnan(y))]
+    if len(pairs) < 3:
+        return float("nan")
+    ma, mb = statistics.fmean(x for x, _ in pairs), statistics.fmean(y for _, y in pairs)
+    sab = sum((x - ma) * (y - mb) for x, y in pairs)
+    saa, sbb = sum((x - ma) ** 2 for x, _ in pairs), sum((y - mb) ** 2 for _, y in pairs)
+    return sab / math.sqrt(saa * sbb) if saa > 0 and sbb > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class Welch:
+    """Welch's unpaired t test of mean(a) - mean(b): difference, 95 % half-width, t, Welch-Satterthwaite dof, p."""
+
+    diff: float
+    half_width: float
+    t: float
+    dof: float
+    p: float
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> Welch:
+    a = [x for x in a if not math.isnan(x)]
+    b = [x for x in b if not math.isnan(x)]
+    if len(a) < 2 or len(b) < 2:
+        return Welch(float("nan"), float("nan"), float("nan"), float("nan"), float("nan"))
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff, se = statistics.fmean(a) - statistics.fmean(b), math.sqrt(va + vb)
+    if se == 0.0:
+        return Welch(diff, 0.0, 0.0 if diff == 0 else math.copysign(math.inf, diff), float(len(a) + len(b) - 2),
+                     1.0 if diff == 0 else 0.0)
+    dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    t = diff / se
+    return Welch(diff, t_quantile_975(dof) * se, t, dof, t_two_sided_p(t, dof))
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (step-down, made monotone, capped at 1), in the input order; a NaN
+    stays NaN and does not count in the family."""
+    idx = [i for i, p in enumerate(ps) if not math.isnan(p)]
+    order = sorted(idx, key=lambda i: ps[i])
+    out = [float("nan")] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * ps[i]))
+        out[i] = running
+    return out

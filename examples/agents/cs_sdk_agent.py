@@ -34,9 +34,9 @@ from asyncrl.rollout.envs.customer_service import (
     Db,
     Scenario,
     ScenarioSamples,
+    call_tool,
     goal_reached,
     new_db,
-    run_tool,
 )
 
 set_tracing_disabled(True)  # the SDK's traces go to OpenAI's servers by default; a training job has no network
@@ -54,17 +54,18 @@ def scenario(sample: dict[str, Any]) -> Scenario:
     return Scenario.from_sample(draw.train(0, 0, random.Random(sample["seed"])))
 
 
-def shop_tools(db: Db) -> list[Tool]:
+def shop_tools(s: Scenario, db: Db) -> list[Tool]:
     """``orders``, ``cancel`` and ``refund`` over the episode's order database ``db`` (changed in place), with the
-    task's own schemas: the model sees the same tools as in the built-in task (a model warm-started there knows
-    them)."""
+    task's own schemas and rules: the model sees the same tools as in the built-in task (a model warm-started there
+    knows them), and a wrong action (another order, the other tool) leaves the goal out of reach for good, as it
+    ends the built-in task's episode (the SDK's run goes on until the model stops, its reward is 0)."""
 
     def tool(schema: dict[str, Any]) -> FunctionTool:
         name = schema["function"]["name"]
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
             args = json.loads(arguments) if arguments.strip() else {}
-            return run_tool(db, name, args)  # the task's tool execution, on this episode's database
+            return call_tool(s, db, name, args)[0]  # the task's tool and rules, on this episode's database
 
         return FunctionTool(name=name, description=schema["function"]["description"],
                             params_json_schema=schema["function"]["parameters"], on_invoke_tool=invoke,
@@ -79,7 +80,7 @@ async def run(client: Any, sample: dict[str, Any], hooks: RunHooks[Any] | None =
     ``hooks``: the SDK's run hooks (e.g. to log each tool call); asyncrl calls ``run(client, sample)``."""
     s = scenario(sample)
     db = new_db(s)  # this episode's order database
-    agent = Agent(name="shop", instructions=SYSTEM, tools=shop_tools(db),
+    agent = Agent(name="shop", instructions=SYSTEM, tools=shop_tools(s, db),
                   model=OpenAIChatCompletionsModel(model="policy", openai_client=client))
     try:
         await Runner.run(agent, s.request, max_turns=MAX_TURNS, hooks=hooks)

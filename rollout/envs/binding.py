@@ -190,9 +190,10 @@ def bind_task(task: TaskSpec, *, workers: int = 1, seed: int = 0) -> TaskBinding
             ScenarioSamples,
         )
 
-        calls = task.max_tool_calls
-        return TaskBinding(task.name, ScenarioSamples(), lambda: CustomerService(calls), fmt, CS_MAX_PROMPT_TOKENS,
-                           True, True)
+        calls, args = task.max_tool_calls, dict(task.args)  # args: the controls' knobs (CustomerService's)
+        CustomerService(calls, **args)  # bad args fail the job here, at start
+        return TaskBinding(task.name, ScenarioSamples(), lambda: CustomerService(calls, **args), fmt,
+                           CS_MAX_PROMPT_TOKENS, True, True)
     from asyncrl.rollout.envs.math_tasks import MathSamples, MathTurn
     from asyncrl.rollout.envs.registry import get_task
 

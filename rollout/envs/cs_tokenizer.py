@@ -7,8 +7,10 @@ renders them), the assistant ends each turn at ``<|im_end|>`` and a tool's answe
 - **The vocabulary** is learned, not picked: a byte-level BPE (the ``tokenizers`` library) trained on a corpus
   generated from fixed seeds: whole conversations of the task (system prompt, tools, requests, every kind of
   demonstration, the tools' answers and errors) rendered by the template below. Its pre-tokenizer is GPT-2's
-  pattern with one change, a word may end in digits (``u3``, ``o7`` stay one piece, as in most real
-  vocabularies), so the pieces a merge can form never cross a word, a space or punctuation run.
+  pattern with one change, every digit is a piece of its own (as in Llama's and Qwen's vocabularies), so an id
+  is its letter and one token per digit (``o318``: ``o 3 1 8``): the same tokens wherever it appears, whatever
+  id it is, so copying an id is copying digits (v1 kept ``u3``, ``o7`` as one piece each: with the 900 ids of
+  v2, issue 39, BPE would cut each id into frequency-dependent pieces).
 - **The template** (:data:`CHAT_TEMPLATE`) is ChatML: ``<|im_start|>role\\n...<|im_end|>\\n``; tools go into
   the system turn in a compact form (``orders(user): List a user's orders...``, one line each, not the JSON
   schema: a tiny model's context stays short); an assistant's tool calls are Hermes ``<tool_call>`` blocks
@@ -29,13 +31,13 @@ from typing import Any
 
 from asyncrl.rollout.tokenizer import HFTokenizer
 
-NAME = "asyncrl-cs-bpe-v1"  # changes whenever the corpus, the template or the trainer's settings change
+NAME = "asyncrl-cs-bpe-v2"  # changes whenever the corpus, the template or the trainer's settings change
 VOCAB_SIZE = 512  # 256 bytes, the specials, and the merges (the task's words, ids and JSON pieces)
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 TOOL_TAGS = ("<tool_call>", "</tool_call>")
 CORPUS_SEED, CORPUS_SCENARIOS = 20240, 100
-# GPT-2's pre-tokenizer pattern, except that a run of letters may end in digits (an id is one piece).
-PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+[0-9]*| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+"""
+# GPT-2's pre-tokenizer pattern, except that every digit is a piece of its own.
+PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+"""
 
 CHAT_TEMPLATE = (
     "{% set ns = namespace(sys='') %}"
@@ -85,7 +87,7 @@ def _blank_core() -> Any:
 def corpus(renderer: Any) -> list[str]:
     """The training text: :data:`CORPUS_SCENARIOS` scenarios (seed :data:`CORPUS_SEED`), each played as
     every demonstration kind plus a question and a malformed call, rendered by ``renderer``'s template."""
-    from asyncrl.rollout.envs.customer_service import DEMO_MIX, FINAL, TOOLS, CustomerService, agent_turns
+    from asyncrl.rollout.envs.customer_service import DEMO_KINDS, FINAL, TOOLS, CustomerService, agent_turns
     from asyncrl.rollout.envs.customer_service import draw_scenario as draw
     from asyncrl.rollout.envs.interface import AssistantMessage
     from asyncrl.rollout.envs.toolcalls import parse_hermes
@@ -94,7 +96,7 @@ def corpus(renderer: Any) -> list[str]:
     out: list[str] = []
     for _ in range(CORPUS_SCENARIOS):
         s = draw(rng)
-        for turns in [*(agent_turns(s, k, rng) for k in DEMO_MIX), ["which order?", '<tool_call>{"name"', FINAL]]:
+        for turns in [*(agent_turns(s, k, rng) for k in DEMO_KINDS), ["which order?", '<tool_call>{"name"', FINAL]]:
             env = CustomerService(max_tool_calls=8)
             reset = env.reset(s.to_sample())
             msgs: list[dict[str, Any]] = list(reset.messages)

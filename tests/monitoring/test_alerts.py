@@ -128,12 +128,19 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
         [s("asyncrl_ewma_resets_total", "a", "0 0 0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1", reason="keep_ratio_collapse"),
          s("asyncrl_ewma_resets_total", "b", "0 0 0 0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1", reason="manual"),
          s("asyncrl_ewma_resets_total", "c", "0x5 1+1x40", reason="keep_ratio_collapse"),  # one a minute from 6m
-         s("asyncrl_ewma_resets_total", "d", "0+0x20 1+0x40", reason="keep_ratio_collapse")],  # one, at 21m
+         s("asyncrl_ewma_resets_total", "d", "0+0x20 1+0x40", reason="keep_ratio_collapse"),  # one, at 21m
+         # outcomes W versions later: c's resets every minute all fail to recover from 9m on; a recovered; e
+         # resets every minute (a storm of resets) and every one recovers: no storm alert
+         s("asyncrl_ewma_reset_outcomes_total", "a", "0x8 1x40", outcome="recovered"),
+         s("asyncrl_ewma_reset_outcomes_total", "c", "0x8 1+1x40", outcome="unrecovered"),
+         s("asyncrl_ewma_resets_total", "e", "0x5 1+1x40", reason="keep_ratio_collapse"),
+         s("asyncrl_ewma_reset_outcomes_total", "e", "0x8 1+1x40", outcome="recovered"),
+         s("asyncrl_ewma_reset_outcomes_total", "e", "0x48", outcome="unrecovered")],
         [silent("AsyncRLEwmaReset", "4m"),
-         fires("AsyncRLEwmaReset", "7m", "a", "c", severity="info", reason="keep_ratio_collapse"),
-         fires("AsyncRLEwmaReset", "16m", "c", severity="info", reason="keep_ratio_collapse"),  # a resolved
-         silent("AsyncRLEwmaResetStorm", "2m"),
-         fires("AsyncRLEwmaResetStorm", "30m", "c", severity="warning")],  # a, d: one reset each
+         fires("AsyncRLEwmaReset", "7m", "a", "c", "e", severity="info", reason="keep_ratio_collapse"),
+         fires("AsyncRLEwmaReset", "16m", "c", "e", severity="info", reason="keep_ratio_collapse"),  # a resolved
+         silent("AsyncRLEwmaResetStorm", "9m"),  # c: one unrecovered so far
+         fires("AsyncRLEwmaResetStorm", "30m", "c", severity="warning")],  # a, e: recovered; d: no outcome
     ),
     "eval": (
         [s("asyncrl_eval_success", "a", "0.4x10 0.9x20 0.5x40"),  # best 0.9, then 0.5 from 32m on

@@ -43,7 +43,7 @@ JOBS = {
                  "monitoring": {"maskGuard": {"warnKeepRatio": 0.95, "criticalKeepRatio": 0.9}}},
     # Every step under a 0.999 keep ratio resets theta_prox; the keep ratio stays above 0.3.
     "resets": {"correction": {"reference": "ewma", "mask": {"bounds": {"low": 0.9, "high": 1.1}},
-                              "ewma": {"reset": {"enabled": True, "keepRatioBelow": 0.999, "consecutiveSteps": 1}}},
+                              "ewma": {"reset": {"enabled": True, "rule": "paper", "keepRatioBelow": 0.999, "consecutiveSteps": 1}}},
                "monitoring": {"maskGuard": {"warnKeepRatio": 0.5, "criticalKeepRatio": 0.3}}},
 }
 # Panels with nothing to show in this setup: no job uses interruptSync (its phases never end).

@@ -211,7 +211,7 @@ def test_a_weight_update_from_inside_the_sdk_run_stamps_the_later_turns_with_the
 
 
 def test_the_example_uses_only_the_tasks_public_names() -> None:
-    """The example is what a user writes: it reaches the task through its public functions (``new_db``, ``run_tool``,
+    """The example is what a user writes: it reaches the task through its public functions (``new_db``, ``call_tool``,
     ``goal_reached``), never a private member of the environment class."""
     import ast
 
@@ -220,5 +220,5 @@ def test_the_example_uses_only_the_tasks_public_names() -> None:
         "asyncrl") for a in n.names]
     private = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
                and not n.attr.startswith("__")]
-    assert {"new_db", "run_tool", "goal_reached"} <= set(imported) and "CustomerService" not in imported
+    assert {"new_db", "call_tool", "goal_reached"} <= set(imported) and "CustomerService" not in imported
     assert not [name for name in imported if name.startswith("_")] and private == []

@@ -11,7 +11,7 @@ from asyncrl.rollout.envs import cs_tokenizer as cst
 from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.base import replay
 from asyncrl.rollout.envs.customer_service import (
-    DEMO_MIX,
+    DEMO_KINDS,
     PRODUCTS,
     STATUSES,
     SYSTEM,
@@ -53,10 +53,13 @@ def test_the_tasks_words_ids_and_json_pieces_are_single_tokens() -> None:
     assert 256 < T.vocab_size <= cst.VOCAB_SIZE
     for word in (*PRODUCTS, *STATUSES, "cancel", "refund", "orders"):
         assert _pieces(" " + word) == [" " + word], word
-    assert _pieces(call_text("cancel", order="o7")) == [
-        "<tool_call>", '{"', "name", '":"', "cancel", '","', "arguments", '":{"', "order", '":"', "o7", '"}}',
-        "</tool_call>"]
-    assert _pieces("o3 lamp placed;o4 mug delivered") == ["o3", " lamp", " placed", ";", "o4", " mug", " delivered"]
+    # an id is its letter and one token per digit, the same pieces wherever it appears (v2: digits split)
+    assert _pieces(call_text("cancel", order="o318")) == [
+        "<tool_call>", '{"', "name", '":"', "cancel", '","', "arguments", '":{"', "order", '":"', "o", "3", "1", "8",
+        '"}}', "</tool_call>"]
+    assert _pieces("o318 lamp placed;o702 mug delivered") == [
+        "o", "3", "1", "8", " lamp", " placed", ";", "o", "7", "0", "2", " mug", " delivered"]
+    assert _pieces("u42: cancel lamp")[:3] == ["u", "4", "2"]
     assert T.eos_token == "<|im_end|>" and T.decode([T.eos_id]) == "<|im_end|>" and T.stop_ids == (T.eos_id,)
     assert T.pad_id != T.eos_id
     for text in ("u7: refund sofa", "caf\u00e9 \u2603", 'x<y {"a": "b"}\n\t'):  # any text encodes (bytes)
@@ -94,7 +97,7 @@ def test_rendered_demonstrations_equal_the_adapters_replay_token_for_token() -> 
     rng, samples = random.Random(1), ScenarioSamples()
     for i in range(60):
         sample = samples.train(0, i, rng)
-        turns = agent_turns(Scenario.from_sample(sample), list(DEMO_MIX)[i % len(DEMO_MIX)], random.Random(i))
+        turns = agent_turns(Scenario.from_sample(sample), DEMO_KINDS[i % len(DEMO_KINDS)], random.Random(i))
         turns = ["which order?", *turns] if i % 7 == 0 else turns  # the scripted user's reply, a user turn
         ad = TurnAdapter("customer-service", CustomerService(4), sample, T)
         ep = replay(ad, ad.reset(), [t + T.eos_token for t in turns])

@@ -1,9 +1,9 @@
-"""The built-in customer-service task: database transitions, the state-match reward, malformed calls, no
-status shortcut, the template-rendered episode with the task's tokenizer, and demonstrations that replay
-through the environment with exactly the assistant tokens trained."""
+"""The built-in customer-service task: database transitions, the state-match reward, malformed calls, the
+template-rendered episode with the task's tokenizer, and demonstrations that replay through the environment with
+exactly the assistant tokens trained. The rules against shortcuts (one action, wide ids, several fitting orders)
+are tests/rollout/test_cs_rules.py's."""
 
 import random
-import statistics
 
 from asyncrl.api.model import ModelSpec
 from asyncrl.api.task import TaskSpec
@@ -12,7 +12,7 @@ from asyncrl.rollout.envs.base import replay
 from asyncrl.rollout.envs.binding import bind_task, task_tokenizer
 from asyncrl.rollout.envs.cs_tokenizer import NAME, cs_tokenizer
 from asyncrl.rollout.envs.customer_service import (
-    DEMO_MIX,
+    DEMO_KINDS,
     FINAL,
     SYSTEM,
     CustomerService,
@@ -20,8 +20,8 @@ from asyncrl.rollout.envs.customer_service import (
     ScenarioSamples,
     agent_turns,
     call_text,
+    call_tool,
     draw_scenario,
-    first_fit_turns,
     goal_db,
     goal_reached,
     new_db,
@@ -32,8 +32,9 @@ from asyncrl.rollout.envs.interface import AssistantMessage, ToolCall
 from asyncrl.rollout.envs.toolcalls import parse_hermes
 
 T = cs_tokenizer()
-S = Scenario("u3", (("o3", "lamp", "placed"), ("o4", "mug", "delivered"), ("o5", "pen", "placed")),
-             "cancel", "lamp")
+S = Scenario("u42", (("o318", "lamp", "placed"), ("o702", "mug", "delivered"), ("o455", "pen", "placed"),
+                    ("o561", "hat", "placed")), "cancel", "lamp")
+LISTING = "o318 lamp placed;o702 mug delivered;o455 pen placed;o561 hat placed"
 
 
 def _env(s: Scenario = S, calls: int = 8) -> CustomerService:
@@ -63,74 +64,61 @@ def _play(s: Scenario, turns: list[str]) -> object:
 
 # ---- the database -----------------------------------------------------------------------------------
 def test_tools_change_the_database_only_as_their_rules_allow() -> None:
-    env = _env()
-    assert _answer(env, _call("orders", user="u3")) == "o3 lamp placed;o4 mug delivered;o5 pen placed"
-    assert _answer(env, _call("orders", user="u9")) == "error: no user u9"
-    env = _env()
-    assert _answer(env, _call("refund", order="o3")) == "error: o3 is placed"  # refund needs delivered
-    assert _answer(env, _call("cancel", order="o4")) == "error: o4 is delivered"  # cancel needs placed
-    assert _answer(env, _call("cancel", order="o9")) == "error: no order o9"
-    assert {o: r[2] for o, r in env.db.items()} == {"o3": "placed", "o4": "delivered", "o5": "placed"}
-    assert _answer(env, _call("cancel", order="o3")) == "ok"
-    assert _answer(env, _call("cancel", order="o3")) == "error: o3 is cancelled"  # not twice
-    assert _answer(env, _call("refund", order="o4")) == "ok"
-    assert {o: r[2] for o, r in env.db.items()} == {"o3": "cancelled", "o4": "refunded", "o5": "placed"}
+    db = new_db(S)  # the bare mechanics (run_tool); the task's rule on wrong actions is call_tool's (test_cs_rules.py)
+    assert run_tool(db, "orders", {"user": "u42"}) == LISTING
+    assert run_tool(db, "orders", {"user": "u19"}) == "error: no user u19"
+    assert run_tool(db, "refund", {"order": "o318"}) == "error: o318 is placed"  # refund needs delivered
+    assert run_tool(db, "cancel", {"order": "o702"}) == "error: o702 is delivered"  # cancel needs placed
+    assert run_tool(db, "cancel", {"order": "o999"}) == "error: no order o999"
+    assert {o: r[2] for o, r in db.items()} == {"o318": "placed", "o702": "delivered", "o455": "placed", "o561": "placed"}
+    assert run_tool(db, "cancel", {"order": "o318"}) == "ok"
+    assert run_tool(db, "cancel", {"order": "o318"}) == "error: o318 is cancelled"  # not twice
+    assert run_tool(db, "refund", {"order": "o702"}) == "ok"
+    assert {o: r[2] for o, r in db.items()} == {"o318": "cancelled", "o702": "refunded", "o455": "placed", "o561": "placed"}
+    env = _env()  # through the environment: the lookup, then the goal's action
+    assert _answer(env, _call("orders", user="u42")) == LISTING
+    assert _answer(env, _call("cancel", order="o318")) == "ok"
 
 
 def test_the_plain_functions_are_the_environment_without_its_class() -> None:
     db = new_db(S)  # what another harness (the Agents SDK example) calls
-    assert run_tool(db, "orders", {"user": "u3"}) == "o3 lamp placed;o4 mug delivered;o5 pen placed"
-    assert not goal_reached(S, db) and run_tool(db, "cancel", {"order": "o3"}) == "ok"
+    assert call_tool(S, db, "orders", {"user": "u42"}) == (LISTING, False)
+    assert not goal_reached(S, db) and call_tool(S, db, "cancel", {"order": "o318"}) == ("ok", False)
     assert goal_reached(S, db) and db == goal_db(S) and run_tool(db, "delete", {}) == "error: no tool delete"
 
 
 def test_reward_is_the_final_state_matching_the_goal() -> None:
-    env = _env()  # the goal: o3 (lamp) cancelled, nothing else changed
-    _answer(env, _call("cancel", order="o3"))
+    env = _env()  # the goal: o318 (lamp) cancelled, nothing else changed
+    _answer(env, _call("cancel", order="o318"))
     done = env.step(AssistantMessage("done", "done"))
     assert done.done and done.reward == 1.0 and done.success
-    env = _env()  # the goal's change and one more: the state differs from the goal's
-    _answer(env, _call("cancel", order="o3"))
-    _answer(env, _call("cancel", order="o5"))
-    done = env.step(AssistantMessage("", ""))
-    assert done.done and done.reward == 0.0 and not done.success
     env = _env()  # nothing done
     done = env.step(AssistantMessage("", ""))
     assert done.done and done.reward == 0.0 and done.reason == "goal missed"
+    env = _env()  # the goal's action twice: the second is an error that changes nothing, the goal stays reached
+    _answer(env, _call("cancel", order="o318"))
+    assert _answer(env, _call("cancel", order="o318")) == "error: o318 is cancelled"
+    assert env.step(AssistantMessage("done", "done")).success
 
 
 def test_a_question_gets_the_scripted_users_request_once() -> None:
     env = _env()
     turn = env.step(AssistantMessage("Which order?", "Which order?"))
-    assert not turn.done and turn.observation == [{"role": "user", "content": "u3: cancel lamp"}]
+    assert not turn.done and turn.observation == [{"role": "user", "content": "u42: cancel lamp"}]
     assert env.step(AssistantMessage("Which order?", "Which order?")).done  # only once
 
 
 def test_malformed_calls_become_an_error_answer_and_use_up_calls() -> None:
     env = _env(calls=4)
     for text in ('<tool_call>{"name": "orders"</tool_call>', '<tool_call>{"arguments": {}}</tool_call>',
-                 '<tool_call>{"name":"cancel","arguments":{"order":"o3"}}'):  # bad JSON, no name, unclosed
+                 '<tool_call>{"name":"cancel","arguments":{"order":"o318"}}'):  # bad JSON, no name, unclosed
         content, calls, bad = parse_hermes(text)
         assert bad and not calls, text
         assert _answer(env, AssistantMessage(text, content, calls, bad)) == "error: malformed call"
-    assert _answer(env, AssistantMessage("x", "", (ToolCall("delete", {"order": "o3"}),))) == "error: no tool delete"
-    last = env.step(_call("cancel", order="o3"))  # the fifth call of at most 4
+    assert _answer(env, AssistantMessage("x", "", (ToolCall("delete", {"order": "o318"}),))) == "error: no tool delete"
+    last = env.step(_call("cancel", order="o318"))  # the fifth call of at most 4
     assert last.done and last.reward == 0.0 and last.reason == "more than 4 tool calls"
-    assert env.db["o3"][2] == "placed"
-
-
-# ---- no status shortcut ----------------------------------------------------------------------------------
-def test_several_orders_fit_the_intent_so_the_first_fitting_one_wins_about_1_over_m() -> None:
-    rng = random.Random(11)
-    train = [Scenario.from_sample(ScenarioSamples().train(0, i, rng)) for i in range(600)]
-    assert all(2 <= len(s.fitting) <= 3 and s.target in s.fitting and 3 <= len(s.orders) <= 4 for s in train)
-    assert all(len({p for _, p, _ in s.orders}) == len(s.orders) for s in train)  # the product names one order
-    wins = [_play(s, first_fit_turns(s)).success for s in train[:300]]  # type: ignore[attr-defined]
-    expected = statistics.fmean(1 / len(s.fitting) for s in train[:300])
-    rate = sum(wins) / len(wins)
-    # measured: 0.450 here (expected 1/m: 0.459; over 4000 scenarios 0.4505): the shortcut is a coin flip at best
-    assert abs(rate - expected) < 0.07 and rate < 0.52, (rate, expected)
-    assert all(_play(s, agent_turns(s, "good", rng)).success for s in train[:100])  # type: ignore[attr-defined]
+    assert env.db["o318"][2] == "placed"
 
 
 # ---- the template-rendered episode -----------------------------------------------------------------------
@@ -143,7 +131,7 @@ def test_the_task_binds_its_bpe_tokenizer_for_a_model_without_one() -> None:
 
 def test_a_good_demonstration_renders_the_system_prompt_tools_and_tool_turns_and_trains_only_the_agent() -> None:
     turns = agent_turns(S, "good", random.Random(0))
-    assert turns == [call_text("orders", user="u3"), call_text("cancel", order="o3"), FINAL]
+    assert turns == [call_text("orders", user="u42"), call_text("cancel", order="o318"), FINAL]
     ep = _play(S, turns)
     assert ep.done and ep.success and ep.reward == 1.0  # type: ignore[attr-defined]
     runs: list[tuple[bool, str]] = []
@@ -152,35 +140,36 @@ def test_a_good_demonstration_renders_the_system_prompt_tools_and_tool_turns_and
         runs[-1:] = [(m, runs[-1][1] + piece)] if runs and runs[-1][0] == m else [*runs[-1:], (m, piece)]
     prompt = (f"<|im_start|>system\n{SYSTEM}\nTools:\norders(user): List a user's orders (id product status).\n"
               "cancel(order): Cancel a placed order.\nrefund(order): Refund a delivered order.<|im_end|>\n"
-              "<|im_start|>user\nu3: cancel lamp<|im_end|>\n<|im_start|>assistant\n")
+              "<|im_start|>user\nu42: cancel lamp<|im_end|>\n<|im_start|>assistant\n")
     assert runs == [
         (False, prompt),
-        (True, '<tool_call>{"name":"orders","arguments":{"user":"u3"}}</tool_call><|im_end|>'),
-        (False, "\n<|im_start|>tool\no3 lamp placed;o4 mug delivered;o5 pen placed<|im_end|>\n<|im_start|>assistant\n"),
-        (True, '<tool_call>{"name":"cancel","arguments":{"order":"o3"}}</tool_call><|im_end|>'),
+        (True, '<tool_call>{"name":"orders","arguments":{"user":"u42"}}</tool_call><|im_end|>'),
+        (False, f"\n<|im_start|>tool\n{LISTING}<|im_end|>\n<|im_start|>assistant\n"),
+        (True, '<tool_call>{"name":"cancel","arguments":{"order":"o318"}}</tool_call><|im_end|>'),
         (False, "\n<|im_start|>tool\nok<|im_end|>\n<|im_start|>assistant\n"),
         (True, "done<|im_end|>"),
     ]
-    # compact: the prompt is ~70 tokens, a call 13 (the JSON pieces, names and ids are single tokens)
-    assert 60 <= ep.prompt_len <= 90 and len(T.encode(turns[1])) == 13, (ep.prompt_len, T.encode(turns[1]))  # type: ignore[attr-defined]
+    # compact: the prompt is ~80 tokens, a call 16 (the JSON pieces and names single tokens, an id's letter and
+    # its 3 digits 4: 12 + 4)
+    assert 70 <= ep.prompt_len <= 95 and len(T.encode(turns[1])) == 16, (ep.prompt_len, T.encode(turns[1]))  # type: ignore[attr-defined]
 
 
-def test_demonstrations_of_every_kind_end_and_only_good_ones_succeed() -> None:
+def test_demonstrations_of_every_kind_end_and_only_good_ones_and_lucky_draws_succeed() -> None:
     rng = random.Random(3)
     samples = ScenarioSamples()
-    wins = dict.fromkeys(DEMO_MIX, 0)
-    for kind in DEMO_MIX:
+    wins = dict.fromkeys(DEMO_KINDS, 0)
+    for kind in DEMO_KINDS:
         for i in range(40):
             s = Scenario.from_sample(samples.train(0, i, rng))
             ep = _play(s, agent_turns(s, kind, rng))
             assert ep.done, (kind, T.decode(ep.tokens))  # type: ignore[attr-defined]
             wins[kind] += ep.success  # type: ignore[attr-defined]
-    # a guess without the lookup names the target by chance (1 of 9 ids); every other mistake never wins
+    # any_fit is right 1 time in the fitting count (3-5: ~0.28, 11 of 40 expected); a guess 1 in 900
     assert wins["good"] == 40 and wins["wrong_order"] == wins["wrong_tool"] == wins["miscopy"] == 0
-    assert wins["guess"] <= 12, wins
+    assert 3 <= wins["any_fit"] <= 22 and wins["guess"] <= 1, wins
     demos = demonstrations("customer-service", 64, random.Random(0), tokenizer=T)
     assert all(len(t) == len(m) and not m[0] and m[-1] for t, m in demos)
-    assert max(len(t) for t, _ in demos) <= 160  # prompt ~80, two calls, the lookup's answer, the reply
+    assert max(len(t) for t, _ in demos) <= 190  # prompt ~85, two calls, the lookup's answer, the reply
 
 
 def test_draws_are_fixed_by_the_seed_and_the_split_is_kept() -> None:

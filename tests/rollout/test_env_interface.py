@@ -14,7 +14,7 @@ from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.base import replay
 from asyncrl.rollout.envs.charset import TEXT_TOKENIZER
 from asyncrl.rollout.envs.customer_service import (
-    DEMO_MIX,
+    DEMO_KINDS,
     CustomerService,
     Scenario,
     ScenarioSamples,
@@ -171,5 +171,5 @@ def test_customer_service_samples_split_and_demos_mix() -> None:
     key = lambda s: f"cs:{s.request}:" + ";".join(" ".join(o) for o in s.orders)  # noqa: E731
     assert not any(is_heldout(key(s)) for s in train) and all(is_heldout(key(s)) for s in held)
     assert {key(s) for s in train}.isdisjoint({key(s) for s in held})
-    wins = {k: sum(_play(s.to_sample(), agent_turns(s, k, rng))[1].success for s in train[:40]) for k in DEMO_MIX}
+    wins = {k: sum(_play(s.to_sample(), agent_turns(s, k, rng))[1].success for s in train[:40]) for k in DEMO_KINDS}
     assert wins["good"] == 40 and wins["wrong_order"] == wins["wrong_tool"] == wins["miscopy"] == 0

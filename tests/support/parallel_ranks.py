@@ -160,7 +160,7 @@ ROUTES: dict[str, dict[str, Any]] = {
     "linear": {"correction": {"reference": "linear"}},
     "loglinear": {"correction": {"reference": "loglinear"}},
     # a reset threshold between the batches' in-bounds ratios, so some versions reset and others do not
-    "ewma": {"correction": {"reference": "ewma", "ewma": {"reset": {"keepRatioBelow": 0.8, "consecutiveSteps": 1}}}},
+    "ewma": {"correction": {"reference": "ewma", "ewma": {"reset": {"rule": "paper", "keepRatioBelow": 0.8, "consecutiveSteps": 1}}}},
     "snapshot": {"correction": EXACT, "oldLogits": {"strategy": "snapshot"}},
     "snapshot-disk": {"correction": EXACT, "oldLogits": {"strategy": "snapshot", "snapshot": {"device": "disk"}}},
     "dedicated": {"correction": EXACT, "oldLogits": {"strategy": "dedicated"}},

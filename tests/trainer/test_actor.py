@@ -21,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftes
 
 def _spec(reference: str, **train) -> AsyncRLJobSpec:
     doc = {
-        "correction": {"reference": reference},
+        # ewma: the paper's reset rule, named (the tests below count its resets whatever the spec's default)
+        "correction": {"reference": reference, **({"ewma": {"reset": {"rule": "paper"}}} if reference == "ewma" else {})},
         "model": {"preset": "tiny-llama", "hiddenSize": 32, "numLayers": 1, "ffnHiddenSize": 64},
         "task": {"temperature": 1.0},
         "train": {"learningRate": 1e-2, "seed": 3, **train},

@@ -98,8 +98,9 @@ def test_record_round_trip(tmp_path: Path) -> None:
                "wall_s": 9.0, "eval_s": 1.0, "loop": {"wall_s": 8.0},
                "startup_check": {"engines": [{"engine": "rollout-0", "version": 0, "tokens": 40, "mean_abs_log_ratio": 2e-3,
                                               "p50_abs_log_ratio": 5e-4, "p99_abs_log_ratio": 2e-2, "max_abs_log_ratio": 5e-2}]}}
-    steps = [{"step": 1}, {"version": 1, "in_bounds_ratio": 0.9, "keep_ratio": 0.9, "ewma_reset": 0},
-             {"version": 2, "in_bounds_ratio": 0.7, "keep_ratio": 0.7, "ewma_reset": 1}]
+    steps = [{"step": 1}, {"version": 1, "in_bounds_ratio": 0.9, "keep_ratio": 0.9, "ewma_reset": 0, "learning_rate": 1e-4},
+             {"version": 2, "in_bounds_ratio": 0.7, "keep_ratio": 0.7, "ewma_reset": 1, "learning_rate": 1e-4,
+              "ewma_reset_outcome": "unrecovered"}]
     rec = records.build(key=cfg.key(), seed=3, tag="", config=cfg.spec(), scale=harness.scale_record(harness.QUICK),
                         summary=summary, steps=steps, bench_s=12.34, load_avg=(1.0, 2.0))
     path = records.write(tmp_path, rec)
@@ -107,6 +108,8 @@ def test_record_round_trip(tmp_path: Path) -> None:
     back = records.read(path)
     assert back == json.loads(json.dumps(rec))
     assert back["resets"] == {"count": 1, "versions": [2]} and back["loop_s"] == 7.0  # 8.0 - 1.0 of evaluation
+    assert back["actor_learning_rate"] == 1e-4  # the optimizer's own rate, from the step lines
+    assert back["reset_outcomes"] == {"recovered": 0, "unrecovered": 1}
     assert back["low_streak"] == {"tau": 0.8, "versions_below": 1, "streaks": 1, "longest": 1, "k": 3}
     assert back["log_rd"]["p50"] == 5e-4 and back["eval"]["success"] == [0.25, 0.5]
     assert records.Store(tmp_path).seeds_of(cfg.key()) == [3]

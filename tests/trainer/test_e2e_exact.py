@@ -82,3 +82,19 @@ def test_exact_old_logits_leave_only_the_train_inference_discrepancy(run):
         sync = result.summary.interrupt_sync
         assert sync["syncs"] == 5 and sync["tokens_scored"] > 0, sync
         assert all(f"sync_{p}_s" in r for r in records for p in ("interrupt", "score", "update", "resume"))
+
+
+@pytest.mark.slow
+def test_lora_exact_snapshot_job_keeps_r_d_at_one(ray_session: None, tmp_path) -> None:
+    """spec.model.lora end to end: adapters trained, synced alone and merged by the engine, each token scored
+    under its own version's adapter in one forward: r_d stays 1 as with full weights (docs/lora.md)."""
+    job = copy.deepcopy(JOB)
+    job["metadata"]["name"] = "e2e-lora"
+    job["spec"]["model"]["lora"] = {"rank": 8, "alpha": 16.0}
+    result = run_job(validate_job(job), RunOptions(run_dir=tmp_path))
+    assert result.summary.status == "succeeded", result.summary
+    records = result.steps
+    assert [r["version"] for r in records] == [1, 2, 3, 4, 5]
+    assert max(r["staleness_max"] for r in records) >= 1
+    for r in records:
+        assert abs(r["rd_min"] - 1.0) < RD_TOLERANCE and abs(r["rd_max"] - 1.0) < RD_TOLERANCE, r

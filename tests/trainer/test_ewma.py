@@ -121,7 +121,7 @@ def test_state_dict_before_the_forgetting_window_loads() -> None:
 
 
 def test_reset_after_k_consecutive_low_steps() -> None:
-    spec = EwmaSpec(decay=0.9, reset=EwmaResetSpec(keep_ratio_below=0.8, consecutive_steps=3))
+    spec = EwmaSpec(decay=0.9, reset=EwmaResetSpec(rule="paper", keep_ratio_below=0.8, consecutive_steps=3))
     ctl = EwmaController.from_spec(spec, max_staleness=2)
     ctl.init(_params(0))
     ratios = [0.9, 0.7, 0.7, 0.95, 0.7, 0.79, torch.tensor(0.5), 0.7]
@@ -154,11 +154,11 @@ def test_manual_reset() -> None:
 
 
 def test_state_dict_round_trip_continues_identically() -> None:
-    a = EwmaController.from_spec(EwmaSpec(window="measured"), max_staleness=3)
+    a = EwmaController.from_spec(EwmaSpec(window="measured", reset=EwmaResetSpec(rule="paper")), max_staleness=3)
     a.init(_params(0))
     a.observe_staleness(2.0)
     a.update(_params(1), keep_ratio=0.5)
-    b = EwmaController.from_spec(EwmaSpec(window="measured"), max_staleness=3)
+    b = EwmaController.from_spec(EwmaSpec(window="measured", reset=EwmaResetSpec(rule="paper")), max_staleness=3)
     b.load_state_dict(a.state_dict())
     for ctl in (a, b):
         ctl.observe_staleness(1.0)

@@ -50,11 +50,11 @@ class TinyScorer:
     def named_weights(self) -> Mapping[str, Tensor]:
         return dict(self.model.named_parameters())
 
-    def logprobs(self, tokens: Tensor) -> Tensor:
+    def logprobs(self, tokens: Tensor, *, routes: Tensor | None = None) -> Tensor:
         with torch.no_grad():
             return self.model(tokens)
 
-    def logprobs_under(self, weights: Mapping[str, Tensor], tokens: Tensor) -> Tensor:
+    def logprobs_under(self, weights: Mapping[str, Tensor], tokens: Tensor, routes: Tensor | None = None) -> Tensor:
         with torch.no_grad():
             return functional_call(self.model, dict(weights), (tokens,))
 

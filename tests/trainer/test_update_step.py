@@ -253,7 +253,7 @@ def test_ewma_folds_in_once_per_version() -> None:
 def test_ewma_reset_fires_under_modes_that_reject_nothing(mode: str) -> None:
     # logp_mu 1.5 nats away from the actor (noise 1.5): most r_d outside [0.5, 2]. Nothing is rejected under
     # truncate or none (keep ratio 1), but the in-bounds ratio is low and the reset fires after k = 2 versions.
-    correction = {"mask": {"mode": mode}, "ewma": {"reset": {"keepRatioBelow": 0.8, "consecutiveSteps": 2}}}
+    correction = {"mask": {"mode": mode}, "ewma": {"reset": {"rule": "paper", "keepRatioBelow": 0.8, "consecutiveSteps": 2}}}
     actor = _actor("ewma", correction, minibatches=2)
     steps = [actor.train_step(_batch(actor, seed=s, noise=1.5)) for s in range(2)]
     for m in steps:

@@ -35,7 +35,7 @@ def actor(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = tiny_folder(tmp_path_factory.mktemp("ws"), "llama")
     arch = folder_arch(folder)
     mcore = hf_to_megatron(load_hf(str(folder)), arch)
-    return SimpleNamespace(named_weights=lambda: mcore, settings=SimpleNamespace(arch=arch), version=5)
+    return SimpleNamespace(named_weights=lambda: mcore, settings=SimpleNamespace(arch=arch, lora=None), version=5)
 
 
 def _spec() -> Any:

@@ -24,8 +24,12 @@ _DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "advantages": (torch.float32, torch.float64),
     "turn_ids": (torch.long,),
     "logp_old": (torch.float32, torch.float64),
+    "routes": (torch.uint8, torch.int16),
+    "route_slots": (torch.uint8, torch.int16),
+    "route_slot_versions": (torch.long,),
 }
-OPTIONAL = ("logp_old",)  # fields that may be None (left out of to_numpy)
+OPTIONAL = ("logp_old", "routes", "route_slots", "route_slot_versions")  # may be None (left out of to_numpy)
+
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,13 @@ class TrainBatch:
         logp_old: ``[B, T]`` float exact training-side old log-prob of each token under the version that
             sampled it, scored before the batch reached the actor (``oldLogits.strategy`` dedicated or
             interruptSync); NaN where not scored. None when no strategy pre-scores tokens.
+        routes: ``[B, T, L, k]`` (uint8 or int16) the top-k experts of each position in each of the ``L`` MoE
+            layers, each position's newest (rollout/routes.py ``RouteLog.latest``): what the training forward
+            and the ``current``/``ewma`` reference forward replay (``correction.routingReplay``). None: no replay.
+        route_slots: ``[B, S, T, L, k]`` each row's routes per version it was sampled under (slot ``s`` of row
+            ``b`` is version ``route_slot_versions[b, s]``'s prefix routes, ``RouteLog.for_version``): what
+            an exact scoring forward replays for that version's tokens. None with ``routes`` None.
+        route_slot_versions: ``[B, S]`` long, the version of each slot (-1: an empty slot).
     """
 
     tokens: torch.Tensor
@@ -57,6 +68,9 @@ class TrainBatch:
     advantages: torch.Tensor
     turn_ids: torch.Tensor
     logp_old: torch.Tensor | None = None
+    routes: torch.Tensor | None = None
+    route_slots: torch.Tensor | None = None
+    route_slot_versions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -66,15 +80,26 @@ class TrainBatch:
             value = getattr(self, f.name)
             if value is None and f.name in OPTIONAL:
                 continue
-            if tuple(value.shape) != tuple(self.tokens.shape):
-                problems.append(
-                    f"{f.name} has shape {tuple(value.shape)}, tokens has {tuple(self.tokens.shape)}"
-                )
+            if not self._fits(f.name, value):
+                problems.append(f"{f.name} has shape {tuple(value.shape)}, tokens has {tuple(self.tokens.shape)}")
             if value.dtype not in _DTYPES[f.name]:
                 allowed = " or ".join(str(d) for d in _DTYPES[f.name])
                 problems.append(f"{f.name} has dtype {value.dtype}, expected {allowed}")
         if problems:
             raise ValueError("TrainBatch: " + "; ".join(problems))
+
+    def _fits(self, name: str, value: torch.Tensor) -> bool:
+        """Whether ``value`` has the shape field ``name`` needs against ``tokens`` ``[B, T]``."""
+        B, T = self.tokens.shape[0], self.tokens.shape[-1]
+        if name == "routes":  # [B, T, L, k]
+            return value.dim() == 4 and tuple(value.shape[:2]) == (B, T)
+        if name == "route_slots":  # [B, S, T, L, k]
+            slots = self.route_slot_versions
+            return (value.dim() == 5 and value.shape[0] == B and value.shape[2] == T
+                    and (slots is None or value.shape[1] == slots.shape[1]))
+        if name == "route_slot_versions":  # [B, S]
+            return value.dim() == 2 and value.shape[0] == B
+        return tuple(value.shape) == tuple(self.tokens.shape)
 
     @property
     def shape(self) -> tuple[int, int]:

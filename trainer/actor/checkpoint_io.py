@@ -28,6 +28,8 @@ from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.checkpoint import sharded as sharded_checkpoint
 from asyncrl.trainer.checkpoint.folder import read_checkpoint
 from asyncrl.trainer.megatron.compat import ActorOptimizer, MegatronRuntime, init_megatron
+from asyncrl.trainer.megatron.lora import LoraLayers
+from asyncrl.trainer.megatron.lora_checkpoint import AdapterCheckpointView, base_fingerprint, check_same_base
 from asyncrl.trainer.oldlogits import provider_key
 from asyncrl.trainer.oldlogits.audit import Auditor
 from asyncrl.trainer.oldlogits.protocol import OldLogitProvider
@@ -70,6 +72,11 @@ class CheckpointedActor(Protocol):
     @property
     def optimizer(self) -> ActorOptimizer: ...
 
+    @property
+    def lora(self) -> LoraLayers | None:
+        """The adapters (``spec.model.lora``): then a checkpoint holds them, not the frozen base."""
+        ...
+
     def named_weights(self) -> Mapping[str, torch.Tensor]: ...
 
     def renew_old_logits(self) -> None:
@@ -91,7 +98,9 @@ def save_rank(actor: CheckpointedActor, directory: str, *, rank: int, spread: bo
         "arch": dataclasses.asdict(actor.settings.arch),
         "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.data_parallel, "world": lay.world},
     }
-    model_sd = actor.gpt.sharded_state_dict(prefix="")
+    if actor.lora is not None:  # the adapters only, and which base they belong to
+        meta["lora_base"] = _base_fingerprint(actor)
+    model_sd = _model(actor).sharded_state_dict(prefix="")
     megatron = _megatron_optimizer(actor)
     optimizer = megatron.sharded_state_dict(model_sd) if megatron is not None else None
     sharded_checkpoint.save(directory, model_sd, _extra(actor), actor.named_weights(), meta, optimizer=optimizer,
@@ -107,10 +116,15 @@ def load_rank(actor: CheckpointedActor, directory: str, *, rank: int, old_logits
     arch = dataclasses.asdict(actor.settings.arch)
     if meta.get("arch") != arch:
         raise ValueError(f"checkpoint {directory} has architecture {meta.get('arch')}, this actor has {arch}")
+    if actor.lora is not None:
+        check_same_base(directory, meta.get("lora_base"), _base_fingerprint(actor))
+    elif meta.get("lora_base") is not None:
+        raise ValueError(f"checkpoint {directory} holds LoRA adapters, not full weights; set the spec.model.lora "
+                         "it was trained with to resume it (or export it --merged and start from that folder)")
     if sharded_checkpoint.is_sharded(meta):
         megatron = _megatron_optimizer(actor)
         template = (lambda model_sd: megatron.sharded_state_dict(model_sd, is_loading=True)) if megatron else None
-        extra, megatron_state = sharded_checkpoint.load(directory, actor.gpt, actor.named_weights(),
+        extra, megatron_state = sharded_checkpoint.load(directory, _model(actor), actor.named_weights(),
                                                         optimizer=template)
         if megatron is not None and megatron_state is not None:
             megatron.load_sharded(megatron_state)
@@ -134,6 +148,16 @@ def load_actor(actor: CheckpointedActor, directory: str, *, old_logits: bool = T
 
 
 # ---------------------------------------------------------------- what goes in
+def _model(actor: CheckpointedActor) -> Any:
+    """What is saved of the model: the ``GPTModel``, or under LoRA its adapters alone."""
+    return AdapterCheckpointView(actor.gpt, actor.lora) if actor.lora is not None else actor.gpt
+
+
+def _base_fingerprint(actor: CheckpointedActor) -> str:
+    s = actor.settings
+    return base_fingerprint(s.init_weights, s.arch, s.seed)
+
+
 def _extra(actor: CheckpointedActor) -> dict[str, Any]:
     return {
         "optimizer": _optimizer_state(actor),

@@ -99,7 +99,8 @@ def _share_reference(actor: ReferenceActor, batch: TrainBatch, mine: torch.Tenso
     part = batch if alone else select_rows(batch, mine if n else torch.arange(min(B, 1)))
     chunks = micro_batches(torch.arange(part.shape[0]), T, actor.settings.micro_batch_tokens)
     scored = provider_scores(actor, part, chunks)
-    theta0 = torch.cat([actor.logprobs(part.tokens[c]) for c in chunks]) if arrival else None
+    theta0 = torch.cat([actor.logprobs(part.tokens[c], routes=None if part.routes is None else part.routes[c])
+                        for c in chunks]) if arrival else None
     # NaN stand-in: a provider that read logp_theta without being listed in READS_THETA would show
     # every token as non-finite (counted), never train on a wrong reference silently.
     stand_in = theta0 if theta0 is not None else torch.full_like(part.logp_mu, math.nan)

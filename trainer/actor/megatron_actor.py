@@ -45,7 +45,7 @@ the reports and the updates' tally :mod:`asyncrl.trainer.actor.reports`, checkpo
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -55,7 +55,14 @@ from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.trainer.actor.batch import TrainBatch
 from asyncrl.trainer.actor.checkpoint_io import load_actor, save_actor
 from asyncrl.trainer.actor.held_reference import HeldReference, hold_reference
-from asyncrl.trainer.actor.reports import NO_TOKENS, SftStepMetrics, TrainStepMetrics, UpdateTally
+from asyncrl.trainer.actor.reports import (
+    NO_TOKENS,
+    SftStepMetrics,
+    TrainStepMetrics,
+    UpdateTally,
+    ewma_reset_fields,
+)
+from asyncrl.trainer.actor.route_replay import count_route_flips, old_logit_routes, route_flip_counts
 from asyncrl.trainer.actor.settings import ActorSettings
 from asyncrl.trainer.actor.update_plan import (
     LossShare,
@@ -69,6 +76,7 @@ from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.megatron import compat, parallel
 from asyncrl.trainer.megatron.convert import LoadReport, hf_to_megatron, load_folder, megatron_to_hf
 from asyncrl.trainer.megatron.logprobs import token_logprobs
+from asyncrl.trainer.megatron.lora import adapter_bank, apply_lora, hf_with_adapters
 from asyncrl.trainer.megatron.model import build_gpt_model
 from asyncrl.trainer.megatron.optimizers import make_optimizer
 from asyncrl.trainer.oldlogits import OldLogitProvider, ProviderSettings, make_provider
@@ -89,8 +97,10 @@ class _LogprobCall(torch.nn.Module):
         super().__init__()
         self.gpt = gpt
 
-    def forward(self, tokens: torch.Tensor, temperature: float, max_chunk_bytes: int) -> torch.Tensor:
-        return token_logprobs(self.gpt, tokens, temperature=temperature, max_chunk_bytes=max_chunk_bytes)
+    def forward(self, tokens: torch.Tensor, temperature: float, max_chunk_bytes: int,
+                routes: torch.Tensor | None = None) -> torch.Tensor:
+        return token_logprobs(self.gpt, tokens, temperature=temperature, max_chunk_bytes=max_chunk_bytes,
+                              routes=routes)
 
 
 class MegatronActor:
@@ -114,6 +124,8 @@ class MegatronActor:
         if settings.init_weights is not None:  # one tensor at a time, memory-mapped (convert.load_folder)
             self.load_report = load_folder(self._gpt, settings.arch, settings.init_weights)
             log.info("%s", self.load_report.line())
+        # spec.model.lora: the base frozen, adapters added, before the optimizer and DDP see the parameters
+        self.lora = apply_lora(self._gpt, settings.arch, settings.lora, seed=settings.seed) if settings.lora else None
         # The device's defaults filled in (CUDA: bf16 params, megatron's distributed optimizer; CPU: fp32 AdamW).
         self.optimizer_settings = settings.optimizer.resolved(self.runtime)
         self._gpt = compat.cast_model(self._gpt, self.optimizer_settings)  # bf16 after loading the fp32 weights
@@ -147,18 +159,20 @@ class MegatronActor:
         )
 
     # ---------------------------------------------------------------- forward passes
-    def logprobs(self, tokens: torch.Tensor, *, temperature: float | None = None) -> torch.Tensor:
+    def logprobs(self, tokens: torch.Tensor, *, temperature: float | None = None,
+                 routes: torch.Tensor | None = None) -> torch.Tensor:
         """No-grad ``logp_theta`` ``[B, T]`` of ``tokens`` ``[B, T]`` under the current weights
-        (position 0 = 0; default temperature: the rollout's)."""
+        (position 0 = 0; default temperature: the rollout's); ``routes`` ``[B, T, L, k]``: replay them."""
         t = self.settings.temperature if temperature is None else temperature
         with torch.no_grad():
-            return self._logprobs(tokens.to(self.runtime.device), t)
+            return self._logprobs(tokens.to(self.runtime.device), t, routes)
 
     def named_weights(self) -> Mapping[str, torch.Tensor]:
         """The live trainable parameters by name (the old-logit providers read them)."""
         return self._named
 
-    def logprobs_under(self, weights: Mapping[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    def logprobs_under(self, weights: Mapping[str, torch.Tensor], tokens: torch.Tensor,
+                       routes: torch.Tensor | None = None) -> torch.Tensor:
         """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under ``weights`` (named like
         :meth:`named_weights`; host or device tensors).
 
@@ -166,7 +180,8 @@ class MegatronActor:
         place of its parameters for this one forward: nothing is copied into the live weights (on a
         GPU only the host-to-device transfer of ``weights``), so it may run anywhere in a step, even
         while autograd holds the live parameters. Bit-identical to loading ``weights`` into the
-        model (tested against the in-place swap it replaced and against a fresh model).
+        model (tested against the in-place swap it replaced and against a fresh model). ``routes``
+        ``[b, T, L, k]``: route every position through them (routing replay).
         """
         missing = sorted(set(self._named) - set(weights))
         wrong = [f"{n} {tuple(weights[n].shape)} (live {tuple(p.shape)})"
@@ -183,12 +198,28 @@ class MegatronActor:
         swapped = {"gpt." + n: weights[n].to(device, p.dtype, non_blocking=True) for n, p in self._named.items()}
         with torch.no_grad():
             return functional_call(
-                self._scoring, swapped, (tokens.to(device), self.settings.temperature, self.settings.max_chunk_bytes)
+                self._scoring, swapped,
+                (tokens.to(device), self.settings.temperature, self.settings.max_chunk_bytes, routes),
             )
 
-    def _logprobs(self, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    @property
+    def scores_versions_at_once(self) -> bool:
+        """A dense LoRA actor scores rows under different versions in one forward (:meth:`logprobs_under_each`)."""
+        return self.lora is not None and not self.lora.moe
+
+    def logprobs_under_each(self, versions: Sequence[Mapping[str, torch.Tensor]], tokens: torch.Tensor,
+                            slot: torch.Tensor) -> torch.Tensor:
+        """No-grad log-probs ``[n, T]`` of ``tokens`` ``[n, T]``, row ``i`` under the adapters ``versions[slot[i]]``
+        (named like :meth:`named_weights`), in one forward (:func:`~asyncrl.trainer.megatron.lora.adapter_bank`)."""
+        if self.lora is None:
+            raise ValueError("logprobs_under_each: this actor trains no LoRA adapters (spec.model.lora unset)")
+        with torch.no_grad(), adapter_bank(self._gpt, self.lora, versions, slot):
+            return self._scoring(tokens.to(self.runtime.device), self.settings.temperature,
+                                 self.settings.max_chunk_bytes)
+
+    def _logprobs(self, tokens: torch.Tensor, temperature: float, routes: torch.Tensor | None = None) -> torch.Tensor:
         return token_logprobs(
-            self._ddp, tokens, temperature=temperature, max_chunk_bytes=self.settings.max_chunk_bytes
+            self._ddp, tokens, temperature=temperature, max_chunk_bytes=self.settings.max_chunk_bytes, routes=routes
         )
 
     # ---------------------------------------------------------------- training
@@ -217,6 +248,7 @@ class MegatronActor:
                            version=version, group_size=s.group_size)
         audited = self.auditor is not None and self.auditor.due(version)
         t0 = time.perf_counter()
+        batch = old_logit_routes(self, batch)  # routingReplay oldLogits (R2): the routes the reference forward takes
         if self.auditor is not None:
             self.auditor.before_step(self)
         ref = hold_reference(self, batch, version, fused=len(plan) == 1 and self.dp_size == 1, audited=audited)
@@ -304,7 +336,8 @@ class MegatronActor:
 
         s = self.settings
         sub = select_rows(batch, chunk)
-        logp_theta = self._logprobs(sub.tokens, s.temperature)  # [b, T] with grad
+        logp_theta = self._logprobs(sub.tokens, s.temperature, sub.routes)  # [b, T] with grad; replays sub.routes
+        count_route_flips(self._gpt, sub, tally)
         if ref.held is not None:
             logp_ref = ref.held[chunk]
         else:  # fused: one update on one rank, so the arrival weights are the live ones
@@ -372,6 +405,8 @@ class MegatronActor:
             ewma_reset=bool(reset),
             ewma_reset_reason=reset,
             ewma_resets_total=self.ewma_resets_total,
+            **ewma_reset_fields(self.old_logits),
+            learning_rate=self._optimizer.learning_rate(),
             reference_seconds=tally.reference_seconds,
             forward_seconds=tally.forward_s,
             backward_seconds=tally.backward_s,
@@ -387,6 +422,7 @@ class MegatronActor:
             loss_last=tally.loss_last,
             grad_norm_last=tally.grad_last,
             in_bounds_ratio=in_bounds_ratio(stats),
+            **route_flip_counts(tally),
         )
 
     def sft_step(self, tokens: torch.Tensor, loss_mask: torch.Tensor) -> SftStepMetrics:
@@ -490,7 +526,9 @@ class MegatronActor:
         """HF Llama-named fp32 CPU copies of the weights (weight sync to the rollout engine).
 
         Tied architectures list ``lm_head.weight`` as the same tensor as ``model.embed_tokens.weight``,
-        so ``LlamaForCausalLM.load_state_dict(..., strict=True)`` accepts it.
+        so ``LlamaForCausalLM.load_state_dict(..., strict=True)`` accepts it. Under ``spec.model.lora``: the
+        base's weights plus the adapters in peft's names with ``B`` scaled by ``alpha / rank``
+        (:func:`~asyncrl.trainer.megatron.lora.hf_with_adapters`; the rollout engine merges them).
         """
         owners = dict(self._gpt.named_parameters())  # TP shards are gathered whole (a collective per shard)
         own = {
@@ -498,6 +536,8 @@ class MegatronActor:
             for k, v in self._gpt.state_dict().items()
             if not k.endswith("_extra_state")
         }
+        if self.lora is not None:  # the base's weights plus the adapters as s B and A (the engine merges them)
+            return hf_with_adapters(own, self.settings.arch, self.lora.spec.scale)
         return megatron_to_hf(own, self.settings.arch)
 
     def load_hf_state_dict(self, hf: dict[str, torch.Tensor]) -> None:

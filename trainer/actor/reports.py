@@ -9,11 +9,13 @@ version advanced": at least one optimizer update of the batch was applied.
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import torch
 
 from asyncrl.trainer.correction.stats import CorrectionStats
 from asyncrl.trainer.oldlogits.audit import AuditStats
+from asyncrl.trainer.oldlogits.ewma import EwmaProvider
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,17 @@ class TrainStepMetrics:
     loss_last: float = math.nan  # the last update's loss (nan when it stopped before)
     grad_norm_last: float = math.nan  # the last update's gradient norm (nan when it stopped before backward)
     in_bounds_ratio: float = 1.0  # share of the batch's valid tokens with r_d inside mask.bounds (EWMA reset)
+    # The EWMA reset rule (trainer/correction/ewma_reset.py): the threshold in force (nan: none, or not ewma),
+    # the outcome of an earlier reset decided at this version ("recovered" / "unrecovered" / ""), and counters.
+    learning_rate: float = math.nan  # the optimizer's learning rate for this step's updates (ActorOptimizer.learning_rate())
+    ewma_reset_threshold: float = math.nan
+    ewma_reset_outcome: str = ""
+    ewma_resets_recovered_total: int = 0
+    ewma_resets_unrecovered_total: int = 0
+    # routing replay: trained tokens (over every update) whose replayed routes the training forward's own router
+    # would have changed in >= 1 MoE layer, and the trained tokens replayed (both 0 without replay)
+    route_flips: float = 0.0
+    route_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,10 @@ class UpdateTally:
     grad_last: float = math.nan
     forward_s: float = 0.0
     backward_s: float = 0.0
+    # routing replay: per micro-batch, trained tokens whose replayed routes differ from the training forward's
+    # own router in >= 1 MoE layer, and the trained tokens counted (0-dim tensors: no host sync per micro-batch)
+    route_flips: list[torch.Tensor] = field(default_factory=list)
+    route_tokens: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def applied(self) -> bool:
@@ -96,3 +113,23 @@ class UpdateTally:
 # A rank that trained no row this batch (fewer rows than DP ranks): zero counts, the neutral extremes.
 NO_TOKENS = CorrectionStats(**{f.name: 1.0 if f.name in ("rd_min", "rd_max", "rs_min", "rs_max") else 0.0
                                for f in dataclasses.fields(CorrectionStats)})
+
+
+class EwmaResetFields(TypedDict, total=False):
+    """The ``ewma_reset_*`` fields of :class:`TrainStepMetrics` (typed, so they unpack into it)."""
+
+    ewma_reset_threshold: float
+    ewma_reset_outcome: str
+    ewma_resets_recovered_total: int
+    ewma_resets_unrecovered_total: int
+
+
+def ewma_reset_fields(provider: object) -> EwmaResetFields:
+    """The ``ewma_reset_*`` fields of a step report from the ewma provider (the one with a reset rule);
+    none (the defaults) for every other provider."""
+    if not isinstance(provider, EwmaProvider):
+        return {}
+    st = provider.reset_status()
+    return {"ewma_reset_threshold": st.threshold, "ewma_reset_outcome": st.outcome,
+            "ewma_resets_recovered_total": st.recovered_total, "ewma_resets_unrecovered_total": st.unrecovered_total}
+

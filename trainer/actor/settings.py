@@ -8,6 +8,7 @@ from typing import Literal
 
 from asyncrl.api.correction import CorrectionSpec
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.lora import LoraSpec
 from asyncrl.api.model_arch import LlamaArch, resolve_arch
 from asyncrl.api.old_logits import OldLogitsSpec
 from asyncrl.trainer.megatron import compat, parallel
@@ -37,6 +38,7 @@ class ActorSettings:
     micro_batch_tokens: int = 0  # train.microBatchTokens: padded tokens per forward (0: the whole minibatch)
     group_size: int = 1  # task.groupSize: rows of a GRPO group (kept under one update when it fits)
     layout: parallel.Layout = parallel.Layout()  # this rank in the actor group (one process: the default)
+    lora: LoraSpec | None = None  # spec.model.lora: adapters on a frozen base (trainer/megatron/lora.py)
 
     @classmethod
     def from_spec(
@@ -71,4 +73,5 @@ class ActorSettings:
             epochs=spec.train.epochs,
             micro_batch_tokens=spec.train.micro_batch_tokens,
             group_size=spec.task.group_size,
+            lora=spec.model.lora,
         )

@@ -338,7 +338,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         result = run_export.export_checkpoint(
             Path(args.path), Path(args.out), job=job, dtype=args.dtype,
             max_shard_bytes=export.parse_size(args.max_shard_size), overwrite=args.force,
-            progress=not args.quiet,
+            progress=not args.quiet, merged=args.merged,
         )
     except SpecError as exc:
         for problem in exc.problems:
@@ -447,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="weight dtype of the folder (default float32, the actor's)")
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    p.add_argument("--merged", action="store_true", help="a LoRA run (spec.model.lora): write the full HF folder "
+                   "with the adapters merged, instead of the peft adapter folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print only the JSON result")
     p.set_defaults(func=_cmd_export)
 

@@ -35,6 +35,9 @@ whose ``r_d = pi_prox / mu`` lies inside ``mask.bounds``, computed the same what
 (under ``truncate`` and ``none`` nothing is rejected, but ``theta_prox`` drifting away still shows
 here) -- stays below ``tau`` for ``k`` consecutive versions, ``theta_prox`` is reset to the current
 weights (reason ``keep_ratio_collapse``); :meth:`EwmaController.reset` does it on demand (``manual``).
+That is ``reset.rule: paper``; ``paperCooldown`` adds a W-version cooldown and ``recentre`` an adaptive
+threshold and a reset to the average of the weights that sampled the batch's tokens
+(:mod:`asyncrl.trainer.correction.ewma_reset`, which also decides whether each reset recovered).
 
 Parameters are kept in fp32 whatever the model's dtype; only floating-point tensors are
 averaged, others (integer buffers) follow the current value.
@@ -48,6 +51,13 @@ import torch
 from torch import Tensor, nn
 
 from asyncrl.api.correction import EwmaSpec
+from asyncrl.trainer.correction.ewma_reset import (
+    Outcome,
+    ResetRule,
+    Rule,
+    next_batch_versions,
+    recentre_weights,
+)
 
 ResetReason = Literal["keep_ratio_collapse", "manual"]
 # Forgetting factor of the measured gap: weight GAP_MEMORY**age per batch, centre of mass
@@ -72,6 +82,8 @@ class EwmaStepReport:
     decay: float
     total_weight: float
     step: int
+    threshold: float = float("nan")  # the in-bounds threshold this step was compared with (nan: none yet)
+    outcomes: tuple[Outcome, ...] = ()  # earlier resets whose W-version outcome was decided at this step
 
 
 def _as_dict(params: Params) -> dict[str, Tensor]:
@@ -95,6 +107,8 @@ class EwmaController:
         reset_enabled: bool = True,
         keep_ratio_below: float = 0.8,
         consecutive_steps: int = 3,
+        rule: Rule = "paper",
+        margin: float = 0.1,
     ) -> None:
         if decay != "auto" and not 0.0 <= float(decay) < 1.0:
             raise ValueError(f"decay must be 'auto' or in [0, 1); got {decay!r}")
@@ -110,9 +124,12 @@ class EwmaController:
         self.reset_enabled = reset_enabled
         self.keep_ratio_below = keep_ratio_below
         self.consecutive_steps = consecutive_steps
+        self.rule = ResetRule(rule=rule, keep_ratio_below=keep_ratio_below, consecutive_steps=consecutive_steps,
+                              window=max_staleness, margin=margin, enabled=reset_enabled)
         self.params: dict[str, Tensor] = {}
+        # recentre: the weights of the last W + 2 versions (fp32), by version; empty for the other rules.
+        self.history: dict[int, dict[str, Tensor]] = {}
         self.total_weight = 1.0
-        self.streak = 0
         self.step = 0
         self.resets = 0
         self.last_reset_reason: ResetReason | None = None
@@ -131,7 +148,14 @@ class EwmaController:
             reset_enabled=spec.reset.enabled,
             keep_ratio_below=spec.reset.keep_ratio_below,
             consecutive_steps=spec.reset.consecutive_steps,
+            rule=spec.reset.rule,
+            margin=spec.reset.margin,
         )
+
+    @property
+    def streak(self) -> int:
+        """Consecutive low versions so far (the reset rule's counter)."""
+        return self.rule.streak
 
     # --- decay -----------------------------------------------------------------------------------
     @property
@@ -160,10 +184,21 @@ class EwmaController:
         self._gap_weight = GAP_MEMORY * self._gap_weight + 1.0
 
     # --- parameters ------------------------------------------------------------------------------
-    def init(self, params: Params) -> None:
-        """Set ``theta_prox`` to a fp32 copy of ``params`` (total weight 1)."""
+    def init(self, params: Params, version: int | None = None) -> None:
+        """Set ``theta_prox`` to a fp32 copy of ``params`` (total weight 1); ``version``: their policy
+        version (kept for the recentre rule)."""
         self.params = {k: self._copy(v) for k, v in _as_dict(params).items()}
         self.total_weight = 1.0
+        self.history = {}
+        self._remember(version, _as_dict(params))
+
+    def _remember(self, version: int | None, current: Mapping[str, Tensor]) -> None:
+        """Keep the weights of ``version`` for the recentre rule (the last W + 2 versions)."""
+        if self.rule.rule != "recentre" or version is None:
+            return
+        self.history[int(version)] = {k: self._copy(v) for k, v in current.items()}
+        for old in [v for v in self.history if v < int(version) - self.max_staleness - 1]:
+            del self.history[old]
 
     @staticmethod
     def _copy(v: Tensor) -> Tensor:
@@ -195,32 +230,65 @@ class EwmaController:
         """``theta_prox <- params`` (the update with ``beta = 0``); counts and reports the reset."""
         current = _as_dict(params)
         self._check_keys(current)
+        streak = self.rule.streak
+        if reason == "manual":
+            self.rule.fired(self.rule.threshold())
         self._blend(current, 0.0)
         self.resets += 1
         self.last_reset_reason = reason
-        streak, self.streak = self.streak, 0
-        return EwmaStepReport(True, reason, streak, 0.0, self.total_weight, self.step)
+        return EwmaStepReport(True, reason, streak, 0.0, self.total_weight, self.step, self.rule.threshold())
 
-    def update(self, params: Params, keep_ratio: float | Tensor | None = None) -> EwmaStepReport:
-        """One step after a policy version: reset if the keep ratio collapsed, else EWMA-update.
+    @torch.no_grad()
+    def _recentre(self, current: Mapping[str, Tensor], token_versions: Mapping[int, int] | None,
+                  version: int | None) -> bool:
+        """theta_prox <- the token-weighted average of the sampling versions' weights (one version
+        younger), total weight at its steady state; False (nothing done) when none of them is held."""
+        if token_versions is None or version is None:
+            return False
+        target = recentre_weights(self.history, next_batch_versions(token_versions, int(version)))
+        if target is None:
+            return False
+        for k, p in self.params.items():
+            p.copy_(target[k].to(p.dtype) if p.is_floating_point() else current[k])
+        beta = self.decay
+        self.total_weight = 1.0 / (1.0 - beta)
+        return True
+
+    def update(self, params: Params, keep_ratio: float | Tensor | None = None, *, version: int | None = None,
+               token_versions: Mapping[int, int] | None = None) -> EwmaStepReport:
+        """One step after a policy version: reset if the reset rule fires, else EWMA-update.
 
         Args:
             params: the current weights (module or name -> tensor).
             keep_ratio: the batch's keep ratio of the mask bounds (share of valid tokens with ``r_d``
                 inside ``mask.bounds``, whatever ``mask.mode``; see the module docstring). None: not
                 observed, the streak is left as it is. A 0-dim tensor is read here (one host sync).
+            version: the policy version of ``params`` (the recentre rule keeps the recent ones).
+            token_versions: the batch's valid-token count per sampling version (the recentre target);
+                without it (or with none of its versions held) a recentre reset falls back to the current
+                weights.
         """
         current = _as_dict(params)
         self._check_keys(current)
         self.step += 1
-        if keep_ratio is not None:
-            self.streak = self.streak + 1 if float(keep_ratio) < self.keep_ratio_below else 0
-        if self.reset_enabled and self.streak >= self.consecutive_steps:
-            report = self.reset(current, reason="keep_ratio_collapse")
-            return report
+        self._remember(version, current)
+        decided = self.rule.observe(None if keep_ratio is None else float(keep_ratio))
+        if decided.fire:
+            reason: ResetReason = "keep_ratio_collapse"
+            if self.rule.rule == "recentre" and self._recentre(current, token_versions, version):
+                self.resets += 1
+                self.last_reset_reason = reason
+                return EwmaStepReport(True, reason, decided.streak, 0.0, self.total_weight, self.step,
+                                      decided.threshold, decided.outcomes)
+            self._blend(current, 0.0)
+            self.resets += 1
+            self.last_reset_reason = reason
+            return EwmaStepReport(True, reason, decided.streak, 0.0, self.total_weight, self.step,
+                                  decided.threshold, decided.outcomes)
         beta = self.decay
         self._blend(current, beta)
-        return EwmaStepReport(False, None, self.streak, beta, self.total_weight, self.step)
+        return EwmaStepReport(False, None, decided.streak, beta, self.total_weight, self.step, decided.threshold,
+                              decided.outcomes)
 
     def load_into(self, module: nn.Module) -> None:
         """Copy ``theta_prox`` into ``module`` (cast to each parameter's dtype), e.g. the reference
@@ -233,6 +301,8 @@ class EwmaController:
             "params": {k: v.clone() for k, v in self.params.items()},
             "total_weight": self.total_weight,
             "streak": self.streak,
+            "rule": self.rule.state_dict(),
+            "history": {v: {k: t.clone() for k, t in p.items()} for v, p in self.history.items()},
             "step": self.step,
             "resets": self.resets,
             "last_reset_reason": self.last_reset_reason,
@@ -243,7 +313,11 @@ class EwmaController:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.params = {k: v.clone() for k, v in state["params"].items()}
         self.total_weight = float(state["total_weight"])
-        self.streak = int(state["streak"])
+        if "rule" in state:
+            self.rule.load_state_dict(state["rule"])
+        else:  # written before the reset rules: the paper's counter only
+            self.rule.streak = int(state["streak"])
+        self.history = {int(v): {k: t.clone() for k, t in p.items()} for v, p in state.get("history", {}).items()}
         self.step = int(state["step"])
         self.resets = int(state["resets"])
         self.last_reset_reason = state["last_reset_reason"]

@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from asyncrl.trainer.megatron.model import attention_mask, position_ids, unwrap
+from asyncrl.trainer.megatron.routing_replay import replaying
 
 DEFAULT_CHUNK_BYTES = 64 * 2**20  # fp32 logits of one chunk
 
@@ -32,6 +33,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    routes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probs ``[B, T]`` (fp32) of ``tokens`` under ``model``; differentiable when grad is on.
 
@@ -40,6 +42,8 @@ def token_logprobs(
         tokens: ``[B, T]`` long, right-padded.
         temperature: logits are divided by it before the log-softmax (> 0).
         max_chunk_bytes: most bytes of fp32 logits alive per chunk (at least one position).
+        routes: ``[B, T, L, k]`` top-k experts of each position and MoE layer to route through (routing
+            replay: trainer/megatron/routing_replay.py); None: the model's routers choose.
     """
     if tokens.dim() != 2 or tokens.dtype != torch.long:
         raise ValueError(f"tokens must be [B, T] long; got shape {tuple(tokens.shape)} dtype {tokens.dtype}")
@@ -49,7 +53,8 @@ def token_logprobs(
     if T < 2:
         return torch.zeros(B, T, dtype=torch.float32, device=tokens.device)
     gpt = unwrap(model)
-    hidden = final_hidden_states(model, tokens)  # [T, B, H]
+    with replaying(model, routes):
+        hidden = final_hidden_states(model, tokens)  # [T, B, H]
     # Hidden state at position t predicts tokens[:, t + 1].
     h = hidden[:-1]  # [T-1, B, H]
     targets = tokens[:, 1:].t().contiguous()  # [T-1, B]

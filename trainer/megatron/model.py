@@ -132,6 +132,10 @@ def build_gpt_model(arch: ModelArch, *, use_cpu_initialization: bool = True, ini
         parallel_output=True,
     )
     gpt.sliding_window = arch.sliding_window
+    if arch.is_moe:  # idle replay state of its own per router (routing replay: trainer/megatron/routing_replay.py)
+        from asyncrl.trainer.megatron.routing_replay import install
+
+        install(gpt)
     return gpt
 
 

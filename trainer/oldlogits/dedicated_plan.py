@@ -36,6 +36,7 @@ import itertools
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from asyncrl.rollout.trajectory import Trajectory, TrajectoryStatus
 
@@ -63,6 +64,7 @@ class Segment:
     traj_id: str
     tokens: list[int]
     positions: tuple[int, ...]
+    routes: Any = None  # [n, L, k] the request version's prefix routes (routing replay R3); None: none captured
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,9 @@ class ScoreRequest:
     def tokens(self) -> int:
         return sum(len(s.positions) for s in self.segments)
 
-    def payload(self) -> list[tuple[list[int], list[int]]]:
-        """``(tokens, positions)`` per segment: the argument of ``DedicatedScorer.score``."""
-        return [(s.tokens, list(s.positions)) for s in self.segments]
+    def payload(self) -> list[tuple[list[int], list[int], Any]]:
+        """``(tokens, positions, routes)`` per segment: the argument of ``DedicatedScorer.score``."""
+        return [(s.tokens, list(s.positions), s.routes) for s in self.segments]
 
 
 Action = Push | Advance | ScoreRequest
@@ -362,7 +364,9 @@ class DedicatedPlan:
         items = sorted(work.pending.items(), key=lambda kv: -len(kv[1]))
         for tid, positions in items:
             r = min(live, key=lambda x: (load[x], x))
-            chunks[r].append(Segment(tid, self._trajs[tid].tokens, tuple(sorted(positions))))
+            traj = self._trajs[tid]
+            routes = None if traj.routes is None else traj.routes.for_version(version)
+            chunks[r].append(Segment(tid, traj.tokens, tuple(sorted(positions)), routes))
             load[r] += len(positions)
         work.pending.clear()
         out = []

@@ -25,7 +25,8 @@ from asyncrl.api.correction import EwmaSpec, ReferencePolicy
 from asyncrl.trainer.oldlogits.protocol import PaddedBatch, Scorer
 
 if TYPE_CHECKING:
-    from asyncrl.trainer.correction.ewma_controller import EwmaController
+    from asyncrl.trainer.correction.ewma_controller import EwmaController, EwmaStepReport
+    from asyncrl.trainer.correction.ewma_reset import ResetStatus
 
 
 def same_on_every_rank(flag: bool, what: str) -> None:
@@ -55,6 +56,18 @@ class EwmaProvider:
         self.max_staleness = max_staleness
         # Created on first use from the live weights, so supervised warm-start steps are not averaged in.
         self.controller: EwmaController | None = None
+        self.last_report: EwmaStepReport | None = None  # the controller's report of the last version
+
+    def reset_status(self) -> "ResetStatus":
+        """The reset rule's threshold and outcomes at the last version, for the step report."""
+        from asyncrl.trainer.correction.ewma_reset import ResetStatus
+
+        r, ctl = self.last_report, self.controller
+        return ResetStatus(
+            threshold=float("nan") if r is None else r.threshold,
+            outcome="" if r is None or not r.outcomes else r.outcomes[-1],
+            recovered_total=0 if ctl is None else ctl.rule.recovered,
+            unrecovered_total=0 if ctl is None else ctl.rule.unrecovered)
 
     def _ensure(self, scorer: Scorer) -> "EwmaController":
         if self.controller is None:
@@ -62,11 +75,15 @@ class EwmaProvider:
             from asyncrl.trainer.correction.ewma_controller import EwmaController
 
             self.controller = EwmaController.from_spec(self.spec, max_staleness=self.max_staleness)
-            self.controller.init(scorer.named_weights())
+            self.controller.init(scorer.named_weights(), version=scorer.version)
         return self.controller
 
+    def weights(self, scorer: Scorer) -> Mapping[str, Tensor]:
+        """``theta_prox`` (routing replay R2 records the routes of a forward under it)."""
+        return self._ensure(scorer).params
+
     def score(self, batch: PaddedBatch, scorer: Scorer) -> Tensor | None:
-        return scorer.logprobs_under(self._ensure(scorer).params, batch.tokens)
+        return scorer.logprobs_under(self._ensure(scorer).params, batch.tokens, batch.routes)
 
     def logp_ref(
         self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None
@@ -84,7 +101,11 @@ class EwmaProvider:
         gaps = (scorer.version - 1 - batch.versions)[batch.loss_mask]
         if gaps.numel():
             ewma.observe_staleness(gaps.float().mean())
-        report = ewma.update(scorer.named_weights(), keep_ratio)
+        valid = batch.versions[batch.loss_mask]
+        token_versions = ({int(v): int(n) for v, n in zip(*torch.unique(valid, return_counts=True), strict=True)}
+                          if ewma.rule.rule == "recentre" else None)
+        report = ewma.update(scorer.named_weights(), keep_ratio, version=scorer.version, token_versions=token_versions)
+        self.last_report = report
         same_on_every_rank(report.reset, f"the ewma reset at version {scorer.version} (in-bounds ratio {keep_ratio})")
         return str(report.reason) if report.reset else ""
 

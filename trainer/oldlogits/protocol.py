@@ -34,7 +34,7 @@ in this order (:meth:`MegatronActor.train_step`):
    rollout receives it now).
 """
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -71,6 +71,15 @@ class PaddedBatch(Protocol):
     @property
     def logp_old(self) -> Tensor | None: ...
 
+    @property
+    def routes(self) -> Tensor | None: ...  # [B, T, L, k] MoE routes to replay (routing replay), or None
+
+    @property
+    def route_slots(self) -> Tensor | None: ...  # [B, S, T, L, k] each row's routes per version
+
+    @property
+    def route_slot_versions(self) -> Tensor | None: ...  # [B, S] the version of each slot (-1: empty)
+
 
 class Scorer(Protocol):
     """What the actor offers a provider: its version, its live weights and its forwards."""
@@ -84,13 +93,30 @@ class Scorer(Protocol):
         """The live trainable parameters by name; read them, never write them."""
         ...
 
-    def logprobs(self, tokens: Tensor) -> Tensor:
-        """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under the live weights."""
+    def logprobs(self, tokens: Tensor, *, routes: Tensor | None = None) -> Tensor:
+        """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under the live weights (``routes``
+        ``[b, T, L, k]``: MoE routes to replay, routing replay)."""
         ...
 
-    def logprobs_under(self, weights: Mapping[str, Tensor], tokens: Tensor) -> Tensor:
+    def logprobs_under(self, weights: Mapping[str, Tensor], tokens: Tensor, routes: Tensor | None = None) -> Tensor:
         """No-grad log-probs ``[b, T]`` of ``tokens`` ``[b, T]`` under ``weights`` (same names and
-        shapes as :meth:`named_weights`); the live weights are never written (a functional call)."""
+        shapes as :meth:`named_weights`); the live weights are never written (a functional call);
+        ``routes`` ``[b, T, L, k]``: MoE routes to replay."""
+        ...
+
+
+@runtime_checkable
+class VersionBankScorer(Protocol):
+    """A scorer that can run rows under different versions in one forward (LoRA: each row picks its version's
+    adapter, ``trainer/megatron/lora.py``'s adapter bank)."""
+
+    @property
+    def scores_versions_at_once(self) -> bool:
+        """True when :meth:`logprobs_under_each` serves this model (a dense LoRA actor)."""
+        ...
+
+    def logprobs_under_each(self, versions: Sequence[Mapping[str, Tensor]], tokens: Tensor, slot: Tensor) -> Tensor:
+        """No-grad log-probs ``[n, T]`` of ``tokens`` ``[n, T]``, row ``i`` under ``versions[slot[i]]``."""
         ...
 
 

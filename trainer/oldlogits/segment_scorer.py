@@ -59,7 +59,9 @@ from asyncrl.trainer.megatron.parallel import Layout, shard_of
 from asyncrl.trainer.oldlogits.precision import actor_bf16
 
 HfWeights: TypeAlias = Mapping[str, np.ndarray | Tensor]  # HF Llama names, what the actor sends the rollout workers
-Segment: TypeAlias = tuple[Sequence[int], Sequence[int]]  # (tokens, positions to score)
+# (tokens, positions to score) or (tokens, positions, routes): routes [n, L, k] (numpy, rollout/routes.py) of the
+# prefix under the scored version, replayed (routing replay R3); None or absent: the routers choose
+Segment: TypeAlias = tuple[Sequence[int], Sequence[int]] | tuple[Sequence[int], Sequence[int], Any]
 
 DEFAULT_TOKEN_BUDGET = 16384  # padded tokens per forward (rows * longest row)
 
@@ -212,7 +214,10 @@ class SegmentScorer:
         """
         self._require(version)
         positions = [t.unscored(version) for t in trajectories]
-        values = self.score_segments([(t.tokens, p) for t, p in zip(trajectories, positions, strict=True)])
+        values = self.score_segments([
+            (t.tokens, p, None if t.routes is None or not p else t.routes.for_version(version))
+            for t, p in zip(trajectories, positions, strict=True)
+        ])
         return list(zip(positions, values, strict=True))
 
     def score_segments(self, segments: Sequence[Segment]) -> list[list[float]]:
@@ -221,7 +226,7 @@ class SegmentScorer:
         self._require(None)
         assert self._gpt is not None and self._device is not None  # _require checked it
         lengths = []
-        for i, (seq, positions) in enumerate(segments):
+        for i, (seq, positions, *_) in enumerate(segments):
             bad = [p for p in positions if not 1 <= p < len(seq)]
             if bad:
                 raise ValueError(
@@ -236,10 +241,12 @@ class SegmentScorer:
             tokens = torch.zeros(len(rows), T, dtype=torch.long)  # [b, T]; padding only follows the prefix
             for r, i in enumerate(rows):
                 tokens[r, : lengths[i]] = torch.as_tensor(list(segments[i][0][: lengths[i]]), dtype=torch.long)
+            routes = _segment_routes([segments[i] for i in rows], T)
             with torch.no_grad():
                 logp = token_logprobs(
                     self._gpt, tokens.to(self._device), temperature=self.settings.temperature,
                     max_chunk_bytes=self.settings.max_chunk_bytes,
+                    routes=None if routes is None else routes.to(self._device),
                 ).cpu()  # [b, T]
             self.forwards += 1
             for r, i in enumerate(rows):
@@ -285,6 +292,23 @@ def load_shards(gpt: torch.nn.Module, arch: ModelArch, hf: Mapping[str, Tensor])
     if left := sorted(set(params) - done):
         raise ValueError(f"SegmentScorer.load: no weights for megatron parameters {left[:5]} (of {len(left)})")
     return nbytes
+
+
+def _segment_routes(segments: Sequence[Segment], T: int) -> torch.Tensor | None:
+    """``[b, T, L, k]`` routes of the packed ``segments`` (positions past a segment's routes: experts 0..k-1,
+    which no scored logit attends to); None when no segment carries routes."""
+    given = [s[2] if len(s) > 2 else None for s in segments]
+    blocks: list[np.ndarray] = [b for b in given if b is not None]
+    if not blocks:
+        return None
+    if len(blocks) != len(given):
+        raise ValueError("routing replay: some segments of a forward carry routes and others do not")
+    _, L, k = blocks[0].shape
+    out = np.empty((len(blocks), T, L, k), dtype=blocks[0].dtype)
+    out[:] = np.arange(k, dtype=out.dtype)
+    for r, block in enumerate(blocks):
+        out[r, : min(T, len(block))] = block[:T]
+    return torch.from_numpy(out)
 
 
 def _pack(order: list[int], lengths: list[int], budget: int) -> list[list[int]]:

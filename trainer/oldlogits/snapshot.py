@@ -40,7 +40,7 @@ from torch import Tensor
 
 from asyncrl.api.correction import ReferencePolicy
 from asyncrl.trainer.oldlogits import node_share
-from asyncrl.trainer.oldlogits.protocol import PaddedBatch, ResidentVersions, Scorer
+from asyncrl.trainer.oldlogits.protocol import PaddedBatch, ResidentVersions, Scorer, VersionBankScorer
 
 SnapshotMedium = Literal["cpu", "disk"]
 _GIVEN_UP_MEMORY = 64  # how many released/given-up versions the store remembers for its errors
@@ -279,15 +279,21 @@ def _save(path: Path, tensors: dict[str, Tensor]) -> Path:
     return path
 
 
-def score_exact(store: WeightSnapshots, scorer: Scorer, tokens: Tensor, versions: Tensor, loss_mask: Tensor) -> Tensor:
+def score_exact(store: WeightSnapshots, scorer: Scorer, tokens: Tensor, versions: Tensor, loss_mask: Tensor,
+                route_slots: Tensor | None = None, route_slot_versions: Tensor | None = None) -> Tensor:
     """``pi_old`` ``[b, T]`` (fp32): each ``loss_mask`` token's log-prob under its own version (0 elsewhere).
 
     Args:
         store: holds every version present under ``loss_mask`` (checked before any forward).
         scorer: runs the forwards (:meth:`Scorer.logprobs_under`, the live weights untouched).
         tokens: ``[b, T]`` long; versions: ``[b, T]`` long; loss_mask: ``[b, T]`` bool.
+        route_slots, route_slot_versions: ``[b, S, T, L, k]`` and ``[b, S]`` (routing replay): version ``v``'s
+            forward replays, per row, the slot of version ``v`` (the prefix routes its tokens were sampled
+            through, re-prefills included); None: the routers choose.
 
-    One forward per version, over only the rows that hold it; ``disk`` loads one version at a time.
+    One forward per version, over only the rows that hold it; ``disk`` loads one version at a time. A scorer
+    that runs several versions at once (:class:`VersionBankScorer`: LoRA adapters) gets ONE forward instead,
+    over one row per (row, version it holds) pair, each under its own version's adapter.
     """
     if not (tokens.shape == versions.shape == loss_mask.shape) or tokens.dim() != 2:
         raise ValueError(
@@ -297,11 +303,38 @@ def score_exact(store: WeightSnapshots, scorer: Scorer, tokens: Tensor, versions
     out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     wanted = sorted(int(v) for v in torch.unique(versions[loss_mask]).tolist())
     store.check(wanted)  # a missing version must fail before any forward runs
+    if len(wanted) > 1 and isinstance(scorer, VersionBankScorer) and scorer.scores_versions_at_once:
+        return _score_in_one_forward(store, scorer, tokens, versions, loss_mask, wanted, out)
     for v in wanted:
         sel = loss_mask & (versions == v)  # [b, T]
         rows = sel.any(dim=1).nonzero().squeeze(1)  # only the rows that hold version v
-        logp = scorer.logprobs_under(store.get(v), tokens[rows]).float()  # [r, T]
+        routes = None if route_slots is None or route_slot_versions is None else \
+            slot_of_version(route_slots[rows], route_slot_versions[rows], v)
+        logp = scorer.logprobs_under(store.get(v), tokens[rows], routes).float()  # [r, T]
         out[rows] = torch.where(sel[rows], logp.to(out.device), out[rows])
+    return out
+
+
+def slot_of_version(slots: Tensor, slot_versions: Tensor, version: int) -> Tensor:
+    """``[r, T, L, k]``: each row's routes of ``version`` from ``slots`` ``[r, S, T, L, k]`` by
+    ``slot_versions`` ``[r, S]``; every row must hold it (a row scored under a version it was sampled in)."""
+    hit = slot_versions == version  # [r, S]
+    if not bool(hit.any(dim=1).all()):
+        raise ValueError(f"routing replay: a row scored under version {version} has no routes of it; "
+                         f"its slots hold versions {slot_versions.tolist()}")
+    return slots[torch.arange(len(slots)), hit.int().argmax(dim=1)]
+def _score_in_one_forward(store: WeightSnapshots, scorer: VersionBankScorer, tokens: Tensor, versions: Tensor,
+                          loss_mask: Tensor, wanted: list[int], out: Tensor) -> Tensor:
+    """:func:`score_exact` as one forward: row ``i`` of ``tokens`` appears once per version it holds."""
+    sels = [loss_mask & (versions == v) for v in wanted]  # [b, T] each
+    rows = [sel.any(dim=1).nonzero().squeeze(1) for sel in sels]  # the rows holding each version
+    slot = torch.cat([torch.full((len(r),), k, dtype=torch.long) for k, r in enumerate(rows)])
+    logp = scorer.logprobs_under_each([store.get(v) for v in wanted], tokens[torch.cat(rows)], slot).float()
+    start = 0
+    for sel, r in zip(sels, rows, strict=True):
+        part = logp[start:start + len(r)].to(out.device)  # [r, T]
+        out[r] = torch.where(sel[r], part, out[r])
+        start += len(r)
     return out
 
 
@@ -340,7 +373,8 @@ class SnapshotProvider(StoreBacked):
         """``pi_old`` ``[B, T]``: each trained token's log-prob under its own version's weights (0
         elsewhere). Only the rows holding a version are scored under it."""
         self.store.record(scorer.version, scorer.named_weights())  # no-op unless not yet resident (rule 1)
-        return score_exact(self.store, scorer, batch.tokens, batch.versions, batch.loss_mask)
+        return score_exact(self.store, scorer, batch.tokens, batch.versions, batch.loss_mask,
+                           batch.route_slots, batch.route_slot_versions)
 
     def logp_ref(
         self, batch: PaddedBatch, logp_theta: Tensor, actor_version: int, scored: Tensor | None

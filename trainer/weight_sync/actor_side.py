@@ -23,13 +23,14 @@ from typing import Protocol
 import torch
 
 from asyncrl.api.job import AsyncRLJobSpec
+from asyncrl.api.lora import LoraSpec
 from asyncrl.api.model_arch import ModelArch
 from asyncrl.api.weight_sync import WeightTransport
 from asyncrl.trainer.weight_sync.broadcast import SyncGroup
-from asyncrl.trainer.weight_sync.buckets import Bucket
+from asyncrl.trainer.weight_sync.buckets import Bucket, pack_buckets
 from asyncrl.trainer.weight_sync.objectstore import BucketRefs
 from asyncrl.trainer.weight_sync.outcome import SendOutcome, SyncFailed
-from asyncrl.trainer.weight_sync.source import actor_buckets, hf_tensors, wire_dtype
+from asyncrl.trainer.weight_sync.source import MIB, actor_buckets, hf_tensors, wire_dtype
 from asyncrl.trainer.weight_sync.transport import (
     BroadcastTransport,
     ObjectStoreTransport,
@@ -43,6 +44,9 @@ class _Arch(Protocol):
     @property
     def arch(self) -> ModelArch: ...
 
+    @property
+    def lora(self) -> LoraSpec | None: ...
+
 
 class SyncedActor(Protocol):
     """What the weight sync reads of the actor (``MegatronActor``): its live parameters, their architecture and
@@ -54,6 +58,8 @@ class SyncedActor(Protocol):
     def settings(self) -> _Arch: ...
 
     def named_weights(self) -> Mapping[str, torch.Tensor]: ...
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 def needs_training_precision(spec: AsyncRLJobSpec) -> bool:
@@ -68,12 +74,27 @@ def _buckets(actor: SyncedActor, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
     """The actor's current version as buckets, lazily: nothing is gathered until they are read."""
     dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
     return actor_buckets(actor.named_weights(), actor.settings.arch, version=int(actor.version),
-                         bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype)
+                         bucket_mib=spec.actor.weight_sync.bucket_mib, dtype=dtype, adapter_scale=_adapter_scale(actor))
+
+
+def _adapter_scale(actor: SyncedActor) -> float | None:
+    """``spec.model.lora``: the trainable parameters are the adapters, sent alone (``B`` scaled); else None."""
+    lora = actor.settings.lora
+    return lora.scale if lora is not None else None
+
+
+def _with_base(actor: SyncedActor, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
+    """LoRA's first delivery: the base's HF tensors and the adapters (``hf_state_dict``), so that a receiver can
+    merge the later versions, which travel as adapters alone."""
+    dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
+    full = actor.hf_state_dict()  # every TP rank calls it: its gathers are collectives
+    return pack_buckets(iter(full.items()), version=int(actor.version),
+                        bucket_bytes=spec.actor.weight_sync.bucket_mib * MIB, dtype=dtype)
 
 
 def _join_gathers(actor: SyncedActor) -> None:
-    for _ in hf_tensors(actor.named_weights(), actor.settings.arch):  # join every gather, keep nothing
-        pass
+    for _ in hf_tensors(actor.named_weights(), actor.settings.arch, adapter_scale=_adapter_scale(actor)):
+        pass  # join every gather, keep nothing
 
 
 @dataclass
@@ -92,6 +113,7 @@ class ActorSync:
     group: SyncGroup | None = None
     kept: list[Bucket] = field(default_factory=list)  # broadcast: the last version's CPU buckets
     kept_version: int = -1
+    base_sent: bool = False  # spec.model.lora: the base went out with the first version; adapters alone since
 
     @property
     def _joins_only(self) -> bool:
@@ -106,9 +128,26 @@ class ActorSync:
         transport = self._configured()
         if self._joins_only:
             if self.tp > 1 and transport.moves_at_publish:
-                _join_gathers(actor)
+                self._join(actor)
             return None
-        return transport.publish(_buckets(actor, self.spec), int(actor.version))
+        if not transport.moves_at_publish:
+            return transport.publish(iter(()), int(actor.version))  # broadcast: the bytes leave in send()
+        return transport.publish(self._version_buckets(actor), int(actor.version))
+
+    def _version_buckets(self, actor: SyncedActor) -> Iterator[Bucket]:
+        """This version's buckets: under LoRA the first carries the base too (see :func:`_with_base`)."""
+        if self.spec.model.lora is not None and not self.base_sent:
+            self.base_sent = True
+            return _with_base(actor, self.spec)
+        return _buckets(actor, self.spec)
+
+    def _join(self, actor: SyncedActor) -> None:
+        """A rank > 0's share of the gathers :meth:`_version_buckets` makes on rank 0."""
+        if self.spec.model.lora is not None and not self.base_sent:
+            self.base_sent = True
+            actor.hf_state_dict()
+            return
+        _join_gathers(actor)
 
     def send(self, actor: SyncedActor, version: int) -> SendOutcome | None:
         """Broadcast ``version`` (the actor's current one) to the group: :class:`~.outcome.Sent`, or, when a
@@ -119,12 +158,12 @@ class ActorSync:
                                f"{int(actor.version)}")
         if self._joins_only:
             if self.tp > 1:
-                _join_gathers(actor)
+                self._join(actor)
             return None
         if self.group is None:
             raise RuntimeError("weight sync (broadcast): no group formed (the driver forms it before a send)")
         self.kept, self.kept_version = [], -1
-        buckets = list(_buckets(actor, self.spec))  # CPU; kept for late joiners
+        buckets = list(self._version_buckets(actor))  # CPU; kept for late joiners
         self.kept, self.kept_version = buckets, version
         try:
             return BroadcastTransport(self.group).send(buckets)

@@ -18,14 +18,23 @@ from asyncrl.trainer.weight_sync.buckets import DTYPES, Bucket, pack_buckets
 MIB = 2**20
 
 
-def hf_tensors(named: Mapping[str, torch.Tensor], arch: ModelArch) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(HF name, full tensor)`` of the actor's megatron parameters ``named`` (live, maybe TP shards)."""
+def hf_tensors(named: Mapping[str, torch.Tensor], arch: ModelArch, *,
+               adapter_scale: float | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(HF name, full tensor)`` of the actor's megatron parameters ``named`` (live, maybe TP shards).
+
+    ``adapter_scale`` (``spec.model.lora``'s ``alpha / rank``): ``named`` are the LoRA adapters, sent alone in
+    peft's per-projection names with ``B`` scaled (:func:`~asyncrl.trainer.megatron.lora.hf_adapter_tensors`);
+    the engine merges them onto the base it holds."""
     from asyncrl.trainer.megatron.convert import iter_megatron_to_hf
+    from asyncrl.trainer.megatron.lora import hf_adapter_tensors
     from asyncrl.trainer.megatron.parallel import full_of
 
     with torch.no_grad():
         full = {k: full_of(p) for k, p in named.items()}  # TP = 1: the parameters themselves
-        yield from iter_megatron_to_hf(full, arch)
+        if adapter_scale is not None:
+            yield from hf_adapter_tensors(full, arch, scale=adapter_scale)
+        else:
+            yield from iter_megatron_to_hf(full, arch)
 
 
 def wire_dtype(rollout_dtype: str, needs_training_precision: bool) -> torch.dtype:
@@ -36,7 +45,7 @@ def wire_dtype(rollout_dtype: str, needs_training_precision: bool) -> torch.dtyp
 
 
 def actor_buckets(named: Mapping[str, torch.Tensor], arch: ModelArch, *, version: int, bucket_mib: int,
-                  dtype: torch.dtype) -> Iterator[Bucket]:
-    """The actor's weights of ``version`` as CPU buckets of at most ``bucket_mib`` MiB."""
-    cpu = ((k, t.to("cpu")) for k, t in hf_tensors(named, arch))
+                  dtype: torch.dtype, adapter_scale: float | None = None) -> Iterator[Bucket]:
+    """The actor's weights of ``version`` as CPU buckets of at most ``bucket_mib`` MiB (LoRA: the adapters)."""
+    cpu = ((k, t.to("cpu")) for k, t in hf_tensors(named, arch, adapter_scale=adapter_scale))
     yield from pack_buckets(cpu, version=version, bucket_bytes=bucket_mib * MIB, dtype=dtype)

@@ -120,6 +120,23 @@ class ActorHost:
             self.actor.set_learning_rate(self.spec.train.learning_rate)
         return losses
 
+    def supervised(self, demos: list[tuple[list[int], list[bool]]], learning_rate: float, threads: int) -> float:
+        """One supervised step on the given ``(tokens, loss_mask)`` sequences at ``learning_rate``; its loss (the
+        supervised controls of ``bench/customer_service.py``: successful demonstrations, or the policy's own
+        successes). The actor's own budget and ``train.learningRate`` are restored after it."""
+        import torch
+
+        from asyncrl.rollout.envs.demos import pad_batch
+
+        torch.set_num_threads(threads)
+        try:
+            self.actor.set_learning_rate(learning_rate)
+            b = pad_batch(demos, pad_id=self.pad)
+            return float(self.actor.sft_step(b.tokens, b.loss_mask).loss)
+        finally:
+            torch.set_num_threads(self.threads)
+            self.actor.set_learning_rate(self.spec.train.learning_rate)
+
     def save_warm_start(self, cache_dir: str) -> None:
         """RL starts at version 0: warm-start steps are not policy versions."""
         self.actor.version = 0

@@ -38,7 +38,8 @@ class RolloutHost:
         self.threads = threads
         self.worker = RolloutWorker(self.spec.task, self.spec.model, self.spec.async_, worker_index=worker_index,
                                     seed=self.spec.train.seed, rollout=self.spec.rollout,
-                                    workers=self.spec.rollout.replicas)
+                                    workers=self.spec.rollout.replicas,
+                                    capture_routes=self.spec.correction.routing_replay == "rollout")
         # the last version's HF tensors received (interrupt-sync scores under them)
         self._weights: dict[str, torch.Tensor] | None = None
         self._paused_reported = 0.0  # the engine's apply_seconds already reported by update_weights

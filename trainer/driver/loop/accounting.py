@@ -95,6 +95,8 @@ def count_old_logits(m: DriverMetrics, step: "TrainStepMetrics", reference: str)
     m.optimizer_updates.labels("applied").inc(step.updates_applied)
     m.optimizer_updates.labels("skipped").inc(step.updates_skipped)
     m.in_bounds_ratio.set(step.in_bounds_ratio)
+    m.route_flip_tokens.inc(step.route_flips)  # routing replay (0 without)
+    m.route_replayed_tokens.inc(step.route_tokens)
     m.snapshot_versions.set(step.snapshot_resident_versions)  # the resident count (never the cap)
     m.snapshot_bytes.set(step.snapshot_resident_bytes)
     m.audit_seconds.labels(reference).inc(step.audit_seconds)
@@ -108,10 +110,13 @@ def count_old_logits(m: DriverMetrics, step: "TrainStepMetrics", reference: str)
     m.audit_disagree_tokens.labels(reference, "clip").inc(audit.clip_disagree_tokens)
 
 
-def count_ewma_reset(m: DriverMetrics, reason: str) -> None:
-    """One automatic (or manual) reset of the EWMA reference; ``""``: no reset this step."""
+def count_ewma_reset(m: DriverMetrics, reason: str, outcome: str = "") -> None:
+    """One automatic (or manual) reset of the EWMA reference; ``""``: no reset this step. ``outcome``: an
+    earlier reset's outcome decided at this step (``recovered`` / ``unrecovered``; ``""``: none)."""
     if reason:
         m.ewma_resets.labels(reason).inc()
+    if outcome:
+        m.ewma_reset_outcomes.labels(outcome).inc()
 
 
 def count_eval(m: DriverMetrics, result: "EvalResult") -> None:

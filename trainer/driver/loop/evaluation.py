@@ -26,13 +26,14 @@ loop's trainer and rollout-worker seconds (the idle ratios' denominators) leave 
 """
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.api.evaluation import EvalMode
 from asyncrl.api.job import AsyncRLJobSpec
 from asyncrl.rollout.envs.binding import task_samples
+from asyncrl.rollout.envs.cs_behaviour import tally
 from asyncrl.rollout.envs.interface import Sample
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.driver.run.metrics_log import EvalLine, Line, parse_lines
@@ -75,6 +76,7 @@ class EvalResult:
     sampled_tokens: int
     seconds: float
     drain_seconds: float
+    behaviour: Mapping[str, int] = field(default_factory=dict)  # customer-service: episodes per flag (cs_behaviour)
 
     @property
     def success(self) -> float:
@@ -92,6 +94,7 @@ class EvalResult:
             "eval_success": self.success, "eval_reward": self.reward, "eval_prompts": self.prompts,
             "eval_sampled_tokens": self.sampled_tokens, "eval_s": round(self.seconds, 4),
             "eval_drain_s": round(self.drain_seconds, 4),
+            **({"eval_behaviour": dict(self.behaviour)} if self.behaviour else {}),
         }
 
 
@@ -174,5 +177,7 @@ class Evaluator:
                                f"{len(self.problems)} problems")
         seconds = time.monotonic() - t0
         self.seconds += seconds
+        flags = tally(t.info.get("behaviour") or {} for t in trajs)  # what the policy did (customer-service only)
         return EvalResult(version, len(trajs), sum(t.success for t in trajs), sum(t.reward for t in trajs),
-                          sum(sum(t.loss_mask) for t in trajs), seconds, drained - t0)
+                          sum(sum(t.loss_mask) for t in trajs), seconds, drained - t0,
+                          flags if flags["episodes"] else {})

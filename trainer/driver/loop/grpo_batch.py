@@ -28,6 +28,7 @@ import torch
 
 from asyncrl.rollout.trajectory import NO_VERSION, Trajectory, TrajectoryStatus
 from asyncrl.trainer.actor.batch import TrainBatch
+from asyncrl.trainer.driver.loop.route_batch import route_fields
 
 
 def grpo_advantages(
@@ -111,7 +112,8 @@ def assemble_batch(
         raise ValueError("a trajectory has loss_mask True inside its prompt")
     turn_ids = torch.where(loss_mask, turn_ids, torch.full_like(turn_ids, -1))
     advantages = adv[:, None].expand(B, T) * attention_mask  # 0 on padding
-    return TrainBatch(tokens, loss_mask, logp_mu, versions, advantages.contiguous(), turn_ids, logp_old)
+    return TrainBatch(tokens, loss_mask, logp_mu, versions, advantages.contiguous(), turn_ids, logp_old,
+                      **route_fields(trajs, T))  # routing replay: none unless the engine captured routes
 
 
 Unusable = Literal["reward_out_of_range", "over_length"]

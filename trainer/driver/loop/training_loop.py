@@ -564,7 +564,7 @@ class _Loop:
         for g in gaps.tolist():
             self.m.token_staleness.observe(g)
         count_correction(self.m, out.correction, reference, int(batch.loss_mask.sum()))
-        count_ewma_reset(self.m, out.ewma_reset_reason)
+        count_ewma_reset(self.m, out.ewma_reset_reason, out.ewma_reset_outcome)
         count_old_logits(self.m, out, reference)
         self.version += 1
         self.hosts.weights = weights_ref

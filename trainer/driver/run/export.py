@@ -26,6 +26,7 @@ from asyncrl.trainer.export import (
     model_files,
     write_hf_folder,
 )
+from asyncrl.trainer.export_lora import export_lora_checkpoint
 
 
 def find_job_file(path: Path) -> Path | None:
@@ -97,10 +98,20 @@ def resolve_checkpoint(path: Path, job: AsyncRLJob | None) -> Resolved:
 
 def export_checkpoint(path: Path, out: Path, *, job: AsyncRLJob | None = None, dtype: ExportDtype = "float32",
                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
-                      progress: bool = False) -> ExportResult:
-    """``asyncrl export``: the newest complete checkpoint of a run directory (or a checkpoint) -> ``out``."""
+                      progress: bool = False, merged: bool = False) -> ExportResult:
+    """``asyncrl export``: the newest complete checkpoint of a run directory (or a checkpoint) -> ``out``.
+
+    A LoRA run (``spec.model.lora``) exports a peft adapter folder, or with ``merged`` the full HF folder
+    (:mod:`asyncrl.trainer.export_lora`); ``merged`` changes nothing for a full fine-tuning run."""
     resolved = resolve_checkpoint(path, job)
     files = model_files(resolved.job.spec)
+    if resolved.job.spec.model.lora is not None:
+        result = export_lora_checkpoint(
+            resolved.checkpoint, resolved.job.spec, files, out, merged=merged, overwrite=overwrite,
+            provenance={"job": resolved.job.metadata.name, "checkpoint": str(resolved.checkpoint),
+                        "skipped": resolved.skipped},
+            dtype=dtype, max_shard_bytes=max_shard_bytes, progress=progress)
+        return replace(result, skipped=resolved.skipped)
     hf, version = checkpoint_weights(resolved.checkpoint, files)
     result = write_hf_folder(hf, files, out, version=version, dtype=dtype, max_shard_bytes=max_shard_bytes,
                              overwrite=overwrite, progress=progress,

@@ -23,6 +23,7 @@ from asyncrl.api.correction import ReferencePolicy
 from asyncrl.rollout.agent.limits import REFUSAL_REASONS, REFUSED_HELP, REFUSED_METRIC
 from asyncrl.rollout.envs.runner import ENV_ERROR_REASONS
 from asyncrl.trainer.correction.ewma_controller import ResetReason
+from asyncrl.trainer.correction.ewma_reset import Outcome
 
 REFERENCES = tuple(r.value for r in ReferencePolicy)
 TRAJECTORY_STATUSES = ("finished", "truncated", "aborted")
@@ -31,6 +32,7 @@ CLIP_SIDES = ("low", "high", "dual")
 TOKEN_KINDS = ("prompt", "sampled", "environment")
 # The EWMA controller's own reason names (paper §6.5 keep-ratio rule, or an explicit reset).
 EWMA_RESET_REASONS: tuple[str, ...] = get_args(ResetReason)
+EWMA_RESET_OUTCOMES: tuple[str, ...] = get_args(Outcome)
 # spec.monitoring.maskGuard: warnKeepRatio -> warning, criticalKeepRatio -> critical (the alerts' severities).
 MASK_GUARD_SEVERITIES = ("warning", "critical")
 # Interrupt-sync phases of an update v -> v+1 (oldLogits.strategy interruptSync); idle between updates.
@@ -81,8 +83,12 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("nonfinite_losses", "counter", "asyncrl_nonfinite_losses_total",
               "Steps whose loss was NaN/Inf; the step is skipped (no weight update) and the batch is logged."),
     MetricDef("ewma_resets", "counter", "asyncrl_ewma_resets_total",
-              "Resets of the PPO-EWMA reference theta_prox to the current weights, by reason.",
+              "Resets of the PPO-EWMA reference theta_prox (to the current weights, or under reset.rule recentre to the average of the weights that sampled the batch), by reason.",
               labels=(("reason", EWMA_RESET_REASONS),)),
+    MetricDef("ewma_reset_outcomes", "counter", "asyncrl_ewma_reset_outcomes_total",
+              "EWMA reference resets by outcome, counted W = async.maxStaleness versions after each: recovered "
+              "(the in-bounds ratio of r_d reached the reset's threshold in one of those versions) or unrecovered.",
+              labels=(("outcome", EWMA_RESET_OUTCOMES),)),
     MetricDef("trajectories", "counter", "asyncrl_trajectories_total",
               "Trajectories returned by rollout workers, by how they ended.",
               labels=(("status", TRAJECTORY_STATUSES),)),
@@ -221,6 +227,14 @@ CATALOGUE: tuple[MetricDef, ...] = (
     MetricDef("in_bounds_ratio", "gauge", "asyncrl_in_bounds_ratio",
               "Share of the last batch's valid tokens whose r_d lies inside correction.mask.bounds, whatever "
               "mask.mode (the statistic of the EWMA reset rule)."),
+    MetricDef("route_flip_tokens", "counter", "asyncrl_route_flip_tokens_total",
+              "Trained tokens whose replayed MoE routes (correction.routingReplay) the training forward's own "
+              "router would have changed in at least one layer.",
+              ratio="route-flip share = route_flip_tokens / route_replayed_tokens"),
+    MetricDef("route_replayed_tokens", "counter", "asyncrl_route_replayed_tokens_total",
+              "Trained tokens whose training forward replayed MoE routes (correction.routingReplay rollout or "
+              "oldLogits; 0 without replay).",
+              ratio="denominator of the route-flip share"),
     MetricDef("oldlogits_lag", "gauge", "asyncrl_oldlogits_lag_versions",
               "How many versions the dedicated old-logit scorers trail the actor at the last step "
               "(oldLogits.strategy dedicated; bounded by maxLagVersions)."),

@@ -16,6 +16,7 @@ for an applied step (the new version), as before, and ``applied`` says so explic
 """
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,8 +94,16 @@ def _actor_part(a: ActorStep) -> dict[str, Any]:
         "updates": m.updates, "updates_applied": m.updates_applied, "updates_skipped": m.updates_skipped,
         "micro_batches": m.micro_batches, "loss_last": m.loss_last, "grad_norm_last": m.grad_norm_last,
         "in_bounds_ratio": m.in_bounds_ratio,
+        "learning_rate": m.learning_rate,
+        # routing replay: share of trained tokens whose replayed routes the training forward's router would change
+        **({"route_flip_frac": m.route_flips / m.route_tokens, "route_replayed_tokens": m.route_tokens}
+           if m.route_tokens else {}),
         **m.correction.record(), **(m.audit.record() if m.audit is not None else {}),
     }
+    if not math.isnan(m.ewma_reset_threshold):  # the ewma reference's reset rule (none before its warm-up)
+        out["ewma_reset_threshold"] = round(m.ewma_reset_threshold, 6)
+    if m.ewma_reset_outcome:  # an earlier reset's outcome, decided W versions after it
+        out["ewma_reset_outcome"] = m.ewma_reset_outcome
     if m.applied:
         out["weights_publish_s"] = round(a.publish_seconds, 4)
     else:

@@ -133,6 +133,8 @@ class StatusReporter:
         self.window = ReportWindow()
         self.policy_version = 0
         self.ewma_resets = 0
+        self.ewma_resets_recovered: int | None = None  # None: not the ewma reference
+        self.ewma_resets_unrecovered: int | None = None
         self.env_errors = 0
         self.last_checkpoint: str | None = None
         self.last_checkpoint_version: int | None = None
@@ -179,6 +181,9 @@ class StatusReporter:
         self.policy_version = event.version
         self.window.add(event)
         self.ewma_resets += int(event.actor.metrics.ewma_reset)
+        if event.actor.metrics.reference == "ewma":  # the reset outcomes' running totals
+            self.ewma_resets_recovered = event.actor.metrics.ewma_resets_recovered_total
+            self.ewma_resets_unrecovered = event.actor.metrics.ewma_resets_unrecovered_total
         self.env_errors = event.env_errors  # a running total
         if event.checkpoint:
             self.last_checkpoint = event.checkpoint
@@ -191,7 +196,9 @@ class StatusReporter:
         """The summary a report sent now would carry."""
         return TrainingSummary(
             policy_version=self.policy_version, keep_ratio=self.window.keep_ratio,
-            clip_fraction=self.window.clip_fraction, ewma_resets=self.ewma_resets, env_errors=self.env_errors,
+            clip_fraction=self.window.clip_fraction, ewma_resets=self.ewma_resets,
+            ewma_resets_recovered=self.ewma_resets_recovered, ewma_resets_unrecovered=self.ewma_resets_unrecovered,
+            env_errors=self.env_errors,
             staleness_max=self.window.staleness_max, sync_phase=self.sync_phase,
             sync_phase_since=self.sync_phase_since, last_checkpoint=self.last_checkpoint,
             last_checkpoint_version=self.last_checkpoint_version, last_export=self.last_export,

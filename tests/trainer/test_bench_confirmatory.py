@@ -1,0 +1,90 @@
+"""The confirmatory analysis (bench/paper/confirm_report.py) and the page's new statistics (stats.welch, holm,
+pearson), against hand-derived values; records at another scale are refused."""
+
+import math
+from types import ModuleType
+
+import pytest
+
+from tests.support.helpers import paper_module
+
+
+@pytest.fixture(scope="module")
+def st() -> ModuleType:
+    return paper_module("stats")
+
+
+@pytest.fixture(scope="module")
+def cr() -> ModuleType:
+    return paper_module("confirm_report")
+
+
+def test_holm_by_hand(st: ModuleType) -> None:
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01 = 0.03, 2 x 0.03 = 0.06, max(0.06, 1 x 0.04) = 0.06
+    assert st.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06], abs=1e-15)
+    assert st.holm([0.5, 0.9]) == [1.0, 1.0]
+    out = st.holm([0.02, math.nan])
+    assert out[0] == 0.02 and math.isnan(out[1])  # a NaN is not a member of the family
+
+
+def test_welch_by_hand(st: ModuleType) -> None:
+    # a = 1, 2, 3: mean 2, var 1; b = 2, 4, 6, 8: mean 5, var 20/3. se^2 = 1/3 + 5/3 = 2, t = -3 / sqrt 2;
+    # dof = 2^2 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 4 / (1/18 + 25/27) = 216 / 53
+    w = st.welch([1, 2, 3], [2, 4, 6, 8])
+    assert w.diff == -3.0 and w.t == pytest.approx(-3 / math.sqrt(2), rel=1e-12)
+    assert w.dof == pytest.approx(216 / 53, rel=1e-12)
+    assert st.t_two_sided_p(w.t, 5) < w.p < st.t_two_sided_p(w.t, 4)  # between the integer dofs around 4.08
+    assert w.half_width == pytest.approx(st.t_quantile_975(216 / 53) * math.sqrt(2), rel=1e-9)
+
+
+def test_pearson_by_hand(st: ModuleType) -> None:
+    # deviations (-1, 0, 1) and (-7/3, -1/3, 8/3): r = 5 / sqrt(2 * 114 / 9)
+    assert st.pearson([1, 2, 3], [2, 4, 7]) == pytest.approx(5 / math.sqrt(2 * 114 / 9), rel=1e-12)
+    assert math.isnan(st.pearson([1, 2], [3, 4]))
+
+
+def _rec(curve: dict[int, float], *, lr: float = 3e-4, actor: object = 3e-4, steps: int = 40, arm: str = "exact",
+         seed: int = 10, reset_versions: tuple[int, ...] = (), outcomes: dict[int, str] | None = None) -> dict:
+    stp = [{"version": v, "in_bounds_ratio": 0.5, **({"ewma_reset": 1} if v in reset_versions else {}),
+            **({"ewma_reset_outcome": (outcomes or {})[v]} if v in (outcomes or {}) else {})} for v in range(1, steps + 1)]
+    return {"eval_curve": [{"version": v, "success": s} for v, s in curve.items()], "scale": {"steps": steps, "learning_rate": lr},
+            "actor_learning_rate": actor, "steps": stp, "arm": arm, "seed": seed, "keep_ratio_mean": 0.5,
+            "load_avg_start": [1.0, 1.0, 1.0], "load_avg_end": [1.0, 1.0, 1.0], "wall_s": 30.0}
+
+
+def test_primary_endpoint_is_the_second_half_mean_minus_v0(cr: ModuleType) -> None:
+    # versions >= 20 of 40: (0.5 + 0.6 + 0.7) / 3 - 0.3 = 0.3
+    assert cr.endpoint(_rec({0: 0.3, 10: 0.9, 20: 0.5, 30: 0.6, 40: 0.7})) == pytest.approx(0.3, abs=1e-12)
+
+
+def test_the_test_is_paired_only_when_the_arms_correlate(cr: ModuleType) -> None:
+    a = {10: 0.10, 11: 0.20, 12: 0.30, 13: 0.40}
+    assert cr.compare(a, {k: v - 0.05 for k, v in a.items()}).name == "paired t"  # r = 1
+    anti = {10: 0.40, 11: 0.30, 12: 0.20, 13: 0.10}
+    t = cr.compare(a, anti)
+    assert t.name == "Welch t" and t.r == pytest.approx(-1.0)
+
+
+def test_reading_rules(cr: ModuleType) -> None:
+    t = cr.Test("Welch t", 0.001, -0.015, 0.017, 0.1, 20.0, 0.9, 12, 12, 0.0)
+    assert cr.reading(t, 0.9, +1) == "no effect at this scale"
+    wide = cr.Test("Welch t", 0.03, -0.01, 0.07, 1.5, 20.0, 0.15, 12, 12, 0.0)
+    assert cr.reading(wide, 0.3, +1) == "not resolved"
+    assert cr.reading(wide, 0.01, +1) == "held" and cr.reading(wide, 0.01, -1) == "reversed"
+
+
+def test_a_record_at_another_learning_rate_is_refused(cr: ModuleType) -> None:
+    cr.check_scale(_rec({0: 0.3}), 3e-4, "ok")
+    with pytest.raises(cr.ScaleMismatch, match="learning rate"):
+        cr.check_scale(_rec({0: 0.3}, lr=1e-4, actor=1e-4), 3e-4, "x")
+    with pytest.raises(cr.ScaleMismatch, match="optimizer"):
+        cr.check_scale(_rec({0: 0.3}, actor=1e-3), 3e-4, "x")  # the spec said 3e-4, the optimizer ran 1e-3
+    with pytest.raises(cr.ScaleMismatch, match="interrupted"):
+        bad = _rec({0: 0.3})
+        bad["steps"] = bad["steps"][:5]
+        cr.check_scale(bad, 3e-4, "x")
+
+
+def test_reset_events(cr: ModuleType) -> None:
+    r = _rec({0: 0.3}, reset_versions=(4, 7, 20), outcomes={7: "unrecovered", 10: "unrecovered", 23: "recovered"})
+    assert cr.reset_events(r) == {"resets": 3, "recovered": 1, "unrecovered": 2, "followed": 1}
