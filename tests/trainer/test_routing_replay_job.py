@@ -47,8 +47,7 @@ def test_exact_strategies_with_replay_keep_rd_at_one(ray_session: None, strategy
               f"flips {r['route_flip_frac']:.3f} of {r['route_replayed_tokens']:.0f}")
         assert r["route_replayed_tokens"] > 0
         assert abs(r["rd_min"] - 1.0) < 1e-5 and abs(r["rd_max"] - 1.0) < 1e-5, (strategy, r)
-    if strategy != "interruptSync":  # trajectories spanning versions were scored
-        assert any(r["partial_frac"] > 0 for r in result.steps)
-    # interruptSync: its windows fell between this short task's episodes in the measured run (no partial batch);
-    # its cross-version scoring is the SegmentScorer's, tested on three-version trajectories in
-    # tests/trainer/test_routing_replay_exact.py
+    # Whether a trajectory here spans versions depends on how the rollout and the actor interleave (the merged
+    # tree's slow run had none for snapshot, where the helper's run had some): when it does, the r_d bound above
+    # covers it. The cross-version case itself is forced, for every exact strategy's scoring path, on
+    # three-version trajectories in tests/trainer/test_routing_replay_exact.py.
