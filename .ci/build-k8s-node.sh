@@ -47,27 +47,21 @@ if [ "$have_all" = 0 ]; then
   echo "built ${BINS[*]} in $(( $(date +%s) - start )) s" >&2
 fi
 
-CDNS="$CACHE/coredns-$COREDNS_V"
-if [ ! -x "$CDNS" ]; then
-  echo "building CoreDNS $COREDNS_V (one time per machine) ..." >&2
-  start=$(date +%s)
-  G="$(mktemp -d)"
-  GOBIN="$G" "${NICE[@]}" go install -trimpath -ldflags '-s -w' "github.com/coredns/coredns@$COREDNS_V" >&2
-  mv "$G/coredns" "$CDNS"; rm -rf "$G"
-  echo "built CoreDNS in $(( $(date +%s) - start )) s" >&2
-fi
-ln -sfn "coredns-$COREDNS_V" "$CACHE/coredns"
-
+go_tool() {  # go_tool NAME MODULE@VERSION : one binary from Go modules, once per machine, as $CACHE/NAME-VERSION
+  local name=$1 pkg=$2 version=${2##*@} dest G start
+  dest="$CACHE/$name-$version"
+  if [ ! -x "$dest" ]; then
+    echo "building $name $version (one time per machine) ..." >&2
+    start=$(date +%s)
+    G="$(mktemp -d)"
+    GOBIN="$G" "${NICE[@]}" go install -trimpath -ldflags '-s -w' "$pkg" >&2
+    mv "$G/$name" "$dest"; rm -rf "$G"
+    echo "built $name in $(( $(date +%s) - start )) s" >&2
+  fi
+  ln -sfn "$name-$version" "$CACHE/$name"
+}
+go_tool coredns "github.com/coredns/coredns@$COREDNS_V"
 # Prometheus with Kubernetes service discovery (Debian's package is built without it): the cluster test scrapes
-# the pods as the chart's PodMonitor declares (tests/support/cluster_prometheus.py). ~10 min once.
-PROM="$CACHE/prometheus-$PROM_V"
-if [ ! -x "$PROM" ]; then
-  echo "building Prometheus ($PROM_V, one time per machine) ..." >&2
-  start=$(date +%s)
-  G="$(mktemp -d)"
-  GOBIN="$G" "${NICE[@]}" go install -trimpath -ldflags '-s -w' "github.com/prometheus/prometheus/cmd/prometheus@$PROM_V" >&2
-  mv "$G/prometheus" "$PROM"; rm -rf "$G"
-  echo "built Prometheus in $(( $(date +%s) - start )) s" >&2
-fi
-ln -sfn "prometheus-$PROM_V" "$CACHE/prometheus"
+# the pods as the chart's PodMonitor declares (tests/support/cluster_prometheus.py). ~60 min once at load 40-100.
+go_tool prometheus "github.com/prometheus/prometheus/cmd/prometheus@$PROM_V"
 echo "$CACHE"
