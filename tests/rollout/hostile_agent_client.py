@@ -96,9 +96,8 @@ def slowloris(n: int = 40) -> dict[str, Any]:
     for c in conns:
         c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
     statuses: list[int] = []
-    for _ in range(150):  # 30 s at most
-        if not conns:
-            break
+    deadline = time.monotonic() + 30  # bounded by time, not by select calls: one call may return a single socket
+    while conns and time.monotonic() < deadline:
         readable, _, _ = select.select(conns, [], [], 0.2)
         for c in readable:
             data = c.recv(4096)
@@ -125,9 +124,8 @@ def flood(n: int = 300) -> dict[str, Any]:
         except OSError:
             break
     statuses: list[int] = []
-    for _ in range(150):  # 30 s at most
-        if not conns:
-            break
+    deadline = time.monotonic() + 30  # bounded by time, not by select calls: one call may return a single socket
+    while conns and time.monotonic() < deadline:
         readable, _, _ = select.select(conns, [], [], 0.2)
         for c in readable:
             try:
