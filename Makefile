@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := api trainer rollout operator
 
-.PHONY: run test test-slow test-vllm vllm-env lint typecheck tools venv clean \
+.PHONY: run test test-fast test-slow test-vllm vllm-env lint typecheck tools venv clean \
 	cluster-node cluster-images cluster-up cluster-down test-cluster
 
 # The dependencies are installed once per machine and set of pins (cached outside the clone, keyed by their
@@ -39,7 +39,12 @@ lint: venv
 
 # The suite without the slow end-to-end tests (real Prometheus over real runs, multi-raylet Ray,
 # SmolLM2, the operator bench); .ci/run runs those too (make test-slow).
-test: lint tools
+# lint (ruff + mypy, one core for ~1 min) runs beside the tests, which leave the second core idle much of the time;
+# either failing fails `make test`.
+test: venv tools
+	$(MAKE) --no-print-directory -j2 lint test-fast
+
+test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not cluster" --durations=15
 
 test-slow: venv tools
