@@ -132,3 +132,43 @@ def test_history_rejects_a_negative_window() -> None:
     with pytest.raises(ValueError, match="window"):
         ResidualHistory(-1)
     assert math.isclose(RESIDUAL_UNIT_ROUNDOFF, 1 / 256)
+
+
+@pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
+def test_the_actor_checkpoints_the_residuals_and_resumes_them(tmp_path) -> None:
+    # The default rule (recentre) through the megatron actor's own save/load: bf16 tensors under int versions.
+    from asyncrl.api.job import AsyncRLJobSpec
+    from asyncrl.trainer.actor.batch import TrainBatch
+    from asyncrl.trainer.actor.megatron_actor import MegatronActor
+
+    spec = AsyncRLJobSpec.model_validate({
+        "correction": {"reference": "ewma"}, "async": {"maxStaleness": 2},
+        "model": {"preset": "tiny-llama", "hiddenSize": 32, "numLayers": 1, "ffnHiddenSize": 64},
+        "task": {"temperature": 1.0}, "train": {"learningRate": 1e-2, "seed": 3}})
+    assert spec.correction.ewma.reset.rule == "recentre"
+
+    def batch(actor: MegatronActor, seed: int, version: int) -> TrainBatch:
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, 40, (4, 10), generator=g)
+        mask = torch.zeros(4, 10, dtype=torch.bool)
+        mask[:, 3:] = True
+        logp_mu = (actor.logprobs(tokens) + 0.05 * torch.randn(4, 10, generator=g)) * mask
+        versions = torch.where(mask, torch.full((4, 10), version), torch.full((4, 10), -1))
+        adv = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None].expand(4, 10).contiguous()
+        turns = torch.where(mask, torch.zeros(4, 10, dtype=torch.long), torch.full((4, 10), -1))
+        return TrainBatch(tokens, mask, logp_mu, versions, adv, turns)
+
+    actor = MegatronActor.from_spec(spec, 40, num_threads=torch.get_num_threads())
+    for v in range(3):
+        actor.train_step(batch(actor, v, v))
+    history = actor.old_logits.controller.history
+    assert history is not None and sorted(history.entries) == [2, 3]  # the last W = 2 versions
+    actor.save_checkpoint(str(tmp_path / "ckpt"))
+    fresh = MegatronActor.from_spec(spec, 40, num_threads=torch.get_num_threads())
+    fresh.load_checkpoint(str(tmp_path / "ckpt"))
+    restored = fresh.old_logits.controller.history
+    assert restored is not None and sorted(restored.entries) == [2, 3]
+    for v, entry in history.entries.items():
+        assert entry.residual is not None and restored.entries[v].total == entry.total
+        for name, e in entry.residual.items():
+            assert e.dtype == torch.bfloat16 and torch.equal(restored.entries[v].residual[name], e), (v, name)
