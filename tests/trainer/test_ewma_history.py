@@ -85,8 +85,10 @@ def test_a_reset_to_the_weights_starts_the_history_and_a_recentre_reset_clears_i
     assert ctl.update(ws[4], 0.1, version=4).reset  # no token_versions: the paper's target, theta_4
     assert ctl.history is not None and ctl.history.held(5) == {4, 5}
     torch.testing.assert_close(ctl.params["w"], ws[4]["w"], rtol=0, atol=0)
-    ctl.reset(ws[5])  # manual, at the last version seen (4): a start there
-    assert ctl.history.held(5) == {4, 5}
+    ctl.reset(ws[5])  # manual: between versions, so no version's weights: cleared
+    assert ctl.history.entries == {} and ctl.history.held(5) == {5}
+    ctl.update(ws[5], 0.9, version=5)
+    assert ctl.history.held(6) == {5, 6}  # recorded again from the next version on
     # a recentre reset clears it (the cooldown keeps the next reset W + k versions away)
     ctl2 = EwmaController(decay=0.5, max_staleness=2, rule="recentre", consecutive_steps=1)
     ctl2.init(ws[0], version=0)

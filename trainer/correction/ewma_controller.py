@@ -232,7 +232,10 @@ class EwmaController:
         if reason == "manual":
             self.rule.fired(self.rule.threshold())
         self._blend(current, 0.0)
-        self._started()
+        if self.history is not None:
+            # ``params`` need not be any version's weights (a manual reset comes between versions); the cooldown
+            # keeps the next reset W + k versions away, so it never needs the versions before this one.
+            self.history.clear()
         self.resets += 1
         self.last_reset_reason = reason
         return EwmaStepReport(True, reason, streak, 0.0, self.total_weight, self.step, self.rule.threshold())
