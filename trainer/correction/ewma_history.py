@@ -76,6 +76,9 @@ class ResidualHistory:
         """Before the blend of ``version``: ``e = current - prox_before`` (fp32, then rounded), ``N = new_total``;
         keeps the last ``window`` versions (those a reset at the next version can average)."""
         v = int(version)
+        if self.window == 0:  # W = 0: a reset averages the live weights alone
+            self.entries.clear()
+            return
         residual = {k: (current[k].detach().to(device=p.device, dtype=torch.float32) - p).to(self.dtype)
                     for k, p in prox_before.items() if p.is_floating_point()}
         self.entries[v] = _Entry(float(new_total), residual)
