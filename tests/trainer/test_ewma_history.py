@@ -174,3 +174,9 @@ def test_the_actor_checkpoints_the_residuals_and_resumes_them(tmp_path) -> None:
         assert entry.residual is not None and restored.entries[v].total == entry.total
         for name, e in entry.residual.items():
             assert e.dtype == torch.bfloat16 and torch.equal(restored.entries[v].residual[name], e), (v, name)
+
+
+def test_with_the_reset_off_no_history_is_kept() -> None:
+    ctl = EwmaController(decay=0.5, max_staleness=3, rule="recentre", reset_enabled=False)
+    ctl.init(_walk(1, 0, 0)[0], version=0)
+    assert ctl.history is None

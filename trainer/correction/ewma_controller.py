@@ -124,8 +124,10 @@ class EwmaController:
         self.rule = ResetRule(rule=rule, keep_ratio_below=keep_ratio_below, consecutive_steps=consecutive_steps,
                               window=max_staleness, margin=margin, enabled=reset_enabled)
         self.params: dict[str, Tensor] = {}
-        # recentre: the last W versions' EWMA residuals (bf16), to rebuild their weights; None for the other rules.
-        self.history: ResidualHistory | None = ResidualHistory(max_staleness) if rule == "recentre" else None
+        # recentre: the last W versions' EWMA residuals (bf16), to rebuild their weights; None for the other rules
+        # and with the reset off (nothing would read them).
+        self.history: ResidualHistory | None = (ResidualHistory(max_staleness) if rule == "recentre" and reset_enabled
+                                                else None)
         self.version: int | None = None  # the policy version of the last weights seen
         self.total_weight = 1.0
         self.step = 0
