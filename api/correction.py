@@ -249,7 +249,7 @@ class EwmaResetSpec(SpecModel):
         "toward the next streak; recentre: the threshold is the reference's own running in-bounds level minus "
         "margin (keepRatioBelow unused), with the same cooldown, and "
         "the reset moves theta_prox to the average of the weights that sampled the batch's tokens "
-        "(keeps the last maxStaleness + 2 versions' weights).",
+        "(keeps the last maxStaleness versions as bfloat16 residuals of the EWMA: maxStaleness/2 weight copies).",
     )
     margin: float = Field(
         default=0.1,

@@ -343,7 +343,28 @@ def default_decision(data: Path) -> str:
     return ("**Default reset rule (the plan's rule).** " + "; ".join(parts) + f"; H3 {t.diff:+.3f} "
             f"[{t.low:+.3f}, {t.high:+.3f}]: " + ("the criterion holds, so `recentre` is the default `reset.rule` "
                                                    "(the paper's rule stays available as `rule: paper`)." if ok else
-                                                   "the criterion does not hold, so `paper` stays the default."))
+                                                   "the criterion does not hold, so `paper` stays the default.")
+            + memory_note(data))
+
+
+def memory_note(data: Path) -> str:
+    """What the recentre history costs since it became the default, from ``bench/ewma_history_memory.py``'s record."""
+    path = data / "ewma_history_memory.json"
+    if not path.exists():
+        return ""
+    rec = json.loads(path.read_text())
+    smol = next(m for m in rec["models"] if m["name"] == "SmolLM2-135M")
+    at3 = next(b for b in smol["bytes"] if b["W"] == 3)
+    err = {r["lr"]: r for r in rec["errors"] if r["W"] == 3}
+    lo, hi = err[min(err)], err[max(err)]
+    return (" Its memory: these runs kept the last W + 2 versions as fp32 copies (5 weight copies at W = 3, in memory "
+            "and in every checkpoint, as heavy as the exact snapshot); `recentre` now keeps the last W versions as "
+            "bf16 residuals of the EWMA (`trainer/correction/ewma_history.py`: W/2 copies, 1.5 at W = 3; SmolLM2-135M's "
+            f"EWMA state {at3['state_before'] / 2**20:,.0f} -> {at3['state_after'] / 2**20:,.0f} MiB) and rebuilds the "
+            "same target within 2^-8 of the residuals (max abs difference from a float64 reference "
+            f"{lo['residuals_bf16']:.1e} at lr {lo['lr']:g}, {hi['residuals_bf16']:.1e} at {hi['lr']:g}, against "
+            f"{lo['movement']:.0e} and {hi['movement']:.0e} of movement per version; `bench/ewma_history_memory.py`): "
+            "an implementation change below the runs' resolution, not a change of the rule.")
 
 
 def storm_text(data: Path) -> str:

@@ -146,3 +146,19 @@ def test_dedicated_and_interrupt_sync_columns_come_from_their_summaries() -> Non
                          {"interrupt_sync": {"syncs": 3, "phase_s": {"score": 0.6}}}, WEIGHTS, WEIGHTS, 2)
     assert sync.stall_s == pytest.approx(0.8, abs=1e-12) and sync.stall_phases_s["score"] == pytest.approx(0.2)
     assert sync.extra_memory_bytes == 2 * WEIGHTS and sync.switch_s is None  # no scorer_load_s in the summary
+
+
+@pytest.mark.parametrize(("reset", "copies"), [({}, 2.0), ({"rule": "paper"}, 1.0), ({"enabled": False}, 1.0)])
+def test_the_ewma_memory_count_sees_the_recentre_residuals(reset: dict[str, Any], copies: float) -> None:
+    # W = 2: theta_prox (1 copy) + the default recentre rule's 2 bf16 residuals (2 x 1/2 copy) = 2 copies; the
+    # other rules keep theta_prox alone. Before, one unversioned update left the history empty: 1.000 x always.
+    from asyncrl.api.validation import validate_job
+
+    doc = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "m"},
+           "spec": {"correction": {"reference": "ewma", "ewma": {"reset": reset}}, "async": {"maxStaleness": 2},
+                    "model": {"preset": "tiny-llama"}}}
+    spec = validate_job(doc).spec
+    assert bench.ewma_copies_expected(spec) == copies
+    assert bench.ewma_held_bytes(spec) == copies * bench.weight_bytes_of(spec)
+    found = {t.name: t for t in bench.targets([], 1000, int(copies * 1000), copies)}
+    assert all(t.met for n, t in found.items() if n.startswith("ewma holds exactly"))

@@ -107,7 +107,7 @@ def test_a_truncated_checkpoint_and_a_torn_log_line_resume_from_the_last_good_on
 
 def test_a_full_disk_names_its_error_and_leaves_nothing_temporary(tmp_path: Path) -> None:
     job = _job(tmp_path, steps=4, every=2)
-    with small_filesystem(tmp_path / "fs", size_mib=32) as fs:  # the default reset rule (recentre) checkpoints W+2 weight copies too
+    with small_filesystem(tmp_path / "fs", size_mib=32) as fs:  # the default reset rule (recentre) checkpoints W bf16 residuals too
         run_dir = fs / "run"
         filler = fill(fs, leave_bytes=2 << 20)  # the log fits, the checkpoint at step 2 does not
         code, out = _run(job, run_dir)

@@ -37,7 +37,9 @@ here) -- stays below ``tau`` for ``k`` consecutive versions, ``theta_prox`` is r
 weights (reason ``keep_ratio_collapse``); :meth:`EwmaController.reset` does it on demand (``manual``).
 That is ``reset.rule: paper``; ``paperCooldown`` adds a W-version cooldown and ``recentre`` an adaptive
 threshold and a reset to the average of the weights that sampled the batch's tokens
-(:mod:`asyncrl.trainer.correction.ewma_reset`, which also decides whether each reset recovered).
+(:mod:`asyncrl.trainer.correction.ewma_reset`, which also decides whether each reset recovered); the
+weights it averages are rebuilt from bfloat16 residuals of this EWMA (:mod:`asyncrl.trainer.correction.ewma_history`:
+``W / 2`` fp32 copies' worth, not ``W + 2`` copies).
 
 Parameters are kept in fp32 whatever the model's dtype; only floating-point tensors are
 averaged, others (integer buffers) follow the current value.
@@ -51,13 +53,8 @@ import torch
 from torch import Tensor, nn
 
 from asyncrl.api.correction import EwmaSpec
-from asyncrl.trainer.correction.ewma_reset import (
-    Outcome,
-    ResetRule,
-    Rule,
-    next_batch_versions,
-    recentre_weights,
-)
+from asyncrl.trainer.correction.ewma_history import ResidualHistory
+from asyncrl.trainer.correction.ewma_reset import Outcome, ResetRule, Rule, next_batch_versions
 
 ResetReason = Literal["keep_ratio_collapse", "manual"]
 # Forgetting factor of the measured gap: weight GAP_MEMORY**age per batch, centre of mass
@@ -127,8 +124,11 @@ class EwmaController:
         self.rule = ResetRule(rule=rule, keep_ratio_below=keep_ratio_below, consecutive_steps=consecutive_steps,
                               window=max_staleness, margin=margin, enabled=reset_enabled)
         self.params: dict[str, Tensor] = {}
-        # recentre: the weights of the last W + 2 versions (fp32), by version; empty for the other rules.
-        self.history: dict[int, dict[str, Tensor]] = {}
+        # recentre: the last W versions' EWMA residuals (bf16), to rebuild their weights; None for the other rules
+        # and with the reset off (nothing would read them).
+        self.history: ResidualHistory | None = (ResidualHistory(max_staleness) if rule == "recentre" and reset_enabled
+                                                else None)
+        self.version: int | None = None  # the policy version of the last weights seen
         self.total_weight = 1.0
         self.step = 0
         self.resets = 0
@@ -189,16 +189,16 @@ class EwmaController:
         version (kept for the recentre rule)."""
         self.params = {k: self._copy(v) for k, v in _as_dict(params).items()}
         self.total_weight = 1.0
-        self.history = {}
-        self._remember(version, _as_dict(params))
+        self.version = None if version is None else int(version)
+        self._started()
 
-    def _remember(self, version: int | None, current: Mapping[str, Tensor]) -> None:
-        """Keep the weights of ``version`` for the recentre rule (the last W + 2 versions)."""
-        if self.rule.rule != "recentre" or version is None:
-            return
-        self.history[int(version)] = {k: self._copy(v) for k, v in current.items()}
-        for old in [v for v in self.history if v < int(version) - self.max_staleness - 1]:
-            del self.history[old]
+    def _started(self) -> None:
+        """``theta_prox`` now equals the weights of ``self.version``: the recentre history starts there."""
+        if self.history is not None:
+            if self.version is None:
+                self.history.clear()
+            else:
+                self.history.start(self.version)
 
     @staticmethod
     def _copy(v: Tensor) -> Tensor:
@@ -234,6 +234,10 @@ class EwmaController:
         if reason == "manual":
             self.rule.fired(self.rule.threshold())
         self._blend(current, 0.0)
+        if self.history is not None:
+            # ``params`` need not be any version's weights (a manual reset comes between versions); the cooldown
+            # keeps the next reset W + k versions away, so it never needs the versions before this one.
+            self.history.clear()
         self.resets += 1
         self.last_reset_reason = reason
         return EwmaStepReport(True, reason, streak, 0.0, self.total_weight, self.step, self.rule.threshold())
@@ -243,13 +247,14 @@ class EwmaController:
                   version: int | None) -> bool:
         """theta_prox <- the token-weighted average of the sampling versions' weights (one version
         younger), total weight at its steady state; False (nothing done) when none of them is held."""
-        if token_versions is None or version is None:
+        if token_versions is None or version is None or self.history is None:
             return False
-        target = recentre_weights(self.history, next_batch_versions(token_versions, int(version)))
-        if target is None:
+        if not self.history.centroid_into(self.params, current, next_batch_versions(token_versions, int(version)),
+                                          int(version)):
             return False
-        for k, p in self.params.items():
-            p.copy_(target[k].to(p.dtype) if p.is_floating_point() else current[k])
+        # theta_prox is no version's weights now; the cooldown keeps the next reset W + k versions away, so
+        # it only averages versions recorded after this one.
+        self.history.clear()
         beta = self.decay
         self.total_weight = 1.0 / (1.0 - beta)
         return True
@@ -271,7 +276,7 @@ class EwmaController:
         current = _as_dict(params)
         self._check_keys(current)
         self.step += 1
-        self._remember(version, current)
+        self.version = None if version is None else int(version)
         decided = self.rule.observe(None if keep_ratio is None else float(keep_ratio))
         if decided.fire:
             reason: ResetReason = "keep_ratio_collapse"
@@ -281,11 +286,17 @@ class EwmaController:
                 return EwmaStepReport(True, reason, decided.streak, 0.0, self.total_weight, self.step,
                                       decided.threshold, decided.outcomes)
             self._blend(current, 0.0)
+            self._started()
             self.resets += 1
             self.last_reset_reason = reason
             return EwmaStepReport(True, reason, decided.streak, 0.0, self.total_weight, self.step,
                                   decided.threshold, decided.outcomes)
         beta = self.decay
+        if self.history is not None:
+            if version is None:
+                self.history.clear()
+            else:
+                self.history.record(int(version), current, self.params, beta * self.total_weight + 1.0)
         self._blend(current, beta)
         return EwmaStepReport(False, None, decided.streak, beta, self.total_weight, self.step, decided.threshold,
                               decided.outcomes)
@@ -302,7 +313,8 @@ class EwmaController:
             "total_weight": self.total_weight,
             "streak": self.streak,
             "rule": self.rule.state_dict(),
-            "history": {v: {k: t.clone() for k, t in p.items()} for v, p in self.history.items()},
+            "residuals": None if self.history is None else self.history.state_dict(),
+            "version": self.version,
             "step": self.step,
             "resets": self.resets,
             "last_reset_reason": self.last_reset_reason,
@@ -317,7 +329,13 @@ class EwmaController:
             self.rule.load_state_dict(state["rule"])
         else:  # written before the reset rules: the paper's counter only
             self.rule.streak = int(state["streak"])
-        self.history = {int(v): {k: t.clone() for k, t in p.items()} for v, p in state.get("history", {}).items()}
+        self.version = None if state.get("version") is None else int(state["version"])
+        if self.history is not None:
+            # A checkpoint from before the residuals ("history": fp32 copies) or of another rule has none: the
+            # first W versions after the resume then average only the versions seen since (and the live ones).
+            self.history.clear()
+            if state.get("residuals") is not None:
+                self.history.load_state_dict(state["residuals"])
         self.step = int(state["step"])
         self.resets = int(state["resets"])
         self.last_reset_reason = state["last_reset_reason"]

@@ -16,7 +16,8 @@ in-bounds ratio of ``r_d`` (the share of valid tokens with ``r_d`` inside ``mask
     *before* version ``t``; no threshold (so no reset) before ``W + 1`` observations. ``k`` low versions
     in a row fire a reset, with the ``W``-version cooldown. The reset moves ``theta_prox`` to the
     token-weighted average of the weights of the versions that sampled the batch's tokens
-    (:func:`recentre_weights`), shifted one version forward (the next batch is one version younger),
+    (:meth:`asyncrl.trainer.correction.ewma_history.ResidualHistory.centroid_into`, which rebuilds them from
+    bfloat16 residuals of the EWMA: ``W / 2`` fp32 copies' worth), shifted one version forward (the next batch is one version younger),
     instead of to the current weights: the behaviour policies themselves, so the new reference is never
     further from the tokens' weight centroid than the one it replaces (it *is* that centroid; L2 in
     parameter space). The EWMA's bias-correction total is then set to its steady state ``1 / (1 - beta)``
@@ -28,16 +29,13 @@ least one of the ``W`` versions after it is at or above the threshold in force w
 report (``ewma_reset_outcome``), ``asyncrl_ewma_reset_outcomes_total{outcome}``, the status and the
 records; ``AsyncRLEwmaResetStorm`` fires on unrecovered resets only.
 
-Everything here is pure state on floats; the weights are averaged by :func:`recentre_weights`.
+Everything here is pure state on floats; the weights are averaged by :mod:`ewma_history`.
 """
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import torch
-from torch import Tensor
 
 Rule = Literal["paper", "paperCooldown", "recentre"]
 RULES: tuple[Rule, ...] = ("paper", "paperCooldown", "recentre")
@@ -191,25 +189,4 @@ def next_batch_versions(token_versions: Mapping[int, int], current: int) -> dict
         if n > 0:
             w = min(int(v) + 1, current)
             out[w] = out.get(w, 0.0) + float(n)
-    return out
-
-
-@torch.no_grad()
-def recentre_weights(history: Mapping[int, Mapping[str, Tensor]], counts: Mapping[int, float]) -> dict[str, Tensor] | None:
-    """``sum_v c_v theta_v / sum_v c_v`` over the versions of ``counts`` that ``history`` holds (fp32);
-    None when it holds none of them. Non-floating tensors take the newest held version's value."""
-    held = {v: c for v, c in counts.items() if v in history and c > 0}
-    if not held:
-        return None
-    total = sum(held.values())
-    newest = history[max(held)]
-    out: dict[str, Tensor] = {}
-    for k, ref in newest.items():
-        if not ref.is_floating_point():
-            out[k] = ref.clone()
-            continue
-        acc = torch.zeros_like(ref, dtype=torch.float32)
-        for v, c in held.items():
-            acc.add_(history[v][k].to(torch.float32), alpha=c / total)
-        out[k] = acc
     return out

@@ -1,6 +1,7 @@
 """The ``ewma`` reference (PPO-EWMA, paper §5.2): a parameter EWMA ``theta_prox`` scored by the actor.
 
-Cost: one weight copy (``theta_prox``, kept here) and one no-grad forward per batch (at its arrival;
+Cost: one weight copy (``theta_prox``, kept here; the default ``reset.rule: recentre`` adds ``W`` bf16 residuals,
+``W / 2`` copies' worth, :mod:`asyncrl.trainer.correction.ewma_history`) and one no-grad forward per batch (at its arrival;
 the result is held across the batch's minibatches and epochs). ``theta_prox`` folds in the weights
 once per version, after all the batch's updates (the controller's module docstring says why). The EWMA math
 (decay, bias correction, resets) is :class:`asyncrl.trainer.correction.ewma_controller.EwmaController`; this

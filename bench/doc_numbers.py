@@ -1,0 +1,310 @@
+"""The numbers ``docs/tasks.md`` and ``docs/agents.md`` quote from experiment records, generated from the records.
+
+Records (committed, ``docs/results/data/``): ``customer_service/baselines.json``
+(``bench/customer_service_baselines.py``), ``customer_service/v1-superseded/`` (``bench/customer_service.py``, the
+superseded v1 run) and ``agent_endpoint.json`` (``bench/agent_endpoint.py``). Two forms, as
+``bench/paper/runbook_numbers.py`` does for the runbooks:
+
+- **tables**, between ``<!-- BEGIN GENERATED doc_numbers:<name> -->`` and ``<!-- END GENERATED doc_numbers:<name> -->``,
+  rewritten whole;
+- **quotes in the prose**: a template whose ``{fields}`` come from the records. The renderer finds the one place in
+  the doc where the template's words stand (whitespace may wrap) with any numbers in its fields, and writes the
+  records' numbers there; a template found nowhere, or twice, is an error naming it.
+
+Usage::
+
+    .venv/bin/python bench/doc_numbers.py           # rewrite both docs
+    .venv/bin/python bench/doc_numbers.py --check   # exit 1, naming each difference (tests/trainer/test_bench_doc_numbers.py)
+
+Figures the docs quote that no committed record holds are listed in :data:`NOT_FROM_RECORDS` (the test holds that
+list true: each is still in its doc, in words a reader can find).
+"""
+
+import argparse
+import difflib
+import json
+import math
+import re
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "paper"))
+import stats  # noqa: E402  (bench/paper/stats.py: the paired t test)
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "results" / "data"
+DOCS = ROOT / "docs"
+BEGIN, END = "<!-- BEGIN GENERATED doc_numbers:{} -->", "<!-- END GENERATED doc_numbers:{} -->"
+NUMBER = r"([-+]?[0-9]+(?:,[0-9]{3})*(?:\.[0-9]+)?)"
+
+# The baselines table: the doc's wording and order of the record's policies, and the flags it shows.
+BASELINE_ROWS: tuple[tuple[str, str], ...] = (
+    ("skill", "the skill: look the user up, act on the order of the named product"),
+    ("first_fit", "look the user up, act on the first order whose status fits (the status shortcut)"),
+    ("random_fit", "... on a random fitting order"),
+    ("last_fit", "... on the last fitting order"),
+    ("first_listed", "... on the first order listed, whatever its status"),
+    ("both_tools", "the first fitting order with a random tool; after the wrong one, the other"),
+    ("imitate_warm_start", "a perfect imitator of the warm start's demonstration mix"),
+    ("random_user", "a random user id, then the first fitting order (a guess when the lookup fails)"),
+    ("schema_example", "look the user up, act on the example id in the tool's schema (`o318`/`o702`)"),
+    ("guess_once", "guess an order id blindly, one call with the intent's tool"),
+    ("guess_four", "guess 4 distinct ids (the first wrong one ends the episode)"),
+    ("lookup_only", "look the user up and stop"),
+)
+BASELINE_FLAGS = ("looked_up", "copied_user", "right_tool", "right_order", "first_fit", "guessed")
+GUESSES = ("guess_once", "guess_four", "random_user", "schema_example")
+MODELS = ("h64", "h256", "smollm2")
+ENV, ENDPOINT, IN_PROCESS = "env", "endpoint", "endpoint-in-process"
+
+# Quoted in the docs, measured, but in no committed record (so not generated): doc -> the words that carry them.
+NOT_FROM_RECORDS: dict[str, tuple[str, ...]] = {
+    "tasks.md": (
+        "264 s on a loaded core",  # the baselines' run time (the record keeps no time)
+        "it was 0.459 before, and guessing 4 ids 0.246",  # the v1 rules' baselines (no v1 baselines record)
+        "the status shortcut scored 0.459, a blind id guess 0.111",
+        "the shortcut was cut from 0.773 to 0.46",
+        "loss 0.377 / 0.369 /",  # the warm-start pilot (a transformers stand-in; no record)
+        "1,079 s at a",  # the smoke run's time
+    ),
+    "agents.md": (
+        "under cProfile 3.08 -> 1.10 ms",  # one round each against the first HTTP stack (not in the record)
+        "6 to 7 µs a token",  # bench/detokenize.py (no record)
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Quote:
+    """``template`` with ``{name:format}`` fields, filled from ``values``."""
+
+    doc: str
+    template: str
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+# --- docs/tasks.md ------------------------------------------------------------------------------
+def baselines_table(record: Mapping[str, Any]) -> str:
+    by = {r["policy"]: r for r in record["rows"]}
+    missing = sorted(set(by) ^ {p for p, _ in BASELINE_ROWS})
+    if missing:
+        raise ValueError(f"baselines record and BASELINE_ROWS differ in {missing}: name each policy once in both")
+    head = "| policy | success (95 % CI) | " + " | ".join(f.replace("_", " ") for f in BASELINE_FLAGS) + " |"
+    lines = [head, "|---|---|" + "---|" * len(BASELINE_FLAGS)]
+    for policy, label in BASELINE_ROWS:
+        r = by[policy]
+        lo, hi = r["ci95"]
+        flags = " | ".join(f"{r['behaviour'][f]:.2f}" for f in BASELINE_FLAGS)
+        lines.append(f"| {label} | {r['success']:.4f} [{lo:.4f}, {hi:.4f}] | {flags} |")
+    return "\n".join(lines)
+
+
+def tasks_values(data: Path) -> dict[str, Any]:
+    b = _load(data / "customer_service" / "baselines.json")
+    by = {r["policy"]: r for r in b["rows"]}
+    v1 = _v1_runs(data / "customer_service" / "v1-superseded")
+    rl, sft = v1["rl"], v1["sft"]
+    end = stats.paired([r["points"][-1]["pass_k"]["1"] for r in rl], [r["points"][-1]["pass_k"]["1"] for r in sft])
+    sft_gain = stats.paired([r["points"][-1]["pass_k"]["1"] for r in sft], [r["points"][0]["pass_k"]["1"] for r in sft])
+    return {
+        "scenarios": b["scenarios"], "seed": b["seed"],
+        "first_fit": by["first_fit"]["success"],
+        "skill_first_fit": by["skill"]["behaviour"]["first_fit"],
+        "shortcut_right_order": by["first_fit"]["behaviour"]["right_order"],
+        "best_trivial": max(r["success"] for p, r in by.items() if p != "skill"),
+        "guess_below": math.ceil(1000 * max(by[p]["success"] for p in GUESSES)) / 1000,
+        "imitate": by["imitate_warm_start"]["success"],
+        "baselines_table": baselines_table(b),
+        "v1_v0": statistics.fmean(r["points"][0]["pass_k"]["1"] for r in rl),
+        "v1_rl": statistics.fmean(r["points"][-1]["pass_k"]["1"] for r in rl),
+        "v1_sft": statistics.fmean(r["points"][-1]["pass_k"]["1"] for r in sft),
+        "v1_seeds": end.n, "v1_p": end.p,
+        "v1_sft_gain": sft_gain.diff, "v1_sft_gain_p": sft_gain.p,
+    }
+
+
+def _v1_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in sorted(folder.glob("*-s*.json")):
+        r = _load(p)
+        out.setdefault(r["kind"], []).append(r)
+    for rs in out.values():
+        rs.sort(key=lambda r: r["seed"])
+    if [r["seed"] for r in out["rl"]] != [r["seed"] for r in out["sft"]]:
+        raise ValueError(f"{folder}: the RL and SFT seeds differ")
+    return out
+
+
+TASKS_QUOTES = (
+    "played through the environment itself on the same {scenarios:,} scenarios, seed {seed}",
+    "The best shortcut is the status one, {first_fit:.3f}",
+    "every guess is below {guess_below:.3f}",
+    "above the trivial policies only at a pass^1 above **{best_trivial:.2f}**",
+    "A policy that learned the shortcut shows `first_fit` ~1 and `right_order` ~{shortcut_right_order:.2f}",
+    "`right_order` ~1 and `first_fit` ~{skill_first_fit:.2f}",
+    "A perfect imitator succeeds {imitate:.3f}, below the status shortcut",
+    "it has to beat {first_fit:.2f} (the status shortcut) and {imitate:.2f} (the warm start's imitation ceiling)",
+    "### Superseded: the v1 result (pass^1 {v1_v0:.3f} -> {v1_rl:.3f})",
+    "raised the v1 task's pass^1 from {v1_v0:.3f} to {v1_rl:.3f} against {v1_sft:.3f} for a same-wall-time supervised "
+    "control ({v1_seeds} seeds, p = {v1_p:.3f}",
+    "RL's {v1_rl:.3f} was below every one of them but the last",
+    "(its change from version 0: {v1_sft_gain:+.3f}, p = {v1_sft_gain_p:.2f})",
+)
+
+
+# --- docs/agents.md -----------------------------------------------------------------------------
+def _rows(record: Mapping[str, Any], model: str) -> dict[tuple[int, str], Mapping[str, Any]]:
+    return {(r["sessions"], r["path"]): r for r in record["models"][model]["rows"]}
+
+
+def _ms(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def throughput_table(record: Mapping[str, Any]) -> str:
+    target = record["target"]
+    lines = ["| model | sessions | env tok/s | endpoint tok/s | endpoint / env (95% CI) | in-process / env | "
+             "request p50 / p99 | worker + runner CPU per turn (env) |", "|---|---|---|---|---|---|---|---|"]
+    for model in MODELS:
+        rows = _rows(record, model)
+        for sessions in sorted({s for s, _ in rows}):
+            env, ep, ip = rows[(sessions, ENV)], rows[(sessions, ENDPOINT)], rows[(sessions, IN_PROCESS)]
+            ratio = f"{ep['ratio']:.2f} ± {ep['ratio_ci95']:.2f}"
+            if sessions == target["sessions"] and target["holds"][f"{model}/{ENDPOINT}"]["holds"]:
+                ratio = f"**{ratio}**"
+            lat = (f"{ep['p50_ms'] / 1e3:.2f} / {ep['p99_ms'] / 1e3:.2f} s" if ep["p99_ms"] >= 1000
+                   else f"{ep['p50_ms']:.0f} / {ep['p99_ms']:.0f} ms")
+            cpu = (f"{_ms(ep['worker_cpu_ms_per_turn'])} + {ep['runner_cpu_ms_per_turn']:.1f} ms "
+                   f"({_ms(env['worker_cpu_ms_per_turn'])})")
+            lines.append(f"| {model} | {sessions} | {env['tok_s']:,.0f} | {ep['tok_s']:,.0f} | {ratio} | "
+                         f"{ip['ratio']:.2f} ± {ip['ratio_ci95']:.2f} | {lat} | {cpu} |")
+    return "\n".join(lines)
+
+
+def agents_values(data: Path) -> dict[str, Any]:
+    r = _load(data / "agent_endpoint.json")
+    s = r["target"]["sessions"]
+    at = {m: _rows(r, m) for m in MODELS}
+    null = {row["sessions"]: row for row in r["models"]["h64"]["null_engine"] if row["path"] == ENDPOINT}
+    runner = [at[m][(s, ENDPOINT)]["runner_cpu_ms_per_turn"] for m in MODELS]
+    gains = [at[m][(s, ENDPOINT)]["ratio"] - at[m][(s, IN_PROCESS)]["ratio"] for m in MODELS]
+    out: dict[str, Any] = {
+        "rounds": r["rounds"], "cpus": r["machine"]["cpus"], "threads": r["machine"]["torch_threads"],
+        "minutes": r["wall_s"] / 60, "target": r["target"]["min_ratio"], "sessions": s,
+        "runner_lo": min(runner), "runner_hi": max(runner), "gain_lo": min(gains), "gain_hi": max(gains),
+        "null_1": null[1]["requests_s"], "null_32": null[32]["requests_s"],
+        "null_1_p50": null[1]["p50_ms"], "null_32_p50": null[32]["p50_ms"],
+        "h64_worker": at["h64"][(s, ENDPOINT)]["worker_cpu_ms_per_turn"],
+        "h64_env_worker": at["h64"][(s, ENV)]["worker_cpu_ms_per_turn"],
+        "throughput_table": throughput_table(r),
+    }
+    for m in MODELS:
+        out[f"{m}_ratio"] = at[m][(s, ENDPOINT)]["ratio"]
+        out[f"{m}_added"] = at[m][(s, ENDPOINT)]["added_ms"]
+        out[f"{m}_turn_ms"] = at[m][(s, ENV)]["turn_gap_p50_ms"]
+    out["smollm2_turn_s"] = out["smollm2_turn_ms"] / 1e3
+    return out
+
+
+AGENTS_QUOTES = (
+    "is {rounds} rounds on {cpus} cores with nothing else running, {threads} torch thread, {minutes:.0f} minutes",
+    "**The {target:.1f}x target at {sessions} sessions holds for a real model's forward** (`smollm2`: {smollm2_ratio:.2f}x, "
+    "the endpoint's added latency per request {smollm2_added:.0f} ms against a {smollm2_turn_s:.1f} s turn)",
+    "({h64_ratio:.2f}x at `h64`, {h256_ratio:.2f}x at `h256`)",
+    "({runner_lo:.1f}-{runner_hi:.1f} ms per request at {sessions} sessions)",
+    "(the worker's {h64_worker:.1f} ms per turn against the environment class's {h64_env_worker:.1f} at `h64`)",
+    "is {h64_added:.0f} ms at `h64`, {h256_added:.0f} ms at `h256` and {smollm2_added:.0f} ms at `smollm2`, against "
+    "turns of {h64_turn_ms:.0f} ms, {h256_turn_ms:.0f} ms and {smollm2_turn_s:.1f} s",
+    "gains {gain_lo:.2f}-{gain_hi:.2f}x over the in-process design at {sessions} sessions",
+    "the endpoint answers {null_1:.0f} requests/s for one session and {null_32:.0f} for {sessions} (p50 {null_1_p50:.0f} "
+    "and {null_32_p50:.0f} ms: the null engine of the record)",
+)
+
+
+# --- rendering ----------------------------------------------------------------------------------
+FIELD = re.compile(r"\{(\w+)(?::([^}]*))?\}")
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """The template's words literally (any run of whitespace where it has a space: the doc may wrap), a number
+    in each field."""
+    parts, last = [], 0
+    for m in FIELD.finditer(template):
+        parts += [re.escape(template[last:m.start()]), NUMBER]
+        last = m.end()
+    parts.append(re.escape(template[last:]))
+    return re.compile("".join(re.sub(r"(?:\\ | )+", r"\\s+", p) if p != NUMBER else p for p in parts))
+
+
+def fill_quote(text: str, template: str, values: Mapping[str, Any]) -> str:
+    """``text`` with the one occurrence of ``template`` carrying the records' numbers."""
+    hits = list(_pattern(template).finditer(text))
+    if len(hits) != 1:
+        raise ValueError(f"quote {template!r} found {len(hits)} times (needs exactly 1): reword the doc or the template")
+    hit = hits[0]
+    numbers = [format(values[name], spec or "") for name, spec in FIELD.findall(template)]
+    out, last = [], hit.start()
+    for i, number in enumerate(numbers, start=1):
+        out += [text[last:hit.start(i)], number]
+        last = hit.end(i)
+    out.append(text[last:hit.end()])
+    return text[:hit.start()] + "".join(out) + text[hit.end():]
+
+
+def fill_block(text: str, name: str, content: str) -> str:
+    begin, end = BEGIN.format(name), END.format(name)
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"no block {name!r} ({begin} ... {end})")
+    return pattern.sub(lambda _m: f"{begin}\n{content.rstrip()}\n{end}", text)
+
+
+DOCS_SPEC: dict[str, tuple[Callable[[Path], dict[str, Any]], Sequence[str], dict[str, str]]] = {
+    "tasks.md": (tasks_values, TASKS_QUOTES, {"baselines": "baselines_table"}),
+    "agents.md": (agents_values, AGENTS_QUOTES, {"throughput": "throughput_table"}),
+}
+
+
+def render(data: Path = DATA, folder: Path = DOCS) -> dict[Path, str]:
+    """Each doc with its blocks and quotes filled from the records (not written)."""
+    out: dict[Path, str] = {}
+    for name, (values_of, quotes, blocks) in DOCS_SPEC.items():
+        values = values_of(data)
+        path = folder / name
+        text = path.read_text()
+        for block, key in blocks.items():
+            text = fill_block(text, block, values[key])
+        for template in quotes:
+            text = fill_quote(text, template, values)
+        out[path] = text
+    return out
+
+
+def stale(data: Path = DATA, folder: Path = DOCS) -> list[str]:
+    """A unified diff per doc that differs from its records (empty: all current)."""
+    return ["".join(difflib.unified_diff(p.read_text().splitlines(True), text.splitlines(True), str(p), "records"))
+            for p, text in render(data, folder).items() if p.read_text() != text]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a doc differs from its records")
+    args = parser.parse_args()
+    if args.check:
+        diffs = stale()
+        print("".join(diffs) or "docs/tasks.md and docs/agents.md match their records")
+        raise SystemExit(1 if diffs else 0)
+    for path, text in render().items():
+        path.write_text(text)
+        print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
