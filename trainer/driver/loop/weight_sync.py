@@ -22,6 +22,10 @@ Per ``actor.weightSync.transport``:
   and the group is formed again, with the new member, before the next version. A member that died
   during a send makes the collective fail (its sockets close): the survivors that missed the version get
   it from the object store and the group is re-formed.
+
+Under ``spec.model.lora`` the versions after the first travel as adapters alone: a replacement gets the actor's
+frozen base beside the version, through the object store to it alone, whatever the transport
+(:func:`to_replacement`, ``weight_sync/lora_base.py``).
 """
 
 import logging
@@ -210,12 +214,15 @@ def for_joiner(hosts: HostHandles, version: int) -> Any:
     return hosts.actor.weights_for_joiner.remote(version)
 
 
-def to_replacement(hosts: HostHandles, worker: Any, version: int) -> "SyncOutcome":
+def to_replacement(hosts: HostHandles, worker: Any, version: int, *, lora: bool = False) -> "SyncOutcome":
     """The version rollout holds now to a worker that joined late (a replacement): ``hosts.weights``, or under
-    broadcast its object-store copy (the group takes the new worker in before the next version)."""
+    broadcast its object-store copy (the group takes the new worker in before the next version). Under
+    ``spec.model.lora`` (``lora``) the versions after the first are adapters alone, so the actor's frozen base
+    goes with them, through the object store to this worker alone (``weight_sync/lora_base.py``)."""
     import ray
 
-    return ray.get(worker.update_weights.remote(for_joiner(hosts, version), version))
+    base = hosts.actor.base_for_joiner.remote() if lora else None
+    return ray.get(worker.update_weights.remote(for_joiner(hosts, version), version, base))
 
 
 def join(hosts: HostHandles, receivers: list[Any]) -> None:
