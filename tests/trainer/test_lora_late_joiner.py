@@ -216,3 +216,28 @@ def test_the_driver_sends_the_base_to_a_replacement_only_under_lora(monkeypatch:
     calls.clear()
     assert driver_sync.to_replacement(hosts, worker, 3) == ("handle", 3, None)  # type: ignore[arg-type]
     assert calls == ["update_weights"]  # a full fine-tuning job asks the actor nothing
+
+
+def test_a_version_the_group_never_carried_is_packed_for_every_receiver(tmp_path: Any) -> None:
+    """The driver found a broadcast member dead before forming the group: that version goes to every receiver
+    through the object store (``weights_for_joiner``) although it was never sent. The actor packs it then (the
+    first one with the base), and keeps it for the joiners that follow; a version it no longer holds is refused."""
+    spec_json = _spec_json("broadcast")
+    spec = AsyncRLJobSpec.model_validate(spec_json)
+    host = RolloutHost(spec_json, worker_index=0, threads=1)
+    actor = _actor(spec, host)
+    sync = _sync(spec, "broadcast", tmp_path)
+    sync.publish(actor)  # version 0's handle: nothing packed yet
+    first = sync.for_joiner(actor, 0)
+    assert first is not None and isinstance(host.update_weights(first, 0), Delivered)
+    assert host._base_fingerprint == sync.base_fingerprint is not None  # the first version carried the base
+    assert sync.for_joiner(actor, 0) is not None and sync.kept_version == 0
+    assert actor.train_step(_batch(actor, 10, 0)).applied
+    sync.for_joiner(actor, 0)  # kept: still served after the actor moved on
+    sync.kept_version = -1  # as if it had not been kept
+    with pytest.raises(RuntimeError, match="needs version 0; the actor kept version -1 and holds 1"):
+        sync.for_joiner(actor, 0)
+    later = sync.for_joiner(actor, 1)  # adapters alone, never broadcast
+    assert later is not None and isinstance(host.update_weights(later, 1), Delivered)
+    # rank 1 of a TP = 1 actor packs nothing and answers None
+    assert ActorSync(spec, rank=1, tp=1, transport=WeightTransport.BROADCAST).for_joiner(actor, 1) is None

@@ -164,6 +164,7 @@ class ActorSync:
         if self._joins_only:
             if self.tp > 1:
                 self._join(actor)
+            self.kept_version = version  # every rank knows which version was packed (for_joiner)
             return None
         if self.group is None:
             raise RuntimeError("weight sync (broadcast): no group formed (the driver forms it before a send)")
@@ -178,13 +179,25 @@ class ActorSync:
 
     def for_joiner(self, actor: SyncedActor, version: int) -> BucketRefs | None:
         """``version`` in the object store for a receiver outside the broadcast group, from the buckets kept
-        since it was sent (rank 0; None on the others: no gathers, whatever the actor trains meanwhile)."""
-        if self.rank != 0:
-            return None
+        since it was sent (rank 0; None on the others: no gathers, whatever the actor trains meanwhile).
+
+        A version the group never carried -- the driver found a member dead before forming it, so this version
+        goes to every receiver through the object store -- is packed now (every TP rank joins the gathers) and
+        kept as if sent: under LoRA the first version still carries the base."""
         if self.kept_version != version:
-            raise RuntimeError(
-                f"weight sync (broadcast): a late joiner needs version {version}; the actor kept version "
-                f"{self.kept_version} (the driver sends every version before it hands it to a joiner)")
+            if int(actor.version) != version:
+                raise RuntimeError(
+                    f"weight sync (broadcast): a late joiner needs version {version}; the actor kept version "
+                    f"{self.kept_version} and holds {int(actor.version)}")
+            if self._joins_only:
+                if self.tp > 1:
+                    self._join(actor)
+            else:
+                self.kept, self.kept_version = [], -1
+                self.kept = list(self._version_buckets(actor))
+            self.kept_version = version
+        if self._joins_only:
+            return None
         return ObjectStoreTransport().publish(self.kept, version)
 
     def base_for_joiner(self, actor: SyncedActor) -> BaseRefs | None:
