@@ -130,13 +130,22 @@ def complete(state: Mapping[str, torch.Tensor], base: BaseRefs | None, held: str
         raise RuntimeError(
             f"weight sync (LoRA): {worker} holds no base and was handed version adapters alone; a late joiner "
             "needs the base with them (the driver's to_replacement sends it through the object store)")
+    fetched = fetch_base(base, None, worker=worker)
+    return Completed({**fetched, **state}, base.fingerprint, base.nbytes)
+
+
+def fetch_base(base: BaseRefs, held: str | None, *, worker: str = "the receiver") -> dict[str, torch.Tensor]:
+    """The base's tensors from the object store (views of its read-only buffers), refused when they do not
+    hash to the fingerprint ``base`` declares, or when the receiver already holds another base (``held``)."""
     from asyncrl.trainer.weight_sync import objectstore
 
+    if held is not None and base.fingerprint != held:
+        raise _refuse(worker, held, base.fingerprint, "the")
     fetched = objectstore.fetch(base.refs)
     fp = fingerprint(fetched)
     if fp != base.fingerprint:
         raise ValueError(
             f"weight sync (LoRA): the base {worker} received hashes to {fp}, not to the {base.fingerprint} the "
             "actor declared; refused (it would sample from another model than the actor's)")
-    return Completed({**fetched, **state}, fp, base.nbytes)
+    return fetched
 

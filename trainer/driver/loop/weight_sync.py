@@ -25,7 +25,8 @@ Per ``actor.weightSync.transport``:
 
 Under ``spec.model.lora`` the versions after the first travel as adapters alone: a replacement gets the actor's
 frozen base beside the version, through the object store to it alone, whatever the transport
-(:func:`to_replacement`, ``weight_sync/lora_base.py``).
+(:func:`to_replacement`, ``weight_sync/lora_base.py``); so does every dedicated scorer when it starts
+(:func:`give_base`).
 """
 
 import logging
@@ -223,6 +224,17 @@ def to_replacement(hosts: HostHandles, worker: Any, version: int, *, lora: bool 
 
     base = hosts.actor.base_for_joiner.remote() if lora else None
     return ray.get(worker.update_weights.remote(for_joiner(hosts, version), version, base))
+
+
+def give_base(hosts: HostHandles, receivers: list[Any]) -> int:
+    """Under ``spec.model.lora``: the actor's frozen base to receivers that hold none and follow versions that
+    travel as adapters alone (the dedicated scorers, at start and when respawned); one object-store copy for
+    all of them, freed once they have it. Blocks until each took it (a refused base raises here); the bytes
+    each fetched."""
+    import ray
+
+    base = hosts.actor.base_for_joiner.remote()
+    return max(ray.get([r.set_base.remote(base) for r in receivers]), default=0)
 
 
 def join(hosts: HostHandles, receivers: list[Any]) -> None:
