@@ -241,3 +241,44 @@ def test_a_version_the_group_never_carried_is_packed_for_every_receiver(tmp_path
     assert later is not None and isinstance(host.update_weights(later, 1), Delivered)
     # rank 1 of a TP = 1 actor packs nothing and answers None
     assert ActorSync(spec, rank=1, tp=1, transport=WeightTransport.BROADCAST).for_joiner(actor, 1) is None
+
+
+def test_a_dedicated_scorer_takes_the_base_and_merges_each_version_it_advances_to(tmp_path: Any) -> None:
+    """A dedicated scorer started late takes the base (set_base), is pushed a version as adapters alone (it never
+    saw the first delivery), and scores it as the actor does (fp32: within 1e-5); without the base it refuses."""
+    from asyncrl.trainer.oldlogits.dedicated import DedicatedScorer
+    from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings
+
+    spec_json = _spec_json("objectStore")
+    spec = AsyncRLJobSpec.model_validate(spec_json)
+    host = RolloutHost(spec_json, worker_index=0, threads=1)
+    actor = _actor(spec, host)
+    sync = _sync(spec, "objectStore", tmp_path)
+    sync.publish(actor)  # the first delivery (with the base), which the scorer never sees
+    assert actor.train_step(_batch(actor, 10, 0)).applied
+    v1 = sync.publish(actor)  # adapters alone
+    settings = ScorerSettings.from_spec(spec, _vocab(actor), device="cpu", token_budget=64)
+
+    bare = DedicatedScorer(settings)
+    bare.push_version([ray_put(v1)], 1)
+    with pytest.raises(RuntimeError, match="holds no base and was handed version adapters alone"):
+        bare.advance_to(1)
+
+    scorer = DedicatedScorer(settings)
+    base = sync.base_for_joiner(actor)
+    assert base is not None and scorer.set_base(base) == base.nbytes > 0
+    scorer.push_version([ray_put(v1)], 1)
+    scorer.advance_to(1)
+    ids = torch.randint(0, _vocab(actor), (2, T), generator=torch.Generator().manual_seed(7))
+    positions = list(range(PROMPT, T))
+    got = scorer.score([(row.tolist(), positions) for row in ids], 1)
+    want = actor.logprobs(ids)[:, PROMPT:]
+    assert float((torch.tensor(got) - want).abs().max()) < 1e-5
+    with pytest.raises(ValueError, match="holds base .* and was handed the base"):
+        scorer.set_base(BaseRefs(base.refs, "wire-sha256:another"))
+
+
+def ray_put(value: Any) -> Any:
+    import ray
+
+    return ray.put(value)

@@ -123,6 +123,10 @@ def complete(state: Mapping[str, torch.Tensor], base: BaseRefs | None, held: str
         fp = fingerprint(own)
         if held is not None and fp != held:
             raise _refuse(worker, held, fp, "a version carrying")
+        if base is not None and base.fingerprint != fp:
+            raise ValueError(
+                f"weight sync (LoRA): {worker} was handed base {base.fingerprint} beside a version carrying base "
+                f"{fp}; refused (the actor's base is frozen: two bases mean two jobs or a bug)")
         return Completed(dict(state), fp, 0)
     if held is not None or not state:
         return Completed(dict(state), held, 0)
