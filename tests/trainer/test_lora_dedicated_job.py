@@ -14,7 +14,7 @@ from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 from tests.trainer.test_driver_faults import _rollout_pids
 
-pytestmark = pytest.mark.slow  # a 6-step job with a scorer killed and respawned
+pytestmark = pytest.mark.slow  # a 6-step job with a scorer killed and respawned: 31 s idle, 124 s at load 35
 
 JOB: dict[str, Any] = {
     "apiVersion": "asyncrl.io/v1alpha1",
