@@ -28,10 +28,12 @@ ENGINE_MESSAGE = (
     "(its CPU build loads full weights only); set rollout.engine: transformers, or remove model.lora"
 )
 STRATEGY_MESSAGE = (
-    "model.lora serves the exact route through oldLogits.strategy snapshot only: the dedicated scorers and the "
-    "interrupt-sync scorers load full weights, not adapters, in this build; set oldLogits.strategy: snapshot "
-    "(every referenced version's adapter stays resident), choose a cheap reference, or remove model.lora"
+    "model.lora serves the exact route through oldLogits.strategy snapshot or dedicated: the interrupt-sync "
+    "scorers on the rollout workers load full weights, not adapters, in this build; set oldLogits.strategy: "
+    "snapshot (every referenced version's adapter stays resident) or dedicated (the scorers keep each version's "
+    "adapters and merge it onto the base they hold), choose a cheap reference, or remove model.lora"
 )
+LORA_STRATEGIES = ("snapshot", "dedicated")  # the exact strategies whose scorers take adapters
 
 
 class LoraSpec(SpecModel):
@@ -101,7 +103,7 @@ def lora_problems(lora: LoraSpec | None, *, engine: str, strategy: str | None, s
     out: list[tuple[str, str]] = []
     if engine != "transformers":
         out.append(("rollout.engine", f"{ENGINE_MESSAGE} (got {engine!r})"))
-    if strategy is not None and strategy != "snapshot":
+    if strategy is not None and strategy not in LORA_STRATEGIES:
         out.append(("oldLogits.strategy", f"{STRATEGY_MESSAGE} (got {strategy!r})"))
     if lora.dropout > 0.0 and tensor_parallel > 1:
         out.append((

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
+from asyncrl.rollout.adapter_merge import AdapterMerge, is_hf_adapter_name
 from asyncrl.rollout.trajectory import Trajectory
 from asyncrl.trainer.megatron.parallel import Layout
 from asyncrl.trainer.oldlogits.segment_scorer import HfWeights, ScorerSettings, Segment, SegmentScorer
@@ -44,6 +45,7 @@ from asyncrl.trainer.oldlogits.segment_scorer import HfWeights, ScorerSettings, 
 if TYPE_CHECKING:
     import torch
 
+    from asyncrl.trainer.weight_sync.lora_base import BaseRefs
     from asyncrl.trainer.weight_sync.objectstore import BucketRefs
     from asyncrl.trainer.weight_sync.outcome import SyncOutcome
 
@@ -89,6 +91,10 @@ class DedicatedScorer:
         self._calls = self._advances = 0
         self._group: Any = None  # weight_sync.broadcast.SyncGroup (transport broadcast), formed by the driver
         self._received: dict[int, dict[str, torch.Tensor]] = {}  # versions that arrived by broadcast (host memory)
+        # spec.model.lora: the versions are adapters; the base comes once (set_base) and each version is merged
+        # onto it when advanced to (rollout/adapter_merge.py), so a queued version costs its adapters alone
+        self._merge: AdapterMerge | None = None
+        self._base_fingerprint: str | None = None
 
     # ---------------------------------------------------------------- broadcast (actor.weightSync)
     def ping_sync(self) -> bool:
@@ -161,6 +167,35 @@ class DedicatedScorer:
         return ObjectStoreTransport().publish(pack_buckets(state.items(), version=version, bucket_bytes=512 * 2**20),
                                               version)
 
+    # ---------------------------------------------------------------- LoRA (spec.model.lora)
+    def set_base(self, base: "BaseRefs") -> int:
+        """Take the actor's frozen base (a scorer holds none when it starts or is respawned, and the versions it
+        advances to travel as adapters alone); each rank of a gang fetches it. Refused when it does not hash to
+        its fingerprint or another base is held (``weight_sync/lora_base.py``). Returns the bytes fetched."""
+        from asyncrl.trainer.weight_sync.lora_base import fetch_base
+
+        fetched = fetch_base(base, self._base_fingerprint, worker="a dedicated scorer")
+        self._merge = self._merge or AdapterMerge()
+        self._merge.base = {k: v.clone() for k, v in fetched.items()}  # off the object store's buffers
+        self._base_fingerprint = base.fingerprint
+        return base.nbytes
+
+    def _merged(self, weights: HfWeights) -> HfWeights:
+        """A version delivered as LoRA adapters (with or without the base) -> its full weights on the kept base;
+        other versions as they are."""
+        if not any(is_hf_adapter_name(k) for k in weights):
+            return weights
+        import torch
+
+        from asyncrl.trainer.weight_sync.lora_base import complete
+
+        state = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in weights.items()}
+        done = complete(state, None, self._base_fingerprint, worker="a dedicated scorer")
+        self._merge = self._merge or AdapterMerge()
+        merged = self._merge.resolve(done.state)
+        self._base_fingerprint = done.fingerprint
+        return merged
+
     # ---------------------------------------------------------------- versions
     @property
     def resident_version(self) -> int:
@@ -193,7 +228,7 @@ class DedicatedScorer:
             )
         t0 = time.perf_counter()
         received = self._received.get(version)  # kept while resident: a respawned peer may need it
-        weights = received if received is not None else _materialise(self._queued[version])
+        weights = self._merged(received if received is not None else _materialise(self._queued[version]))
         self._queued.pop(version, None)
         self.scorer.load(weights, version)
         del weights

@@ -28,6 +28,7 @@ from asyncrl.api.model_arch import ModelArch
 from asyncrl.api.weight_sync import WeightTransport
 from asyncrl.trainer.weight_sync.broadcast import SyncGroup
 from asyncrl.trainer.weight_sync.buckets import Bucket, pack_buckets
+from asyncrl.trainer.weight_sync.lora_base import BaseRefs, base_of, fingerprint, publish_base
 from asyncrl.trainer.weight_sync.objectstore import BucketRefs
 from asyncrl.trainer.weight_sync.outcome import SendOutcome, SyncFailed
 from asyncrl.trainer.weight_sync.source import MIB, actor_buckets, hf_tensors, wire_dtype
@@ -83,13 +84,15 @@ def _adapter_scale(actor: SyncedActor) -> float | None:
     return lora.scale if lora is not None else None
 
 
-def _with_base(actor: SyncedActor, spec: AsyncRLJobSpec) -> Iterator[Bucket]:
+def _with_base(actor: SyncedActor, spec: AsyncRLJobSpec) -> tuple[Iterator[Bucket], str]:
     """LoRA's first delivery: the base's HF tensors and the adapters (``hf_state_dict``), so that a receiver can
-    merge the later versions, which travel as adapters alone."""
+    merge the later versions, which travel as adapters alone; and the base's wire fingerprint
+    (:func:`~.lora_base.fingerprint`), which a late joiner's base must match."""
     dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
     full = actor.hf_state_dict()  # every TP rank calls it: its gathers are collectives
-    return pack_buckets(iter(full.items()), version=int(actor.version),
-                        bucket_bytes=spec.actor.weight_sync.bucket_mib * MIB, dtype=dtype)
+    return (pack_buckets(iter(full.items()), version=int(actor.version),
+                         bucket_bytes=spec.actor.weight_sync.bucket_mib * MIB, dtype=dtype),
+            fingerprint(base_of(full), dtype))
 
 
 def _join_gathers(actor: SyncedActor) -> None:
@@ -114,6 +117,7 @@ class ActorSync:
     kept: list[Bucket] = field(default_factory=list)  # broadcast: the last version's CPU buckets
     kept_version: int = -1
     base_sent: bool = False  # spec.model.lora: the base went out with the first version; adapters alone since
+    base_fingerprint: str | None = None  # ... and its wire fingerprint (rank 0), which a joiner's base must match
 
     @property
     def _joins_only(self) -> bool:
@@ -138,7 +142,8 @@ class ActorSync:
         """This version's buckets: under LoRA the first carries the base too (see :func:`_with_base`)."""
         if self.spec.model.lora is not None and not self.base_sent:
             self.base_sent = True
-            return _with_base(actor, self.spec)
+            buckets, self.base_fingerprint = _with_base(actor, self.spec)
+            return buckets
         return _buckets(actor, self.spec)
 
     def _join(self, actor: SyncedActor) -> None:
@@ -159,6 +164,7 @@ class ActorSync:
         if self._joins_only:
             if self.tp > 1:
                 self._join(actor)
+            self.kept_version = version  # every rank knows which version was packed (for_joiner)
             return None
         if self.group is None:
             raise RuntimeError("weight sync (broadcast): no group formed (the driver forms it before a send)")
@@ -173,11 +179,38 @@ class ActorSync:
 
     def for_joiner(self, actor: SyncedActor, version: int) -> BucketRefs | None:
         """``version`` in the object store for a receiver outside the broadcast group, from the buckets kept
-        since it was sent (rank 0; None on the others: no gathers, whatever the actor trains meanwhile)."""
-        if self.rank != 0:
-            return None
+        since it was sent (rank 0; None on the others: no gathers, whatever the actor trains meanwhile).
+
+        A version the group never carried -- the driver found a member dead before forming it, so this version
+        goes to every receiver through the object store -- is packed now (every TP rank joins the gathers) and
+        kept as if sent: under LoRA the first version still carries the base."""
         if self.kept_version != version:
-            raise RuntimeError(
-                f"weight sync (broadcast): a late joiner needs version {version}; the actor kept version "
-                f"{self.kept_version} (the driver sends every version before it hands it to a joiner)")
+            if int(actor.version) != version:
+                raise RuntimeError(
+                    f"weight sync (broadcast): a late joiner needs version {version}; the actor kept version "
+                    f"{self.kept_version} and holds {int(actor.version)}")
+            if self._joins_only:
+                if self.tp > 1:
+                    self._join(actor)
+            else:
+                self.kept, self.kept_version = [], -1
+                self.kept = list(self._version_buckets(actor))
+            self.kept_version = version
+        if self._joins_only:
+            return None
         return ObjectStoreTransport().publish(self.kept, version)
+
+    def base_for_joiner(self, actor: SyncedActor) -> BaseRefs | None:
+        """Under ``spec.model.lora``, the frozen base in the object store for one receiver that holds none (a
+        replaced rollout worker: :mod:`.lora_base`), whatever the transport; every TP rank joins the gathers,
+        rank 0 answers (None on the others, and without LoRA)."""
+        if self.spec.model.lora is None:
+            return None
+        if self._joins_only:
+            if self.tp > 1:
+                actor.hf_state_dict()
+            return None
+        dtype = wire_dtype(self.spec.model.rollout_dtype, needs_training_precision(self.spec))
+        return publish_base(base_of(actor.hf_state_dict()), version=int(actor.version),
+                            bucket_bytes=self.spec.actor.weight_sync.bucket_mib * MIB, dtype=dtype,
+                            expected=self.base_fingerprint)

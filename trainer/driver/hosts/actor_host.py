@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from asyncrl.trainer.collective.endpoint import Endpoint
     from asyncrl.trainer.driver.run.step_report import ActorStep
     from asyncrl.trainer.weight_sync.broadcast import Backend
+    from asyncrl.trainer.weight_sync.lora_base import BaseRefs
     from asyncrl.trainer.weight_sync.objectstore import BucketRefs
     from asyncrl.trainer.weight_sync.outcome import SendOutcome
     from asyncrl.trainer.weight_sync.transport import WeightHandle
@@ -202,6 +203,11 @@ class ActorHost:
     def weights_for_joiner(self, version: int) -> "BucketRefs | None":
         """``version`` as object-store bucket refs for a receiver outside the broadcast group (rank 0)."""
         return self._sync.for_joiner(self.actor, version)
+
+    def base_for_joiner(self) -> "BaseRefs | None":
+        """Under ``spec.model.lora``, the frozen base as object-store buckets for one rollout worker that holds
+        none (a replacement; every rank: the TP gathers), fingerprinted (``weight_sync/lora_base.py``)."""
+        return self._sync.base_for_joiner(self.actor)
 
     def score(self, tokens: np.ndarray, temperature: float) -> np.ndarray:
         """No-grad ``logp_theta`` ``[B, T]`` of right-padded ``tokens`` ``[B, T]`` under the current weights at

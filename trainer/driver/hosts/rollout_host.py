@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from asyncrl.trainer.oldlogits.score_result import ScoreResult
     from asyncrl.trainer.oldlogits.segment_scorer import SegmentScorer
     from asyncrl.trainer.weight_sync.broadcast import Backend, BroadcastVersion, SyncGroup
+    from asyncrl.trainer.weight_sync.lora_base import BaseRefs
     from asyncrl.trainer.weight_sync.outcome import Received, SyncFailed, SyncOutcome
     from asyncrl.trainer.weight_sync.transport import HfArrays, WeightHandle
 
@@ -45,11 +46,13 @@ class RolloutHost:
         self._paused_reported = 0.0  # the engine's apply_seconds already reported by update_weights
         self._scorer: SegmentScorer | None = None  # the training-side scorer, built on the first interrupt-sync window
         self._group: SyncGroup | None = None  # once the driver formed one (transport broadcast)
+        self._base_fingerprint: str | None = None  # spec.model.lora: the base the engine holds (lora_base.py)
 
     def generate(self, n_groups: int) -> "list[Trajectory]":
         return self.worker.generate(n_groups)
 
-    def update_weights(self, weights: "WeightHandle | HfArrays", version: int) -> "SyncOutcome":
+    def update_weights(self, weights: "WeightHandle | HfArrays", version: int,
+                       base: "BaseRefs | None" = None) -> "SyncOutcome":
         """Load (first time, worker idle) or hand over (thread-safe) new weights: a weight-sync handle
         (``objectstore.BucketRefs``: the buckets are pulled here; ``disk.DiskVersion``: the version's file
         is read; ``broadcast.BroadcastVersion``: the buckets arrive in this worker's broadcast group) or an
@@ -60,8 +63,13 @@ class RolloutHost:
         copy), ``pause_seconds`` (generation stopped installing weights since the last call: this version when
         applied at once, else the boundary swaps of earlier versions) and ``nbytes``; ``SyncFailed`` when the
         broadcast group broke (a member died: the driver sends this version through the object store and forms
-        the group again)."""
+        the group again).
+
+        Under ``spec.model.lora``, ``base`` is the actor's frozen base for a worker that holds none (a replacement):
+        fetched only when this worker needs it (``weight_sync/lora_base.complete``), and a base whose fingerprint
+        differs from the one its engine holds is refused, naming both."""
         from asyncrl.trainer.weight_sync.broadcast import BroadcastVersion
+        from asyncrl.trainer.weight_sync.lora_base import complete
         from asyncrl.trainer.weight_sync.outcome import Delivered, SyncFailed
         from asyncrl.trainer.weight_sync.transport import receive
 
@@ -76,11 +84,16 @@ class RolloutHost:
         if got.version is not None and got.version != version:
             raise RuntimeError(f"weight sync: worker {self.worker.worker_index} was handed version {got.version} "
                                f"as version {version}")
+        state, nbytes, base_fp = got.state, got.nbytes, self._base_fingerprint
+        if self.spec.model.lora is not None:  # a worker without the base takes it with this version
+            done = complete(state, base, base_fp, worker=f"rollout worker {self.worker.worker_index}")
+            state, nbytes, base_fp = done.state, nbytes + done.base_nbytes, done.fingerprint
         t0 = time.perf_counter()
         if self.worker.version < 0:
-            self.worker.load_weights(got.state, version)
+            self.worker.load_weights(state, version)
         else:
-            self.worker.update_weights(got.state, version)
+            self.worker.update_weights(state, version)
+        self._base_fingerprint = base_fp
         handover = time.perf_counter() - t0
         # Interrupt-sync scores the outgoing version with the training-side model from host memory: views of
         # the object store's buckets, of the file read, or of the broadcast buckets (copied off the GPU under
@@ -89,7 +102,7 @@ class RolloutHost:
         self._weights = _on_host(got.state) if self._scores_old_versions else None
         pause = float(getattr(engine, "apply_seconds", 0.0)) - self._paused_reported
         self._paused_reported += pause
-        return Delivered(transfer_seconds=got.transfer_seconds, nbytes=got.nbytes, handover_seconds=handover,
+        return Delivered(transfer_seconds=got.transfer_seconds, nbytes=nbytes, handover_seconds=handover,
                          pause_seconds=pause)
 
     @property

@@ -72,7 +72,11 @@ class DedicatedStage(Stage):
         d = self.spec.old_logits.dedicated
         spawn = loop.hosts.spawn_dedicated or dedicated_spawner(self.spec, n_procs_cpus=1.0, threads=1)
         self._plan = DedicatedPlan(replicas=d.replicas, max_lag_versions=d.max_lag_versions, start_version=loop.version)
-        self._fleet = DedicatedFleet(self._plan, [spawn(i) for i in range(d.replicas)], spawn)
+        handles = [spawn(i) for i in range(d.replicas)]
+        if self.spec.model.lora is not None:  # the versions are adapters: every scorer takes the base first
+            weight_sync.give_base(loop.hosts, handles)
+            spawn = _with_base(spawn, loop.hosts)
+        self._fleet = DedicatedFleet(self._plan, handles, spawn)
         # Under broadcast the scorers join the weight-sync group (formed again before the next version) and
         # take the current version from the object store meanwhile.
         weight_sync.join(loop.hosts, self.fleet.handles)
@@ -151,3 +155,16 @@ class DedicatedStage(Stage):
             "wait_s": round(self.wait_s, 3), "waits": self.waits, "replacements": self.fleet.replaced,
             "scorers": scorers,
         }}
+
+
+def _with_base(spawn: Any, hosts: Any) -> Any:
+    """``spawn`` for a LoRA job: a respawned scorer takes the actor's frozen base before any version. (It holds
+    the hosts, not the loop: the fleet keeps it, and a loop -> stage -> fleet -> loop cycle would keep the
+    scorers' handles, so their processes, alive until a garbage collection.)"""
+
+    def respawn(replica: int) -> Any:
+        handle = spawn(replica)
+        weight_sync.give_base(hosts, [handle])
+        return handle
+
+    return respawn

@@ -475,7 +475,7 @@ class _Loop:
         log.warning("rollout worker %d died (%s); replacing it at version %d", i, _cause(exc), self.version)
         worker = self.hosts.replace_rollout(i)
         ray.get(worker.set_prompt_cursor.remote(self.cursors[i]))
-        weight_sync.to_replacement(self.hosts, worker, self.version)
+        weight_sync.to_replacement(self.hosts, worker, self.version, lora=self.spec.model.lora is not None)
         self.m.worker_replacements.labels("rollout").inc()
         self.workers.replaced(i, time.monotonic())  # a call of the dead one still in flight is an orphan now
 

@@ -22,6 +22,11 @@ Per ``actor.weightSync.transport``:
   and the group is formed again, with the new member, before the next version. A member that died
   during a send makes the collective fail (its sockets close): the survivors that missed the version get
   it from the object store and the group is re-formed.
+
+Under ``spec.model.lora`` the versions after the first travel as adapters alone: a replacement gets the actor's
+frozen base beside the version, through the object store to it alone, whatever the transport
+(:func:`to_replacement`, ``weight_sync/lora_base.py``); so does every dedicated scorer when it starts
+(:func:`give_base`).
 """
 
 import logging
@@ -210,12 +215,26 @@ def for_joiner(hosts: HostHandles, version: int) -> Any:
     return hosts.actor.weights_for_joiner.remote(version)
 
 
-def to_replacement(hosts: HostHandles, worker: Any, version: int) -> "SyncOutcome":
+def to_replacement(hosts: HostHandles, worker: Any, version: int, *, lora: bool = False) -> "SyncOutcome":
     """The version rollout holds now to a worker that joined late (a replacement): ``hosts.weights``, or under
-    broadcast its object-store copy (the group takes the new worker in before the next version)."""
+    broadcast its object-store copy (the group takes the new worker in before the next version). Under
+    ``spec.model.lora`` (``lora``) the versions after the first are adapters alone, so the actor's frozen base
+    goes with them, through the object store to this worker alone (``weight_sync/lora_base.py``)."""
     import ray
 
-    return ray.get(worker.update_weights.remote(for_joiner(hosts, version), version))
+    base = hosts.actor.base_for_joiner.remote() if lora else None
+    return ray.get(worker.update_weights.remote(for_joiner(hosts, version), version, base))
+
+
+def give_base(hosts: HostHandles, receivers: list[Any]) -> int:
+    """Under ``spec.model.lora``: the actor's frozen base to receivers that hold none and follow versions that
+    travel as adapters alone (the dedicated scorers, at start and when respawned); one object-store copy for
+    all of them, freed once they have it. Blocks until each took it (a refused base raises here); the bytes
+    each fetched."""
+    import ray
+
+    base = hosts.actor.base_for_joiner.remote()
+    return max(ray.get([r.set_base.remote(base) for r in receivers]), default=0)
 
 
 def join(hosts: HostHandles, receivers: list[Any]) -> None:
