@@ -88,3 +88,23 @@ def test_a_record_at_another_learning_rate_is_refused(cr: ModuleType) -> None:
 def test_reset_events(cr: ModuleType) -> None:
     r = _rec({0: 0.3}, reset_versions=(4, 7, 20), outcomes={7: "unrecovered", 10: "unrecovered", 23: "recovered"})
     assert cr.reset_events(r) == {"resets": 3, "recovered": 1, "unrecovered": 2, "followed": 1}
+
+
+def test_deviations_name_the_second_campaign_and_its_code(cr: ModuleType, tmp_path) -> None:
+    import json
+
+    # seed 16 is not in the first campaign: its recentre run used the bf16-residual history
+    runs = {a: {s: _rec({0: 0.3, 20: 0.4}, arm=a, seed=s) for s in (10, 16)} for a in cr.ARMS}
+    runs["exact"][16]["load_avg_start"] = [40.0, 1.0, 1.0]
+    errors = [{"W": 3, "lr": 1e-4, "residuals_bf16": 2e-7, "movement": 1e-4},
+              {"W": 3, "lr": 1e-3, "residuals_bf16": 3e-6, "movement": 1e-3},
+              {"W": 2, "lr": 1e-3, "residuals_bf16": 9e-6, "movement": 1e-3}]  # another W: not counted
+    (tmp_path / "ewma_history_memory.json").write_text(json.dumps({"errors": errors}))
+    assert cr.history_error(tmp_path) == pytest.approx((3e-6, 3e-3))  # max of 2e-3 and 3e-3 of a version's movement
+    text = cr.deviations(runs, tmp_path)
+    assert "2 of the registered 12 (10, 16)" in text and "the registered 12 were not reached" in text
+    assert "a second campaign ran the 5 missing runs (seeds 16)" in text
+    assert "load average 1.0–40.0" in text  # the second campaign's own load
+    assert "`ewma_recentre` runs of seeds 16 ran after commit 46ae51f" in text and "3.0e-06" in text and "0.3%" in text
+    assert "`ewma_reset_off` runs of seeds 16 ran after commit 5a96c84" in text
+    assert cr._load_cell([runs["exact"][10], runs["exact"][16]]) == "1.0 (1.0–40.0)"
