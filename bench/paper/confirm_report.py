@@ -152,6 +152,12 @@ def _load_cell(runs: Sequence[Record]) -> str:
     return f"{statistics.median(loads):.1f} ({min(loads):.1f}–{max(loads):.1f})"
 
 
+def _staleness(runs: Sequence[Record]) -> float:
+    """Mean over runs of each run's mean staleness of the trained tokens (versions), from the step reports."""
+    per_run = [statistics.fmean(s["staleness_mean"] for s in r["steps"] if "staleness_mean" in s) for r in runs]
+    return statistics.fmean(per_run) if per_run else math.nan
+
+
 def _seeds(seeds: Sequence[int]) -> str:
     return ", ".join(map(str, sorted(seeds))) or "none"
 
@@ -172,6 +178,7 @@ def deviations(runs: Mapping[str, Mapping[int, Record]], data: Path) -> str:
     complete = sorted(s for s in seeds if all(s in runs[a] for a in ARMS))
     later = {a: sorted(s for s in runs[a] if s not in FIRST_CAMPAIGN[a]) for a in ARMS}
     later_runs = [runs[a][s] for a in ARMS for s in later[a]]
+    first_runs = [runs[a][s] for a in ARMS for s in runs[a] if s in FIRST_CAMPAIGN[a]]
     reset_seeds = sorted({r["seed"] for rs in reset_runs(data).values() for r in rs})
     later_resets = [r for (rule, _), rs in reset_runs(data).items() for r in rs
                     if rule == "recentre" and r["seed"] not in FIRST_CAMPAIGN_RESET_SEEDS]
@@ -185,7 +192,10 @@ def deviations(runs: Mapping[str, Mapping[int, Record]], data: Path) -> str:
         later_seeds = sorted({r["seed"] for r in later_runs})
         text += (f"; a second campaign ran the {len(later_runs)} missing runs (seeds {_seeds(later_seeds)}), seed by seed "
                  "with every arm of a seed before the next, at the lowest CPU priority (`nice -n 19`) beside the "
-                 f"project's test suites: {_load_text(later_runs)}")
+                 f"project's test suites: {_load_text(later_runs)}. The asynchrony is real, so the machine's load "
+                 "shapes how stale the trained tokens are: mean staleness (versions) "
+                 f"{_staleness(first_runs):.2f} in the first campaign's runs, {_staleness(later_runs):.2f} in the "
+                 "second's")
     text += (". The reset rules' cooldown was redefined after the first two reset-comparison runs and before any "
              "`ewma_recentre` run completed (the W versions after a reset no longer count toward the next streak; "
              "the plan says only \"W-version cooldown\"); " + (

@@ -96,6 +96,9 @@ def test_deviations_name_the_second_campaign_and_its_code(cr: ModuleType, tmp_pa
     # seed 16 is not in the first campaign: its recentre run used the bf16-residual history
     runs = {a: {s: _rec({0: 0.3, 20: 0.4}, arm=a, seed=s) for s in (10, 16)} for a in cr.ARMS}
     runs["exact"][16]["load_avg_start"] = [40.0, 1.0, 1.0]
+    for a in cr.ARMS:  # staleness 2.5 in every first-campaign run, 3.0 in every second-campaign run
+        runs[a][10]["steps"] = [{**s, "staleness_mean": 2.5} for s in runs[a][10]["steps"]]
+        runs[a][16]["steps"] = [{**s, "staleness_mean": 3.0} for s in runs[a][16]["steps"]]
     errors = [{"W": 3, "lr": 1e-4, "residuals_bf16": 2e-7, "movement": 1e-4},
               {"W": 3, "lr": 1e-3, "residuals_bf16": 3e-6, "movement": 1e-3},
               {"W": 2, "lr": 1e-3, "residuals_bf16": 9e-6, "movement": 1e-3}]  # another W: not counted
@@ -105,6 +108,7 @@ def test_deviations_name_the_second_campaign_and_its_code(cr: ModuleType, tmp_pa
     assert "2 of the registered 12 (10, 16)" in text and "the registered 12 were not reached" in text
     assert "a second campaign ran the 5 missing runs (seeds 16)" in text
     assert "load average 1.0–40.0" in text  # the second campaign's own load
+    assert "mean staleness (versions) 2.50 in the first campaign's runs, 3.00 in the second's" in text
     assert "`ewma_recentre` runs of seeds 16 ran after commit 46ae51f" in text and "3.0e-06" in text and "0.3%" in text
     assert "`ewma_reset_off` runs of seeds 16 ran after commit 5a96c84" in text
     assert cr._load_cell([runs["exact"][10], runs["exact"][16]]) == "1.0 (1.0–40.0)"
