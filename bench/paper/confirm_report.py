@@ -158,6 +158,10 @@ def _staleness(runs: Sequence[Record]) -> float:
     return statistics.fmean(per_run) if per_run else math.nan
 
 
+def _lr(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
 def _seeds(seeds: Sequence[int]) -> str:
     return ", ".join(map(str, sorted(seeds))) or "none"
 
@@ -180,8 +184,9 @@ def deviations(runs: Mapping[str, Mapping[int, Record]], data: Path) -> str:
     later_runs = [runs[a][s] for a in ARMS for s in later[a]]
     first_runs = [runs[a][s] for a in ARMS for s in runs[a] if s in FIRST_CAMPAIGN[a]]
     reset_seeds = sorted({r["seed"] for rs in reset_runs(data).values() for r in rs})
+    # reused records are the confirmatory arm's own runs (their code is the confirmatory seed's)
     later_resets = [r for (rule, _), rs in reset_runs(data).items() for r in rs
-                    if rule == "recentre" and r["seed"] not in FIRST_CAMPAIGN_RESET_SEEDS]
+                    if rule == "recentre" and r["seed"] not in FIRST_CAMPAIGN_RESET_SEEDS and "reused_from" not in r]
     text = (f"**Deviations from the plan.** Seeds with all five arms: {len(complete)} of the registered 12 "
             f"({_seeds(complete)})" + ("" if len(complete) >= 12 else
             "; **the registered 12 were not reached** before the deadline on the loaded machine, so every test "
@@ -204,9 +209,11 @@ def deviations(runs: Mapping[str, Mapping[int, Record]], data: Path) -> str:
                  "some `ewma_recentre` runs reset, and all of them ran under the new definition. "))
     if later["ewma_recentre"] or later_resets:
         err, share = history_error(data)
-        text += (f"The `ewma_recentre` runs of seeds {_seeds(later['ewma_recentre'])}"
-                 + (f" and the reset comparison's `recentre` runs of seed{'s' if len({r['seed'] for r in later_resets}) > 1 else ''} "
-                    f"{_seeds(sorted({r['seed'] for r in later_resets}))}" if later_resets else "")
+        named = ([f"the `ewma_recentre` runs of seeds {_seeds(later['ewma_recentre'])}"] if later["ewma_recentre"] else []) + (
+            ["the reset comparison's own `recentre` runs of " + "; ".join(f"seed {seed} at lr " + " and ".join(
+                _lr(x) for x in sorted(float(r["scale"]["learning_rate"]) for r in later_resets if r["seed"] == seed))
+                for seed in sorted({r["seed"] for r in later_resets}))] if later_resets else [])
+        text += (" and ".join(named)[0].upper() + " and ".join(named)[1:]
                  + " ran after commit 46ae51f, which keeps the recentre history as bf16 residuals of the EWMA instead "
                  "of W + 2 fp32 weight copies (the earlier ones ran with the copies): the reset target it rebuilds "
                  f"differs from a float64 reference by at most {err:.1e} (at most {share:.1%} of one version's "
@@ -218,7 +225,9 @@ def deviations(runs: Mapping[str, Mapping[int, Record]], data: Path) -> str:
                  "the same). ")
     text += ("One `ewma_recentre` run (seed 10) failed twice when the reset comparison, run beside it, shared its "
              "scratch folder; it was rerun from scratch, no record was affected. "
-             f"The reset comparison ran seeds {_seeds(reset_seeds)} (registered: 10, 11, 12).")
+             f"The reset comparison ran seeds {_seeds(reset_seeds)} (registered: 10, 11, 12"
+             + ("" if not set(reset_seeds) - set(FIRST_CAMPAIGN_RESET_SEEDS) else
+                f"; seed {_seeds(sorted(set(reset_seeds) - set(FIRST_CAMPAIGN_RESET_SEEDS)))} in the second campaign") + ").")
     return text
 
 

@@ -112,3 +112,23 @@ def test_deviations_name_the_second_campaign_and_its_code(cr: ModuleType, tmp_pa
     assert "`ewma_recentre` runs of seeds 16 ran after commit 46ae51f" in text and "3.0e-06" in text and "0.3%" in text
     assert "`ewma_reset_off` runs of seeds 16 ran after commit 5a96c84" in text
     assert cr._load_cell([runs["exact"][10], runs["exact"][16]]) == "1.0 (1.0–40.0)"
+
+
+def test_deviations_count_only_the_reset_comparisons_own_later_runs(cr: ModuleType, tmp_path) -> None:
+    import json
+
+    def reset_rec(seed: int, lr: float, **extra: object) -> dict:
+        rec = _rec({0: 0.3, 20: 0.4}, lr=lr, actor=lr, seed=seed)
+        return {**rec, "config": {"correction": {"ewma": {"reset": {"rule": "recentre"}}}}, **extra}
+
+    folder = tmp_path / "reset_rules"
+    folder.mkdir()
+    for name, rec in {"a": reset_rec(10, 1e-4), "b": reset_rec(12, 1e-4), "c": reset_rec(12, 1e-3),
+                      "d": reset_rec(12, 3e-4, reused_from="ewma_recentre-s12.json")}.items():
+        (folder / f"{name}.json").write_text(json.dumps(rec))
+    runs = {a: {10: _rec({0: 0.3, 20: 0.4}, arm=a, seed=10)} for a in cr.ARMS}  # first campaign only
+    text = cr.deviations(runs, tmp_path)
+    # the reused lr 3e-4 record is the confirmatory arm's first-campaign run: not named as later code
+    assert "The reset comparison's own `recentre` runs of seed 12 at lr 1e-4 and 1e-3 ran after commit 46ae51f" in text
+    assert "ran seeds 10, 12 (registered: 10, 11, 12; seed 12 in the second campaign)" in text
+    assert "second campaign ran the" not in text  # no confirmatory run outside the first campaign
