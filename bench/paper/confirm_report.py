@@ -396,8 +396,9 @@ def default_decision(data: Path) -> str:
     runs, resets = confirmatory_runs(data), reset_runs(data)
     parts, ok = [], True
     for lr in (1e-4, 3e-4):
-        rs = list(resets.get(("recentre", lr), [])) + (list(runs["ewma_recentre"].values())
-                                                       if math.isclose(lr, LEARNING_RATE) else [])
+        # at the plan's rate the confirmatory arm's runs count once: the reset comparison's reused copies are left out
+        own = [r for r in resets.get(("recentre", lr), []) if "reused_from" not in r]
+        rs = own + (list(runs["ewma_recentre"].values()) if math.isclose(lr, LEARNING_RATE) else [])
         ev = [reset_events(r) for r in rs]
         dec = sum(e["recovered"] + e["unrecovered"] for e in ev)
         rec = sum(e["recovered"] for e in ev)
@@ -434,8 +435,8 @@ def memory_note(data: Path) -> str:
     at3 = next(b for b in smol["bytes"] if b["W"] == 3)
     err = {r["lr"]: r for r in rec["errors"] if r["W"] == 3}
     lo, hi = err[min(err)], err[max(err)]
-    return (" Its memory: these runs kept the last W + 2 versions as fp32 copies (5 weight copies at W = 3, in memory "
-            "and in every checkpoint, as heavy as the exact snapshot); `recentre` now keeps the last W versions as "
+    return (" Its memory: the first campaign's runs kept the last W + 2 versions as fp32 copies (5 weight copies at "
+            "W = 3, in memory and in every checkpoint, as heavy as the exact snapshot); `recentre` now keeps the last W versions as "
             "bf16 residuals of the EWMA (`trainer/correction/ewma_history.py`: W/2 copies, 1.5 at W = 3; SmolLM2-135M's "
             f"EWMA state {at3['state_before'] / 2**20:,.0f} -> {at3['state_after'] / 2**20:,.0f} MiB) and rebuilds the "
             "same target within 2^-8 of the residuals (max abs difference from a float64 reference "

@@ -132,3 +132,21 @@ def test_deviations_count_only_the_reset_comparisons_own_later_runs(cr: ModuleTy
     assert "The reset comparison's own `recentre` runs of seed 12 at lr 1e-4 and 1e-3 ran after commit 46ae51f" in text
     assert "ran seeds 10, 12 (registered: 10, 11, 12; seed 12 in the second campaign)" in text
     assert "second campaign ran the" not in text  # no confirmatory run outside the first campaign
+
+
+def test_the_default_rule_counts_a_reused_confirmatory_run_once(cr: ModuleType, tmp_path) -> None:
+    import json
+
+    arm = _rec({0: 0.3, 20: 0.4}, arm="ewma_recentre", seed=11, reset_versions=(5,), outcomes={8: "recovered"})
+    copy = {**arm, "config": {"correction": {"ewma": {"reset": {"rule": "recentre"}}}}, "kind": "reset_rules",
+            "reused_from": "ewma_recentre-s11.json"}
+    (tmp_path / "reset_rules").mkdir()
+    (tmp_path / "reset_rules" / "ewma_recentre-lr3e-4-s11.json").write_text(json.dumps(copy))
+    (tmp_path / "confirmatory").mkdir()
+    for a in cr.ARMS:
+        for seed in (11, 12):
+            # endpoints 0.1 and 0.1001 in every arm: H3 = 0 with a narrow CI, so the plan's criterion holds
+            rec = arm if (a, seed) == ("ewma_recentre", 11) else _rec({0: 0.3, 20: 0.4 + (seed - 11) / 1e4}, arm=a, seed=seed)
+            (tmp_path / "confirmatory" / f"{a}-s{seed}.json").write_text(json.dumps(rec))
+    text = cr.default_decision(tmp_path)
+    assert "lr 0.0003: recentre recovered 1 of 1 decided resets (1 fired in 2 runs)" in text  # not 2 fired in 3 runs
