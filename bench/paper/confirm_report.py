@@ -38,6 +38,11 @@ HYPOTHESES = (
 SECONDARY = (("exact", "current_wide_mask"), ("exact", "ewma_reset_off"))
 RULES = ("paper", "paperCooldown", "recentre")
 RESET_LRS = (1e-4, 3e-4, 1e-3)
+# The first campaign (records committed in 68388fc, before the recentre history became bf16 residuals in 46ae51f
+# and before 5a96c84 stopped the reset-off arm keeping an unused history): which seeds each arm had then. Every
+# later record ran the second campaign's code. History, not a record field: those records do not say which code ran.
+FIRST_CAMPAIGN = {**{a: (10, 11, 12, 13, 14, 20, 21) for a in ARMS}, "exact": (10, 11, 12, 13, 14, 15, 19, 20, 21)}
+FIRST_CAMPAIGN_RESET_SEEDS = (10, 11)
 
 
 class ScaleMismatch(ValueError):
@@ -142,6 +147,90 @@ def _load_text(runs: Sequence[Record]) -> str:
             f"{statistics.median(walls):.0f} s)")
 
 
+def _load_cell(runs: Sequence[Record]) -> str:
+    loads = [x for r in runs for x in (r["load_avg_start"][0], r["load_avg_end"][0])]
+    return f"{statistics.median(loads):.1f} ({min(loads):.1f}–{max(loads):.1f})"
+
+
+def _staleness(runs: Sequence[Record]) -> float:
+    """Mean over runs of each run's mean staleness of the trained tokens (versions), from the step reports."""
+    per_run = [statistics.fmean(s["staleness_mean"] for s in r["steps"] if "staleness_mean" in s) for r in runs]
+    return statistics.fmean(per_run) if per_run else math.nan
+
+
+def _lr(lr: float) -> str:
+    return f"{lr:.0e}".replace("e-0", "e-")
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    return ", ".join(map(str, sorted(seeds))) or "none"
+
+
+def history_error(data: Path) -> tuple[float, float]:
+    """The bf16-residual history's largest error on the recentre target at W = 3, absolute and as a share of one
+    version's movement (``bench/ewma_history_memory.py``'s record); NaNs without the record."""
+    path = data / "ewma_history_memory.json"
+    if not path.exists():
+        return math.nan, math.nan
+    rows = [e for e in json.loads(path.read_text())["errors"] if e["W"] == 3]
+    return max(e["residuals_bf16"] for e in rows), max(e["residuals_bf16"] / e["movement"] for e in rows)
+
+
+def deviations(runs: Mapping[str, Mapping[int, Record]], data: Path) -> str:
+    """The paragraph "Deviations from the plan": what ran, in which order, under which code, on what machine."""
+    seeds = sorted({s for rs in runs.values() for s in rs})
+    complete = sorted(s for s in seeds if all(s in runs[a] for a in ARMS))
+    later = {a: sorted(s for s in runs[a] if s not in FIRST_CAMPAIGN[a]) for a in ARMS}
+    later_runs = [runs[a][s] for a in ARMS for s in later[a]]
+    first_runs = [runs[a][s] for a in ARMS for s in runs[a] if s in FIRST_CAMPAIGN[a]]
+    reset_seeds = sorted({r["seed"] for rs in reset_runs(data).values() for r in rs})
+    # reused records are the confirmatory arm's own runs (their code is the confirmatory seed's)
+    later_resets = [r for (rule, _), rs in reset_runs(data).items() for r in rs
+                    if rule == "recentre" and r["seed"] not in FIRST_CAMPAIGN_RESET_SEEDS and "reused_from" not in r]
+    text = (f"**Deviations from the plan.** Seeds with all five arms: {len(complete)} of the registered 12 "
+            f"({_seeds(complete)})" + ("" if len(complete) >= 12 else
+            "; **the registered 12 were not reached** before the deadline on the loaded machine, so every test "
+            "below has less power than planned and a seed missing an arm still counts in the arms it has") + ". ")
+    text += ("Order: the first campaign ran seeds 10–14, 20 and 21 with all five arms and only the `exact` arm of seeds "
+             "15 and 19, so seeds 20 and 21 ran before 15–19, against the registered order")
+    if later_runs:
+        later_seeds = sorted({r["seed"] for r in later_runs})
+        text += (f"; a second campaign ran the {len(later_runs)} missing runs (seeds {_seeds(later_seeds)}), seed by seed "
+                 "with every arm of a seed before the next, at the lowest CPU priority (`nice -n 19`) beside the "
+                 f"project's test suites: {_load_text(later_runs)}. The asynchrony is real, so the machine's load "
+                 "shapes how stale the trained tokens are: mean staleness (versions) "
+                 f"{_staleness(first_runs):.2f} in the first campaign's runs, {_staleness(later_runs):.2f} in the "
+                 "second's")
+    text += (". The reset rules' cooldown was redefined after the first two reset-comparison runs and before any "
+             "`ewma_recentre` run completed (the W versions after a reset no longer count toward the next streak; "
+             "the plan says only \"W-version cooldown\"); " + (
+                 "no `ewma_recentre` run reset, so its runs are the same under either definition. " if not any(
+                     reset_events(r)["resets"] for r in runs["ewma_recentre"].values()) else
+                 "some `ewma_recentre` runs reset, and all of them ran under the new definition. "))
+    if later["ewma_recentre"] or later_resets:
+        err, share = history_error(data)
+        named = ([f"the `ewma_recentre` runs of seeds {_seeds(later['ewma_recentre'])}"] if later["ewma_recentre"] else []) + (
+            ["the reset comparison's own `recentre` runs of " + "; ".join(f"seed {seed} at lr " + " and ".join(
+                _lr(x) for x in sorted(float(r["scale"]["learning_rate"]) for r in later_resets if r["seed"] == seed))
+                for seed in sorted({r["seed"] for r in later_resets}))] if later_resets else [])
+        text += (" and ".join(named)[0].upper() + " and ".join(named)[1:]
+                 + " ran after commit 46ae51f, which keeps the recentre history as bf16 residuals of the EWMA instead "
+                 "of W + 2 fp32 weight copies (the earlier ones ran with the copies): the reset target it rebuilds "
+                 f"differs from a float64 reference by at most {err:.1e} (at most {share:.1%} of one version's "
+                 "movement; W = 3, lr 1e-4 to 1e-3, `docs/results/data/ewma_history_memory.json`), the same rule "
+                 "within the runs' resolution. ")
+    if later["ewma_reset_off"]:
+        text += (f"The `ewma_reset_off` runs of seeds {_seeds(later['ewma_reset_off'])} ran after commit 5a96c84, "
+                 "which stops that arm keeping the recentre history it never reads (memory only; the reference is "
+                 "the same). ")
+    text += ("One `ewma_recentre` run (seed 10) failed twice when the reset comparison, run beside it, shared its "
+             "scratch folder; it was rerun from scratch, no record was affected. "
+             f"The reset comparison ran seeds {_seeds(reset_seeds)} (registered: 10, 11, 12"
+             + ("" if not set(reset_seeds) - set(FIRST_CAMPAIGN_RESET_SEEDS) else
+                f"; seed {_seeds(sorted(set(reset_seeds) - set(FIRST_CAMPAIGN_RESET_SEEDS)))} in the second campaign") + ").")
+    return text
+
+
 def hypotheses(runs: Mapping[str, Mapping[int, Record]]) -> list[dict[str, Any]]:
     """H1-H4 and the secondary comparisons, tested as the plan says (Holm over H1-H4 only)."""
     ep = {a: {s: endpoint(r) for s, r in rs.items()} for a, rs in runs.items()}
@@ -205,30 +294,18 @@ def confirmatory_section(data: Path) -> str:
     for a in ARMS:
         rs = list(runs[a].values())
         if not rs:
-            rows.append([f"`{a}`", "0", "-", "-", "-", "-", "-"])
+            rows.append([f"`{a}`", "0", "-", "-", "-", "-", "-", "-"])
             continue
         rows.append([f"`{a}`", str(len(rs)), _ci([r["eval_curve"][0]["success"] for r in rs]),
                      _ci([endpoint(r) for r in rs]), _ci([r["keep_ratio_mean"] for r in rs], 4),
                      _ci([statistics.fmean(s["in_bounds_ratio"] for s in r["steps"] if "in_bounds_ratio" in s)
                           for r in rs], 4),
-                     f"{statistics.fmean(reset_events(r)['resets'] for r in rs):.1f}"])
-    lines.append("| arm | runs | held-out at v0 | primary endpoint | keep ratio | in-bounds ratio | resets / run |")
-    lines.append("|---|---|---|---|---|---|---|")
+                     f"{statistics.fmean(reset_events(r)['resets'] for r in rs):.1f}", _load_cell(rs)])
+    lines.append("| arm | runs | held-out at v0 | primary endpoint | keep ratio | in-bounds ratio | resets / run | "
+                 "1-min load (median, range) |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    complete = sorted(s for s in seeds if all(s in runs[a] for a in ARMS))
-    lines += ["", f"**Deviations from the plan.** Seeds with all five arms: {len(complete)} of the registered 12 "
-              f"({', '.join(map(str, complete)) or 'none'})" + ("" if len(complete) >= 12 else
-              "; **the registered 12 were not reached** before the deadline on the loaded machine, so every test "
-              "below has less power than planned and a seed missing an arm still counts in the arms it has") + ". "
-              "The reset rules' cooldown was redefined after the first two reset-comparison runs and before any "
-              "`ewma_recentre` run completed (the W versions after a reset no longer count toward the next streak; "
-              "the plan says only \"W-version cooldown\"); " + (
-                  "no `ewma_recentre` run reset, so its runs are the same under either definition. " if not any(
-                      reset_events(r)["resets"] for r in runs["ewma_recentre"].values()) else
-                  "some `ewma_recentre` runs reset, and all of them ran under the new definition. ") + "One `ewma_recentre` run (seed 10) failed twice when the reset comparison, run beside "
-              "it, shared its scratch folder; it was rerun from scratch, no record was affected. "
-              f"The reset comparison ran seeds {', '.join(map(str, sorted({r['seed'] for rs in reset_runs(data).values() for r in rs}))) or 'none'} "
-              "(registered: 10, 11, 12).", ""]
+    lines += ["", deviations(runs, data), ""]
     ok, why = regime(runs)
     lines += [f"**Regime.** {why}.", "",
               "**Hypotheses** (the plan's family H1–H4, Holm-adjusted; secondary comparisons with raw p only). "
@@ -319,8 +396,9 @@ def default_decision(data: Path) -> str:
     runs, resets = confirmatory_runs(data), reset_runs(data)
     parts, ok = [], True
     for lr in (1e-4, 3e-4):
-        rs = list(resets.get(("recentre", lr), [])) + (list(runs["ewma_recentre"].values())
-                                                       if math.isclose(lr, LEARNING_RATE) else [])
+        # at the plan's rate the confirmatory arm's runs count once: the reset comparison's reused copies are left out
+        own = [r for r in resets.get(("recentre", lr), []) if "reused_from" not in r]
+        rs = own + (list(runs["ewma_recentre"].values()) if math.isclose(lr, LEARNING_RATE) else [])
         ev = [reset_events(r) for r in rs]
         dec = sum(e["recovered"] + e["unrecovered"] for e in ev)
         rec = sum(e["recovered"] for e in ev)
@@ -357,8 +435,8 @@ def memory_note(data: Path) -> str:
     at3 = next(b for b in smol["bytes"] if b["W"] == 3)
     err = {r["lr"]: r for r in rec["errors"] if r["W"] == 3}
     lo, hi = err[min(err)], err[max(err)]
-    return (" Its memory: these runs kept the last W + 2 versions as fp32 copies (5 weight copies at W = 3, in memory "
-            "and in every checkpoint, as heavy as the exact snapshot); `recentre` now keeps the last W versions as "
+    return (" Its memory: the first campaign's runs kept the last W + 2 versions as fp32 copies (5 weight copies at "
+            "W = 3, in memory and in every checkpoint, as heavy as the exact snapshot); `recentre` now keeps the last W versions as "
             "bf16 residuals of the EWMA (`trainer/correction/ewma_history.py`: W/2 copies, 1.5 at W = 3; SmolLM2-135M's "
             f"EWMA state {at3['state_before'] / 2**20:,.0f} -> {at3['state_after'] / 2**20:,.0f} MiB) and rebuilds the "
             "same target within 2^-8 of the residuals (max abs difference from a float64 reference "

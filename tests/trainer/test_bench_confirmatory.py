@@ -88,3 +88,65 @@ def test_a_record_at_another_learning_rate_is_refused(cr: ModuleType) -> None:
 def test_reset_events(cr: ModuleType) -> None:
     r = _rec({0: 0.3}, reset_versions=(4, 7, 20), outcomes={7: "unrecovered", 10: "unrecovered", 23: "recovered"})
     assert cr.reset_events(r) == {"resets": 3, "recovered": 1, "unrecovered": 2, "followed": 1}
+
+
+def test_deviations_name_the_second_campaign_and_its_code(cr: ModuleType, tmp_path) -> None:
+    import json
+
+    # seed 16 is not in the first campaign: its recentre run used the bf16-residual history
+    runs = {a: {s: _rec({0: 0.3, 20: 0.4}, arm=a, seed=s) for s in (10, 16)} for a in cr.ARMS}
+    runs["exact"][16]["load_avg_start"] = [40.0, 1.0, 1.0]
+    for a in cr.ARMS:  # staleness 2.5 in every first-campaign run, 3.0 in every second-campaign run
+        runs[a][10]["steps"] = [{**s, "staleness_mean": 2.5} for s in runs[a][10]["steps"]]
+        runs[a][16]["steps"] = [{**s, "staleness_mean": 3.0} for s in runs[a][16]["steps"]]
+    errors = [{"W": 3, "lr": 1e-4, "residuals_bf16": 2e-7, "movement": 1e-4},
+              {"W": 3, "lr": 1e-3, "residuals_bf16": 3e-6, "movement": 1e-3},
+              {"W": 2, "lr": 1e-3, "residuals_bf16": 9e-6, "movement": 1e-3}]  # another W: not counted
+    (tmp_path / "ewma_history_memory.json").write_text(json.dumps({"errors": errors}))
+    assert cr.history_error(tmp_path) == pytest.approx((3e-6, 3e-3))  # max of 2e-3 and 3e-3 of a version's movement
+    text = cr.deviations(runs, tmp_path)
+    assert "2 of the registered 12 (10, 16)" in text and "the registered 12 were not reached" in text
+    assert "a second campaign ran the 5 missing runs (seeds 16)" in text
+    assert "load average 1.0–40.0" in text  # the second campaign's own load
+    assert "mean staleness (versions) 2.50 in the first campaign's runs, 3.00 in the second's" in text
+    assert "`ewma_recentre` runs of seeds 16 ran after commit 46ae51f" in text and "3.0e-06" in text and "0.3%" in text
+    assert "`ewma_reset_off` runs of seeds 16 ran after commit 5a96c84" in text
+    assert cr._load_cell([runs["exact"][10], runs["exact"][16]]) == "1.0 (1.0–40.0)"
+
+
+def test_deviations_count_only_the_reset_comparisons_own_later_runs(cr: ModuleType, tmp_path) -> None:
+    import json
+
+    def reset_rec(seed: int, lr: float, **extra: object) -> dict:
+        rec = _rec({0: 0.3, 20: 0.4}, lr=lr, actor=lr, seed=seed)
+        return {**rec, "config": {"correction": {"ewma": {"reset": {"rule": "recentre"}}}}, **extra}
+
+    folder = tmp_path / "reset_rules"
+    folder.mkdir()
+    for name, rec in {"a": reset_rec(10, 1e-4), "b": reset_rec(12, 1e-4), "c": reset_rec(12, 1e-3),
+                      "d": reset_rec(12, 3e-4, reused_from="ewma_recentre-s12.json")}.items():
+        (folder / f"{name}.json").write_text(json.dumps(rec))
+    runs = {a: {10: _rec({0: 0.3, 20: 0.4}, arm=a, seed=10)} for a in cr.ARMS}  # first campaign only
+    text = cr.deviations(runs, tmp_path)
+    # the reused lr 3e-4 record is the confirmatory arm's first-campaign run: not named as later code
+    assert "The reset comparison's own `recentre` runs of seed 12 at lr 1e-4 and 1e-3 ran after commit 46ae51f" in text
+    assert "ran seeds 10, 12 (registered: 10, 11, 12; seed 12 in the second campaign)" in text
+    assert "second campaign ran the" not in text  # no confirmatory run outside the first campaign
+
+
+def test_the_default_rule_counts_a_reused_confirmatory_run_once(cr: ModuleType, tmp_path) -> None:
+    import json
+
+    arm = _rec({0: 0.3, 20: 0.4}, arm="ewma_recentre", seed=11, reset_versions=(5,), outcomes={8: "recovered"})
+    copy = {**arm, "config": {"correction": {"ewma": {"reset": {"rule": "recentre"}}}}, "kind": "reset_rules",
+            "reused_from": "ewma_recentre-s11.json"}
+    (tmp_path / "reset_rules").mkdir()
+    (tmp_path / "reset_rules" / "ewma_recentre-lr3e-4-s11.json").write_text(json.dumps(copy))
+    (tmp_path / "confirmatory").mkdir()
+    for a in cr.ARMS:
+        for seed in (11, 12):
+            # endpoints 0.1 and 0.1001 in every arm: H3 = 0 with a narrow CI, so the plan's criterion holds
+            rec = arm if (a, seed) == ("ewma_recentre", 11) else _rec({0: 0.3, 20: 0.4 + (seed - 11) / 1e4}, arm=a, seed=seed)
+            (tmp_path / "confirmatory" / f"{a}-s{seed}.json").write_text(json.dumps(rec))
+    text = cr.default_decision(tmp_path)
+    assert "lr 0.0003: recentre recovered 1 of 1 decided resets (1 fired in 2 runs)" in text  # not 2 fired in 3 runs
