@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "paper"))
+import page_blocks  # noqa: E402  (bench/paper/page_blocks.py: generated blocks in a page)
 import stats  # noqa: E402  (bench/paper/stats.py: the paired t test)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,11 +260,7 @@ def fill_quote(text: str, template: str, values: Mapping[str, Any]) -> str:
 
 
 def fill_block(text: str, name: str, content: str) -> str:
-    begin, end = BEGIN.format(name), END.format(name)
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"no block {name!r} ({begin} ... {end})")
-    return pattern.sub(lambda _m: f"{begin}\n{content.rstrip()}\n{end}", text)
+    return page_blocks.fill_block(text, BEGIN.format(name), END.format(name), content)
 
 
 DOCS_SPEC: dict[str, tuple[Callable[[Path], dict[str, Any]], Sequence[str], dict[str, str]]] = {

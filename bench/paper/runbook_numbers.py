@@ -6,7 +6,6 @@
 when they differ), so a runbook cannot quote a figure its records no longer give.
 """
 
-import re
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import confirm_report as cr
 import ewma
 import harness as h
+import page_blocks
 import records as rec
 import render as rd
 
@@ -54,11 +54,7 @@ def blocks(data: Path) -> dict[str, dict[str, str]]:
 
 
 def fill(text: str, name: str, content: str) -> str:
-    begin, end = BEGIN.format(name), END.format(name)
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"no block {name!r} ({begin} ... {end})")
-    return pattern.sub(lambda _m: f"{begin}\n{content.rstrip()}\n{end}", text)
+    return page_blocks.fill_block(text, BEGIN.format(name), END.format(name), content)
 
 
 def render(data: Path, folder: Path = RUNBOOKS) -> dict[Path, str]:
