@@ -211,6 +211,11 @@ def section(data: Path) -> str:
     reached, regime_text = regime(r)
     if not reached:
         verdict = f"uninformative (regime not reached; the test alone reads {verdict})"
+    same = all(math.isclose(float(x["keep_ratio_mean"]), step_mean(x, "in_bounds_ratio"), abs_tol=1e-6)
+               for a in ARM_NAMES for x in r[a].values())
+    if same:
+        lines += ["The in-bounds ratio equals the keep ratio in every run: with `exact` both count the tokens whose "
+                  "`r_d` lies in the mask (the plan lists both).", ""]
     v0 = [x["eval_curve"][0]["success"] for a in ARM_NAMES for x in r[a].values()]
     walls = [float(x["wall_s"]) for a in ARM_NAMES for x in r[a].values()]
     loads = [float(x["load_avg_start"][0]) for a in ARM_NAMES for x in r[a].values()]
