@@ -93,9 +93,10 @@ def task_section(scale: Scale) -> dict[str, Any]:
 
 
 # --- the warm start, as a user makes one -------------------------------------------------------
-def warm_start(scale: Scale, folder: Path, seed: int = 0) -> dict[str, Any]:
+def warm_start(scale: Scale, folder: Path, seed: int = 0, base: Path | None = None) -> dict[str, Any]:
     """Supervised pass on the generator's answers; writes ``folder/model.safetensors`` (HF names, fp32,
-    tied head left out) once per scale, and returns what it did."""
+    tied head left out) once per scale, and returns what it did. ``base``: a Hugging Face model folder to start
+    from (its tokenizer and config files are copied beside the new weights); None: the tiny Llama preset."""
     from safetensors.torch import save_file
 
     from asyncrl.api.validation import validate_job
@@ -111,6 +112,8 @@ def warm_start(scale: Scale, folder: Path, seed: int = 0) -> dict[str, Any]:
     doc = {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": "external-warm"},
            "spec": {"task": task_section(scale), "correction": {"reference": "current"},
                     "train": {"warmStartSteps": 0, "seed": seed}}}
+    if base is not None:
+        doc["spec"]["model"] = {"weights": str(base)}
     spec = validate_job(doc).spec
     tok = task_tokenizer(spec.model, spec.task)
     actor = MegatronActor.from_spec(spec, tok.vocab_size, num_threads=1, max_sequence_length=context_length(spec.task, tok))
@@ -126,6 +129,9 @@ def warm_start(scale: Scale, folder: Path, seed: int = 0) -> dict[str, Any]:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in hf.items()}, str(tmp / "model.safetensors"))
+    for extra in sorted(base.iterdir()) if base is not None else ():
+        if extra.is_file() and not extra.name.startswith("model") and extra.suffix != ".safetensors":
+            shutil.copy2(extra, tmp / extra.name)  # config, generation config, tokenizer
     info = {"generator": task_args(), "steps": scale.warm_start_steps, "batch": scale.warm_batch, "seed": seed, "tokenizer": tok.name,
             "vocab": tok.vocab_size, "loss_first": round(losses[0], 4) if losses else None,
             "loss_last": round(losses[-1], 4) if losses else None, "seconds": round(time.monotonic() - t0, 1)}
@@ -145,6 +151,8 @@ def job_doc(cfg: harness.Config, scale: Scale, seed: int, weights: Path) -> dict
     doc["metadata"]["name"] = f"external-{cfg.key()}-s{seed}"
     doc["spec"]["task"] = task_section(scale)
     doc["spec"]["model"]["weights"] = str(weights)
+    if (weights / "config.json").exists():  # a full Hugging Face folder (bench/paper/moe_seeds.py): it names its model
+        doc["spec"]["model"].pop("preset", None)
     return doc
 
 

@@ -392,7 +392,8 @@ def run_experiment(args: argparse.Namespace, cfgs: Sequence[Config]) -> dict[str
 # --- condensed runs (the form bench/paper/gaps.py reads and draws; the experiments here use records) ---
 STEP_KEYS = ("version", "wall_s", "step_s", "keep_ratio", "clip_or_reject_frac", "clip_low_frac", "clip_high_frac",
              "rd_min", "rd_max", "staleness_mean", "staleness_max", "ewma_reset", "success_rate", "in_bounds_ratio",
-             "learning_rate", "ewma_reset_threshold", "ewma_reset_outcome")
+             "learning_rate", "ewma_reset_threshold", "ewma_reset_outcome", "kl_k3", "route_flip_frac",
+             "route_replayed_tokens")
 
 
 def condense(summary: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import render as rd
 COMMANDS = """```
 nice -n 5 .venv/bin/python bench/paper/confirmatory.py confirm  # the registered confirmatory experiment
 nice -n 5 .venv/bin/python bench/paper/confirmatory.py resets   # the reset rules at three learning rates
+nice -n 10 .venv/bin/python bench/paper/moe_seeds.py            # MoE routing replay: R3 vs none (issue 37's plan)
 nice -n 5 .venv/bin/python bench/paper/storm_evidence.py        # AsyncRLEwmaResetStorm through a real Prometheus
 nice -n 5 .venv/bin/python bench/paper/methods.py      # 1. Table 2 analog (also the noise floor's exact runs)
 nice -n 5 .venv/bin/python bench/paper/ewma.py         # 2. Figures 4 and 10 analog

@@ -126,7 +126,8 @@ def foreign_section(module: str, folder: str, write_figures: bool) -> str:
     """Another measurement's section (``module.section(DATA)``), or a line saying it has none yet."""
     title = {"gaps": "## The train–inference gap per source", "external": "## A task from an external generator",
              "warm_starts": "## 9. How much the warm start decides",
-             "moe_replay": "## MoE routing replay: the routing part of the train–inference gap"}[module]
+             "moe_replay": "## MoE routing replay: the routing part of the train–inference gap",
+             "moe_seeds": "## MoE routing replay in training: R3 against none at the paper's thresholds (issue 37)"}[module]
     data = DATA / folder
     if not data.exists() or not any(data.glob("*.json")):
         return f"{title}\n\nNo records yet (`docs/results/data/{folder}/` is empty).\n"
@@ -176,6 +177,7 @@ def generate(write_figures: bool, figures: Path | None = None) -> str:
         foreign_section("gaps", "gaps", write_figures),
         foreign_section("external", "external", write_figures),
         foreign_section("moe_replay", "moe_replay", write_figures),
+        foreign_section("moe_seeds", "moe_seeds", write_figures),
         "## 6. Proposition 1 in practice (Figure 5 analog)\n", experiment("prop1").section(ctx),
         "## 7. System cost (Table 3 and Table 6 analog)\n", system_cost_section(write_figures),
         "## 8. Reruns: the spread of one cell run twice\n", rerun_spread(ctx),
