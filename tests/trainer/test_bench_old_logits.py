@@ -118,7 +118,10 @@ def test_quick_bench_prints_every_strategy_and_the_targets(tmp_path: Path) -> No
     rows = {r["strategy"]: r for r in result["rows"]}
     assert set(rows) == set(bench.STRATEGIES)
     assert rows["behavior"]["extra_step_s"] == 0.0 and rows["behavior"]["extra_memory_bytes"] == 0
-    assert rows["ewma"]["extra_memory_bytes"] == result["weight_bytes"] == result["ewma_bytes"]
+    # the EWMA reference holds theta_prox plus, under the default recentre rule, its W bf16 residuals: 1 + W/2 copies
+    assert rows["ewma"]["extra_memory_bytes"] == result["ewma_bytes"] > result["weight_bytes"]
+    (held,) = [t for t in result["targets"] if t["name"].startswith("ewma holds exactly")]
+    assert held["met"] is True, held
     assert rows["snapshot"]["resident_max"] >= 1 and rows["snapshot"]["extra_memory_bytes"] > 0
     assert rows["interruptSync"]["stall_s"] > 0 and set(rows["interruptSync"]["stall_phases_s"]) == {
         "interrupt", "score", "update", "resume"}
