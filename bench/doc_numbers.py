@@ -1,7 +1,8 @@
 """The numbers ``docs/tasks.md`` and ``docs/agents.md`` quote from experiment records, generated from the records.
 
 Records (committed, ``docs/results/data/``): ``customer_service/baselines.json``
-(``bench/customer_service_baselines.py``), ``customer_service/v1-superseded/`` (``bench/customer_service.py``, the
+(``bench/customer_service_baselines.py``), ``customer_service/warmstart/`` (``bench/cs_warmstart_pilots.py``),
+``customer_service/v1-superseded/`` (``bench/customer_service.py``, the
 superseded v1 run) and ``agent_endpoint.json`` (``bench/agent_endpoint.py``). Two forms, as
 ``bench/paper/runbook_numbers.py`` does for the runbooks:
 
@@ -122,12 +123,29 @@ def tasks_values(data: Path) -> dict[str, Any]:
         "guess_below": math.ceil(1000 * max(by[p]["success"] for p in GUESSES)) / 1000,
         "imitate": by["imitate_warm_start"]["success"],
         "baselines_table": baselines_table(b),
+        "warmstart_table": warmstart_table(data / "customer_service" / "warmstart"),
         "v1_v0": statistics.fmean(r["points"][0]["pass_k"]["1"] for r in rl),
         "v1_rl": statistics.fmean(r["points"][-1]["pass_k"]["1"] for r in rl),
         "v1_sft": statistics.fmean(r["points"][-1]["pass_k"]["1"] for r in sft),
         "v1_seeds": end.n, "v1_p": end.p,
         "v1_sft_gain": sft_gain.diff, "v1_sft_gain_p": sft_gain.p,
     }
+
+
+def warmstart_table(folder: Path) -> str:
+    """The warm-start pilots (``bench/cs_warmstart_pilots.py``, one record each), in the order they ran."""
+    records = sorted((_load(p) for p in folder.glob("*.json")), key=lambda r: r["started"])
+    lines = ["| pilot | copy demos | curriculum | digit weight | steps x batch | copy (teacher-forced) at step 50 / 100 / end "
+             "| loss at the end | sampled: looked up | copied user | guessed | success | train s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        a, by = r["args"], {c["step"]: c for c in r["curve"]}
+        tf = " / ".join(f"{by[k]['copy_tf']:.2f}" if k in by else "-" for k in (50, 100, a["steps"]))
+        b = r["behaviour"]
+        lines.append(f"| `{r['name']}` | {a['copy_frac']:.1f} | {a['curriculum']:.2f} | {a['digit_weight']:g} | "
+                     f"{a['steps']} x {a['batch']} | {tf} | {r['curve'][-1]['loss']:.3f} | {b['looked_up']:.2f} | "
+                     f"**{b['copied_user']:.2f}** | {b['guessed']:.2f} | {r['success']:.3f} | {r['train_seconds']:.0f} |")
+    return "\n".join(lines)
 
 
 def _v1_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
@@ -267,7 +285,7 @@ def fill_block(text: str, name: str, content: str) -> str:
 
 
 DOCS_SPEC: dict[str, tuple[Callable[[Path], dict[str, Any]], Sequence[str], dict[str, str]]] = {
-    "tasks.md": (tasks_values, TASKS_QUOTES, {"baselines": "baselines_table"}),
+    "tasks.md": (tasks_values, TASKS_QUOTES, {"baselines": "baselines_table", "warmstart": "warmstart_table"}),
     "agents.md": (agents_values, AGENTS_QUOTES, {"throughput": "throughput_table"}),
 }
 

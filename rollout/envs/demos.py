@@ -145,24 +145,42 @@ def _cs_demonstrations(n: int, rng: Random, *, mix: Mapping[str, float] | None, 
     tokenizer takes."""
     from asyncrl.rollout.envs.adapter import TurnAdapter
     from asyncrl.rollout.envs.cs_tokenizer import NAME
-    from asyncrl.rollout.envs.customer_service import DEMO_MIX, CustomerService, Scenario, ScenarioSamples
+    from asyncrl.rollout.envs.customer_service import (
+        COPY_SHARE,
+        DEMO_MIX,
+        CustomerService,
+        Scenario,
+        ScenarioSamples,
+    )
     from asyncrl.rollout.envs.customer_service import agent_turns as cs_turns
 
+    copy_share = COPY_SHARE if mix is None else 0.0  # copy demonstrations come with the warm start's own mix only
     mix = dict(DEMO_MIX if mix is None else mix)
     kinds, weights = list(mix), list(mix.values())
     samples, out = ScenarioSamples(), []
     for i in range(n):
         sample = samples.train(0, i, rng)
-        turns = cs_turns(Scenario.from_sample(sample), rng.choices(kinds, weights)[0], rng)
+        copy = copy_share > 0 and rng.random() < copy_share
+        turns = cs_turns(Scenario.from_sample(sample), "good" if copy else rng.choices(kinds, weights)[0], rng)
         if tokenizer.name == NAME:
-            out.append(_cs_rendered(CustomerService(max_tool_calls), sample, turns, tokenizer))
-            continue
-        env = TurnAdapter("customer-service", CustomerService(max_tool_calls), sample, tokenizer)
-        ep = replay(env, env.reset(), [t + tokenizer.eos_token for t in turns])  # every turn ends at end-of-turn
-        if not ep.done:
-            raise RuntimeError(f"customer-service demo did not end: {tokenizer.decode(ep.tokens)!r} ({ep.reason})")
-        out.append((ep.tokens, ep.loss_mask))
+            demo = _cs_rendered(CustomerService(max_tool_calls), sample, turns, tokenizer)
+        else:
+            env = TurnAdapter("customer-service", CustomerService(max_tool_calls), sample, tokenizer)
+            ep = replay(env, env.reset(), [t + tokenizer.eos_token for t in turns])  # every turn ends at end-of-turn
+            if not ep.done:
+                raise RuntimeError(f"customer-service demo did not end: {tokenizer.decode(ep.tokens)!r} ({ep.reason})")
+            demo = (ep.tokens, ep.loss_mask)
+        out.append(first_turn(demo) if copy else demo)
     return out
+
+
+def first_turn(demo: Demo) -> Demo:
+    """``demo`` cut after its first agent turn: for the customer-service task a *copy demonstration*, the prompt
+    and the lookup call whose user id is copied from the request (``customer_service.COPY_SHARE``)."""
+    tokens, mask = demo
+    start = mask.index(True)
+    end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
+    return tokens[:end], mask[:end]
 
 
 def _cs_rendered(env: "CustomerService", sample: dict[str, Any], turns: Sequence[str], tokenizer: Tokenizer) -> Demo:
