@@ -222,6 +222,19 @@ def _cs_rendered(env: "CustomerService", sample: dict[str, Any], turns: Sequence
     raise RuntimeError(f"customer-service demo did not end: {list(turns)}")
 
 
+def loss_weights(task_name: str, batch: "DemoBatch", tokenizer: Tokenizer) -> torch.Tensor | None:
+    """The warm start's per-token loss weights ``[B, T]`` (float, 0 off ``batch.loss_mask``), or None for plain
+    imitation. The customer-service task weighs the agent's digit tokens, the ids it copies, by
+    ``customer_service.DIGIT_WEIGHT`` (a digit is a token of its own in the task's BPE and in Llama's and Qwen's)."""
+    if task_name != "customer-service":
+        return None
+    from asyncrl.rollout.envs.customer_service import DIGIT_WEIGHT
+
+    digits = [ids[0] for ids in (tokenizer.encode(d) for d in "0123456789") if len(ids) == 1]
+    is_digit = torch.isin(batch.tokens, torch.tensor(digits, dtype=batch.tokens.dtype))
+    return batch.loss_mask.float() * torch.where(is_digit, DIGIT_WEIGHT, 1.0)
+
+
 @dataclass(frozen=True)
 class DemoBatch:
     """Right-padded supervised batch. ``loss_mask[b, t]`` True = predict ``tokens[b, t]`` from ``< t``."""

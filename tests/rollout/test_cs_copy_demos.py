@@ -4,9 +4,11 @@ request; an explicit mix (the supervised controls') gets none."""
 
 import random
 
+import torch
+
 from asyncrl.rollout.envs.cs_tokenizer import cs_tokenizer
-from asyncrl.rollout.envs.customer_service import COPY_SHARE, DEMO_MIX, call_text
-from asyncrl.rollout.envs.demos import demonstrations, first_turn
+from asyncrl.rollout.envs.customer_service import COPY_SHARE, DEMO_MIX, DIGIT_WEIGHT, call_text
+from asyncrl.rollout.envs.demos import demonstrations, first_turn, loss_weights, pad_batch
 
 T = cs_tokenizer()
 
@@ -30,3 +32,14 @@ def test_the_default_mix_has_its_share_of_copy_demonstrations_and_an_explicit_mi
     assert all(m[-1] and not m[0] for _, m in demos)  # each ends on the agent's end of turn
     explicit = demonstrations("customer-service", 100, random.Random(0), mix=DEMO_MIX, tokenizer=T)
     assert not any(_ends_with_the_lookup(t) for t, _ in explicit)
+
+
+def test_loss_weights_weigh_the_agents_digits_only_on_the_customer_service_task() -> None:
+    b = pad_batch(demonstrations("customer-service", 8, random.Random(1), tokenizer=T), pad_id=T.pad_id)
+    w = loss_weights("customer-service", b, T)
+    assert w is not None and loss_weights("calculator", b, T) is None
+    digit = torch.tensor([[T.decode([int(t)]).isdigit() for t in row] for row in b.tokens])
+    expected = b.loss_mask.float() * torch.where(digit, DIGIT_WEIGHT, 1.0)
+    assert torch.equal(w, expected) and DIGIT_WEIGHT == 5.0
+    assert bool((w[~b.loss_mask] == 0).all()) and bool((w[b.loss_mask & digit] == 5.0).any())
+    assert bool((digit & ~b.loss_mask).any())  # the request's and the listing's digits are never weighted
