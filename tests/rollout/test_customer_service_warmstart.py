@@ -30,7 +30,7 @@ from asyncrl.rollout.hf_model import build_model
 from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 
 T = cs_tokenizer()
-STEPS, BATCH, EVAL = 400, 64, 64
+STEPS, BATCH, EVAL = 300, 64, 64
 
 
 def _sft(model: torch.nn.Module, steps: int, rng: random.Random) -> list[float]:
