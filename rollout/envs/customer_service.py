@@ -294,6 +294,15 @@ class CustomerService:
 # control's: successful demonstrations only.
 DEMO_KINDS = ("good", "any_fit", "wrong_order", "wrong_tool", "guess", "miscopy")
 DEMO_MIX = {"any_fit": 0.8, "wrong_tool": 0.1, "miscopy": 0.05, "guess": 0.05}
+# The share of the warm start's demonstrations that are *copy demonstrations* (``demos.first_turn``): the prompt and
+# the lookup call only, so copying the request's user id is a larger share of the loss. Without them the warm start
+# stayed on the plateau where no id is copied; with 0.3 it copies (``bench/cs_warmstart_pilots.py``, docs/tasks.md
+# (Warm start)). They change no episode a policy imitates whole: the imitation ceiling is still DEMO_MIX's.
+COPY_SHARE = 0.3
+# The warm start's loss weight of the agent's digit tokens (the ids it copies) against its other tokens
+# (``demos.loss_weights``): with copy demonstrations alone the copy was not learned in 400 steps either; with both it
+# was by step 100 (the same pilots).
+DIGIT_WEIGHT = 5.0
 SUCCESS_MIX = {"good": 1.0}
 FINAL = "done"  # the assistant's last turn: a short message, no call
 

@@ -145,24 +145,42 @@ def _cs_demonstrations(n: int, rng: Random, *, mix: Mapping[str, float] | None, 
     tokenizer takes."""
     from asyncrl.rollout.envs.adapter import TurnAdapter
     from asyncrl.rollout.envs.cs_tokenizer import NAME
-    from asyncrl.rollout.envs.customer_service import DEMO_MIX, CustomerService, Scenario, ScenarioSamples
+    from asyncrl.rollout.envs.customer_service import (
+        COPY_SHARE,
+        DEMO_MIX,
+        CustomerService,
+        Scenario,
+        ScenarioSamples,
+    )
     from asyncrl.rollout.envs.customer_service import agent_turns as cs_turns
 
+    copy_share = COPY_SHARE if mix is None else 0.0  # copy demonstrations come with the warm start's own mix only
     mix = dict(DEMO_MIX if mix is None else mix)
     kinds, weights = list(mix), list(mix.values())
     samples, out = ScenarioSamples(), []
     for i in range(n):
         sample = samples.train(0, i, rng)
-        turns = cs_turns(Scenario.from_sample(sample), rng.choices(kinds, weights)[0], rng)
+        copy = copy_share > 0 and rng.random() < copy_share
+        turns = cs_turns(Scenario.from_sample(sample), "good" if copy else rng.choices(kinds, weights)[0], rng)
         if tokenizer.name == NAME:
-            out.append(_cs_rendered(CustomerService(max_tool_calls), sample, turns, tokenizer))
-            continue
-        env = TurnAdapter("customer-service", CustomerService(max_tool_calls), sample, tokenizer)
-        ep = replay(env, env.reset(), [t + tokenizer.eos_token for t in turns])  # every turn ends at end-of-turn
-        if not ep.done:
-            raise RuntimeError(f"customer-service demo did not end: {tokenizer.decode(ep.tokens)!r} ({ep.reason})")
-        out.append((ep.tokens, ep.loss_mask))
+            demo = _cs_rendered(CustomerService(max_tool_calls), sample, turns, tokenizer)
+        else:
+            env = TurnAdapter("customer-service", CustomerService(max_tool_calls), sample, tokenizer)
+            ep = replay(env, env.reset(), [t + tokenizer.eos_token for t in turns])  # every turn ends at end-of-turn
+            if not ep.done:
+                raise RuntimeError(f"customer-service demo did not end: {tokenizer.decode(ep.tokens)!r} ({ep.reason})")
+            demo = (ep.tokens, ep.loss_mask)
+        out.append(first_turn(demo) if copy else demo)
     return out
+
+
+def first_turn(demo: Demo) -> Demo:
+    """``demo`` cut after its first agent turn: for the customer-service task a *copy demonstration*, the prompt
+    and the lookup call whose user id is copied from the request (``customer_service.COPY_SHARE``)."""
+    tokens, mask = demo
+    start = mask.index(True)
+    end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
+    return tokens[:end], mask[:end]
 
 
 def _cs_rendered(env: "CustomerService", sample: dict[str, Any], turns: Sequence[str], tokenizer: Tokenizer) -> Demo:
@@ -202,6 +220,19 @@ def _cs_rendered(env: "CustomerService", sample: dict[str, Any], turns: Sequence
         mask += [False] * len(obs)
         msgs = [*history, *turn.observation]
     raise RuntimeError(f"customer-service demo did not end: {list(turns)}")
+
+
+def loss_weights(task_name: str, batch: "DemoBatch", tokenizer: Tokenizer) -> torch.Tensor | None:
+    """The warm start's per-token loss weights ``[B, T]`` (float, 0 off ``batch.loss_mask``), or None for plain
+    imitation. The customer-service task weighs the agent's digit tokens, the ids it copies, by
+    ``customer_service.DIGIT_WEIGHT`` (a digit is a token of its own in the task's BPE and in Llama's and Qwen's)."""
+    if task_name != "customer-service":
+        return None
+    from asyncrl.rollout.envs.customer_service import DIGIT_WEIGHT
+
+    digits = [ids[0] for ids in (tokenizer.encode(d) for d in "0123456789") if len(ids) == 1]
+    is_digit = torch.isin(batch.tokens, torch.tensor(digits, dtype=batch.tokens.dtype))
+    return batch.loss_mask.float() * torch.where(is_digit, DIGIT_WEIGHT, 1.0)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,15 @@
 """The customer-service warm start learns what it must (slow): a supervised pass on the demonstrations, with the
-task's BPE and chat template, gives a policy that looks the user up with the id copied from the request and whose
-sampled held-out episodes sometimes succeed.
+task's BPE and chat template, gives a policy that looks the user up with the id copied from the request (passes)
+and whose sampled held-out episodes sometimes succeed (not yet: xfail, strict).
 
 A cheaper stand-in for the job's own warm start (``bench/customer_service.py``, Megatron actor, 300 steps of
-128): the same tiny-llama shape as a transformers model, the same demonstrations and learning-rate schedule
-(``trainer/driver/hosts/warm_start.py``), smaller steps. On the v1 task (one-token ids) the loss sat on a plateau
-near 0.18 nats per agent token, where the format is learned but no id is copied, and the copy appeared between
-steps 150 and 250 of 400. The v2 task (issue 39: ids one token per digit, a mix that teaches the lookup and
-copying but not which order) has its copy rate measured by this test's flags (``cs_behaviour``); see
-docs/tasks.md (Warm start) for what was measured and on which machine.
+128): the same tiny-llama shape as a transformers model, the same demonstrations (the default mix with its copy
+demonstrations, ``customer_service.COPY_SHARE``), loss weights (``demos.loss_weights``: the agent's digits count
+``DIGIT_WEIGHT`` times) and learning-rate schedule (``trainer/driver/hosts/warm_start.py``), smaller steps. Trained
+once per module (a fixture); two tests read it. Without the copy demonstrations and the weights the v2 warm start
+sat on the plateau where no id is copied (``copied_user`` 0.00-0.03); with them the pilot of the same recipe
+(``bench/cs_warmstart_pilots.py``) copied the user in 0.94 of sampled held-out episodes, but 0.78 of them acted on
+an id no lookup had shown and success was 0.016. See docs/tasks.md (Warm start).
 """
 
 import random
@@ -22,14 +23,14 @@ from asyncrl.rollout.envs.adapter import TurnAdapter
 from asyncrl.rollout.envs.cs_behaviour import rates, tally
 from asyncrl.rollout.envs.cs_tokenizer import cs_tokenizer
 from asyncrl.rollout.envs.customer_service import CustomerService, ScenarioSamples
-from asyncrl.rollout.envs.demos import demonstrations, pad_batch
+from asyncrl.rollout.envs.demos import demonstrations, loss_weights, pad_batch
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_engine import HFEngine
 from asyncrl.rollout.hf_model import build_model
 from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 
 T = cs_tokenizer()
-STEPS, BATCH, EVAL = 400, 64, 64
+STEPS, BATCH, EVAL = 300, 64, 64
 
 
 def _sft(model: torch.nn.Module, steps: int, rng: random.Random) -> list[float]:
@@ -41,25 +42,26 @@ def _sft(model: torch.nn.Module, steps: int, rng: random.Random) -> list[float]:
         b = pad_batch(demonstrations("customer-service", BATCH, rng, tokenizer=T), pad_id=T.pad_id)
         logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits[:, :-1]  # [B, T-1, V]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), b.tokens[:, 1:], reduction="none")
-        mask = b.loss_mask[:, 1:]  # [B, T-1]: predict agent tokens only
-        loss = (nll * mask).sum() / mask.sum()
+        weights = loss_weights("customer-service", b, T)  # the job's warm start weighs the copied digits so
+        assert weights is not None
+        w = weights[:, 1:]  # [B, T-1]: predict agent tokens only
+        loss = (nll * w).sum() / w.sum()
+        mask = b.loss_mask[:, 1:]
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(((nll * mask).sum() / mask.sum()).detach()))  # unweighted, per agent token
     return losses
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 39: measured on the v2 task, this stand-in ends with copied_user 0.00 "
-                   "and success 0 (docs/tasks.md, Warm start); strict, so the day a recipe copies ids it says so")
-def test_warm_start_gives_a_policy_that_sometimes_succeeds_on_heldout_scenarios() -> None:
+@pytest.fixture(scope="module")
+def warm() -> tuple[list[float], float, dict[str, float]]:
+    """The stand-in trained once: its losses, and the success and behaviour rates of its sampled held-out episodes."""
     torch.manual_seed(0)
     arch = resolve_arch(ModelSpec(preset="tiny-llama"), T.vocab_size, 256)
     model = build_model(arch, seed=0).train()
     losses = _sft(model, STEPS, random.Random(0))
-    assert losses[0] > 4.0 and losses[-1] < 0.5 * losses[0], losses[::25]
     engine = HFEngine(arch, dtype="float32", seed=0, pad_id=T.pad_id)
     engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version=0)
     tasks = ScenarioSamples().heldout(EVAL, seed=0)
@@ -68,6 +70,24 @@ def test_warm_start_gives_a_policy_that_sometimes_succeeds_on_heldout_scenarios(
     engine.generate(eps, max_new_tokens=128, temperature=1.0, seed=0)
     success = sum(e.success for e in eps) / EVAL
     seen = rates(tally(e.to_trajectory().info.get("behaviour") or {} for e in eps))
-    # the mix's imitator copies the user in 0.95 of episodes and succeeds 0.22 (bench/customer_service_baselines.py);
-    # on a plateau with no copy, a lookup names the user 1 time in 90 and success is ~0
-    assert seen["copied_user"] > 0.4 and 0.03 <= success <= 0.5, (success, seen)
+    print(f"losses {losses[::50]} success {success} behaviour {seen}")
+    return losses, success, seen
+
+
+@pytest.mark.slow
+def test_warm_start_copies_the_users_id_on_heldout_scenarios(warm) -> None:
+    losses, success, seen = warm
+    assert losses[0] > 4.0 and losses[-1] < 0.5 * losses[0], losses[::25]
+    # a random user is right 1 time in 90: the plain mix's plateau named the user in 0.00-0.03 of episodes
+    assert seen["looked_up"] > 0.9 and seen["copied_user"] > 0.8, (success, seen)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 39: the warm start copies the user's id but not yet the order's from "
+                   "the listing (the recipe's pilot: guessed 0.78, success 0.016; docs/tasks.md, Warm start); strict, "
+                   "so the day a recipe copies both it says so")
+def test_warm_start_gives_a_policy_that_sometimes_succeeds_on_heldout_scenarios(warm) -> None:
+    _, success, seen = warm
+    # the mix's imitator copies the user in 0.95 of episodes, guesses in 0.10 and succeeds 0.22
+    # (bench/customer_service_baselines.py)
+    assert seen["guessed"] < 0.3 and 0.03 <= success <= 0.5, (success, seen)

@@ -193,6 +193,22 @@ def test_sft_step_learns_a_fixed_batch() -> None:
     assert actor.version == 8
 
 
+def test_sft_step_weights_are_a_weighted_mean_over_the_mask() -> None:
+    tokens = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(1))
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    loss_mask[:, PROMPT:] = True
+    plain, ones = _actor("behavior"), _actor("behavior")
+    assert ones.sft_step(tokens, loss_mask, torch.ones(B, T)).loss == pytest.approx(plain.sft_step(tokens, loss_mask).loss)
+    # weight 0 everywhere but one token: the loss is that token's cross-entropy alone (the prompt's weight is masked)
+    w = torch.full((B, T), 7.0)
+    w[:, PROMPT:] = 0.0
+    w[0, PROMPT] = 3.0
+    one, again = _actor("behavior"), _actor("behavior")
+    only = torch.zeros(B, T, dtype=torch.bool)
+    only[0, PROMPT] = True
+    assert one.sft_step(tokens, loss_mask, w).loss == pytest.approx(again.sft_step(tokens, only).loss, rel=1e-5)
+
+
 def test_hf_state_dict_loads_into_transformers() -> None:
     from transformers import LlamaForCausalLM
 

@@ -425,12 +425,15 @@ class MegatronActor:
             **route_flip_counts(tally),
         )
 
-    def sft_step(self, tokens: torch.Tensor, loss_mask: torch.Tensor) -> SftStepMetrics:
+    def sft_step(self, tokens: torch.Tensor, loss_mask: torch.Tensor,
+                 weights: torch.Tensor | None = None) -> SftStepMetrics:
         """One supervised step (warm start): mean cross-entropy of the ``loss_mask`` tokens.
 
         Args:
             tokens: ``[B, T]`` long, right-padded demonstrations.
             loss_mask: ``[B, T]`` bool, True = a token to imitate (position 0 is never one).
+            weights: optional ``[B, T]`` float per-token loss weights (``demos.loss_weights``): the loss is then
+                their weighted mean over the ``loss_mask`` tokens.
         """
         if tokens.shape != loss_mask.shape or loss_mask.dtype != torch.bool:
             raise ValueError(
@@ -445,7 +448,11 @@ class MegatronActor:
         loss: torch.Tensor | None = None
         if len(rows):
             logp = self._logprobs(tokens[rows], 1.0)  # [b, T]; supervised targets, no sampling temperature
-            loss = -(logp * loss_mask[rows]).sum() / max(n, 1)
+            if weights is None:
+                loss = -(logp * loss_mask[rows]).sum() / max(n, 1)
+            else:
+                w = weights.to(self.runtime.device) * loss_mask
+                loss = -(logp * w[rows]).sum() / w.sum().clamp(min=1e-6)
         local = float(loss.detach()) if loss is not None else 0.0
         grad_norm, applied = math.nan, False
         if not parallel.all_finite(local):  # every rank skips together

@@ -103,7 +103,7 @@ class ActorHost:
 
         import torch
 
-        from asyncrl.rollout.envs.demos import demonstrations, pad_batch
+        from asyncrl.rollout.envs.demos import demonstrations, loss_weights, pad_batch
 
         if start == 0:
             self._demo_rng = random.Random(self.spec.train.seed)
@@ -115,7 +115,8 @@ class ActorHost:
                 demos = demonstrations(self.spec.task.name, batch_size, self._demo_rng,
                                        max_tool_calls=self.spec.task.max_tool_calls, tokenizer=self.tokenizer)
                 b = pad_batch(demos, pad_id=self.pad)
-                losses.append(self.actor.sft_step(b.tokens, b.loss_mask).loss)
+                weights = loss_weights(self.spec.task.name, b, self.tokenizer)  # customer-service: the copied ids
+                losses.append(self.actor.sft_step(b.tokens, b.loss_mask, weights).loss)
         finally:
             torch.set_num_threads(self.threads)
             self.actor.set_learning_rate(self.spec.train.learning_rate)

@@ -1,0 +1,147 @@
+"""Warm-start pilots for the customer-service task (issue 39): which recipe makes the warm start copy ids?
+
+The transformers stand-in of the job's warm start (``tests/rollout/test_customer_service_warmstart.py``'s setup: a
+preset's shape as a transformers model, the task's BPE, the demonstrations of ``rollout/envs/demos.py``, the
+warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers a pilot may pull:
+
+- ``--copy-frac``: a fraction of each batch are *copy demonstrations*: the prompt and the lookup call only (the
+  demonstration cut after its first agent turn), so the user-id copy is a larger share of the loss;
+- ``--curriculum``: the first fraction of the steps train on copy demonstrations only, then the mix;
+- ``--digit-weight``: the loss weight of agent digit tokens (the copied ids) relative to the other agent tokens;
+- ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``.
+
+At the end (and at ``--probe`` steps) it measures, on held-out scenarios (``ScenarioSamples.heldout``), the
+teacher-forced copy accuracy (argmax of the user id's digits in the lookup given the demonstration's prefix) and,
+at the end, sampled episodes (T = 1) through the engine: success and the behaviour flags of ``cs_behaviour``. One
+JSON record per pilot in ``docs/results/data/customer_service/warmstart/`` (``docs/tasks.md``'s Warm start table is
+generated from them by ``bench/doc_numbers.py``).
+
+    nice -n 10 .venv/bin/python bench/cs_warmstart_pilots.py --name base
+"""
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asyncrl.api.model import ModelSpec
+from asyncrl.api.model_arch import resolve_arch
+from asyncrl.rollout.envs.adapter import TurnAdapter
+from asyncrl.rollout.envs.cs_behaviour import rates, tally
+from asyncrl.rollout.envs.cs_tokenizer import cs_tokenizer
+from asyncrl.rollout.envs.customer_service import (
+    DEMO_MIX,
+    CustomerService,
+    Scenario,
+    ScenarioSamples,
+    agent_turns,
+)
+from asyncrl.rollout.envs.demos import Demo, _cs_rendered, demonstrations, first_turn, pad_batch
+from asyncrl.rollout.episode import Episode
+from asyncrl.rollout.hf_engine import HFEngine
+from asyncrl.rollout.hf_model import build_model
+from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "data" / "customer_service" / "warmstart"
+T = cs_tokenizer()
+DIGITS = frozenset(T.encode("0123456789"))
+
+
+def batch(n: int, copy_frac: float, rng: random.Random, mix: dict[str, float]) -> list[Demo]:
+    k = sum(rng.random() < copy_frac for _ in range(n))
+    copies = [first_turn(d) for d in demonstrations("customer-service", k, rng, mix={"good": 1.0}, tokenizer=T)]
+    return copies + demonstrations("customer-service", n - k, rng, mix=mix, tokenizer=T)
+
+
+def heldout_lookups(n: int) -> list[tuple[list[int], list[int]]]:
+    """Held-out ``good`` demonstrations cut after the lookup, with the positions of the user id's digits there."""
+    out = []
+    for s in ScenarioSamples().heldout(n, seed=1):
+        turns = agent_turns(Scenario.from_sample(s), "good", random.Random(0))
+        tokens, mask = first_turn(_cs_rendered(CustomerService(4), s, turns, T))
+        out.append((tokens, [i for i, m in enumerate(mask) if m and tokens[i] in DIGITS]))
+    return out
+
+
+@torch.no_grad()
+def copy_accuracy(model: torch.nn.Module, probes: list[tuple[list[int], list[int]]]) -> float:
+    """Fraction of held-out lookups whose user-id digits are all the argmax, teacher-forced."""
+    model.eval()
+    b = pad_batch([(t, [True] * len(t)) for t, _ in probes], pad_id=T.pad_id)
+    logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits
+    ok = sum(all(int(logits[r, i - 1].argmax()) == t[i] for i in pos) for r, (t, pos) in enumerate(probes))
+    model.train()
+    return ok / len(probes)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--name", required=True)
+    p.add_argument("--preset", default="tiny-llama")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--copy-frac", type=float, default=0.0)
+    p.add_argument("--curriculum", type=float, default=0.0, help="fraction of steps on copy demonstrations only")
+    p.add_argument("--digit-weight", type=float, default=1.0)
+    p.add_argument("--eval", type=int, default=64)
+    p.add_argument("--probe", type=int, default=50, help="teacher-forced copy accuracy every this many steps")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    arch = resolve_arch(ModelSpec(preset=a.preset), T.vocab_size, 256)
+    model = build_model(arch, seed=a.seed).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    rng, probes, mix = random.Random(a.seed), heldout_lookups(64), dict(DEMO_MIX)
+    digit = torch.zeros(T.vocab_size, dtype=torch.bool)
+    digit[list(DIGITS)] = True
+    curve: list[dict[str, float]] = []
+    t0, losses, started = time.perf_counter(), [], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for step in range(a.steps):
+        for g in opt.param_groups:
+            g["lr"] = warm_start_lr(step, a.steps, peak=a.lr)
+        copy_frac = 1.0 if step < a.curriculum * a.steps else a.copy_frac
+        b = pad_batch(batch(a.batch, copy_frac, rng, mix), pad_id=T.pad_id)
+        logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits[:, :-1]
+        target = b.tokens[:, 1:]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+        mask = b.loss_mask[:, 1:].float()
+        w = mask * torch.where(digit[target], a.digit_weight, 1.0)
+        loss = (nll * w).sum() / w.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(((nll * mask).sum() / mask.sum()).detach()))
+        if (step + 1) % a.probe == 0 or step + 1 == a.steps:
+            point = {"step": step + 1, "loss": sum(losses[-a.probe:]) / len(losses[-a.probe:]),
+                     "copy_tf": copy_accuracy(model, probes), "seconds": time.perf_counter() - t0}
+            curve.append(point)
+            print(json.dumps(point), flush=True)
+    train_s = time.perf_counter() - t0
+    engine = HFEngine(arch, dtype="float32", seed=0, pad_id=T.pad_id)
+    engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version=0)
+    tasks = ScenarioSamples().heldout(a.eval, seed=0)
+    eps = [Episode.start(str(i), "g", TurnAdapter("customer-service", CustomerService(4), s, T), random.Random(i))
+           for i, s in enumerate(tasks)]
+    engine.generate(eps, max_new_tokens=128, temperature=1.0, seed=0)
+    seen = rates(tally(e.to_trajectory().info.get("behaviour") or {} for e in eps))
+    record: dict[str, Any] = {
+        "name": a.name, "started": started, "args": vars(a), "train_seconds": round(train_s, 1),
+        "eval_episodes": a.eval, "success": sum(e.success for e in eps) / a.eval,
+        "behaviour": seen, "curve": curve,
+        "transcripts": [T.decode(e.tokens[83:])[:600] for e in eps[:2]],
+    }
+    print(json.dumps({k: record[k] for k in ("name", "train_seconds", "success", "behaviour")}), flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{a.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
