@@ -23,7 +23,10 @@ NICE=(nice -n 19)   # a shared 2-core machine: the compile yields to everything 
 have_all=1
 for b in "${BINS[@]}"; do
   if [ "$b" = kubectl ]; then ask=(version --client); else ask=(--version); fi
-  [ -x "$CACHE/$b" ] && "$CACHE/$b" "${ask[@]}" 2>/dev/null | grep -q "v$V" || { have_all=0; break; }
+  # the output is captured, not piped into `grep -q`: under pipefail, grep leaving at its first match can end
+  # kubectl's second line with SIGPIPE, which read as "not built" and rebuilt every binary
+  out="$([ -x "$CACHE/$b" ] && "$CACHE/$b" "${ask[@]}" 2>/dev/null || true)"
+  [[ "$out" == *"v$V"* ]] || { have_all=0; break; }
 done
 if [ "$have_all" = 0 ]; then
   MINOR="${V#*.}"; MINOR="${MINOR%%.*}"

@@ -14,7 +14,8 @@ GOV="$(go env GOVERSION)"                         # e.g. go1.26.8
 GOMINOR="$(echo "$GOV" | sed -E 's/^go([0-9]+\.[0-9]+).*/\1/')"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/asyncrl/kube/v$V-go$GOMINOR"
 BIN="$CACHE/kube-apiserver"
-if [ -x "$BIN" ] && "$BIN" --version 2>/dev/null | grep -q "v$V"; then echo "$BIN"; exit 0; fi
+have="$([ -x "$BIN" ] && "$BIN" --version 2>/dev/null || true)"  # captured: no grep -q under pipefail (SIGPIPE)
+if [[ "$have" == *"v$V"* ]]; then echo "$BIN"; exit 0; fi
 
 MINOR="${V#*.}"; MINOR="${MINOR%%.*}"             # 1.36.3 -> 36
 mkdir -p "$CACHE"

