@@ -207,6 +207,8 @@ def test_sft_step_weights_are_a_weighted_mean_over_the_mask() -> None:
     only = torch.zeros(B, T, dtype=torch.bool)
     only[0, PROMPT] = True
     assert one.sft_step(tokens, loss_mask, w).loss == pytest.approx(again.sft_step(tokens, only).loss, rel=1e-5)
+    with pytest.raises(ValueError, match=r"weights \(2, 3\) must be the tokens' \[B, T\] shape"):
+        one.sft_step(tokens, loss_mask, torch.ones(2, 3))
 
 
 def test_hf_state_dict_loads_into_transformers() -> None:

@@ -440,6 +440,8 @@ class MegatronActor:
                 f"tokens {tuple(tokens.shape)} and loss_mask {tuple(loss_mask.shape)} {loss_mask.dtype} "
                 "must be the same [B, T] shape, loss_mask bool"
             )
+        if weights is not None and tuple(weights.shape) != tuple(tokens.shape):
+            raise ValueError(f"weights {tuple(weights.shape)} must be the tokens' [B, T] shape {tuple(tokens.shape)}")
         t0 = time.perf_counter()
         tokens, loss_mask = tokens.to(self.runtime.device), loss_mask.to(self.runtime.device)
         self._optimizer.zero_grad()
