@@ -106,7 +106,7 @@ nice -n 5 .venv/bin/python bench/paper/cell.py ewma "decay 0.9, reset" --seed 0
 
 It prints the committed and the new record's final success, AUC, in-bounds ratio and resets, and whether
 each difference is inside the spread of section 8 (for the final success at least the sampling bound of one
-evaluation, 1.96 x sqrt(2 x 0.25 / prompts) = 0.080 at 300 prompts: five measured pairs underestimate it). `--quick` runs every experiment at a smoke-test scale
+evaluation, 1.96 x sqrt(2 x 0.25 / prompts) = 0.080 at 300 prompts: five measured pairs underestimate it). `--quick` runs every experiment at a smoke-test scale; `bench/paper/quick.py --out DIR` runs all of them so in one process
 (`tests/trainer/test_bench_paper.py`, marked slow).
 """
 

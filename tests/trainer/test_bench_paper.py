@@ -178,10 +178,14 @@ def test_prop1_keep_decisions_identical_on_one_batch() -> None:
 
 @pytest.mark.slow
 def test_quick_mode_writes_every_record_and_section(tmp_path: Path) -> None:
-    for name in EXPERIMENTS:  # one working folder: later experiments reuse the methods runs, as at full scale
-        proc = subprocess.run([sys.executable, str(PAPER / f"{name}.py"), "--quick", "--out", str(tmp_path)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=1200)
-        assert proc.returncode == 0, (name, proc.stdout[-2000:], proc.stderr[-4000:])
+    # bench/paper/quick.py: every experiment's --quick in one process, one working folder (later experiments
+    # reuse the methods runs, as at full scale), one import and one Ray for all five
+    proc = subprocess.run([sys.executable, str(PAPER / "quick.py"), "--out", str(tmp_path), *EXPERIMENTS],
+                          cwd=ROOT, capture_output=True, text=True, timeout=2400)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-4000:])
+    assert [line for line in proc.stdout.splitlines() if line.startswith("== ")] == [
+        f"== {name} --quick ==" for name in EXPERIMENTS]
+    for name in EXPERIMENTS:
         if name != "system_cost":
             assert (tmp_path / "quick" / f"{name}.md").read_text().count("| ") > 10, name
         png = tmp_path / "quick" / f"{name}.png"
