@@ -29,17 +29,28 @@ print("ATTACHED", ray.get(whoami.remote()))
 """
 
 
-def _attach(address: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``ray.init(address=...)`` from another process, without this run's token (its own env, plus ``env``)."""
+def _attach(address: str, **env: str) -> "subprocess.Popen[str]":
+    """``ray.init(address=...)`` from another process, without this run's token (its own env, plus ``env``);
+    started, not awaited (:func:`_outcome`), so that two attempts' retries overlap."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     clean.update(env, RAY_USAGE_STATS_ENABLED="0", HOME=env.get("HOME", clean.get("HOME", "/")))
     # a short connect budget: a refusal is immediate, the retries are Ray's
     clean.setdefault("RAY_gcs_rpc_server_connect_timeout_s", "5")
-    return subprocess.run([sys.executable, "-c", ATTACH, address], env=clean, capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.Popen([sys.executable, "-c", ATTACH, address], env=clean, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.slow  # two refused attaches: Ray retries each for a while (about 30 s on 2 shared cores)
+def _outcome(proc: "subprocess.Popen[str]") -> tuple[int, str]:
+    """The attempt's exit status and output (killed past 180 s: the test then fails on its status)."""
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return proc.returncode, out
+
+
+@pytest.mark.slow  # two refused attaches, side by side: Ray retries each for a while (about 30 s on 2 shared cores)
 def test_an_unauthenticated_attach_to_a_local_run_is_refused(no_shared_ray: None, tmp_path: Path) -> None:
     import ray
 
@@ -51,13 +62,14 @@ def test_an_unauthenticated_attach_to_a_local_run_is_refused(no_shared_ray: None
         # private: nobody but this user can even look inside (Ray's own folders below are 0777)
         assert stat.S_IMODE(parent.stat().st_mode) == 0o700, oct(parent.stat().st_mode)
         # no token (token mode off, as a stranger's plain `ray.init` has it) and a wrong token
-        bare = _attach(address, HOME=str(tmp_path))
-        wrong = _attach(address, HOME=str(tmp_path), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64)
+        # both at once: each waits out Ray's connection retries
+        attempts = [_attach(address, HOME=str(tmp_path)),
+                    _attach(address, HOME=str(tmp_path), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64)]
+        outcomes = [_outcome(a) for a in attempts]
         # the run itself still works with its own token
         assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
-    for attempt in (bare, wrong):
-        out = attempt.stdout + attempt.stderr
-        assert attempt.returncode == 3 and "ATTACHED" not in out, out[-3000:]
+    for code, out in outcomes:
+        assert code == 3 and "ATTACHED" not in out, out[-3000:]
         assert "REFUSED" in out and ("Authentication" in out or "Unauthenticated" in out), out[-3000:]
 
 
