@@ -284,6 +284,17 @@ class Runner:
             self._ray = None
 
 
+def make_warm_start(work: Path, scale: Scale) -> Path:
+    """The warm start of ``scale`` cached in ``work`` (:func:`warm_dir`), made now if it is not: what every
+    experiment's run starts from, for a command that runs jobs of its own (the alert evidence, its tests)."""
+    runner = Runner(scale, work / "records", work=work)
+    try:
+        runner._warm_start(method("ewma"))  # the configuration only names the job; the warm start is the scale's
+    finally:
+        runner.close()
+    return warm_dir(work, scale)
+
+
 def warm_dir(work: Path, scale: Scale) -> Path:
     """Where a command working in ``work`` caches the warm start of ``scale`` (task, steps, :data:`WARM_SEED`)."""
     return work / f"warm-{scale.task}-{scale.warm_start_steps}-s{WARM_SEED}"

@@ -29,11 +29,11 @@ def _evidence() -> ModuleType:
     return paper_module("alert_evidence")
 
 
-def test_reset_alert_fires_for_the_resetting_run_only(tmp_path: Path) -> None:
+def test_reset_alert_fires_for_the_resetting_run_only(tmp_path: Path, paper_warm_start: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.fail("prometheus not found; run `make tools` (Debian package prometheus)", pytrace=False)
     ev_mod = _evidence()
-    ev = ev_mod.collect(tmp_path / "alerts", seed=0, log=lambda _m: None)
+    ev = ev_mod.collect(tmp_path / "alerts", seed=0, warm_start=paper_warm_start, log=lambda _m: None)
     print(json.dumps(ev["firing"], indent=1))
     own = {name: j["own_resets"] for name, j in ev["jobs"].items()}
     assert own["resets"], "the decay-0.9 job never reset at seed 0: nothing for the alert to show"

@@ -15,11 +15,11 @@ from tests.support.helpers import paper_module
 pytestmark = pytest.mark.slow
 
 
-def test_storm_alert_fires_for_the_lagging_reference_only(tmp_path: Path) -> None:
+def test_storm_alert_fires_for_the_lagging_reference_only(tmp_path: Path, paper_warm_start: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.fail("prometheus not found; run `make tools` (Debian package prometheus)", pytrace=False)
     mod = paper_module("storm_evidence")
-    ev = mod.collect(tmp_path / "storm", seed=0, log=lambda _m: None)
+    ev = mod.collect(tmp_path / "storm", seed=0, warm_start=paper_warm_start, log=lambda _m: None)
     unrecovered = {n: sum(o["outcome"] == "unrecovered" for o in j["own_outcomes"]) for n, j in ev["jobs"].items()}
     assert unrecovered["lagging"] >= 2, f"the lagging job had {unrecovered['lagging']} unrecovered resets: nothing to show"
     assert unrecovered["healthy"] < 2, unrecovered
