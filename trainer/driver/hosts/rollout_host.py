@@ -90,7 +90,8 @@ class RolloutHost:
                                f"as version {version}")
         state, nbytes, base_fp = got.state, got.nbytes, self._base_fingerprint
         if self.spec.model.lora is not None:  # a worker without the base takes it with this version
-            done = complete(state, base, base_fp, worker=f"rollout worker {self.worker.worker_index}")
+            done = complete(state, base, base_fp, worker=f"rollout worker {self.worker.worker_index}",
+                            tied=self.worker.arch.tie_embeddings)
             state, nbytes, base_fp = done.state, nbytes + done.base_nbytes, done.fingerprint
         t0 = time.perf_counter()
         if self.worker.version < 0:
