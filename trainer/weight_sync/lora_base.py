@@ -7,7 +7,7 @@ whose pod restarted, a late member of the broadcast group -- cannot merge adapte
 
 - **the driver** asks the actor for the base whenever it hands the current version to a replacement
   (``trainer/driver/loop/weight_sync.to_replacement``), whatever the transport. The actor packs its frozen base
-  (every HF tensor that is not an adapter, in the wire dtype) and ``ray.put``s it for that joiner alone
+  (every HF tensor that is not an adapter, a tied head once: :func:`wire_state`, in the wire dtype) and ``ray.put``s it for that joiner alone
   (:func:`publish_base`): nothing is resident for joiners that never come, the refs die once the joiner has it;
 - **the version itself** comes through the job's transport as for any receiver: ``objectStore`` bucket refs,
   the ``disk`` folder, under ``broadcast`` the object-store copy of the buckets the actor kept;
