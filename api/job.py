@@ -350,8 +350,7 @@ class AsyncRLJobSpec(SpecModel):
         arch = known_arch(self.model)
         smallest = None if arch is None else min(arch.hidden_size, arch.head_dim * arch.num_attention_heads,
                                                  arch.moe_ffn_hidden_size if arch.is_moe else arch.ffn_hidden_size)
-        strategy = self.old_logits.strategy.value if self.old_logits.strategy else None
-        raise_all(lora_problems(lora, engine=self.rollout.engine, strategy=strategy, smallest_dim=smallest,
+        raise_all(lora_problems(lora, engine=self.rollout.engine, smallest_dim=smallest,
                                 tensor_parallel=self.actor.megatron.tensor_parallel))
         return self
 

@@ -10,8 +10,10 @@ adapter on a fused layer has one ``A`` for the whole group: q/k/v are one layer 
 are one (``linear_fc1``), so each group is targeted whole or not at all. On a Qwen3-MoE model ``gate_proj``,
 ``up_proj`` and ``down_proj`` are every expert's (the router is never adapted).
 
-The checks that need the rest of the job (the engine, the old-logit strategy) are :func:`lora_problems`,
-called by the job's validator.
+The checks that need the rest of the job (the engine, tensor parallelism, the model's widths) are
+:func:`lora_problems`, called by the job's validator. Every old-logit strategy is served: ``snapshot`` keeps each
+referenced version's adapters, ``dedicated`` and ``interruptSync`` scorers keep the base once and merge each
+version's adapters onto it.
 """
 
 from pydantic import Field, field_validator, model_validator
@@ -27,13 +29,6 @@ ENGINE_MESSAGE = (
     "model.lora needs rollout.engine transformers: the vLLM engine of this build is not wired to LoRA adapters "
     "(its CPU build loads full weights only); set rollout.engine: transformers, or remove model.lora"
 )
-STRATEGY_MESSAGE = (
-    "model.lora serves the exact route through oldLogits.strategy snapshot or dedicated: the interrupt-sync "
-    "scorers on the rollout workers load full weights, not adapters, in this build; set oldLogits.strategy: "
-    "snapshot (every referenced version's adapter stays resident) or dedicated (the scorers keep each version's "
-    "adapters and merge it onto the base they hold), choose a cheap reference, or remove model.lora"
-)
-LORA_STRATEGIES = ("snapshot", "dedicated")  # the exact strategies whose scorers take adapters
 
 
 class LoraSpec(SpecModel):
@@ -92,19 +87,17 @@ class LoraSpec(SpecModel):
         return self.alpha / self.rank
 
 
-def lora_problems(lora: LoraSpec | None, *, engine: str, strategy: str | None, smallest_dim: int | None,
+def lora_problems(lora: LoraSpec | None, *, engine: str, smallest_dim: int | None,
                   tensor_parallel: int = 1) -> list[tuple[str, str]]:
     """The ``(path, message)`` of every combination the job cannot serve with ``lora`` (empty without it).
 
-    ``strategy``: ``oldLogits.strategy`` (None for a cheap reference); ``smallest_dim``: the model's smallest
-    adapted input or output width when it is known (a rank above it is no low-rank adapter)."""
+    ``smallest_dim``: the model's smallest adapted input or output width when it is known (a rank above it is no
+    low-rank adapter)."""
     if lora is None:
         return []
     out: list[tuple[str, str]] = []
     if engine != "transformers":
         out.append(("rollout.engine", f"{ENGINE_MESSAGE} (got {engine!r})"))
-    if strategy is not None and strategy not in LORA_STRATEGIES:
-        out.append(("oldLogits.strategy", f"{STRATEGY_MESSAGE} (got {strategy!r})"))
     if lora.dropout > 0.0 and tensor_parallel > 1:
         out.append((
             "model.lora.dropout",

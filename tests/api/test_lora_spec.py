@@ -61,8 +61,6 @@ def test_rank_above_the_models_width_is_refused() -> None:
 
 @pytest.mark.parametrize(("spec", "path", "reason"), [
     ({"rollout": {"engine": "vllm"}, "model": {"rolloutDtype": "float32"}}, "spec.rollout.engine", "vLLM engine"),
-    ({"correction": {"reference": "exact"}, "oldLogits": {"strategy": "interruptSync"}}, "spec.oldLogits.strategy",
-     "interrupt-sync"),
     ({"model": {"lora": {"dropout": 0.1}}, "actor": {"gpusPerReplica": 2, "megatron": {"tensorParallel": 2}}},
      "spec.model.lora.dropout",
      "dropout mask"),
@@ -73,9 +71,10 @@ def test_combinations_it_cannot_serve_are_refused_with_the_reason(spec: dict, pa
     assert reason in problems[path] and "model.lora" in problems[path]
 
 
-def test_exact_snapshot_dedicated_and_ewma_are_served() -> None:
+def test_every_exact_strategy_and_ewma_are_served() -> None:
     validate_job(_job(correction={"reference": "exact"}, oldLogits={"strategy": "snapshot"}))
     validate_job(_job(correction={"reference": "exact"}, oldLogits={"strategy": "dedicated"}))
+    validate_job(_job(correction={"reference": "exact"}, oldLogits={"strategy": "interruptSync"}))
     validate_job(_job(correction={"reference": "ewma"}))
 
 

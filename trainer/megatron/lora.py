@@ -171,8 +171,33 @@ def _add_adapter(layer: Any, args: tuple[Tensor, ...], output: tuple[Tensor, Ten
     group = layer.tp_group
     h = copy_to_tensor_model_parallel_region(h, group) if layer.lora_parallel == "column" \
         else reduce_from_tensor_model_parallel_region(h, group)
-    y = h @ layer.lora_B.t() if bank is None else torch.einsum("snr,nor->sno", h, bank[1][bank[2]])
-    return out + layer.lora_scale * y, bias
+    if bank is None:
+        return _plus_scaled(out, h, layer.lora_B, layer.lora_scale), bias
+    return _plus_scaled_per_row(out, h, bank[1][bank[2]], layer.lora_scale), bias
+
+
+def _plus_scaled(out: Tensor, h: Tensor, b: Tensor, scale: float) -> Tensor:
+    """``out + scale * h B^T`` (``out`` ``[..., o]``, ``h`` ``[..., r]``, ``b`` ``[o, r]``) as ONE GEMM that
+    accumulates into the output: in place in a forward that records no gradient (scoring: the output is fresh
+    and nobody else holds it), into a copy otherwise (the same kernel, so the two give the same bits). A product,
+    a scaling and a sum would pass over the layer's whole output three times: profiled on small-llama
+    (8 x 128 tokens, 1 thread) they cost about as much as the base GEMM of ``linear_fc1`` itself."""
+    o = out.shape[-1]
+    if not torch.is_grad_enabled() and out.is_contiguous():
+        out.view(-1, o).addmm_(h.reshape(-1, h.shape[-1]), b.t(), alpha=scale)
+        return out
+    return torch.addmm(out.reshape(-1, o), h.reshape(-1, h.shape[-1]), b.t(), alpha=scale).view(out.shape)
+
+
+def _plus_scaled_per_row(out: Tensor, h: Tensor, b: Tensor, scale: float) -> Tensor:
+    """The adapter bank's ``out[:, n] + scale * h[:, n] B_n^T`` (``out`` ``[S, N, o]``, ``h`` ``[S, N, r]``, ``b``
+    ``[N, o, r]``: row ``n``'s version) as one batched GEMM over the rows that accumulates into the output (in
+    place when no gradient is recorded), not an einsum's permuted product added afterwards."""
+    o_rows, h_rows, b_t = out.transpose(0, 1), h.transpose(0, 1), b.transpose(1, 2)  # [N, S, o], [N, S, r], [N, r, o]
+    if not torch.is_grad_enabled():
+        o_rows.baddbmm_(h_rows, b_t, alpha=scale)
+        return out
+    return torch.baddbmm(o_rows, h_rows, b_t, alpha=scale).transpose(0, 1).contiguous()
 
 
 @contextlib.contextmanager

@@ -190,7 +190,8 @@ class DedicatedScorer:
         from asyncrl.trainer.weight_sync.lora_base import complete
 
         state = {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in weights.items()}
-        done = complete(state, None, self._base_fingerprint, worker="a dedicated scorer")
+        done = complete(state, None, self._base_fingerprint, worker="a dedicated scorer",
+                        tied=self.scorer.settings.arch.tie_embeddings)
         self._merge = self._merge or AdapterMerge()
         merged = self._merge.resolve(done.state)
         self._base_fingerprint = done.fingerprint

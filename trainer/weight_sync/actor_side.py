@@ -28,7 +28,7 @@ from asyncrl.api.model_arch import ModelArch
 from asyncrl.api.weight_sync import WeightTransport
 from asyncrl.trainer.weight_sync.broadcast import SyncGroup
 from asyncrl.trainer.weight_sync.buckets import Bucket, pack_buckets
-from asyncrl.trainer.weight_sync.lora_base import BaseRefs, base_of, fingerprint, publish_base
+from asyncrl.trainer.weight_sync.lora_base import BaseRefs, base_of, fingerprint, publish_base, wire_state
 from asyncrl.trainer.weight_sync.objectstore import BucketRefs
 from asyncrl.trainer.weight_sync.outcome import SendOutcome, SyncFailed
 from asyncrl.trainer.weight_sync.source import MIB, actor_buckets, hf_tensors, wire_dtype
@@ -87,9 +87,11 @@ def _adapter_scale(actor: SyncedActor) -> float | None:
 def _with_base(actor: SyncedActor, spec: AsyncRLJobSpec) -> tuple[Iterator[Bucket], str]:
     """LoRA's first delivery: the base's HF tensors and the adapters (``hf_state_dict``), so that a receiver can
     merge the later versions, which travel as adapters alone; and the base's wire fingerprint
-    (:func:`~.lora_base.fingerprint`), which a late joiner's base must match."""
+    (:func:`~.lora_base.fingerprint`), which a late joiner's base must match. A tied head is not sent twice
+    (:func:`~.lora_base.wire_state`)."""
     dtype = wire_dtype(spec.model.rollout_dtype, needs_training_precision(spec))
-    full = actor.hf_state_dict()  # every TP rank calls it: its gathers are collectives
+    # every TP rank calls hf_state_dict: its gathers are collectives
+    full = wire_state(actor.hf_state_dict(), tied=actor.settings.arch.tie_embeddings)
     return (pack_buckets(iter(full.items()), version=int(actor.version),
                          bucket_bytes=spec.actor.weight_sync.bucket_mib * MIB, dtype=dtype),
             fingerprint(base_of(full), dtype))
@@ -211,6 +213,7 @@ class ActorSync:
                 actor.hf_state_dict()
             return None
         dtype = wire_dtype(self.spec.model.rollout_dtype, needs_training_precision(self.spec))
-        return publish_base(base_of(actor.hf_state_dict()), version=int(actor.version),
+        base = wire_state(base_of(actor.hf_state_dict()), tied=actor.settings.arch.tie_embeddings)
+        return publish_base(base, version=int(actor.version),
                             bucket_bytes=self.spec.actor.weight_sync.bucket_mib * MIB, dtype=dtype,
                             expected=self.base_fingerprint)

@@ -7,7 +7,7 @@ whose pod restarted, a late member of the broadcast group -- cannot merge adapte
 
 - **the driver** asks the actor for the base whenever it hands the current version to a replacement
   (``trainer/driver/loop/weight_sync.to_replacement``), whatever the transport. The actor packs its frozen base
-  (every HF tensor that is not an adapter, in the wire dtype) and ``ray.put``s it for that joiner alone
+  (every HF tensor that is not an adapter, a tied head once: :func:`wire_state`, in the wire dtype) and ``ray.put``s it for that joiner alone
   (:func:`publish_base`): nothing is resident for joiners that never come, the refs die once the joiner has it;
 - **the version itself** comes through the job's transport as for any receiver: ``objectStore`` bucket refs,
   the ``disk`` folder, under ``broadcast`` the object-store copy of the buckets the actor kept;
@@ -34,6 +34,7 @@ from asyncrl.trainer.weight_sync.buckets import pack_buckets
 from asyncrl.trainer.weight_sync.objectstore import BucketRefs
 
 SAMPLES = 4096  # values hashed per tensor (all of a smaller one): cheap whatever the model's size
+TIED_HEAD = "lm_head.weight"  # under tied embeddings the HF state dict's second name for model.embed_tokens.weight
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,15 @@ class BaseRefs:
 def base_of(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The base's tensors of an HF state dict (every one that is not a peft adapter tensor)."""
     return {k: v for k, v in state.items() if not is_hf_adapter_name(k)}
+
+
+def wire_state(state: Mapping[str, torch.Tensor], *, tied: bool) -> dict[str, torch.Tensor]:
+    """``state`` as a LoRA delivery carries it: with tied embeddings (``tied``) without ``lm_head.weight``, which
+    the HF state dict lists beside ``model.embed_tokens.weight`` (the same tensor). Every receiver ties it itself:
+    the transformers engine's model (``rollout/hf_model.load_hf_state_dict``) and the scorers' megatron model
+    (which has no output layer then), so the copy would be bytes for nothing (17 % of SmolLM2-135M's base).
+    The actor fingerprints the base after this, so sender and receiver hash the same tensors."""
+    return {k: v for k, v in state.items() if not (tied and k == TIED_HEAD)}
 
 
 def _samples(t: torch.Tensor, dtype: torch.dtype | None) -> bytes:
@@ -109,13 +119,16 @@ def _refuse(worker: str, held: str, other: str, where: str) -> ValueError:
 
 
 def complete(state: Mapping[str, torch.Tensor], base: BaseRefs | None, held: str | None, *,
-             worker: str = "the receiver") -> Completed:
+             worker: str = "the receiver", tied: bool = False) -> Completed:
     """The delivery decision on a LoRA receiver whose engine holds the base ``held`` (None: none yet).
 
     ``state`` carries base tensors (a first delivery): its fingerprint becomes the held one (another one than
     ``held`` is refused). ``state`` is adapters alone and a base is held: as it is. Adapters alone and no base:
     ``base`` is fetched (refused when missing, or when its tensors do not hash to its declared fingerprint) and
-    installed with them. A ``base`` handed to a receiver that has one must name the same fingerprint."""
+    installed with them. A ``base`` handed to a receiver that has one must name the same fingerprint.
+    ``tied``: the receiver's model ties its embeddings; a state that lists the tied head anyway (a plain HF dict
+    handed in process) is taken without it (:func:`wire_state`), so it hashes as the wire's base does."""
+    state = wire_state(state, tied=tied)
     if base is not None and held is not None and base.fingerprint != held:
         raise _refuse(worker, held, base.fingerprint, "the")
     own = base_of(state)

@@ -15,6 +15,7 @@ from asyncrl.trainer.driver.hosts.common import limit_threads
 if TYPE_CHECKING:
     import torch
 
+    from asyncrl.rollout.adapter_merge import AdapterMerge
     from asyncrl.rollout.envs.interface import Sample
     from asyncrl.rollout.trajectory import Trajectory
     from asyncrl.trainer.collective.endpoint import Endpoint
@@ -47,6 +48,9 @@ class RolloutHost:
         self._scorer: SegmentScorer | None = None  # the training-side scorer, built on the first interrupt-sync window
         self._group: SyncGroup | None = None  # once the driver formed one (transport broadcast)
         self._base_fingerprint: str | None = None  # spec.model.lora: the base the engine holds (lora_base.py)
+        # spec.model.lora + interrupt-sync: the wire's base (kept once) onto which the scorer's weights of each
+        # version are merged in fp32 (rollout/adapter_merge.py); ``_weights`` then holds that version's adapters
+        self._score_merge: AdapterMerge | None = None
 
     def generate(self, n_groups: int) -> "list[Trajectory]":
         return self.worker.generate(n_groups)
@@ -86,7 +90,8 @@ class RolloutHost:
                                f"as version {version}")
         state, nbytes, base_fp = got.state, got.nbytes, self._base_fingerprint
         if self.spec.model.lora is not None:  # a worker without the base takes it with this version
-            done = complete(state, base, base_fp, worker=f"rollout worker {self.worker.worker_index}")
+            done = complete(state, base, base_fp, worker=f"rollout worker {self.worker.worker_index}",
+                            tied=self.worker.arch.tie_embeddings)
             state, nbytes, base_fp = done.state, nbytes + done.base_nbytes, done.fingerprint
         t0 = time.perf_counter()
         if self.worker.version < 0:
@@ -99,11 +104,38 @@ class RolloutHost:
         # the object store's buckets, of the file read, or of the broadcast buckets (copied off the GPU under
         # NCCL, so the engine's device memory can be released while the scorer runs). Nobody else reads them:
         # not kept (under NCCL they would hold a second copy of the model in device memory).
-        self._weights = _on_host(got.state) if self._scores_old_versions else None
+        self._weights = self._keep_for_scoring(got.state, state) if self._scores_old_versions else None
         pause = float(getattr(engine, "apply_seconds", 0.0)) - self._paused_reported
         self._paused_reported += pause
         return Delivered(transfer_seconds=got.transfer_seconds, nbytes=nbytes, handover_seconds=handover,
                          pause_seconds=pause)
+
+    def _keep_for_scoring(self, got: "dict[str, torch.Tensor]",
+                          state: "dict[str, torch.Tensor]") -> "dict[str, torch.Tensor]":
+        """What interrupt-sync's scorer will load as this version. Full fine-tuning: the tensors received.
+        ``spec.model.lora``: the version's adapters alone, and the base when ``state`` carries one (the first
+        delivery, or a joiner's fetched base) copied off the transport's buffers and kept for every later version
+        (:meth:`_scorer_weights` merges them). No full-weight copy comes over the wire for the scorer."""
+        if self.spec.model.lora is None:
+            return _on_host(got)
+        from asyncrl.rollout.adapter_merge import AdapterMerge, is_hf_adapter_name
+
+        base = {k: v for k, v in state.items() if not is_hf_adapter_name(k)}
+        if base:
+            self._score_merge = AdapterMerge()
+            self._score_merge.base = {k: v.detach().to("cpu", copy=True) for k, v in base.items()}
+        return _on_host({k: v for k, v in state.items() if is_hf_adapter_name(k)})
+
+    def _scorer_weights(self) -> "dict[str, torch.Tensor]":
+        """The full weights of the version held, for the scorer: under ``spec.model.lora`` the kept base with this
+        version's adapters merged in fp32 (``AdapterMerge.resolve``, as the engine and the dedicated scorers do)."""
+        assert self._weights is not None  # sync_score checked it
+        if self.spec.model.lora is None:
+            return self._weights
+        if self._score_merge is None:
+            raise RuntimeError(f"interrupt-sync (LoRA): worker {self.worker.worker_index} holds adapters of version "
+                               f"{self.worker.version} but no base to merge them onto")
+        return self._score_merge.resolve(self._weights)
 
     @property
     def _scores_old_versions(self) -> bool:
@@ -174,7 +206,7 @@ class RolloutHost:
                                                         seed=self.spec.train.seed, bf16=actor_bf16(self.spec)))
         builds = self._scorer.builds
         try:
-            self._scorer.load(self._weights, version)
+            self._scorer.load(self._scorer_weights(), version)
             episodes = self.worker.suspended_episodes()
             snaps = [e.to_trajectory() for e in episodes]
             results = self._scorer.score([*snaps, *trajs], version)

@@ -116,6 +116,11 @@ class InterruptSyncStage(Stage):
 
     So every token is scored exactly once, under its own version, while that version is resident.
     Rollout makes no token between *interrupt* and *resume*: that stall is this strategy's cost.
+
+    A worker found dead at *interrupt* is replaced there (``LoopView.on_every_worker``): the replacement takes
+    version ``v+1`` at once (under LoRA with the actor's base) and sits out *score*; the dead worker's suspended
+    episodes are aborted, and the waiting groups' tokens are shared among the workers that still hold ``v``. When
+    none does (every worker died) and tokens of ``v`` wait, the job stops with that reason.
     """
 
     name = "interruptSync"
@@ -135,8 +140,8 @@ class InterruptSyncStage(Stage):
         import ray
 
         old = version - 1
-        workers = loop.hosts.rollout
         took: dict[str, float] = {}
+        holding: list[Any] = []  # the workers that hold version ``old`` (a replacement holds ``version`` already)
 
         def timed(phase: str, work: Callable[[], T]) -> T:
             self._phase(loop, phase)
@@ -150,16 +155,22 @@ class InterruptSyncStage(Stage):
             return out
 
         def interrupt() -> None:
-            ray.get([w.sync_interrupt.remote(self.timeout) for w in workers])
+            held = loop.on_every_worker(lambda w: w.sync_interrupt.remote(self.timeout))  # None: replaced
+            holding.extend(w for w, n in zip(loop.hosts.rollout, held, strict=True) if n is not None)
             while refs := loop.workers.refs():  # held workers return promptly: collect what they finished
                 done, _ = ray.wait(refs, num_returns=1)
                 loop.collect(done[0])
 
         def score() -> int:
             todo = [t for g in loop.buffer.waiting() for t in g if t.unscored(old)]
-            shares = [todo[i::len(workers)] for i in range(len(workers))]
+            if todo and not holding:
+                raise RuntimeError(
+                    f"interruptSync: every rollout worker died before the window of version {version}, so none holds "
+                    f"version {old} to score the {len(todo)} waiting trajectories' tokens of it; the job stops rather "
+                    "than train them without their exact pi_old (run more than one rollout worker to survive a death)")
+            shares = [todo[i::len(holding)] for i in range(len(holding))]
             outs: list[ScoreResult] = ray.get([w.sync_score.remote(share, old, self.release)
-                                               for w, share in zip(workers, shares, strict=True)])
+                                               for w, share in zip(holding, shares, strict=True)])
             n = 0
             for share, out in zip(shares, outs, strict=True):
                 for t, (pos, val) in zip(share, out.scores, strict=True):
@@ -176,8 +187,9 @@ class InterruptSyncStage(Stage):
         try:
             timed("interrupt", interrupt)
             self.times.tokens_scored += timed("score", score)
-            parts = timed("update", lambda: weight_sync.to_workers(loop.hosts, workers, weights, version))
-            timed("resume", lambda: ray.get([w.sync_resume.remote() for w in workers]))
+            # every worker, a replacement too (it takes the version again: under broadcast it is in the group)
+            parts = timed("update", lambda: weight_sync.to_workers(loop.hosts, loop.hosts.rollout, weights, version))
+            timed("resume", lambda: ray.get([w.sync_resume.remote() for w in loop.hosts.rollout]))
         finally:
             self._phase(loop, "idle")
         self.times.syncs += 1
