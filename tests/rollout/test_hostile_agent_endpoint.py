@@ -90,6 +90,9 @@ class Rig:
     worker: RolloutWorker
     honest: Honest
     trajectories: list[Trajectory]
+    # the honest sessions of the last window measured alone, right after an attack ended: the next attack's
+    # "before" window (the rows run back to back, so one window brackets two attacks); None: measure one
+    alone_after: int | None = None
 
     def refused(self) -> dict[str, int]:
         assert self.worker.agent is not None
@@ -207,7 +210,9 @@ def _attack(rig: Rig, row: Row) -> Measured:
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert attack.stdin is not None and attack.stdout is not None
     assert attack.stdout.readline().strip() == "ready"
-    alone = _honest_in_window(rig)  # the honest harness alone (the attacker waits for its go)
+    # the honest harness alone (the attacker waits for its go): the window right after the previous attack, if any
+    alone = _honest_in_window(rig) if rig.alone_after is None else rig.alone_after
+    rig.alone_after = None
     before = rig.refused()
     rss0, _ = _rss_mib()
     _reset_peak()
@@ -220,7 +225,8 @@ def _attack(rig: Rig, row: Row) -> Measured:
     _, peak = _rss_mib()
     assert attack.returncode == 0, stderr[-2000:]
     refused = {k: v - before[k] for k, v in rig.refused().items()}
-    alone = (alone + _honest_in_window(rig)) / 2  # alone before and after: the machine's load drifts
+    rig.alone_after = _honest_in_window(rig)
+    alone = (alone + rig.alone_after) / 2  # alone before and after: the machine's load drifts
     return Measured(alone, during, json.loads(stdout.strip().splitlines()[-1]), refused, peak - rss0)
 
 
