@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                     code = module.main()
             finally:
                 sys.argv = saved
-            print(text.getvalue()[-1500:], flush=True)
+            print(text.getvalue(), flush=True)
             if code:
                 print(f"{name} --quick exited {code}", file=sys.stderr)
                 return int(code)

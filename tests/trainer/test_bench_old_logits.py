@@ -1,12 +1,10 @@
-"""bench/old_logits.py: its arithmetic on hand-made step records (fast), and the whole bench in its
-``--quick`` form (slow): one row per strategy at W=1 with every column, the targets block, and the exact
-strategies' r_d at 1. No timing is asserted: the machine is shared."""
+"""bench/old_logits.py: its arithmetic on hand-made step records. The whole bench in its ``--quick`` form (one
+row per strategy at W=1 with every column, the targets block, and the exact strategies' r_d at 1) runs once,
+through ``bench/paper/system_cost.py``, in ``tests/trainer/test_bench_paper.py``'s quick test (it ran twice
+before). No timing is asserted: the machine is shared."""
 
 import importlib.util
-import json
-import subprocess
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -99,39 +97,6 @@ def test_arguments_name_the_bad_value_and_the_valid_ones(capsys: pytest.CaptureF
     assert "snapshots" in err and "interruptSync" in err
     args = bench.parse_args(["--strategies", "snapshot", "--ws", "3"])
     assert args.strategies == ["behavior", "snapshot"] and args.ws == [3]  # the baseline always runs
-
-
-@pytest.mark.slow
-def test_quick_bench_prints_every_strategy_and_the_targets(tmp_path: Path) -> None:
-    out_json = tmp_path / "out.json"
-    out = subprocess.run([sys.executable, str(BENCH), "--quick", "--json", str(out_json)],
-                         capture_output=True, text=True, timeout=1500, cwd=ROOT)
-    print(f"\nbench/old_logits.py stderr:\n{out.stderr[-3000:]}\nstdout:\n{out.stdout}")
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = out.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("strategy"))
-    table = lines[header + 2: header + 2 + len(bench.STRATEGIES)]
-    assert [line.split()[0] for line in table] == list(bench.STRATEGIES)
-    assert all(line.split()[1] == "1" for line in table)
-    assert "targets:" in lines
-    result = json.loads(out_json.read_text())
-    rows = {r["strategy"]: r for r in result["rows"]}
-    assert set(rows) == set(bench.STRATEGIES)
-    assert rows["behavior"]["extra_step_s"] == 0.0 and rows["behavior"]["extra_memory_bytes"] == 0
-    # the EWMA reference holds theta_prox plus, under the default recentre rule, its W bf16 residuals: 1 + W/2 copies
-    assert rows["ewma"]["extra_memory_bytes"] == result["ewma_bytes"] > result["weight_bytes"]
-    (held,) = [t for t in result["targets"] if t["name"].startswith("ewma holds exactly")]
-    assert held["met"] is True, held
-    assert rows["snapshot"]["resident_max"] >= 1 and rows["snapshot"]["extra_memory_bytes"] > 0
-    assert rows["interruptSync"]["stall_s"] > 0 and set(rows["interruptSync"]["stall_phases_s"]) == {
-        "interrupt", "score", "update", "resume"}
-    for name in bench.EXACT:
-        assert abs(rows[name]["rd_min"] - 1.0) < bench.RD_TOLERANCE, rows[name]
-        assert abs(rows[name]["rd_max"] - 1.0) < bench.RD_TOLERANCE, rows[name]
-    names = [t["name"] for t in result["targets"]]
-    assert any(n.startswith("snapshot old-logit time/step") for n in names)
-    assert any(n.startswith("exact strategies agree") for n in names)
-    assert all(t["met"] in (True, False, None) and t["detail"] for t in result["targets"])
 
 
 def test_dedicated_and_interrupt_sync_columns_come_from_their_summaries() -> None:

@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,6 +198,37 @@ def test_quick_mode_writes_every_record_and_section(tmp_path: Path) -> None:
     # every run started from the one warm start, made at the harness's seed whatever seed ran first
     starts = {json.dumps(records.read(p)["warm_start"], sort_keys=True) for p in recs}
     assert len(starts) == 1 and json.loads(starts.pop())["seed"] == harness.WARM_SEED
+    _check_old_logits_quick(proc.stdout, json.loads((tmp_path / "quick" / "system_cost.json").read_text())["data"])
+
+
+def _check_old_logits_quick(stdout: str, result: dict[str, Any]) -> None:
+    """``bench/old_logits.py --quick`` as system_cost runs it (one rollout worker): one row per strategy at W=1 with
+    every column, the targets block, and the exact strategies' r_d at 1 (this ran as a test of its own before)."""
+    paper_module("system_cost")  # puts bench/ on the path, as the script does
+    import old_logits as bench  # bench/old_logits.py
+    lines = stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("strategy"))
+    table = lines[header + 2: header + 2 + len(bench.STRATEGIES)]
+    assert [line.split()[0] for line in table] == list(bench.STRATEGIES)
+    assert all(line.split()[1] == "1" for line in table)
+    assert "targets:" in lines
+    rows = {r["strategy"]: r for r in result["rows"]}
+    assert set(rows) == set(bench.STRATEGIES)
+    assert rows["behavior"]["extra_step_s"] == 0.0 and rows["behavior"]["extra_memory_bytes"] == 0
+    # the EWMA reference holds theta_prox plus, under the default recentre rule, its W bf16 residuals: 1 + W/2 copies
+    assert rows["ewma"]["extra_memory_bytes"] == result["ewma_bytes"] > result["weight_bytes"]
+    (held,) = [t for t in result["targets"] if t["name"].startswith("ewma holds exactly")]
+    assert held["met"] is True, held
+    assert rows["snapshot"]["resident_max"] >= 1 and rows["snapshot"]["extra_memory_bytes"] > 0
+    assert rows["interruptSync"]["stall_s"] > 0 and set(rows["interruptSync"]["stall_phases_s"]) == {
+        "interrupt", "score", "update", "resume"}
+    for name in bench.EXACT:
+        assert abs(rows[name]["rd_min"] - 1.0) < bench.RD_TOLERANCE, rows[name]
+        assert abs(rows[name]["rd_max"] - 1.0) < bench.RD_TOLERANCE, rows[name]
+    names = [t["name"] for t in result["targets"]]
+    assert any(n.startswith("snapshot old-logit time/step") for n in names)
+    assert any(n.startswith("exact strategies agree") for n in names)
+    assert all(t["met"] in (True, False, None) and t["detail"] for t in result["targets"])
 
 
 def test_probe_median_that_records_read() -> None:
