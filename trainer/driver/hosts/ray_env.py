@@ -15,6 +15,10 @@
   outlive it by up to minutes otherwise) is waited for, then terminated by pid, and the session
   folder is removed; folders that killed runs left (no cleanup ran) are swept when a run starts.
 - ``RAY_USAGE_STATS_ENABLED=0`` and ``include_dashboard=False``: no phone-home, ~1 GiB less RAM.
+- ``RAY_worker_niceness=0``: the workers (the actor, the rollout workers, the scorers: all of the job's work)
+  run at the priority the run was started with. Ray's default starts them at ``nice`` +15 over it, so any
+  ordinary process on the machine took nearly all of the CPU from them (CFS weight 36 against 1024): under
+  ``stress --cpu 2`` a job test's processes crawled. ``nice -n 10 asyncrl run`` still runs them all at 10.
 - Logical ``num_cpus``: the job's processes ask for fractional CPUs, so the budget is a count of
   processes Ray may place, while each process caps its own torch threads (see ``hosts.py``).
 """
@@ -58,6 +62,7 @@ def reload_ray_auth() -> None:
 def _configure_env() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_worker_niceness", "0")  # the workers at the run's own priority, not 15 below it
 
 
 @contextlib.contextmanager
