@@ -8,11 +8,18 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
   demonstration cut after its first agent turn), so the user-id copy is a larger share of the loss;
 - ``--curriculum``: the first fraction of the steps train on copy demonstrations only, then the mix;
 - ``--digit-weight``: the loss weight of agent digit tokens (the copied ids) relative to the other agent tokens;
+- ``--order-weight``: the loss weight of the digits after the first agent turn (the order id the action copies from
+  the lookup's listing), when it differs from ``--digit-weight``;
+- ``--action-frac``: a fraction of each batch are *action copy demonstrations*: an ``any_fit`` demonstration (an
+  order drawn among the fitting ones, as the mix's) cut after its action, so the order-id copy is a larger share of
+  the loss without a better choice of order than the mix's;
 - ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``.
 
 At the end (and at ``--probe`` steps) it measures, on held-out scenarios (``ScenarioSamples.heldout``), the
-teacher-forced copy accuracy (argmax of the user id's digits in the lookup given the demonstration's prefix) and,
-at the end, sampled episodes (T = 1) through the engine: success and the behaviour flags of ``cs_behaviour``. One
+teacher-forced copy accuracy (argmax of the user id's digits in the lookup given the demonstration's prefix), the
+order id's greedy copy (given a held-out demonstration up to the action's ``"order":"o``, the 3 digits decoded
+greedily: ``order_listed``, an id the listing showed; ``order_fit``, one whose status fits the intent) and, at the
+end, sampled episodes (T = 1) through the engine: success and the behaviour flags of ``cs_behaviour``. One
 JSON record per pilot in ``docs/results/data/customer_service/warmstart/`` (``docs/tasks.md``'s Warm start table is
 generated from them by ``bench/doc_numbers.py``).
 
@@ -21,6 +28,7 @@ generated from them by ``bench/doc_numbers.py``).
 
 import argparse
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -47,14 +55,56 @@ from asyncrl.rollout.hf_model import build_model
 from asyncrl.trainer.driver.hosts.warm_start import warm_start_lr
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "data" / "customer_service" / "warmstart"
+OUT = Path(os.environ.get("CS_PILOTS_OUT", OUT))  # a scratch folder for smoke runs
 T = cs_tokenizer()
 DIGITS = frozenset(T.encode("0123456789"))
 
 
-def batch(n: int, copy_frac: float, rng: random.Random, mix: dict[str, float]) -> list[Demo]:
+def action_turn(demo: Demo) -> Demo:
+    """``demo`` cut after its second agent turn (for the customer-service task: the action after the lookup)."""
+    tokens, mask = demo
+    starts = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+    if len(starts) < 2:
+        return demo
+    end = next((i for i in range(starts[1], len(mask)) if not mask[i]), len(mask))
+    return tokens[:end], mask[:end]
+
+
+def batch(n: int, copy_frac: float, rng: random.Random, mix: dict[str, float], action_frac: float = 0.0) -> list[Demo]:
     k = sum(rng.random() < copy_frac for _ in range(n))
+    j = sum(rng.random() < action_frac for _ in range(n - k)) if action_frac else 0  # the old stream when 0
     copies = [first_turn(d) for d in demonstrations("customer-service", k, rng, mix={"good": 1.0}, tokenizer=T)]
-    return copies + demonstrations("customer-service", n - k, rng, mix=mix, tokenizer=T)
+    acts = [action_turn(d) for d in demonstrations("customer-service", j, rng, mix={"any_fit": 1.0}, tokenizer=T)]
+    return copies + acts + demonstrations("customer-service", n - k - j, rng, mix=mix, tokenizer=T)
+
+
+def heldout_actions(n: int) -> list[tuple[list[int], Scenario]]:
+    """Held-out ``good`` demonstrations cut just before the action's order digits (after ``"order":"o``)."""
+    out = []
+    for s in ScenarioSamples().heldout(n, seed=1):
+        sc = Scenario.from_sample(s)
+        tokens, mask = _cs_rendered(CustomerService(4), s, agent_turns(sc, "good", random.Random(0)), T)
+        starts = [i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1])]
+        first = next(i for i in range(starts[1], len(mask)) if mask[i] and tokens[i] in DIGITS)
+        out.append((tokens[:first], sc))
+    return out
+
+
+@torch.no_grad()
+def order_copy(model: torch.nn.Module, probes: list[tuple[list[int], Scenario]]) -> dict[str, float]:
+    """Greedy 3-digit order ids after held-out prefixes: the share the listing showed, and that fit the intent."""
+    model.eval()
+    seqs = [list(t) for t, _ in probes]
+    for _ in range(3):
+        b = pad_batch([(t, [True] * len(t)) for t in seqs], pad_id=T.pad_id)
+        logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits
+        for r, t in enumerate(seqs):
+            t.append(int(logits[r, len(t) - 1].argmax()))
+    model.train()
+    ids = ["o" + T.decode(t[-3:]) for t in seqs]
+    listed = sum(i in {o for o, _, _ in sc.orders} for i, (_, sc) in zip(ids, probes, strict=True))
+    fit = sum(i in sc.fitting for i, (_, sc) in zip(ids, probes, strict=True))
+    return {"order_listed": listed / len(probes), "order_fit": fit / len(probes)}
 
 
 def heldout_lookups(n: int) -> list[tuple[list[int], list[int]]]:
@@ -88,6 +138,8 @@ def main() -> None:
     p.add_argument("--copy-frac", type=float, default=0.0)
     p.add_argument("--curriculum", type=float, default=0.0, help="fraction of steps on copy demonstrations only")
     p.add_argument("--digit-weight", type=float, default=1.0)
+    p.add_argument("--order-weight", type=float, default=None, help="weight of the action's digits (default: digit's)")
+    p.add_argument("--action-frac", type=float, default=0.0, help="fraction of action copy demonstrations")
     p.add_argument("--eval", type=int, default=64)
     p.add_argument("--probe", type=int, default=50, help="teacher-forced copy accuracy every this many steps")
     p.add_argument("--threads", type=int, default=1)
@@ -99,6 +151,8 @@ def main() -> None:
     model = build_model(arch, seed=a.seed).train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.0)
     rng, probes, mix = random.Random(a.seed), heldout_lookups(64), dict(DEMO_MIX)
+    actions = heldout_actions(64)
+    order_w = a.digit_weight if a.order_weight is None else a.order_weight
     digit = torch.zeros(T.vocab_size, dtype=torch.bool)
     digit[list(DIGITS)] = True
     curve: list[dict[str, float]] = []
@@ -107,12 +161,13 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = warm_start_lr(step, a.steps, peak=a.lr)
         copy_frac = 1.0 if step < a.curriculum * a.steps else a.copy_frac
-        b = pad_batch(batch(a.batch, copy_frac, rng, mix), pad_id=T.pad_id)
+        b = pad_batch(batch(a.batch, copy_frac, rng, mix, a.action_frac), pad_id=T.pad_id)
         logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits[:, :-1]
         target = b.tokens[:, 1:]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
         mask = b.loss_mask[:, 1:].float()
-        w = mask * torch.where(digit[target], a.digit_weight, 1.0)
+        turn = (b.loss_mask & ~torch.nn.functional.pad(b.loss_mask[:, :-1], (1, 0))).cumsum(1)[:, 1:]  # agent turn no.
+        w = mask * torch.where(digit[target], torch.where(turn >= 2, order_w, a.digit_weight), 1.0)
         loss = (nll * w).sum() / w.sum()
         opt.zero_grad()
         loss.backward()
@@ -121,7 +176,8 @@ def main() -> None:
         losses.append(float(((nll * mask).sum() / mask.sum()).detach()))
         if (step + 1) % a.probe == 0 or step + 1 == a.steps:
             point = {"step": step + 1, "loss": sum(losses[-a.probe:]) / len(losses[-a.probe:]),
-                     "copy_tf": copy_accuracy(model, probes), "seconds": time.perf_counter() - t0}
+                     "copy_tf": copy_accuracy(model, probes), **order_copy(model, actions),
+                     "seconds": time.perf_counter() - t0}
             curve.append(point)
             print(json.dumps(point), flush=True)
     train_s = time.perf_counter() - t0

@@ -72,7 +72,11 @@ NOT_FROM_RECORDS: dict[str, tuple[str, ...]] = {
         "the shortcut was cut from 0.773 to 0.46",
         "loss 0.377 / 0.369 /",  # the warm-start pilot (a transformers stand-in; no record)
         "1,079 s at a",  # the smoke run's time
-        "measured 0.94 of 64 sampled",  # the warm-start test's own run (it writes no record)
+        "measured 0.94 of 64 sampled",  # the warm-start test's own runs (it writes no record)
+        "0.97 of its 64 sampled",
+        "at 150, 0.67, too few",
+        "382 s (202 s of CPU), after 297 s",  # the test's cost before and after, side by side (pytest's times)
+        "6.36 s before, 2.40 s after",  # bench/cs_warmstart_test_cost.py (prints, writes no record)
     ),
     "agents.md": (
         "under cProfile 3.08 -> 1.10 ms",  # one round each against the first HTTP stack (not in the record)
@@ -139,18 +143,23 @@ def warmstart_table(folder: Path) -> str:
     """The warm-start pilots (``bench/cs_warmstart_pilots.py``, one record each), in the order they started; a pilot
     stopped early (``stopped``) shows its last probe and no sampled evaluation."""
     records = sorted((_load(p) for p in folder.glob("*.json")), key=lambda r: (r["started"], r["name"]))
-    lines = ["| pilot | copy demos | curriculum | digit weight | steps x batch | copy (teacher-forced) at step 50 / 100 "
-             "/ last | loss (last 50 steps) | sampled: looked up | copied user | guessed | success | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| pilot | copy demos | action demos | curriculum | digit weight (user / order) | steps x batch | copy "
+             "(teacher-forced) at step 50 / 100 / last | order id listed (greedy) at 100 / last | loss (last 50 steps) "
+             "| sampled: looked up | copied user | guessed | success | train s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         a, by, last = r["args"], {c["step"]: c for c in r["curve"]}, r["curve"][-1]
         tf = " / ".join(f"{by[k]['copy_tf']:.2f}" if k in by else "-" for k in (50, 100)) + f" / {last['copy_tf']:.2f}"
+        order = (f"{by[100]['order_listed']:.2f} / {last['order_listed']:.2f}" if "order_listed" in last
+                 else "- / -")  # probed from the order-weight pilots on
         steps = f"{a['steps']} x {a['batch']}" if "stopped" not in r else f"{last['step']} of {a['steps']} x {a['batch']} (stopped)"
         b = r["behaviour"]
         sampled = (f"{b['looked_up']:.2f} | **{b['copied_user']:.2f}** | {b['guessed']:.2f} | {r['success']:.3f} | "
                    f"{r['train_seconds']:.0f}") if b else "- | - | - | - | -"
-        lines.append(f"| `{r['name']}` | {a['copy_frac']:.1f} | {a['curriculum']:.2f} | {a['digit_weight']:g} | {steps} | "
-                     f"{tf} | {last['loss']:.3f} | {sampled} |")
+        dw = a["digit_weight"]
+        ow = a.get("order_weight") or dw
+        lines.append(f"| `{r['name']}` | {a['copy_frac']:.1f} | {a.get('action_frac', 0.0):.1f} | {a['curriculum']:.2f} | "
+                     f"{dw:g} / {ow:g} | {steps} | {tf} | {order} | {last['loss']:.3f} | {sampled} |")
     return "\n".join(lines)
 
 
@@ -165,6 +174,24 @@ def warmstart_values(folder: Path) -> dict[str, Any]:
         "ws_wins": round(r["success"] * r["eval_episodes"]), "ws_episodes": r["eval_episodes"],
         "ws_minutes": r["train_seconds"] / 60, "ws_tf50": rc[50]["copy_tf"], "ws_tf100": rc[100]["copy_tf"],
         "co_tf100": cc[100]["copy_tf"], "co_tf150": cc[150]["copy_tf"], "co_loss150": cc[150]["loss"],
+        **order_pilot_values(folder),
+    }
+
+
+ORDER_PILOT, ORDER_PILOT_LONG = "copy30-dw5-ow15-act30", "copy30-dw5-ow15-act30-700"  # the order id's levers
+
+
+def order_pilot_values(folder: Path) -> dict[str, Any]:
+    """The order-id pilots' figures the prose quotes: the greedy order copy's curve, the sampled episodes."""
+    r, long = _load(folder / f"{ORDER_PILOT}.json"), _load(folder / f"{ORDER_PILOT_LONG}.json")
+    rc, peak = {p["step"]: p for p in r["curve"]}, max(long["curve"], key=lambda p: p["order_listed"])
+    return {
+        "op_l100": rc[100]["order_listed"], "op_llast": r["curve"][-1]["order_listed"],
+        "op_last_step": r["curve"][-1]["step"], "op_guessed": r["behaviour"]["guessed"], "op_success": r["success"],
+        "op7_peak": peak["order_listed"], "op7_peak_step": peak["step"], "op7_llast": long["curve"][-1]["order_listed"],
+        "op7_steps": long["curve"][-1]["step"], "op7_guessed": long["behaviour"]["guessed"],
+        "op7_success": long["success"], "op7_wins": round(long["success"] * long["eval_episodes"]),
+        "op7_episodes": long["eval_episodes"],
     }
 
 
@@ -200,6 +227,10 @@ TASKS_QUOTES = (
     "({ws_wins} of {ws_episodes})",
     "for the user's id ({ws_copied:.2f}) and not for the order's",
     "(each pilot took {ws_minutes:.0f} min on the loaded cores)",
+    "listed {op_l100:.2f} at step 100 and {op_llast:.2f} at {op_last_step}; sampled, `guessed` {op_guessed:.2f} and "
+    "success {op_success:.3f}",
+    "it rose to {op7_peak:.2f} (step {op7_peak_step}) and ended at {op7_llast:.2f} (step {op7_steps}); sampled, "
+    "`guessed` {op7_guessed:.2f} and success {op7_success:.3f} ({op7_wins} of {op7_episodes})",
     "(its change from version 0: {v1_sft_gain:+.3f}, p = {v1_sft_gain_p:.2f})",
 )
 
