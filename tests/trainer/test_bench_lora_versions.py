@@ -1,30 +1,18 @@
 """bench/lora_versions.py at its smallest size: it runs and its record has every figure, with the ratios that
 hold whatever the machine's load (sizes, not times). No time is asserted."""
 
-import importlib.util
-import sys
-from types import ModuleType
 
 import pytest
 
-from tests.support.helpers import ROOT
-
-BENCH = ROOT / "bench" / "lora_versions.py"
+from tests.support.helpers import bench_module
 
 pytestmark = pytest.mark.usefixtures("megatron_on_cpu")  # tests/trainer/conftest.py
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_lora_versions", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_smallest_run_records_every_figure() -> None:
-    record = _bench().measure("tiny-llama", rank=4, rows=4, tokens=16, repeats=1)
+    record = bench_module("lora_versions").measure("tiny-llama", rank=4, rows=4, tokens=16, repeats=1)
     full, lora = record["full"], record["lora"]
     for side in (full, lora):
         assert side["ewma_forward_s"] > 0 and side["train_step_s"] > 0 and side["sync_install_s"] > 0

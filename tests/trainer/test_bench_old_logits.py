@@ -3,28 +3,13 @@ row per strategy at W=1 with every column, the targets block, and the exact stra
 through ``bench/paper/system_cost.py``, in ``tests/trainer/test_bench_paper.py``'s quick test (it ran twice
 before). No timing is asserted: the machine is shared."""
 
-import importlib.util
-import sys
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import bench_module
 
-BENCH = ROOT / "bench" / "old_logits.py"
-
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_old_logits", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = bench_module("old_logits")
 WEIGHTS = 1000  # bytes of one weight copy in these hand-made runs
 
 

@@ -1,29 +1,20 @@
 """bench/step_path.py: its accounting on a hand-driven clock and hand-made rounds (fast), and the whole bench
 with one tree twice, the A/A form (slow). No timing is asserted: the machine is shared."""
 
-import importlib.util
 import math
 import subprocess
 import sys
-from types import ModuleType
 
 import pytest
 
-from tests.support.helpers import ROOT
+from tests.support.helpers import ROOT, bench_module
 
 BENCH = ROOT / "bench" / "step_path.py"
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_step_path", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-bench = _bench()
+bench = bench_module("step_path")
 
 
 def test_stage_clock_counts_a_nested_stage_only_in_the_inner_one() -> None:
