@@ -4,8 +4,6 @@
 object store or by broadcast, and a gang rank killed mid-run gets its gang replaced, counted once."""
 
 import copy
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.hosts.ray_env import local_ray
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
+from tests.support.kill_worker import kill_at_version, ray_pids
 from tests.trainer.test_e2e_exact import RD_TOLERANCE
 from tests.trainer.test_weightsync_job import JOB
 
@@ -33,9 +32,7 @@ def _job(transport: str, steps: int) -> dict[str, Any]:
 
 
 def _scorer_pids() -> list[int]:
-    from tests.trainer.test_driver_faults import _rollout_pids
-
-    return _rollout_pids("ray::DedicatedScorer")
+    return ray_pids("ray::DedicatedScorer")
 
 
 def _check_exact(result: Any, steps: int) -> None:
@@ -60,14 +57,8 @@ def test_broadcast_to_a_tp2_scorer_gang(no_shared_ray: None, tmp_path: Path) -> 
 
 
 def test_a_killed_gang_rank_gets_its_gang_replaced_once(no_shared_ray: None, tmp_path: Path) -> None:
-    killed: list[int] = []
-
-    def on_step(r: Any) -> None:
-        if getattr(r, "version", None) == 2 and not killed:
-            pids = _scorer_pids()
-            assert len(pids) == 2, pids  # the gang's two ranks
-            os.kill(max(pids), signal.SIGKILL)  # one rank only: the other is stopped by the gang
-            killed.append(max(pids))
+    # one rank of the gang's two only: the other is stopped by the gang
+    on_step, killed = kill_at_version(2, expect=2, title="ray::DedicatedScorer", pick=max)
 
     with local_ray(num_cpus=2):
         result = run_job(validate_job(_job("objectStore", 4)), RunOptions(run_dir=tmp_path / "run"),

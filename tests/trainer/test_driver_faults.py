@@ -2,8 +2,6 @@
 whole job killed and resumed from its checkpoint (local Ray, real processes)."""
 
 import logging
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +9,7 @@ import pytest
 
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
+from tests.support.kill_worker import kill_at_version
 
 pytestmark = pytest.mark.slow  # real processes killed mid-run: about 5 minutes on 2 cores
 
@@ -29,46 +28,11 @@ JOB: dict[str, Any] = {
 }
 
 
-def _descends_from_us(pid: int) -> bool:
-    """True when this test process is an ancestor of ``pid`` (our own Ray's workers, not another run's)."""
-    me = os.getpid()
-    while pid > 1:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4: the parent's pid
-        if pid == me:
-            return True
-    return False
-
-
-def _rollout_pids(title: str = "ray::RolloutHost") -> list[int]:
-    """Processes Ray titled ``title...`` started by this test's Ray (one per rollout worker by default)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")[0].decode()
-            except OSError:
-                continue
-            if cmd.startswith(title) and _descends_from_us(int(d.name)):
-                pids.append(int(d.name))
-    return pids
-
-
 def test_a_killed_rollout_worker_is_replaced_and_the_job_finishes(ray_session: None, tmp_path: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     """Under the broadcast transport, the hardest case for a replacement: it must get the current version and
     the group must take it in again (one test for both: this and test_weightsync_job ran the same kill)."""
-    killed: list[int] = []
-
-    def on_step(r: Any) -> None:  # a StepReport or an EvalResult
-        if getattr(r, "version", None) == 2 and not killed:
-            pids = _rollout_pids()
-            assert len(pids) == 2, pids
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
+    on_step, killed = kill_at_version(2, expect=2)
 
     caplog.set_level(logging.INFO, logger="asyncrl.trainer.driver.loop.weight_sync")
     job = {**JOB, "spec": {**JOB["spec"], "actor": {"weightSync": {"transport": "broadcast", "bucketMiB": 1}}}}
@@ -119,14 +83,7 @@ def test_a_killed_dedicated_scorer_is_replaced_and_nothing_is_lost(ray_session: 
     job = {**JOB, "spec": {**JOB["spec"], "correction": {"reference": "exact"},
                            "oldLogits": {"strategy": "dedicated"}, "model": {"rolloutDtype": "float32"},
                            "train": {**JOB["spec"]["train"], "steps": 5}}}
-    killed: list[int] = []
-
-    def on_step(r: Any) -> None:  # a StepReport or an EvalResult
-        if getattr(r, "version", None) == 2 and not killed:
-            pids = _rollout_pids("ray::DedicatedScorer")
-            assert len(pids) == 1, [Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0] for p in _rollout_pids("ray::")]
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
+    on_step, killed = kill_at_version(2, expect=1, title="ray::DedicatedScorer")
 
     result = run_job(validate_job(job), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
     s = result.summary.to_json()  # summary.json's form

@@ -3,8 +3,6 @@ base when they start (and when respawned), keep each version as its adapters, an
 when they advance to it. Under the fp32 rollout r_d = pi_old / mu_old is 1 within 1e-5 on every step, also after
 the scorer was killed mid-run and respawned (it took the base again, and the versions it still had to score)."""
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +10,7 @@ import pytest
 
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
-from tests.trainer.test_driver_faults import _rollout_pids
+from tests.support.kill_worker import kill_at_version
 
 pytestmark = pytest.mark.slow  # a 6-step job with a scorer killed and respawned: 31 s idle, 124 s at load 35
 
@@ -36,14 +34,7 @@ JOB: dict[str, Any] = {
 
 
 def test_lora_dedicated_scorers_keep_rd_at_one_through_a_respawn(ray_session: None, tmp_path: Path) -> None:
-    killed: list[int] = []
-
-    def on_step(r: Any) -> None:  # a StepReport or an EvalResult
-        if getattr(r, "version", None) == 2 and not killed:
-            pids = _rollout_pids("ray::DedicatedScorer")
-            assert len(pids) == 1, pids
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
+    on_step, killed = kill_at_version(2, expect=1, title="ray::DedicatedScorer")
 
     result = run_job(validate_job(JOB), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
     s = result.summary.to_json()

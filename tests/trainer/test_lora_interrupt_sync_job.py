@@ -4,8 +4,6 @@ adapters (merged in fp32), and only then take the next version's adapters. Under
 pi_old / mu_old is 1 within 1e-5 on every step, also when a rollout worker is killed mid-run and replaced."""
 
 import copy
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ import pytest
 
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
-from tests.trainer.test_driver_faults import _rollout_pids
+from tests.support.kill_worker import kill_at_version
 
 pytestmark = pytest.mark.slow  # a 6-step job per transport with a kill and a replacement: 45-50 s each at load 4
 
@@ -45,14 +43,7 @@ def test_a_killed_rollout_worker_is_replaced_and_rd_stays_one(ray_session: None,
     the base it fetched. r_d stays 1 within 1e-5 on every step."""
     job = copy.deepcopy(JOB)
     job["spec"]["actor"] = {"weightSync": {"transport": transport, "bucketMiB": 1}}
-    killed: list[int] = []
-
-    def on_step(r: Any) -> None:  # a StepReport or an EvalResult
-        if getattr(r, "version", None) == 2 and not killed:
-            pids = _rollout_pids()
-            assert len(pids) == 2, pids
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
+    on_step, killed = kill_at_version(2, expect=2)
 
     result = run_job(validate_job(job), RunOptions(run_dir=tmp_path / "run"), on_step=on_step)
     s = result.summary.to_json()

@@ -5,8 +5,6 @@ route, r_d = pi_old / mu_old is 1 within 1e-5 on every step, those trained on th
 included: a replacement that sampled from the base alone, or from another base, would be off by the adapters."""
 
 import logging
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,7 @@ import pytest
 
 from asyncrl.api.validation import validate_job
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
-from tests.trainer.test_driver_faults import _rollout_pids
+from tests.support.kill_worker import kill_at_version
 
 pytestmark = pytest.mark.slow  # a 6-step job with a kill and a replacement: 19 s idle, 42 s at load 3 on 2 cores
 
@@ -41,14 +39,7 @@ JOB: dict[str, Any] = {
 
 def test_a_killed_lora_rollout_worker_is_replaced_with_the_base_and_rd_stays_one(
         ray_session: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    killed: list[int] = []
-
-    def on_step(r: Any) -> None:  # a StepReport or an EvalResult
-        if getattr(r, "version", None) == KILL_AT and not killed:
-            pids = _rollout_pids()
-            assert len(pids) == 1, pids
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
+    on_step, killed = kill_at_version(KILL_AT, expect=1)
 
     caplog.set_level(logging.INFO, logger="asyncrl.trainer.driver.loop.weight_sync")
     batches: list[tuple[int, set[int]]] = []  # (the version that trains on it, the versions its tokens were sampled at)
