@@ -51,3 +51,16 @@ def kill_at_version(version: int, expect: int, title: str = "ray::RolloutHost",
             killed.append(victim)
 
     return on_step, killed
+
+
+def survived_with_rd_one(result: Any, killed: list[int], versions: int, tol: float = 1e-5) -> dict[str, Any]:
+    """The run succeeded after its kill, trained versions 1..``versions`` in order, and every step's r_d stayed
+    within ``tol`` of 1 (an exact route under an fp32 rollout); returns the summary (``summary.json``'s form)."""
+    s: dict[str, Any] = result.summary.to_json()
+    assert killed and s["status"] == "succeeded", s
+    steps = [r for r in result.steps if "version" in r]
+    assert [r["version"] for r in steps] == list(range(1, versions + 1))
+    for r in steps:
+        print(f"version {r['version']}: r_d [{r['rd_min']:.7f}, {r['rd_max']:.7f}], sync {r.get('sync_bytes')} B")
+        assert abs(r["rd_min"] - 1.0) < tol and abs(r["rd_max"] - 1.0) < tol, r
+    return s
