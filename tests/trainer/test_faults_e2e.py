@@ -1,6 +1,11 @@
 """Faults that used to lose work or hide their cause, end to end: ``asyncrl run`` as a user runs it (its
-own process, its console, its exit code), on the tiniest job, with real damage -- a truncated
-checkpoint, a torn and a broken metrics line, a full tmpfs, SIGTERM mid-run."""
+console, its exit code), on the tiniest job, with real damage -- a truncated checkpoint, a torn and a broken
+metrics line, a full tmpfs, SIGTERM mid-run.
+
+SIGTERM needs the command in a process of its own (and its own Ray, whose processes must not outlive it). The
+damage tests run the same command in this process (``asyncrl.trainer.cli.main``, its console and exit code
+captured from the file descriptors) on the session's shared Ray: what they check happens in the driver, and a
+process and a Ray start per run would only add their cost."""
 
 import json
 import os
@@ -18,7 +23,7 @@ import yaml
 
 from tests.support.filesystems import fill, small_filesystem
 
-pytestmark = pytest.mark.slow  # each test starts `asyncrl run` two or three times (15-60 s each on 2 cores)
+pytestmark = pytest.mark.slow  # each test runs `asyncrl run` two or three times (15-60 s each on 2 cores)
 
 
 def _job(tmp_path: Path, steps: int, every: int) -> Path:
@@ -48,6 +53,16 @@ def _run(job: Path, run_dir: Path, *extra: str) -> tuple[int, str]:
     return out.returncode, out.stdout + out.stderr
 
 
+def _run_here(capfd: pytest.CaptureFixture[str], job: Path, run_dir: Path, *extra: str) -> tuple[int, str]:
+    """``asyncrl run`` in this process, on the shared Ray (the command reuses a Ray that is already up)."""
+    from asyncrl.trainer.cli import main
+
+    capfd.readouterr()
+    code = main(["run", str(job), "--run-dir", str(run_dir), "--quiet", *extra])
+    out = capfd.readouterr()
+    return code, out.out + out.err
+
+
 def _steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -60,10 +75,11 @@ def _temporaries(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if re.search(r"\.tmp(-\d+)?$|\.old-\d+$", p.name))
 
 
-def test_a_truncated_checkpoint_and_a_torn_log_line_resume_from_the_last_good_one(tmp_path: Path) -> None:
+def test_a_truncated_checkpoint_and_a_torn_log_line_resume_from_the_last_good_one(
+        ray_session: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
     job = _job(tmp_path, steps=4, every=2)
-    code, out = _run(job, run_dir)
+    code, out = _run_here(capfd, job, run_dir)
     assert code == 0, out[-4000:]
     ckpts = run_dir / "checkpoints"
     good_cursors = json.loads((ckpts / "driver-000002.json").read_text())["cursors"]
@@ -74,7 +90,7 @@ def test_a_truncated_checkpoint_and_a_torn_log_line_resume_from_the_last_good_on
     with open(run_dir / "metrics.jsonl", "a") as f:
         f.write('{"step": 5, "reward_mean": 0.')
 
-    code, out = _run(job, run_dir, "--steps", "6")
+    code, out = _run_here(capfd, job, run_dir, "--steps", "6")
     # before: "PytorchStreamReader failed reading zip archive" on every resume, no path named
     assert code == 0, out[-4000:]
     assert f"checkpoint {ckpts / 'step-000004'} skipped: __0_0.distcp has" in out, out[-4000:]
@@ -95,7 +111,7 @@ def test_a_truncated_checkpoint_and_a_torn_log_line_resume_from_the_last_good_on
     lines[2] = lines[2][:20] + "\n"
     (run_dir / "metrics.jsonl").write_text("".join(lines))
     summary_before, report_before = (run_dir / "summary.json").read_bytes(), (run_dir / "report.png").read_bytes()
-    code, out = _run(job, run_dir, "--steps", "8")
+    code, out = _run_here(capfd, job, run_dir, "--steps", "8")
     assert code == 1
     assert f"{run_dir / 'metrics.jsonl'}:3: not a JSON record" in out, out[-4000:]
     # before: summary.json became "failed after 0 steps" and report.png a blank plot
@@ -105,12 +121,13 @@ def test_a_truncated_checkpoint_and_a_torn_log_line_resume_from_the_last_good_on
     assert attempt["status"] == "failed" and "metrics.jsonl:3" in attempt["error"]
 
 
-def test_a_full_disk_names_its_error_and_leaves_nothing_temporary(tmp_path: Path) -> None:
+def test_a_full_disk_names_its_error_and_leaves_nothing_temporary(
+        ray_session: None, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     job = _job(tmp_path, steps=4, every=2)
     with small_filesystem(tmp_path / "fs", size_mib=32) as fs:  # the default reset rule (recentre) checkpoints W bf16 residuals too
         run_dir = fs / "run"
         filler = fill(fs, leave_bytes=2 << 20)  # the log fits, the checkpoint at step 2 does not
-        code, out = _run(job, run_dir)
+        code, out = _run_here(capfd, job, run_dir)
         assert code == 1, out[-4000:]
         # before: "failed after 0 steps in 0.0 s ... run directory: None", the ENOSPC replaced by the summary's
         assert "run directory: None" not in out
@@ -121,7 +138,7 @@ def test_a_full_disk_names_its_error_and_leaves_nothing_temporary(tmp_path: Path
         s = json.loads((run_dir / "summary.json").read_text())
         assert s["status"] == "failed" and "ENOSPC" in s["error"]
         filler.unlink()
-        code, out = _run(job, run_dir)  # space again: the rerun works and leaves nothing temporary either
+        code, out = _run_here(capfd, job, run_dir)  # space again: the rerun works and leaves nothing temporary either
         assert code == 0, out[-4000:]
         assert _temporaries(fs) == [] and _summary(run_dir)["final_version"] == 4
         shutil.rmtree(run_dir)  # before the unmount
