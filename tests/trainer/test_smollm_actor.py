@@ -28,9 +28,9 @@ pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def folder(smollm2_folder: Path) -> Path:
     torch.set_num_threads(2)
-    return pull("smollm2", root=tmp_path_factory.mktemp("models")).path
+    return smollm2_folder
 
 
 def test_pull_writes_an_hf_folder_once(folder: Path) -> None:

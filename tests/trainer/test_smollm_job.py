@@ -1,6 +1,7 @@
 """examples/smollm2.yaml for two steps on a local Ray (slow): a real pretrained LLM end to end.
 
-The model is pulled into a temporary cache (``asyncrl models pull smollm2``'s code) and named by
+The model is pulled into a temporary cache (``asyncrl models pull smollm2``'s code, once per session:
+``smollm2_folder`` in conftest.py) and named by
 ``spec.model.weights``, as the example does with the user's cache. What reaches the actor must be
 SmolLM2's own BPE text (its chat template and tokenizer), sampled with finite log-probs, trained
 with a finite loss, and the pretrained model must already answer in the task's tags.
@@ -13,7 +14,6 @@ import pytest
 import yaml
 
 from asyncrl.api.validation import validate_job
-from asyncrl.rollout.models import pull
 from asyncrl.rollout.tokenizer import HFTokenizer, tokenizer_for
 from asyncrl.trainer.driver.loop.training_loop import RunOptions, run_job
 
@@ -23,8 +23,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2.yaml"
 
 
 @pytest.fixture(scope="module")
-def run(ray_session: None, tmp_path_factory: pytest.TempPathFactory):
-    folder = pull("smollm2", root=tmp_path_factory.mktemp("models")).path
+def run(ray_session: None, smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory):
+    folder = smollm2_folder
     doc = yaml.safe_load(EXAMPLE.read_text())
     assert doc["spec"]["model"]["weights"] == "~/.cache/asyncrl/models/smollm2-135m"  # the default cache
     doc["spec"]["model"]["weights"] = str(folder)
