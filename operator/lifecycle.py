@@ -125,13 +125,45 @@ class Plan:
 @dataclass(frozen=True)
 class CreateFailure:
     """A create the API server refused: ``code`` is the HTTP status, ``message`` the server's own words.
-    ``conflict``: the name is taken by an object this job does not own (409 after a read)."""
+    ``conflict``: the name is taken by an object this job does not own (409 after a read). ``held``: a pod
+    create not sent because a child it needs was refused in the same pass (:func:`hold_pods`); ``code`` is
+    then 0 and ``message`` names what it waits for."""
 
     kind: str
     name: str
     code: int
     message: str
     conflict: bool = False
+    held: bool = False
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.name}: {self.message}" if self.held else \
+            f"{self.kind} {self.name}: {self.code} {self.message}"
+
+
+# The children a pod of the job refers to: the spec ConfigMap (a volume), the Ray token Secret (an env
+# secretKeyRef), the driver's ServiceAccount and the Role and RoleBinding its status sidecar writes with, the
+# headless Service whose DNS names Ray joins through. A pod created while one of them is missing cannot start:
+# the server refuses it (no ServiceAccount), or the kubelet retries its mount with a backoff that reaches
+# minutes. (A NetworkPolicy or a PodGroup is not one: a pod runs without it.)
+PREREQUISITE_KINDS = frozenset({"ConfigMap", "Secret", "ServiceAccount", "Role", "RoleBinding", "Service"})
+
+
+def children_first(actions: list[Action]) -> list[Action]:
+    """``actions`` with the pod creates moved to the end (a stable order otherwise): a pass creates the
+    children its pods refer to before the pods."""
+    return sorted(actions, key=lambda a: a.kind == "Pod" and a.verb == "create")
+
+
+def hold_pods(pod_creates: list[Action], missing: list[str]) -> list[CreateFailure]:
+    """The pod creates of a pass in which the children ``missing`` (``"<Kind> <name>"``, each of
+    :data:`PREREQUISITE_KINDS`) were refused or failed: none is sent, each comes back as a held
+    :class:`CreateFailure`, so the pass's ``FailedCreate`` condition and backoff retry them with those children
+    (a missing pod is then a create still to make, never a lost pod)."""
+    if not missing:
+        return []
+    waits = f"not sent until {', '.join(missing)} can be created (refused or failed in the same pass)"
+    return [CreateFailure(a.kind, a.name, 0, waits, held=True) for a in pod_creates]
 
 
 # ---------------------------------------------------------------- the planner
@@ -741,13 +773,15 @@ def fold_create_failures(prev_status: JobStatus, planned: Plan, failures: list[C
     first = since("FailedCreate")
     failing_for = 0.0 if first is None else (now - first).total_seconds()
     delay = min(max(failing_for, settings.restart_backoff_seconds), settings.restart_backoff_max_seconds)
-    text = "; ".join(f"create {f.kind} {f.name}: {f.code} {f.message}" for f in failures)[:MESSAGE_LIMIT]
+    text = "; ".join(f"create {f.describe()}" for f in failures)[:MESSAGE_LIMIT]
     set_true("FailedCreate", text)
     st.restart_after = rfc3339(now + dt.timedelta(seconds=delay))
     if st.phase is Phase.INITIALIZING:  # recomputed there each reconcile (never left stale)
-        st.message = f"the API server refused to create pods, retrying in {delay:g} s: {text}"[:MESSAGE_LIMIT]
+        what = "pods" if all(f.kind == "Pod" for f in failures) else "the job's children"
+        st.message = f"the API server refused to create {what}, retrying in {delay:g} s: {text}"[:MESSAGE_LIMIT]
+    # one Warning per refusal; the pods held back for them are in the condition, not an event each
     events += [Event("Warning", "FailedCreate", f"create {f.kind} {f.name} refused: {f.code} {f.message}"
-                     [:MESSAGE_LIMIT]) for f in failures]
+                     [:MESSAGE_LIMIT]) for f in failures if not f.held]
     taken = "; ".join(f.message for f in failures if f.conflict)[:MESSAGE_LIMIT]
     if taken:
         if (was := _condition(prev_status, "ChildConflict")) is None or was.message != taken:

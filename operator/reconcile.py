@@ -26,10 +26,13 @@ from asyncrl.operator.admission import admission_problems
 from asyncrl.operator.config import OperatorSettings
 from asyncrl.operator.kube import Kube, server_message
 from asyncrl.operator.lifecycle import (
+    PREREQUISITE_KINDS,
     Action,
     CreateFailure,
     Plan,
+    children_first,
     fold_create_failures,
+    hold_pods,
     plan,
     plan_deletion,
 )
@@ -132,6 +135,7 @@ class Reconciler:
         self._guard = threading.Lock()
         self._waiting: set[tuple[str, str]] = set()
         self._full: dict[tuple[str, str], bool] = {}
+        self._full_retry: set[tuple[str, str]] = set()  # jobs whose last pass had a non-pod child refused
         self._later = Later(self._fire)
         # job uid -> {(pod name, epoch)} seen with DisruptionTarget=True: a pod event can carry the last
         # state of a pod that is gone by the time its reconcile lists the pods. The planner persists what
@@ -222,6 +226,10 @@ class Reconciler:
                 raise
 
     def _reconcile(self, namespace: str, name: str, full: bool) -> Plan | None:
+        with self._guard:  # a child refused in the last pass: whatever triggers this pass, read the children
+            if (namespace, name) in self._full_retry:
+                self._full_retry.discard((namespace, name))
+                full = True
         body = self.kube.get_job(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
@@ -244,12 +252,31 @@ class Reconciler:
         p = plan(view, spec, desired, observed, now, self.cfg)
         failures: list[str] = []
         refused: list[CreateFailure] = []
-        for a in p.actions:
+        missing: list[str] = []  # children the pods refer to that this pass could not create
+        actions = children_first(p.actions)
+        pod_creates = [a for a in actions if a.kind == "Pod" and a.verb == "create"]
+        for a in actions[:len(actions) - len(pod_creates)]:
             outcome = self._apply(body, ref, a)
             if isinstance(outcome, CreateFailure):
                 refused.append(outcome)
             elif outcome:
                 failures.append(outcome)
+            if outcome and a.verb == "create" and a.kind in PREREQUISITE_KINDS:
+                missing.append(f"{a.kind} {a.name}")
+        if held := hold_pods(pod_creates, missing):
+            refused += held
+        else:
+            for a in pod_creates:
+                if isinstance(outcome := self._apply(body, ref, a), CreateFailure):
+                    refused.append(outcome)
+                elif outcome:
+                    failures.append(outcome)
+        if any(f.kind != "Pod" for f in refused) or missing:
+            # the timed retry of a refused create (pods only, otherwise) reads and creates the other children too:
+            # right after the CRD is installed the server refuses owner references to the job for ~30 s (its
+            # REST mapping of the new kind is not loaded yet), and those children would wait for the resync
+            with self._guard:
+                self._full_retry.add((namespace, name))
         p = fold_create_failures(status, p, refused, now, self.cfg)  # refused creates: a condition, retried
         for ev in p.events:
             self.events(body, ev.type, ev.reason, ev.message)
