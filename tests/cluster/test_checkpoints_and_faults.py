@@ -3,7 +3,8 @@
 One job with its checkpoints on a static hostPath PersistentVolume (bound to its claim) runs through the
 drills in order: a deleted rollout pod is replaced alone and training goes on; a deleted actor pod restarts
 the gang, which resumes from its last checkpoint at that version; ``runPolicy.suspend`` stops every pod and
-resuming goes on from the checkpoint; the job succeeds; ``asyncrl export`` of its checkpoint (in a pod of the
+resuming (with ``train.steps`` cut to a few steps past the suspension, patched while suspended) goes on from the
+checkpoint to the new end; the job succeeds; ``asyncrl export`` of its checkpoint (in a pod of the
 job image, on the same claim) gives a folder transformers loads; deleting the job garbage-collects every
 child object. The kubelet and the job's status sidecar report every phase; nothing here writes a status.
 """
@@ -23,9 +24,11 @@ from tests.support.helpers import ROOT
 pytestmark = pytest.mark.cluster
 
 TWIN = ROOT / "examples" / "quickstart-cluster.yaml"
-# Long enough that the drills land mid-run: a step takes ~0.35 s here and the status sidecar reports at most
-# every 30 s (api/status.py), so the test sees versions only that often.
-NAME, STEPS, EVERY, JOB_UID = "drills", 600, 20, 10001
+# The job is submitted with more steps than the drills can reach (a step takes ~0.35 s here, and the status sidecar
+# reports at most every 30 s, api/status.py, so the test sees versions only that often); while it is suspended, the
+# drill cuts train.steps to TAIL steps past the version it stopped at, and the resumed job ends there. So no drill
+# races the end of training, and the test does not train hundreds of steps nobody looks at.
+NAME, STEPS, TAIL, EVERY, JOB_UID = "drills", 5000, 20, 20, 10001
 DRIVER, ROLLOUT0, ACTOR = f"{NAME}-driver-0", f"{NAME}-rollout-0", f"{NAME}-actor-0"
 CHILD_KINDS = "pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies"
 
@@ -96,12 +99,16 @@ def test_checkpoints_export_and_faults_on_real_pods(cluster: Cluster, operator: 
     assert (restarts or 0) >= 1, rec.status
     rec.mark("drill 2: gang restarted and resumed")
 
-    # 3. suspend, then resume: every pod goes, the job comes back from its checkpoint and finishes
+    # 3. suspend, then resume with train.steps cut (one patch, as a user shortens a run): every pod goes, the job
+    # comes back from its checkpoint (the old driver's final report is the version it stopped at) and ends there
     cluster.kubectl("patch", "arj", NAME, "-n", ns, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}')
     rec.wait_for("phase Suspended", lambda r: r.phase == "Suspended", timeout=300)
     rec.wait_for("no pods", lambda r: not r.pods, timeout=300)
     v_suspended = rec.version
-    cluster.kubectl("patch", "arj", NAME, "-n", ns, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}')
+    assert v_suspended < STEPS, rec.versions
+    end = v_suspended + TAIL
+    cluster.kubectl("patch", "arj", NAME, "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": {"runPolicy": {"suspend": False}, "train": {"steps": end}}}))
     rec.wait_for("a driver, Ready, after the suspension", lambda r: ready_again(r, DRIVER, 3), timeout=600)
     t_back = time.monotonic() - rec.submitted
     rec.wait_for("a terminal phase", lambda r: r.phase in ("Succeeded", "Failed"), timeout=1500)
@@ -109,9 +116,9 @@ def test_checkpoints_export_and_faults_on_real_pods(cluster: Cluster, operator: 
     back_at = first_version_after(rec, t_back)
     RUN_DIR.joinpath("timeline-drills.json").write_text(json.dumps(
         {"timeline": rec.timeline, "versions": rec.versions, "restarts": restarts, "resumed_at": resumed_at,
-         "killed_at": v_kill, "suspended_at": v_suspended, "back_at": back_at}, indent=1))
+         "killed_at": v_kill, "suspended_at": v_suspended, "back_at": back_at, "end": end}, indent=1))
     assert rec.phase == "Succeeded", rec.status
-    assert rec.status["training"]["policyVersion"] == STEPS
+    assert rec.status["training"]["policyVersion"] == end
     assert back_at is not None and back_at > max(1, v_suspended - EVERY), (v_suspended, rec.versions)
 
     # 4. asyncrl export of the finished job's checkpoint, loaded by transformers, in a pod on the same claim

@@ -1,8 +1,11 @@
 """A small job trains to completion on real pods: the chart's operator, the kubelet, Ray across pods.
 
-The quickstart's cluster twin (examples/quickstart-cluster.yaml) with a few steps: a driver pod, two rollout
-pods and one actor pod on CPU, in a namespace that enforces the restricted Pod Security level. Every phase
-below comes from the kubelet or the job's own status sidecar; nothing here writes a status.
+The quickstart's cluster twin (examples/quickstart-cluster.yaml) with a few steps, on the exact route:
+``correction.reference: exact`` with ``oldLogits.strategy: dedicated``, so besides a driver pod, two rollout pods
+and one actor pod there is an old-logit scorer pod of its own, which joins Ray like the others. All on CPU, in a
+namespace that enforces the restricted Pod Security level. Every phase below comes from the kubelet or the job's
+own status sidecar; nothing here writes a status. (The twin's own route, ``ewma``, runs on real pods in
+test_checkpoints_and_faults.py.)
 """
 
 import json
@@ -22,7 +25,16 @@ pytestmark = pytest.mark.cluster
 
 TWIN = ROOT / "examples" / "quickstart-cluster.yaml"
 STEPS = 4
-PODS = {"quickstart-driver-0", "quickstart-rollout-0", "quickstart-rollout-1", "quickstart-actor-0"}
+PODS = {"quickstart-driver-0", "quickstart-rollout-0", "quickstart-rollout-1", "quickstart-actor-0",
+        "quickstart-oldlogit-0"}
+
+
+def exact_route(job: dict) -> dict:
+    """The job on the exact route: its old logits from one dedicated scorer pod, at most one version behind."""
+    spec = job["spec"]
+    spec["correction"] = {"reference": "exact", "mask": spec["correction"]["mask"], "clip": spec["correction"]["clip"]}
+    spec["oldLogits"] = {"strategy": "dedicated", "dedicated": {"replicas": 1, "maxLagVersions": 1}}
+    return job
 
 
 @dataclass
@@ -37,9 +49,10 @@ class Trained:
 
 @pytest.fixture(scope="module")
 def trained(cluster: Cluster, operator: str, prometheus: Prometheus) -> Iterator[Trained]:
-    """The quickstart twin, trained to a terminal phase while the chart-configured Prometheus scrapes it."""
+    """The quickstart twin on the exact route, trained to a terminal phase while the chart-configured Prometheus
+    scrapes it."""
     ns = cluster.namespace("train")  # pod-security.kubernetes.io/enforce: restricted
-    job = load_job(TWIN, ns, train={"steps": STEPS}, eval={"everySteps": 2, "prompts": 16})
+    job = exact_route(load_job(TWIN, ns, train={"steps": STEPS}, eval={"everySteps": 2, "prompts": 16}))
     rec = submit(cluster, job)
     try:
         rec.wait_for("pod of each role Ready", lambda r: PODS <= {p for p, s in r.pods.items() if s.ever_ready},
@@ -70,7 +83,8 @@ def test_a_small_job_trains_to_completion_on_real_pods(cluster: Cluster, trained
     other = trained.other
     assert other.returncode != 0 and "refused this pod's Ray token" in other.stdout + other.stderr, other
     assert rec.phase == "Succeeded", rec.status
-    # every pod ran under the restricted level (the namespace enforces it) and reached Running and Ready
+    # every pod, the dedicated scorer's included, ran under the restricted level (the namespace enforces it) and
+    # reached Running and Ready
     assert PODS <= set(rec.pod_uids)
     # the namespace enforced the restricted Pod Security level, and admitted every pod the operator made
     labels = cluster.get("namespace", ns)["metadata"]["labels"]  # cluster-scoped: -n is ignored
@@ -115,10 +129,10 @@ def test_prometheus_scrapes_the_job_and_the_operator_as_the_chart_declares(train
             assert labels["job"] == f"{OPERATOR_NAMESPACE}/{RELEASE}-operator-jobs", labels  # the PodMonitor's job label
     (version,) = prometheus.query(f'max_over_time(asyncrl_policy_version{{asyncrljob="quickstart",namespace="{ns}"}}[1h])')
     assert 1 <= float(version["value"][1]) <= STEPS, version
-    # one series per correction.reference, pre-set to 0; the job's own (ewma) counted its tokens
+    # one series per correction.reference, pre-set to 0; the job's own (exact) counted its tokens
     valid = {s["metric"]["reference"]: float(s["value"][1]) for s in prometheus.query(
         f'max_over_time(asyncrl_discrepancy_valid_tokens_total{{namespace="{ns}",asyncrljob="quickstart"}}[1h])')}
-    assert valid["ewma"] > 0 and all(v == 0 for r, v in valid.items() if r != "ewma"), valid
+    assert valid["exact"] > 0 and all(v == 0 for r, v in valid.items() if r != "exact"), valid
     # 2. the operator's series, from its pod through the metrics Service: the job's own namespace, not the operator's
     phases = prometheus.query('last_over_time(asyncrl_operator_job_phase{asyncrljob="quickstart"}[1h])')
     assert phases and {s["metric"]["namespace"] for s in phases} == {ns}, phases
