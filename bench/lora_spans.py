@@ -1,0 +1,171 @@
+"""Benchmark: the exact route over rows that span two versions, each (row, version) pair cut after its version's
+last token, against the uncut pairs it replaced, side by side.
+
+Usage::
+
+    .venv/bin/python bench/lora_spans.py [--model small-llama] [--rank 16] [--rows 8] [--tokens 128]
+                                         [--switch 0.5] [--rounds 9] [--threads 1] [--profile]
+                                         [--json out.json]
+
+A row whose tokens were sampled under two versions is scored under both: the rollout engine re-prefills its
+cache after every weight swap, so a token's behaviour log-prob is its own version's over the whole prefix, and
+the two versions share no hidden state. ``score_exact`` used to score every (row, version) pair over the whole
+row, twice the rows of a batch whose every row spans two versions. A pair needs its row only up to its
+version's last token (causal attention), so ``trainer/oldlogits/span_plan.py`` now cuts it there and runs the
+pairs in the fewest forwards their lengths call for. Rows switched at ``--switch`` of their length then cost
+``1 + switch`` rows' forwards instead of 2.
+
+Both actors of ``bench/lora_versions.py`` (LoRA with the adapter bank, and full fine-tuning with one forward per
+version) time EWMA's forward (one version) and the exact route over rows of one version and over rows spanning two.
+Each exact op runs once per round cut and once uncut (the old rule patched in for that call alone), so a load
+spike hits both alike. Ratios are medians of per-round ratios. The max log-prob difference between cut and
+uncut is recorded. No time is asserted anywhere.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lora_versions as lv  # noqa: E402 -- the sibling bench's actors, versions and batches
+
+
+def _batch(rows: int, tokens: int, switch: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``lora_versions``' batch whose every row spans two versions, switched at ``switch`` of its length."""
+    ids, mask, one = lv._batch(rows, tokens, spans=False)
+    two = one.clone()
+    at = int(tokens * switch)
+    two[:, at:] = torch.where(mask[:, at:], (one[:, at:] + 1) % lv.VERSIONS, -1)
+    return ids, mask, two
+
+
+def measure(model: str, rank: int, rows: int, tokens: int, rounds: int, switch: float = 0.5) -> dict[str, Any]:
+    from asyncrl.trainer.oldlogits import span_plan
+    from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    cut = span_plan.needed_lengths
+
+    def whole_rows(sel: torch.Tensor) -> torch.Tensor:  # the old rule: every pair over the whole row
+        return sel.any(dim=1).long() * sel.shape[1]
+
+    @contextlib.contextmanager
+    def uncut() -> Iterator[None]:
+        span_plan.needed_lengths = whole_rows
+        try:
+            yield
+        finally:
+            span_plan.needed_lengths = cut
+
+    def under_old(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with uncut():
+                return fn()
+        return run
+
+    ids, mask, one = lv._batch(rows, tokens, spans=False)
+    _, _, two = _batch(rows, tokens, switch)
+    ops: dict[str, Callable[[], Any]] = {}
+    diffs: dict[str, float] = {}
+    actors = {"lora": lv._actor(model, {"rank": rank, "alpha": 2.0 * rank}, "exact"),
+              "full": lv._actor(model, None, "exact")}
+    for kind, actor in actors.items():
+        versions = lv._versions(actor, lv.VERSIONS)
+        store = lv._store(versions)
+        exact = {"exact_one": lambda a=actor, st=store: score_exact(st, a, ids, one, mask),
+                 "exact_two": lambda a=actor, st=store: score_exact(st, a, ids, two, mask)}
+        ops[f"{kind}.ewma"] = lambda a=actor, v=versions: a.logprobs_under(v[0], ids)
+        for k, fn in exact.items():
+            ops[f"{kind}.new.{k}"], ops[f"{kind}.old.{k}"] = fn, under_old(fn)
+            diffs[f"{kind}.{k}"] = float((under_old(fn)() - fn()).abs().max())
+    times = lv._rounds(ops, rounds)
+    for actor in actors.values():
+        actor.close()
+    out: dict[str, Any] = {"model": model, "rank": rank, "rows": rows, "tokens": tokens, "switch": switch,
+                           "median_s": {k: statistics.median(v) for k, v in times.items()},
+                           "max_abs_logp_diff_new_vs_old": diffs}
+    for kind in actors:
+        out[kind] = {
+            "new_over_old": {k: lv._ratio(times, f"{kind}.new.{k}", f"{kind}.old.{k}")
+                             for k in ("exact_one", "exact_two")},
+            "exact_over_ewma": {tag: {k: lv._ratio(times, f"{kind}.{tag}.{k}", f"{kind}.ewma")
+                                      for k in ("exact_one", "exact_two")} for tag in ("new", "old")},
+        }
+    return out
+
+
+def profile(model: str, rank: int, rows: int, tokens: int, switch: float = 0.5, calls: int = 3) -> dict[str, Any]:
+    """The torch profiler's self CPU time per op (ms per call, top 6) of LoRA's EWMA forward and of the exact
+    route over rows spanning two versions, cut and uncut: where the second version's cost goes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from asyncrl.trainer.oldlogits import span_plan
+    from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    actor = lv._actor(model, {"rank": rank, "alpha": 2.0 * rank}, "exact")
+    ids, mask, two = _batch(rows, tokens, switch)
+    versions = lv._versions(actor, lv.VERSIONS)
+    store = lv._store(versions)
+    cut = span_plan.needed_lengths
+
+    def uncut_two() -> Any:
+        span_plan.needed_lengths = lambda sel: sel.any(dim=1).long() * sel.shape[1]
+        try:
+            return score_exact(store, actor, ids, two, mask)
+        finally:
+            span_plan.needed_lengths = cut
+
+    work = {"ewma": lambda: actor.logprobs_under(versions[0], ids),
+            "exact_two_new": lambda: score_exact(store, actor, ids, two, mask), "exact_two_old": uncut_two}
+    out: dict[str, Any] = {}
+    for name, fn in work.items():
+        fn()
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(calls):
+                fn()
+        ev = prof.key_averages()
+        top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:6]
+        out[name] = {"total_ms": sum(e.self_cpu_time_total for e in ev) / calls / 1e3,
+                     "top_ms": {e.key: e.self_cpu_time_total / calls / 1e3 for e in top}}
+    actor.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="small-llama")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--switch", type=float, default=0.5, help="where each row's second version starts (fraction)")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", action="store_true", help="also the torch profiler's top ops (LoRA)")
+    p.add_argument("--json", metavar="OUT", help="write the record here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from asyncrl.trainer.megatron import compat
+
+    compat.init_megatron(seed=0, device="cpu")
+    before = os.getloadavg()
+    record = measure(args.model, args.rank, args.rows, args.tokens, args.rounds, args.switch)
+    if args.profile:
+        record["profile_ms_per_call"] = profile(args.model, args.rank, args.rows, args.tokens, args.switch)
+    record.update(bench="lora_spans", torch_threads=args.threads, cpu_count=os.cpu_count(), rounds=args.rounds,
+                  loadavg_before=before, loadavg_after=os.getloadavg())
+    print(json.dumps(record, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
