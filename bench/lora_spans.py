@@ -101,10 +101,11 @@ def measure(model: str, rank: int, rows: int, tokens: int, rounds: int, switch: 
     return out
 
 
-def profile(model: str, rank: int, rows: int, tokens: int, switch: float = 0.5, calls: int = 3) -> dict[str, Any]:
-    """The torch profiler's self CPU time per op (ms per call, top 6) of LoRA's EWMA forward and of the exact
-    route over rows spanning two versions, cut and uncut: where the second version's cost goes."""
-    from torch.profiler import ProfilerActivity
+def profile(model: str, rank: int, rows: int, tokens: int, switch: float = 0.5, calls: int = 5) -> dict[str, Any]:
+    """The torch profiler over LoRA's EWMA forward and the exact route over rows spanning two versions, cut and
+    uncut, the three taking turns call by call in one profiling session (so a load spike hits all alike): each
+    one's ms per call and its top 6 ops by self CPU time (ms per call), where the second version's cost goes."""
+    from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
     from asyncrl.trainer.oldlogits import span_plan
@@ -124,19 +125,30 @@ def profile(model: str, rank: int, rows: int, tokens: int, switch: float = 0.5, 
             span_plan.needed_lengths = cut
 
     work = {"ewma": lambda: actor.logprobs_under(versions[0], ids),
-            "exact_two_new": lambda: score_exact(store, actor, ids, two, mask), "exact_two_old": uncut_two}
-    out: dict[str, Any] = {}
-    for name, fn in work.items():
-        fn()
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(calls):
-                fn()
-        ev = prof.key_averages()
-        top = sorted(ev, key=lambda e: -e.self_cpu_time_total)[:6]
-        out[name] = {"total_ms": sum(e.self_cpu_time_total for e in ev) / calls / 1e3,
-                     "top_ms": {e.key: e.self_cpu_time_total / calls / 1e3 for e in top}}
+            "exact_two_cut": lambda: score_exact(store, actor, ids, two, mask), "exact_two_uncut": uncut_two}
+    for fn in work.values():
+        fn()  # warm-up
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            for name, fn in work.items():
+                with record_function(f"bench.{name}"):
+                    fn()
+    total: dict[str, float] = dict.fromkeys(work, 0.0)
+    ops: dict[str, dict[str, float]] = {name: {} for name in work}
+    for ev in prof.events():
+        top = ev
+        while top.cpu_parent is not None:
+            top = top.cpu_parent
+        name = top.name.removeprefix("bench.")
+        if name not in work:
+            continue
+        if ev is top:
+            total[name] += ev.cpu_time_total / calls / 1e3
+        else:
+            ops[name][ev.name] = ops[name].get(ev.name, 0.0) + ev.self_cpu_time_total / calls / 1e3
     actor.close()
-    return out
+    return {name: {"total_ms": total[name],
+                   "top_ms": dict(sorted(ops[name].items(), key=lambda kv: -kv[1])[:6])} for name in work}
 
 
 def main(argv: list[str] | None = None) -> int:
