@@ -13,9 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.support.parallel_ranks import VOCAB, spawn_ranks
+
+# three forked megatron ranks (TP 1, then TP 2): 15 s at load 7 on 2 cores, like the other rank-group tests slow
+pytestmark = pytest.mark.slow
 
 B, T = 5, 16
 SLOT = [2, 0, 1, 2, 0]  # the bank's version of each row
