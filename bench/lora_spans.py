@@ -4,7 +4,7 @@ last token, against the uncut pairs it replaced, side by side.
 Usage::
 
     .venv/bin/python bench/lora_spans.py [--model small-llama] [--rank 16] [--rows 8] [--tokens 128]
-                                         [--switch 0.5] [--rounds 9] [--threads 1] [--profile]
+                                         [--switch 0.5] [--rounds 9] [--threads 1] [--profile] [--mix]
                                          [--json out.json]
 
 A row whose tokens were sampled under two versions is scored under both: the rollout engine re-prefills its
@@ -151,6 +151,60 @@ def profile(model: str, rank: int, rows: int, tokens: int, switch: float = 0.5, 
                    "top_ms": dict(sorted(ops[name].items(), key=lambda kv: -kv[1])[:6])} for name in work}
 
 
+def per_position_mix(model: str, rank: int, rows: int, tokens: int, switch: float = 0.5,
+                     gaps: tuple[float, ...] = (1e-3, 1e-2, 1e-1)) -> dict[str, Any]:
+    """What one base pass with each position's own version's adapter would score, against the exact route.
+
+    Version 1's adapters: the live ``A`` and a random ``B`` (0.02 per entry); version 2's: each entry of version
+    1's times ``1 + gap * N(0, 1)``. Rows switch from version 1 to 2 at ``switch``. The mix computes every
+    adapted layer's output as ``W x + s B_v A_v x`` with ``v`` the version of the position, so a position after
+    the switch attends to keys and values the earlier positions computed under version 1, which is not what
+    the engine sampled from (it re-prefills after a swap). Returns the max and mean ``|log-prob difference|``
+    over the second version's tokens (the first version's are exact under the mix: checked, 0)."""
+    from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    actor = lv._actor(model, {"rank": rank, "alpha": 2.0 * rank}, "exact")
+    named = actor.named_weights()
+    g = torch.Generator().manual_seed(0)
+    v1 = {n: p.detach() + (0.02 * torch.randn(p.shape, generator=g) if n.endswith(".lora_B") else 0.0)
+          for n, p in named.items()}
+    ids, mask, _ = lv._batch(rows, tokens, spans=False)
+    at = int(tokens * switch)
+    vers = torch.where(mask, (torch.arange(tokens) >= at).long().expand(rows, tokens), -1)
+    modules, scale = dict(actor.gpt.named_modules()), actor.lora.spec.scale
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        live_b = {n: p.clone() for n, p in named.items() if n.endswith(".lora_B")}
+        for gap in gaps:
+            v2 = {n: t * (1 + gap * torch.randn(t.shape, generator=g)) for n, t in v1.items()}
+            exact = score_exact(lv._store([v1, v2]), actor, ids, vers, mask)
+            hooks = []
+            for name in actor.lora.names:
+                pair = [(v[name + ".lora_A"], v[name + ".lora_B"]) for v in (v1, v2)]
+
+                def mix(layer: Any, args: Any, output: Any, pair: Any = pair) -> Any:
+                    x, (o, bias) = args[0], output  # x [S, N, in]
+                    d1, d2 = (scale * (x @ a.t()) @ b.t() for a, b in pair)
+                    return o + torch.where(torch.arange(x.shape[0])[:, None, None] < at, d1, d2), bias
+
+                hooks.append(modules[name].register_forward_hook(mix))
+            for n in live_b:
+                named[n].zero_()  # the live adapter adds 0: the mix hook adds each position's version
+            try:
+                mixed = actor.logprobs(ids)
+            finally:
+                for h in hooks:
+                    h.remove()
+                for n, b in live_b.items():
+                    named[n].copy_(b)
+            late, early = mask & (vers == 1), mask & (vers == 0)
+            d, d_early = (mixed - exact)[late].abs(), (mixed - exact)[early].abs()
+            out[f"{gap:g}"] = {"max_abs_logp_diff": float(d.max()), "mean_abs_logp_diff": float(d.mean()),
+                               "first_version_max_abs_logp_diff": float(d_early.max()) if d_early.numel() else 0.0}
+    actor.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="small-llama")
@@ -161,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="also the torch profiler's top ops (LoRA)")
+    p.add_argument("--mix", action="store_true",
+                   help="also how far one pass with per-position adapters lands from the exact route")
     p.add_argument("--json", metavar="OUT", help="write the record here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -169,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     compat.init_megatron(seed=0, device="cpu")
     before = os.getloadavg()
     record = measure(args.model, args.rank, args.rows, args.tokens, args.rounds, args.switch)
+    if args.mix:
+        record["per_position_mix_vs_exact"] = per_position_mix(args.model, args.rank, args.rows, args.tokens,
+                                                               args.switch)
     if args.profile:
         record["profile_ms_per_call"] = profile(args.model, args.rank, args.rows, args.tokens, args.switch)
     record.update(bench="lora_spans", torch_threads=args.threads, cpu_count=os.cpu_count(), rounds=args.rounds,

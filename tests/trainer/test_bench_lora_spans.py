@@ -19,3 +19,11 @@ def test_the_smallest_run_records_every_figure() -> None:
         assert all(record["median_s"][f"{kind}.{tag}.{k}"] > 0 for tag in ("new", "old")
                    for k in ("exact_one", "exact_two"))
     assert all(d < 1e-5 for d in record["max_abs_logp_diff_new_vs_old"].values()), record
+
+
+def test_one_pass_with_per_position_adapters_is_not_the_exact_route() -> None:
+    """The alternative the cut replaced nothing with: each position under its own version's adapter in one pass
+    equals the exact route on the first version's tokens and departs from it after the switch."""
+    mix = bench_module("lora_spans").per_position_mix("tiny-llama", rank=4, rows=4, tokens=32, gaps=(0.1,))["0.1"]
+    assert mix["first_version_max_abs_logp_diff"] < 1e-5, mix
+    assert mix["max_abs_logp_diff"] > 1e-3, mix
