@@ -104,8 +104,10 @@ def test_a_batch_spanning_versions_is_scored_in_one_forward(monkeypatch: pytest.
     monkeypatch.setattr("asyncrl.trainer.actor.megatron_actor.adapter_bank", counting)
     batch = TrainBatch(probe, loss_mask, torch.zeros(B, T), versions, torch.zeros(B, T), torch.where(loss_mask, 0, -1))
     scored = actor.old_logits.score(batch, actor)
-    assert len(banks) == 1  # ONE forward for three versions
-    assert len(banks[0]) == 5 + 6 + 5  # rows holding v0, v1, v2 (row 1 holds v1 only)
+    # each (row, version) pair cut after the version's last token (trainer/oldlogits/span_plan.py): 5 pairs of v0
+    # need 7 positions, 5 of v1 11, row 1's v1 and 5 of v2 all 14; one forward per length (35 + 55 + 84 positions
+    # and 3 x 14 overhead = 216) beats 2 (222) or 1 (16 x 14 + 14 = 238)
+    assert [s.tolist() for s in banks] == [[0] * 5, [1] * 5, [1, 2, 2, 2, 2, 2]]
     torch.testing.assert_close(scored * loss_mask, expected, rtol=0.0, atol=2e-6)
 
 

@@ -169,6 +169,9 @@ def _add_adapter(layer: Any, args: tuple[Tensor, ...], output: tuple[Tensor, Ten
         a_stack, b_stack, slot = bank  # [K, r, in], [K, out, r], [N]
         h = torch.einsum("snd,nrd->snr", x, a_stack[slot])  # x [S, N, in]: row n uses version slot[n]
     group = layer.tp_group
+    # contiguous: megatron's all-reduce reduces ``h.contiguous()`` in place and returns ``h``, so a strided ``h``
+    # (the bank's einsum returns a permuted view) would come back unreduced at TP > 1 (found by the TP = 2 test)
+    h = h.contiguous()
     h = copy_to_tensor_model_parallel_region(h, group) if layer.lora_parallel == "column" \
         else reduce_from_tensor_model_parallel_region(h, group)
     if bank is None:

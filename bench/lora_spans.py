@@ -1,0 +1,242 @@
+"""Benchmark: the exact route over rows that span two versions, each (row, version) pair cut after its version's
+last token, against the uncut pairs it replaced, side by side.
+
+Usage::
+
+    .venv/bin/python bench/lora_spans.py [--model small-llama] [--rank 16] [--rows 8] [--tokens 128]
+                                         [--switch 0.5] [--rounds 9] [--threads 1] [--profile] [--mix]
+                                         [--json out.json]
+
+A row whose tokens were sampled under two versions is scored under both: the rollout engine re-prefills its
+cache after every weight swap, so a token's behaviour log-prob is its own version's over the whole prefix, and
+the two versions share no hidden state. ``score_exact`` used to score every (row, version) pair over the whole
+row, twice the rows of a batch whose every row spans two versions. A pair needs its row only up to its
+version's last token (causal attention), so ``trainer/oldlogits/span_plan.py`` now cuts it there and runs the
+pairs in the fewest forwards their lengths call for. Rows switched at ``--switch`` of their length then cost
+``1 + switch`` rows' forwards instead of 2.
+
+Both actors of ``bench/lora_versions.py`` (LoRA with the adapter bank, and full fine-tuning with one forward per
+version) time EWMA's forward (one version) and the exact route over rows of one version and over rows spanning two.
+Each exact op runs once per round cut and once uncut (the old rule patched in for that call alone), so a load
+spike hits both alike. Ratios are medians of per-round ratios. The max log-prob difference between cut and
+uncut is recorded. No time is asserted anywhere.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lora_versions as lv  # noqa: E402 -- the sibling bench's actors, versions and batches
+
+
+def _batch(rows: int, tokens: int, switch: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``lora_versions``' batch whose every row spans two versions, switched at ``switch`` of its length."""
+    ids, mask, one = lv._batch(rows, tokens, spans=False)
+    two = one.clone()
+    at = int(tokens * switch)
+    two[:, at:] = torch.where(mask[:, at:], (one[:, at:] + 1) % lv.VERSIONS, -1)
+    return ids, mask, two
+
+
+def measure(model: str, rank: int, rows: int, tokens: int, rounds: int, switch: float = 0.5) -> dict[str, Any]:
+    from asyncrl.trainer.oldlogits import span_plan
+    from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    cut = span_plan.needed_lengths
+
+    def whole_rows(sel: torch.Tensor) -> torch.Tensor:  # the old rule: every pair over the whole row
+        return sel.any(dim=1).long() * sel.shape[1]
+
+    @contextlib.contextmanager
+    def uncut() -> Iterator[None]:
+        span_plan.needed_lengths = whole_rows
+        try:
+            yield
+        finally:
+            span_plan.needed_lengths = cut
+
+    def under_old(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with uncut():
+                return fn()
+        return run
+
+    ids, mask, one = lv._batch(rows, tokens, spans=False)
+    _, _, two = _batch(rows, tokens, switch)
+    ops: dict[str, Callable[[], Any]] = {}
+    diffs: dict[str, float] = {}
+    actors = {"lora": lv._actor(model, {"rank": rank, "alpha": 2.0 * rank}, "exact"),
+              "full": lv._actor(model, None, "exact")}
+    for kind, actor in actors.items():
+        versions = lv._versions(actor, lv.VERSIONS)
+        store = lv._store(versions)
+        exact = {"exact_one": lambda a=actor, st=store: score_exact(st, a, ids, one, mask),
+                 "exact_two": lambda a=actor, st=store: score_exact(st, a, ids, two, mask)}
+        ops[f"{kind}.ewma"] = lambda a=actor, v=versions: a.logprobs_under(v[0], ids)
+        for k, fn in exact.items():
+            ops[f"{kind}.new.{k}"], ops[f"{kind}.old.{k}"] = fn, under_old(fn)
+            diffs[f"{kind}.{k}"] = float((under_old(fn)() - fn()).abs().max())
+    times = lv._rounds(ops, rounds)
+    for actor in actors.values():
+        actor.close()
+    out: dict[str, Any] = {"model": model, "rank": rank, "rows": rows, "tokens": tokens, "switch": switch,
+                           "median_s": {k: statistics.median(v) for k, v in times.items()},
+                           "max_abs_logp_diff_new_vs_old": diffs}
+    for kind in actors:
+        out[kind] = {
+            "new_over_old": {k: lv._ratio(times, f"{kind}.new.{k}", f"{kind}.old.{k}")
+                             for k in ("exact_one", "exact_two")},
+            "exact_over_ewma": {tag: {k: lv._ratio(times, f"{kind}.{tag}.{k}", f"{kind}.ewma")
+                                      for k in ("exact_one", "exact_two")} for tag in ("new", "old")},
+        }
+    return out
+
+
+def profile(model: str, rank: int, rows: int, tokens: int, switch: float = 0.5, calls: int = 5) -> dict[str, Any]:
+    """The torch profiler over LoRA's EWMA forward and the exact route over rows spanning two versions, cut and
+    uncut, the three taking turns call by call in one profiling session (so a load spike hits all alike): each
+    one's ms per call and its top 6 ops by self CPU time (ms per call), where the second version's cost goes."""
+    from torch.profiler import ProfilerActivity, record_function
+    from torch.profiler import profile as torch_profile
+
+    from asyncrl.trainer.oldlogits import span_plan
+    from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    actor = lv._actor(model, {"rank": rank, "alpha": 2.0 * rank}, "exact")
+    ids, mask, two = _batch(rows, tokens, switch)
+    versions = lv._versions(actor, lv.VERSIONS)
+    store = lv._store(versions)
+    cut = span_plan.needed_lengths
+
+    def uncut_two() -> Any:
+        span_plan.needed_lengths = lambda sel: sel.any(dim=1).long() * sel.shape[1]
+        try:
+            return score_exact(store, actor, ids, two, mask)
+        finally:
+            span_plan.needed_lengths = cut
+
+    work = {"ewma": lambda: actor.logprobs_under(versions[0], ids),
+            "exact_two_cut": lambda: score_exact(store, actor, ids, two, mask), "exact_two_uncut": uncut_two}
+    for fn in work.values():
+        fn()  # warm-up
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            for name, fn in work.items():
+                with record_function(f"bench.{name}"):
+                    fn()
+    total: dict[str, float] = dict.fromkeys(work, 0.0)
+    ops: dict[str, dict[str, float]] = {name: {} for name in work}
+    for ev in prof.events():
+        top = ev
+        while top.cpu_parent is not None:
+            top = top.cpu_parent
+        name = top.name.removeprefix("bench.")
+        if name not in work:
+            continue
+        if ev is top:
+            total[name] += ev.cpu_time_total / calls / 1e3
+        else:
+            ops[name][ev.name] = ops[name].get(ev.name, 0.0) + ev.self_cpu_time_total / calls / 1e3
+    actor.close()
+    return {name: {"total_ms": total[name],
+                   "top_ms": dict(sorted(ops[name].items(), key=lambda kv: -kv[1])[:6])} for name in work}
+
+
+def per_position_mix(model: str, rank: int, rows: int, tokens: int, switch: float = 0.5,
+                     gaps: tuple[float, ...] = (1e-3, 1e-2, 1e-1)) -> dict[str, Any]:
+    """What one base pass with each position's own version's adapter would score, against the exact route.
+
+    Version 1's adapters: the live ``A`` and a random ``B`` (0.02 per entry); version 2's: each entry of version
+    1's times ``1 + gap * N(0, 1)``. Rows switch from version 1 to 2 at ``switch``. The mix computes every
+    adapted layer's output as ``W x + s B_v A_v x`` with ``v`` the version of the position, so a position after
+    the switch attends to keys and values the earlier positions computed under version 1, which is not what
+    the engine sampled from (it re-prefills after a swap). Returns the max and mean ``|log-prob difference|``
+    over the second version's tokens (the first version's are exact under the mix: checked, 0)."""
+    from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    actor = lv._actor(model, {"rank": rank, "alpha": 2.0 * rank}, "exact")
+    named = actor.named_weights()
+    g = torch.Generator().manual_seed(0)
+    v1 = {n: p.detach() + (0.02 * torch.randn(p.shape, generator=g) if n.endswith(".lora_B") else 0.0)
+          for n, p in named.items()}
+    ids, mask, _ = lv._batch(rows, tokens, spans=False)
+    at = int(tokens * switch)
+    vers = torch.where(mask, (torch.arange(tokens) >= at).long().expand(rows, tokens), -1)
+    modules, scale = dict(actor.gpt.named_modules()), actor.lora.spec.scale
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        live_b = {n: p.clone() for n, p in named.items() if n.endswith(".lora_B")}
+        for gap in gaps:
+            v2 = {n: t * (1 + gap * torch.randn(t.shape, generator=g)) for n, t in v1.items()}
+            exact = score_exact(lv._store([v1, v2]), actor, ids, vers, mask)
+            hooks = []
+            for name in actor.lora.names:
+                pair = [(v[name + ".lora_A"], v[name + ".lora_B"]) for v in (v1, v2)]
+
+                def mix(layer: Any, args: Any, output: Any, pair: Any = pair) -> Any:
+                    x, (o, bias) = args[0], output  # x [S, N, in]
+                    d1, d2 = (scale * (x @ a.t()) @ b.t() for a, b in pair)
+                    return o + torch.where(torch.arange(x.shape[0])[:, None, None] < at, d1, d2), bias
+
+                hooks.append(modules[name].register_forward_hook(mix))
+            for n in live_b:
+                named[n].zero_()  # the live adapter adds 0: the mix hook adds each position's version
+            try:
+                mixed = actor.logprobs(ids)
+            finally:
+                for h in hooks:
+                    h.remove()
+                for n, b in live_b.items():
+                    named[n].copy_(b)
+            late, early = mask & (vers == 1), mask & (vers == 0)
+            d, d_early = (mixed - exact)[late].abs(), (mixed - exact)[early].abs()
+            out[f"{gap:g}"] = {"max_abs_logp_diff": float(d.max()), "mean_abs_logp_diff": float(d.mean()),
+                               "first_version_max_abs_logp_diff": float(d_early.max()) if d_early.numel() else 0.0}
+    actor.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="small-llama")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--switch", type=float, default=0.5, help="where each row's second version starts (fraction)")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", action="store_true", help="also the torch profiler's top ops (LoRA)")
+    p.add_argument("--mix", action="store_true",
+                   help="also how far one pass with per-position adapters lands from the exact route")
+    p.add_argument("--json", metavar="OUT", help="write the record here")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from asyncrl.trainer.megatron import compat
+
+    compat.init_megatron(seed=0, device="cpu")
+    before = os.getloadavg()
+    record = measure(args.model, args.rank, args.rows, args.tokens, args.rounds, args.switch)
+    if args.mix:
+        record["per_position_mix_vs_exact"] = per_position_mix(args.model, args.rank, args.rows, args.tokens,
+                                                               args.switch)
+    if args.profile:
+        record["profile_ms_per_call"] = profile(args.model, args.rank, args.rows, args.tokens, args.switch)
+    record.update(bench="lora_spans", torch_threads=args.threads, cpu_count=os.cpu_count(), rounds=args.rounds,
+                  loadavg_before=before, loadavg_after=os.getloadavg())
+    print(json.dumps(record, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
