@@ -74,7 +74,7 @@ def test_ewma_averages_the_adapters() -> None:
     assert set(prox) == set(actor.named_weights())
 
 
-def test_a_batch_spanning_versions_is_scored_in_one_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_spanning_versions_is_scored_in_the_planned_bank_forwards(monkeypatch: pytest.MonkeyPatch) -> None:
     actor = _actor()
     g = torch.Generator().manual_seed(7)
     probe = torch.randint(0, VOCAB, (B, T), generator=g)
