@@ -18,7 +18,6 @@ formulas give the same log-probs. No time is asserted anywhere.
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -94,13 +93,7 @@ def measure(model: str, rank: int, rows: int, tokens: int, rounds: int) -> dict[
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="small-llama")
-    p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--rows", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", metavar="OUT", help="write the record here")
+    lv.one_model_args(p)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from asyncrl.trainer.megatron import compat
@@ -108,12 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     compat.init_megatron(seed=0, device="cpu")
     before = os.getloadavg()
     record = measure(args.model, args.rank, args.rows, args.tokens, args.rounds)
-    record.update(bench="lora_hook", torch_threads=args.threads, cpu_count=os.cpu_count(), rounds=args.rounds,
-                  loadavg_before=before, loadavg_after=os.getloadavg())
-    print(json.dumps(record, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-    return 0
+    return lv.emit(record, "lora_hook", args, before)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ uncut is recorded. No time is asserted anywhere.
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -207,17 +206,11 @@ def per_position_mix(model: str, rank: int, rows: int, tokens: int, switch: floa
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="small-llama")
-    p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--rows", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=128)
+    lv.one_model_args(p)
     p.add_argument("--switch", type=float, default=0.5, help="where each row's second version starts (fraction)")
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="also the torch profiler's top ops (LoRA)")
     p.add_argument("--mix", action="store_true",
                    help="also how far one pass with per-position adapters lands from the exact route")
-    p.add_argument("--json", metavar="OUT", help="write the record here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from asyncrl.trainer.megatron import compat
@@ -230,12 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                args.switch)
     if args.profile:
         record["profile_ms_per_call"] = profile(args.model, args.rank, args.rows, args.tokens, args.switch)
-    record.update(bench="lora_spans", torch_threads=args.threads, cpu_count=os.cpu_count(), rounds=args.rounds,
-                  loadavg_before=before, loadavg_after=os.getloadavg())
-    print(json.dumps(record, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-    return 0
+    return lv.emit(record, "lora_spans", args, before)
 
 
 if __name__ == "__main__":

@@ -270,6 +270,28 @@ def _print(record: dict[str, Any]) -> None:
         print("engine, merged vs peft:", {k: float(f"{v:.3g}") for k, v in record["peft_vs_merged"].items()})
 
 
+def one_model_args(p: argparse.ArgumentParser) -> None:
+    """The options a sibling bench on one model shares: model, rank, batch shape, rounds, threads, record path."""
+    p.add_argument("--model", default="small-llama")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", metavar="OUT", help="write the record here")
+
+
+def emit(record: dict[str, Any], bench: str, args: argparse.Namespace, before: tuple[float, float, float]) -> int:
+    """Stamp a sibling bench's ``record`` (its name, threads, rounds, the load around it), print it and write it to
+    ``args.json`` when given (``bench/lora_hook.py``, ``bench/lora_spans.py``)."""
+    record.update(bench=bench, torch_threads=args.threads, cpu_count=os.cpu_count(), rounds=args.rounds,
+                  loadavg_before=before, loadavg_after=os.getloadavg())
+    print(json.dumps(record, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="tiny-llama,small-llama,smollm2-135m")
