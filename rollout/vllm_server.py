@@ -62,6 +62,7 @@ class Server:
         import torch
         import vllm
         from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
 
         heads: list[int] = []
         if current_platform.is_cpu():
@@ -75,6 +76,7 @@ class Server:
             "platform": current_platform.device_type,
             "sleep_mode": bool(current_platform.is_sleep_mode_available()),
             "cpu_head_sizes": heads,
+            "has_triton": bool(HAS_TRITON),  # on CPU: a Triton CPU backend, which vLLM's model runner V2 needs
             "rss_bytes": rss_bytes(),
         }
 
