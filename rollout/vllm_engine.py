@@ -113,13 +113,6 @@ def config_problems(arch: "LlamaArch", dtype: str, hello: Mapping[str, Any]) -> 
             "bfloat16 answered gibberish where float32 and transformers answer correctly); set "
             "spec.model.rolloutDtype: float32 for engine vllm on CPU"
         )
-    if cpu and arch.is_moe:
-        problems.append(
-            f"{arch.architecture} on vLLM's CPU build: measured wrong log-probs (max |logp_mu - actor logp| "
-            "3.7 nats on a tiny random Qwen3-MoE, where the dense families agree to 4e-6: its CPU MoE path "
-            "or the in-place reload of per-expert weights); use spec.rollout.engine: transformers for MoE "
-            "on a CPU (vLLM on a GPU is untested here)"
-        )
     heads = hello.get("cpu_head_sizes") or []
     if cpu and heads and arch.head_dim not in heads:
         problems.append(

@@ -13,7 +13,8 @@ or ``("error", message, traceback)``:
 - ``build(hf_config, dtype, engine)``: write the HF config, build the engine with dummy weights.
 - ``weights(names, shapes)``, then one ``send_bytes`` of float32 data per tensor: reload the weights
   in place (``Worker.reload_weights``; the CPU build repacks linear weights, so the model's own
-  ``load_weights`` does not work there) and reset the prefix cache (its blocks hold old-weight KV).
+  ``load_weights`` does not work there; its MoE experts are packed again after it, :func:`repack_cpu_experts`)
+  and reset the prefix cache (its blocks hold old-weight KV).
 - ``step(aborts, adds)``: abort requests, add requests, run one ``LLMEngine.step()``; returns
   ``[(request_id, new_token_ids, new_logprobs, finished)]``.
 - ``abort_all()``, ``teardown()`` (drop the engine and its KV cache; the process stays), ``rss()``,
@@ -47,6 +48,26 @@ def _trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         pass
+
+
+def repack_cpu_experts(worker: Any) -> int:
+    """Re-pack the MoE experts of vLLM's CPU build after an in-place reload; returns the layers re-packed.
+
+    The CPU experts (``CPUUnquantizedExperts``) pack ``w13``/``w2`` into their grouped-gemm layout in
+    ``process_weights_after_loading``, which vLLM 0.32 runs on the first load only: a reload copies the new
+    weights, in checkpoint layout, into the packed parameters, and the kernel reads them as packed (measured on a
+    tiny Qwen3-MoE: layer 0 routed as the reference, layer 1 not, log-probs up to 3.7 nats off). Packing again
+    here gives the reference's log-probs (1.4e-6 max) and routes (every position, every layer). No-op elsewhere.
+    """
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    n = 0
+    for m in worker.model_runner.model.modules():
+        experts = getattr(getattr(getattr(m, "quant_method", None), "moe_kernel", None), "fused_experts", None)
+        if hasattr(m, "w13_weight") and isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(m)
+            n += 1
+    return n
 
 
 class Server:
@@ -113,6 +134,7 @@ class Server:
         if self.live:
             raise RuntimeError(f"weights arrived while {len(self.live)} requests run; abort them first")
         self._engine().collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors)})
+        self._engine().collective_rpc(repack_cpu_experts)
         if not self._engine().reset_prefix_cache():  # cached blocks hold KV of the old weights
             raise RuntimeError("vLLM could not reset its prefix cache after a weight reload")
         return {"recv_s": t_recv, "load_s": time.perf_counter() - t0 - t_recv}
