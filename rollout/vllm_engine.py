@@ -215,6 +215,10 @@ class VLLMEngine(BoundaryEngine[Weights, random.Random]):
             "kv_cache_memory_bytes": kv,
             "max_model_len": self.arch.max_sequence_length,
             "max_num_batched_tokens": max(2048, self.arch.max_sequence_length),
+            # whole prompts only: a prompt split across steps has its seeded sampler rewound, which vLLM's CPU
+            # build cannot ("CPU Generator does not use offset", measured: 16 arithmetic prompts past the 2048-token
+            # budget without prefix caching); a prompt that does not fit this step waits for the next
+            "enable_chunked_prefill": False,
             "enable_sleep_mode": bool(self.proc.hello.get("sleep_mode")),  # release/acquire by sleep/wake_up
             "seed": 0,
         }
