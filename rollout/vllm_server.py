@@ -87,6 +87,12 @@ class RouteTap:
         from vllm.model_executor.layers.fused_moe.layer import MoERunner
 
         self.runner = worker.model_runner
+        if not hasattr(self.runner, "input_batch"):  # model runner V2 (GPU builds with Triton) keeps its batch elsewhere
+            raise RuntimeError(
+                f"route capture reads vLLM's V1 model runner (the CPU build's); this engine runs "
+                f"{type(self.runner).__module__}, where vLLM's own enable_return_routed_experts would be the source "
+                "(not read by asyncrl yet); set correction.routingReplay: none or use rollout.engine: transformers"
+            )
         self.layers: dict[int, list[Any]] = {}  # layer id -> this step's topk_ids
         self.steps: dict[str, tuple[int, Any]] = {}  # vLLM request id -> (first position, [n, L, k] int64)
         self.external: dict[str, str] = {}  # vLLM's internal request id -> the id asyncrl gave it
