@@ -1,11 +1,12 @@
-"""vLLM's routed-experts output on its CPU build (``make test-vllm``): pins the finding behind routing replay's
-refusal of ``rollout.engine: vllm`` (api/routing_replay.py, VLLM_MESSAGE).
+"""vLLM's routed-experts output on its CPU build (``make test-vllm``): pins why the vLLM engine captures routes
+for routing replay through vLLM's router hook (``RouteTap`` in rollout/vllm_server.py) instead of that output.
 
 vLLM 0.32 can return, per request, the top-k experts of every MoE layer (``enable_return_routed_experts``,
 ``CompletionOutput.routed_experts``). Its CPU build cannot: only model runner V2 fills that output, V2 needs
 Triton with a CPU backend, and the build's Triton (the NVIDIA/AMD wheel torch depends on) has none, so the
-option is refused when the engine is built. The day a vLLM build accepts it, this test fails and says what
-to do next.
+option is refused when the engine is built (with ``VLLM_USE_V2_MODEL_RUNNER=1``: 'Model Runner V2 requires
+Triton'; forced past that check, V2's first step fails in a Triton kernel). The day a vLLM build accepts it,
+this test fails and says what to do next.
 """
 
 from pathlib import Path
@@ -40,8 +41,8 @@ def test_cpu_build_refuses_routed_experts_output(tmp_path: Path) -> None:
             pytest.fail(
                 f"vLLM {proc.hello['vllm']} on CPU now builds an engine with enable_return_routed_experts: measure "
                 "whether it fills CompletionOutput.routed_experts (prompt and generated positions, after a "
-                "re-prefill too) and capture it in the vllm engine instead of refusing routingReplay: rollout "
-                "(api/routing_replay.py, issue 37)"
+                "re-prefill too) and whether reading it could replace RouteTap's router hook "
+                "(rollout/vllm_server.py, issue 37)"
             )
     finally:
         proc.close()
