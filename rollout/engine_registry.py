@@ -38,11 +38,10 @@ def make_engine(
     if name not in ENGINES:
         raise ValueError(f"spec.rollout.engine {name!r} is unknown; valid engines: {', '.join(ENGINES)}")
     if name == "vllm":
-        if capture_routes:
-            raise ValueError("the vllm engine does not capture MoE routes (spec.correction.routingReplay: rollout)")
         from asyncrl.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, engine_args=engine_args)
+        return VLLMEngine(arch, dtype=dtype, seed=seed, pad_id=pad_id, engine_args=engine_args,
+                          capture_routes=capture_routes)
     args = dict(engine_args or {})
     fp32_head = args.pop("fp32Head", False)
     if args or not isinstance(fp32_head, bool):

@@ -41,6 +41,7 @@ import numpy as np
 from asyncrl.rollout.engine import EngineReleasedError, RolloutError, add_sampled_token, end_at_budget
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.generation_loop import Boundary, BoundaryEngine, TokenBatch
+from asyncrl.rollout.routes import RouteLog, route_dtype
 from asyncrl.rollout.trajectory import NO_VERSION
 from asyncrl.rollout.vllm_process import EngineProcess, VLLMProcessError
 
@@ -113,13 +114,6 @@ def config_problems(arch: "LlamaArch", dtype: str, hello: Mapping[str, Any]) -> 
             "bfloat16 answered gibberish where float32 and transformers answer correctly); set "
             "spec.model.rolloutDtype: float32 for engine vllm on CPU"
         )
-    if cpu and arch.is_moe:
-        problems.append(
-            f"{arch.architecture} on vLLM's CPU build: measured wrong log-probs (max |logp_mu - actor logp| "
-            "3.7 nats on a tiny random Qwen3-MoE, where the dense families agree to 4e-6: its CPU MoE path "
-            "or the in-place reload of per-expert weights); use spec.rollout.engine: transformers for MoE "
-            "on a CPU (vLLM on a GPU is untested here)"
-        )
     heads = hello.get("cpu_head_sizes") or []
     if cpu and heads and arch.head_dim not in heads:
         problems.append(
@@ -165,6 +159,11 @@ class VLLMEngine(BoundaryEngine[Weights, random.Random]):
         pad_id: unused (vLLM batches without padding); kept for ``make_engine``'s signature.
         engine_args: ``spec.rollout.engineArgs`` (:data:`VLLM_ENGINE_ARGS`).
         python: the vLLM interpreter (default: :func:`~asyncrl.rollout.vllm_process.vllm_python`).
+        capture_routes: record the top-k experts of every MoE layer for every position vLLM computes into each
+            trajectory's ``routes`` (rollout/routes.py), as the transformers engine does: a (re)submitted prefix
+            from position 0, then one position per decode step, stamped with the version that computed them
+            (``RouteTap`` in rollout/vllm_server.py). Turns vLLM's prefix cache off: a cached prefix is not
+            computed, so its routes would be missing.
     """
 
     counters: VLLMCounters
@@ -178,8 +177,12 @@ class VLLMEngine(BoundaryEngine[Weights, random.Random]):
         pad_id: int = 0,
         engine_args: Mapping[str, object] | None = None,
         python: str | None = None,
+        capture_routes: bool = False,
     ) -> None:
+        if capture_routes and not arch.is_moe:
+            raise ValueError(f"VLLMEngine: capture_routes needs a mixture-of-experts model; {arch.architecture} is dense")
         self.arch, self.dtype = arch, dtype
+        self.capture_routes = capture_routes
         self.options = engine_options(engine_args)
         self.shapes = hf_weight_shapes(arch)
         self.counters = VLLMCounters()
@@ -208,14 +211,19 @@ class VLLMEngine(BoundaryEngine[Weights, random.Random]):
         engine = {
             "enforce_eager": self.options["enforceEager"],
             "max_num_seqs": self.options["maxNumSeqs"],
-            "enable_prefix_caching": self.options["enablePrefixCaching"],
+            "enable_prefix_caching": self.options["enablePrefixCaching"] and not self.capture_routes,
             "kv_cache_memory_bytes": kv,
             "max_model_len": self.arch.max_sequence_length,
             "max_num_batched_tokens": max(2048, self.arch.max_sequence_length),
+            # whole prompts only: a prompt split across steps has its seeded sampler rewound, which vLLM's CPU
+            # build cannot ("CPU Generator does not use offset", measured: 16 arithmetic prompts past the 2048-token
+            # budget without prefix caching); a prompt that does not fit this step waits for the next
+            "enable_chunked_prefill": False,
             "enable_sleep_mode": bool(self.proc.hello.get("sleep_mode")),  # release/acquire by sleep/wake_up
             "seed": 0,
         }
-        out = self.proc.call("build", hf_config=hf_config(self.arch, self.dtype), dtype=self.dtype, engine=engine)
+        out = self.proc.call("build", hf_config=hf_config(self.arch, self.dtype), dtype=self.dtype, engine=engine,
+                             capture_routes=self.capture_routes)
         return float(out["build_s"])
 
     def _kv_bytes(self) -> int:
@@ -347,6 +355,11 @@ class VLLMEngine(BoundaryEngine[Weights, random.Random]):
             except VLLMProcessError as exc:
                 raise batch.failure(f"vLLM step failed: {exc}") from exc
             self.counters.steps += 1
+            if self.capture_routes:
+                try:
+                    self._record_routes(self.proc.call("take_routes"), live, version)
+                except (VLLMProcessError, ValueError) as exc:
+                    raise batch.failure(f"vLLM route capture failed: {exc}") from exc
             aborts, submit = self._take(outputs, live, batch.rows, version, max_new_tokens)
 
     def _requests(self, submit: list[Episode], rows: list[Episode], live: dict[str, Episode], max_new_tokens: int,
@@ -395,6 +408,19 @@ class VLLMEngine(BoundaryEngine[Weights, random.Random]):
                 else:
                     submit.append(ep)  # environment answer to force (or vLLM stopped early): resubmit
         return aborts, submit
+
+    def _record_routes(self, routes: Mapping[str, tuple[int, list[int], bytes]], live: dict[str, Episode],
+                       version: int) -> None:
+        """Append one step's routes (``take_routes``: first position, shape ``[n, L, k]``, int16 bytes) to the
+        route log of each request's episode, under the version the step ran with."""
+        dtype = route_dtype(self.arch.num_experts)
+        for rid, (start, shape, data) in routes.items():
+            ep = live.get(rid)
+            if ep is None:
+                continue  # a request aborted at this boundary
+            if ep.record.routes is None:
+                ep.record.routes = RouteLog(self.arch.num_layers, self.arch.moe_top_k)
+            ep.record.routes.record(version, start, np.frombuffer(data, dtype=np.int16).reshape(shape).astype(dtype))
 
     def _force(self, e: Episode, max_new_tokens: int) -> bool:
         """Append the queued environment tokens of ``e``; True when that ends it (token budget)."""

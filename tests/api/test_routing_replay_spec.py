@@ -45,11 +45,10 @@ def test_dense_model_is_refused_with_the_reason(folders: dict[str, Path]) -> Non
     validate_job(_job(_spec(folders["dense"], "none")))  # none is fine on a dense model
 
 
-def test_vllm_is_refused_for_rollout_routes_only(folders: dict[str, Path]) -> None:
-    msg = _problems(_spec(folders["moe"], "rollout", engine="vllm"))["spec.correction.routingReplay"]
-    assert "vllm engine does not read vLLM's routed-experts output" in msg and "rollout.engine: transformers" in msg
-    # R2 records its routes in the actor's own old-logit forward: no engine routes needed
-    validate_job(_job(_spec(folders["moe"], "oldLogits", engine="vllm")))
+def test_vllm_takes_every_mode(folders: dict[str, Path]) -> None:
+    # R3: the vllm engine records routes too (tests/rollout/test_vllm_routes.py); R2 records in the actor
+    for replay in ("rollout", "oldLogits"):
+        validate_job(_job(_spec(folders["moe"], replay, engine="vllm")))
 
 
 @pytest.mark.parametrize("reference", ["behavior", "linear", "loglinear", "exact"])
