@@ -1,7 +1,8 @@
 """Routing replay (R3) with exact old logits (snapshot in the actor; the SegmentScorer of dedicated and
 interruptSync): each segment of a trajectory spanning three versions (W = 2) is
 scored under its own version's weights *and* the prefix routes that version sampled it through (re-prefills
-included); under fp32 rollout r_d = 1 within 1e-5. Also: the replayed training step, its flip count, and R2."""
+included); under fp32 rollout r_d = 1 within 1e-5; the live audit's exact forwards replay the same routes. Also:
+the replayed training step, its flip count, and R2."""
 
 import dataclasses
 import random
@@ -16,6 +17,7 @@ from asyncrl.rollout.hf_engine import HFEngine
 from asyncrl.rollout.tokenizer import HFTokenizer
 from asyncrl.trainer.actor.megatron_actor import MegatronActor
 from asyncrl.trainer.driver.loop.grpo_batch import assemble_batch
+from asyncrl.trainer.oldlogits.audit import Auditor
 from asyncrl.trainer.oldlogits.segment_scorer import ScorerSettings, SegmentScorer
 from tests.support.hf_models import CountingEnv, folder_arch, tiny_folder
 
@@ -28,14 +30,19 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_folder(tmp_path_factory.mktemp("replay_exact"), "qwen3_moe")
 
 
-def _actor(folder: Path, correction: dict, old_logits: dict | None = None, lr: float = 3e-2) -> MegatronActor:
-    spec = AsyncRLJobSpec.model_validate({
+def _actor_spec(folder: Path, correction: dict, old_logits: dict | None = None, lr: float = 3e-2) -> AsyncRLJobSpec:
+    return AsyncRLJobSpec.model_validate({
         "model": {"weights": str(folder), "rolloutDtype": "float32"},
-        "correction": correction, **({"oldLogits": old_logits} if old_logits else {}),
+        "correction": correction,
+        **({"oldLogits": old_logits} if old_logits else {}),
         "async": {"maxStaleness": 2, "partialRollout": True},
         "train": {"learningRate": lr, "seed": 3},
     })
-    return MegatronActor.from_spec(spec, VOCAB, num_threads=torch.get_num_threads())
+
+
+def _actor(folder: Path, correction: dict, old_logits: dict | None = None, lr: float = 3e-2) -> MegatronActor:
+    return MegatronActor.from_spec(_actor_spec(folder, correction, old_logits, lr), VOCAB,
+                                   num_threads=torch.get_num_threads())
 
 
 def _generate(folder: Path, weights: list[dict], n: int, seed: int, switch_at: tuple[int, ...] = ()) -> list:
@@ -99,6 +106,14 @@ def test_snapshot_scores_each_segment_with_its_versions_routes(folder: Path) -> 
     print(f"positions routed differently by an older version: {moved}; max |log r_d| {err:.2e} exact, "
           f"{(wrong[m] - batch.logp_mu[m]).abs().max():.2e} with the newest routes")
     assert moved > 0 and (wrong[m] - batch.logp_mu[m]).abs().max() > 1e-4
+    # the live audit of a cheap reference scores its rows exactly the same way, replaying each version's slot: given
+    # the stale slots, its pi_old is the snapshot strategy's (before, its routers chose: pi_old = mu here, 9.7 away)
+    auditor = Auditor(1, 1.0, seed=0, capacity=3)
+    auditor.store = actor.old_logits.store
+    correction = _actor_spec(folder, {"reference": "current", "routingReplay": "rollout"}).correction
+    audited = auditor.run(dataclasses.replace(batch, route_slots=stale), actor, 2, wrong, wrong, correction)
+    assert audited.rows == batch.shape[0] and audited.tokens == int(m.sum()), audited
+    assert audited.abs_diff_p99 < 1e-5 and audited.abs_diff_mean < 1e-6, audited
     # dedicated and interruptSync score with a SegmentScorer outside the actor: whole trajectories (the
     # rollout host's interrupt-sync window) and (tokens, positions, routes) segments (a dedicated request)
     scorer = SegmentScorer(ScorerSettings(arch=folder_arch(folder), device="cpu"))

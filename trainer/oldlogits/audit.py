@@ -3,8 +3,8 @@
 With a cheap reference (``behavior``, ``current``, ``linear``, ``loglinear``, ``ewma``) and
 ``correction.audit.everyNSteps > 0``, the actor also keeps weight snapshots (the same store and the
 same retention as the snapshot strategy) and, on every Nth step, scores a ``fraction`` of the batch
-rows exactly under the version that generated each token. Per audited step, over those rows'
-trained tokens:
+rows exactly under the version that generated each token (with routing replay, through the routes that
+version sampled it with, as the snapshot strategy does). Per audited step, over those rows' trained tokens:
 
 - ``abs_diff_mean``, ``abs_diff_p99``: mean and 99th percentile (linear interpolation, as
   ``torch.quantile``) of ``|log pi_ref - log pi_old|``;
@@ -224,7 +224,10 @@ class Auditor(StoreBacked):
         dp_rank, dp_size = parallel.dp_rank_size()
         mine = parallel.dp_share(rows, batch.loss_mask, dp_rank, dp_size)  # every row when alone
         loss_mask = batch.loss_mask[mine]
-        logp_old = score_exact(self.store, scorer, batch.tokens[mine], batch.versions[mine], loss_mask)
+        slots, slot_versions = batch.route_slots, batch.route_slot_versions  # routing replay: each version's routes
+        logp_old = score_exact(self.store, scorer, batch.tokens[mine], batch.versions[mine], loss_mask,
+                               None if slots is None else slots[mine],
+                               None if slot_versions is None else slot_versions[mine])
         part = audit_parts(logp_theta[mine], logp_ref[mine], logp_old, batch.logp_mu[mine], batch.advantages[mine],
                            loss_mask, spec, turn_ids=batch.turn_ids[mine])
         return merge_parts(_gather_parts(part, dp_size), rows=int(rows.numel()), rows_unscorable=int((~ok).sum()))
