@@ -225,7 +225,9 @@ def _command(job: JobRef, role: Role, gpus: int, cpu: str, memory: str, ray_reso
 ACTOR_SIGTERM_SCRIPT = (
     '"$@" & pid=$!; '
     "trap 'echo \"SIGTERM: the actor keeps running until the driver has written its final checkpoint\"' TERM; "
-    'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || exit "$rc"; done'
+    # a wait the trap interrupts returns 143; the child's own status is the last wait's (the shell keeps it, even
+    # when the child ended, and was reaped, during the trap: exiting with the 143 then lost the raylet's code)
+    'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done; wait "$pid"'
 )
 ACTOR_SIGTERM_SHELL = ["sh", "-c", ACTOR_SIGTERM_SCRIPT, "actor-pod"]
 
