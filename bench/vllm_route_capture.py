@@ -16,46 +16,21 @@ average ~10): 0.093 s without capture, 0.098 s with, ratio 1.06 (10 repeats; 4 r
 import argparse
 import glob
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from safetensors.torch import load_file
 
-from asyncrl.api.model_arch import arch_from_hf_config, folder_config
-from asyncrl.rollout.envs.base import CONTINUE, EnvStep
-from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.tiny_models import make_tiny
-from asyncrl.rollout.tokenizer import HFTokenizer
-from asyncrl.rollout.vllm_engine import VLLMEngine
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.support
 
-
-class TurnsEnv:
-    """Prompts of 3-8 random ids; forces two fixed ids every ``every`` agent tokens (each one a resubmitted
-    prefix in vLLM); ends after ``turns`` forced observations."""
-
-    task = "turns"
-    truncated_reward = 0.0
-
-    def __init__(self, tokenizer: HFTokenizer, every: int = 6, turns: int = 3) -> None:
-        self.tokenizer = tokenizer  # the episode detokenizes each turn with it
-        self.every, self.turns = every, turns
-        self.seen = self.answers = 0
-
-    def reset(self, rng: random.Random) -> list[int]:
-        return [rng.randrange(3, 200) for _ in range(rng.randint(3, 8))]
-
-    def step(self, turn_text: str) -> EnvStep:
-        self.seen += 1
-        if self.answers == self.turns:
-            return EnvStep(done=True, reward=1.0, success=True, reason="done")
-        if self.seen % self.every == 0:
-            self.answers += 1
-            return EnvStep(tokens=(40, 41))
-        return CONTINUE
-
-    def info(self) -> dict[str, int]:
-        return {"seen": self.seen}
+from asyncrl.api.model_arch import arch_from_hf_config, folder_config  # noqa: E402
+from asyncrl.rollout.episode import Episode  # noqa: E402
+from asyncrl.rollout.tiny_models import make_tiny  # noqa: E402
+from asyncrl.rollout.tokenizer import HFTokenizer  # noqa: E402
+from asyncrl.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from tests.support.hf_models import CountingEnv  # noqa: E402 -- forced observations: each a resubmitted prefix
 
 
 def main() -> None:
@@ -81,7 +56,7 @@ def main() -> None:
                 e.load_weights(weights, version=0)
             for rep in range(a.repeats):
                 for c in (False, True) if rep % 2 == 0 else (True, False):
-                    eps = [Episode.start(f"t{i}", "g", TurnsEnv(tok), random.Random(i))
+                    eps = [Episode.start(f"t{i}", "g", CountingEnv(tok, every=6, turns=3), random.Random(i))
                            for i in range(a.episodes)]
                     t0 = time.perf_counter()
                     engines[c].generate(eps, max_new_tokens=a.tokens, temperature=1.0, seed=1)

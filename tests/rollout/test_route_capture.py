@@ -11,39 +11,23 @@ import torch
 from asyncrl.api.model_arch import ModelArch
 from asyncrl.rollout.episode import Episode
 from asyncrl.rollout.hf_engine import HFEngine
-from asyncrl.rollout.hf_model import build_model, hf_state_dict, load_hf_state_dict
-from asyncrl.rollout.route_capture import capturing
 from asyncrl.rollout.routes import RouteLog, route_dtype
 from asyncrl.rollout.tokenizer import TOKENIZER
+from tests.support import moe_routes
+from tests.support.moe_routes import Weights, decisive_moe_weights
 
 MOE = ModelArch(64, 2, 4, 2, 128, TOKENIZER.vocab_size, 256, False, norm_epsilon=1e-6, family="qwen3_moe",
                 kv_channels=16, num_experts=4, moe_top_k=2, moe_ffn_hidden_size=32, norm_topk_prob=True)
 
 
 @pytest.fixture(scope="module")
-def moe_weights() -> Callable[[int], dict[str, torch.Tensor]]:
-    cache: dict[int, dict[str, torch.Tensor]] = {}
-
-    def make(seed: int) -> dict[str, torch.Tensor]:
-        if seed not in cache:
-            model = build_model(MOE, seed=seed)
-            with torch.no_grad():
-                model.model.embed_tokens.weight.mul_(8.0)  # sharper sampling distributions
-                for layer in model.model.layers:  # decisive routers: no near-ties between experts
-                    layer.mlp.gate.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(seed))
-            cache[seed] = {k: v.clone() for k, v in hf_state_dict(model).items()}
-        return cache[seed]
-
-    return make
+def moe_weights() -> Weights:
+    return decisive_moe_weights(MOE)
 
 
 def reference_routes(weights: dict[str, torch.Tensor], tokens: list[int]) -> np.ndarray:
-    """``[T, L, k]`` routes of one unpadded fp32 forward over ``tokens`` (an independent model)."""
-    model = build_model(MOE)
-    load_hf_state_dict(model, weights)
-    with torch.no_grad(), capturing(model) as tap:
-        model(input_ids=torch.tensor([tokens]))
-        return tap.take(1, len(tokens))[0]
+    """``[T, L, k]`` routes of one fp32 transformers forward of this file's model over ``tokens``."""
+    return moe_routes.reference_routes(MOE, weights, tokens)
 
 
 def test_routes_of_every_version_match_a_full_forward(moe_weights: Callable, script_env: type) -> None:

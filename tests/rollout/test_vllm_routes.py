@@ -8,7 +8,7 @@ rollout/vllm_server.py). One engine process for the module (its start costs ~20 
 """
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -17,34 +17,21 @@ import torch
 from asyncrl.api.model_arch import ModelArch
 from asyncrl.rollout.engine_registry import make_engine
 from asyncrl.rollout.episode import Episode
-from asyncrl.rollout.hf_model import build_model, hf_state_dict, load_hf_state_dict
-from asyncrl.rollout.route_capture import capturing
 from asyncrl.rollout.tokenizer import TOKENIZER
 from asyncrl.rollout.vllm_engine import VLLMEngine
+from tests.support import moe_routes
+from tests.support.moe_routes import Weights, decisive_moe_weights
 
 pytestmark = pytest.mark.vllm
 
 # head_dim 64: vLLM's CPU attention kernel has no 16 (test_route_capture.py's MoE shape); float32 only on CPU
 MOE = ModelArch(128, 2, 2, 1, 256, TOKENIZER.vocab_size, 256, False, norm_epsilon=1e-6, family="qwen3_moe",
                 kv_channels=64, num_experts=4, moe_top_k=2, moe_ffn_hidden_size=32, norm_topk_prob=True)
-Weights = Callable[[int], dict[str, torch.Tensor]]
 
 
 @pytest.fixture(scope="module")
 def moe_weights() -> Weights:
-    cache: dict[int, dict[str, torch.Tensor]] = {}
-
-    def make(seed: int) -> dict[str, torch.Tensor]:
-        if seed not in cache:
-            model = build_model(MOE, seed=seed)
-            with torch.no_grad():
-                model.model.embed_tokens.weight.mul_(8.0)  # sharper sampling distributions
-                for layer in model.model.layers:  # decisive routers: no near-ties between experts
-                    layer.mlp.gate.weight.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(seed))
-            cache[seed] = {k: v.clone() for k, v in hf_state_dict(model).items()}
-        return cache[seed]
-
-    return make
+    return decisive_moe_weights(MOE)
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +43,8 @@ def engine() -> Iterator[VLLMEngine]:
 
 
 def reference_routes(weights: dict[str, torch.Tensor], tokens: list[int]) -> np.ndarray:
-    """``[T, L, k]`` routes of one fp32 transformers forward over ``tokens`` (an independent model)."""
-    model = build_model(MOE)
-    load_hf_state_dict(model, weights)
-    with torch.no_grad(), capturing(model) as tap:
-        model(input_ids=torch.tensor([tokens]))
-        return tap.take(1, len(tokens))[0]
+    """``[T, L, k]`` routes of one fp32 transformers forward of this file's model over ``tokens``."""
+    return moe_routes.reference_routes(MOE, weights, tokens)
 
 
 def test_routes_of_every_version_match_a_full_forward(
