@@ -253,9 +253,10 @@ class Reconciler:
         failures: list[str] = []
         refused: list[CreateFailure] = []
         missing: list[str] = []  # children the pods refer to that this pass could not create
-        actions = children_first(p.actions)
-        pod_creates = [a for a in actions if a.kind == "Pod" and a.verb == "create"]
-        for a in actions[:len(actions) - len(pod_creates)]:
+        for a in children_first(p.actions):  # the pod creates last: ``missing`` is whole when they come
+            if a.kind == "Pod" and a.verb == "create" and missing:
+                refused += hold_pods([a], missing)
+                continue
             outcome = self._apply(body, ref, a)
             if isinstance(outcome, CreateFailure):
                 refused.append(outcome)
@@ -263,14 +264,6 @@ class Reconciler:
                 failures.append(outcome)
             if outcome and a.verb == "create" and a.kind in PREREQUISITE_KINDS:
                 missing.append(f"{a.kind} {a.name}")
-        if held := hold_pods(pod_creates, missing):
-            refused += held
-        else:
-            for a in pod_creates:
-                if isinstance(outcome := self._apply(body, ref, a), CreateFailure):
-                    refused.append(outcome)
-                elif outcome:
-                    failures.append(outcome)
         if any(f.kind != "Pod" for f in refused) or missing:
             # the timed retry of a refused create (pods only, otherwise) reads and creates the other children too:
             # right after the CRD is installed the server refuses owner references to the job for ~30 s (its
