@@ -14,7 +14,9 @@ keep each batch's per-token versions): the same rows, lengths, tool-token gaps a
 ids (the cost does not depend on them), each batch's versions mapped onto as many resident versions. Per round it
 times EWMA's forward and the exact route over every replayed batch, and the exact route over the same batches with
 each row's tokens under one version (what the batch would cost if no row spanned versions), for LoRA and full
-fine-tuning side by side, and counts the token positions each route's forwards compute (span_plan's cut).
+fine-tuning side by side, and counts the token positions each route's forwards compute (span_plan's cut). The exact
+route also runs with span_plan's split into length groups turned off (one group: each forward pads its pairs to
+the longest), to weigh the split's saved positions against the extra forwards' fixed cost on batches this small.
 
 A row whose tokens were sampled under two versions is scored under both: the rollout engine re-prefills its
 cache after every weight swap, so a token's behaviour log-prob is its own version's over the whole prefix, and
@@ -257,7 +259,19 @@ def positions(batch: tuple[torch.Tensor, torch.Tensor], overhead_rows: int = 1) 
 
 def measure_replayed(paths: Sequence[Path], model: str, rank: int, rounds: int, limit: int) -> dict[str, Any]:
     """EWMA's forward against the exact route on the batches real jobs made, LoRA and full side by side."""
+    from asyncrl.trainer.oldlogits import span_plan
     from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    planned = span_plan.plan
+
+    def one_group(fn: Callable[[], Any]) -> None:
+        """``fn`` with span_plan's split turned off for this call alone: each forward (LoRA: one over every
+        (row, version) pair; full: one per version) pads its pairs to the longest, whatever their lengths."""
+        span_plan.plan = lambda lengths, overhead: planned(lengths, overhead=1 << 40)
+        try:
+            fn()
+        finally:
+            span_plan.plan = planned
 
     batches, spans = replayed_batches(paths, limit)
     k = max(int(v.max()) + 1 for v, _ in batches)
@@ -282,6 +296,7 @@ def measure_replayed(paths: Sequence[Path], model: str, rank: int, rounds: int, 
 
         ops[f"{kind}.ewma"], ops[f"{kind}.exact"] = ewma, exact
         ops[f"{kind}.exact_flat"] = lambda e=exact: e(which="flat")
+        ops[f"{kind}.exact_one_group"] = lambda e=exact: one_group(e)
     times = lv._rounds(ops, rounds)
     for actor in actors.values():
         actor.close()
@@ -298,7 +313,8 @@ def measure_replayed(paths: Sequence[Path], model: str, rank: int, rounds: int, 
     for kind in actors:
         out[kind] = {"exact_over_ewma": lv._ratio(times, f"{kind}.exact", f"{kind}.ewma"),
                      "exact_flat_over_ewma": lv._ratio(times, f"{kind}.exact_flat", f"{kind}.ewma"),
-                     "exact_over_exact_flat": lv._ratio(times, f"{kind}.exact", f"{kind}.exact_flat")}
+                     "exact_over_exact_flat": lv._ratio(times, f"{kind}.exact", f"{kind}.exact_flat"),
+                     "exact_one_group_over_ewma": lv._ratio(times, f"{kind}.exact_one_group", f"{kind}.ewma")}
     out["goal"] = {"exact_over_ewma_at_most": lv.GOAL_EXACT_OVER_EWMA,
                    "lora_met": out["lora"]["exact_over_ewma"] <= lv.GOAL_EXACT_OVER_EWMA}
     return out

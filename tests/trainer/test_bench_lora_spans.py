@@ -50,4 +50,7 @@ def test_replayed_batches_renumber_versions_and_count_positions(tmp_path) -> Non
     record = spans.measure_replayed([path], "tiny-llama", rank=4, rounds=1, limit=5)
     assert record["versions_resident"] == 2 and record["batches_replayed"] == 1
     assert record["positions_exact_over_ewma"] == pytest.approx(24 / 16)
-    assert all(record["median_s"][f"{k}.{op}"] > 0 for k in ("lora", "full") for op in ("ewma", "exact", "exact_flat"))
+    assert all(record["median_s"][f"{k}.{op}"] > 0 for k in ("lora", "full") for op in ("ewma", "exact", "exact_flat", "exact_one_group"))
+    from asyncrl.trainer.oldlogits import span_plan
+
+    assert span_plan.plan.__name__ == "plan"  # the one-group rule was patched in per call only
