@@ -132,3 +132,15 @@ def test_arms_digest_rate_and_adapters(ll) -> None:
     assert b.spec()["model"]["lora"]["rank"] == 16 and "model" not in a.spec()
     with pytest.raises(ValueError, match="valid arms"):
         ll.arm("qlora", 1e-4)
+
+
+def test_docs_lora_md_shows_what_the_committed_records_give(ll) -> None:
+    """docs/lora.md's generated block is the report of docs/results/data/lora_learning/ (run
+    ``bench/lora_learning.py report`` after adding records)."""
+    assert ll.render() == ll.DOC.read_text(), "docs/lora.md drifted from its records: run bench/lora_learning.py report"
+
+
+def test_the_committed_tuning_records_choose_the_plans_rates(ll) -> None:
+    # the plan's rule on the committed grid: full 1e-4 (+0.295) over 3e-4 (-0.118); LoRA 1e-3 (+0.239) over 3e-4
+    # (+0.224, more than 0.005 below) and 3e-3 (-0.393)
+    assert ll.chosen_rates() == {"full": 1e-4, "lora": 1e-3}
