@@ -6,6 +6,17 @@ Usage::
     .venv/bin/python bench/lora_spans.py [--model small-llama] [--rank 16] [--rows 8] [--tokens 128]
                                          [--switch 0.5] [--rounds 9] [--threads 1] [--profile] [--mix]
                                          [--json out.json]
+    .venv/bin/python bench/lora_spans.py --mix-from docs/results/data/lora_learning/<lora record>.json ... \
+                                         [--mix-batches 40] [--model tiny-llama] [--rounds 9] [--threads 1]
+
+``--mix-from`` replays the batches real jobs trained on (the LoRA arm's records of ``bench/lora_learning.py``
+keep each batch's per-token versions): the same rows, lengths, tool-token gaps and version switches, random token
+ids (the cost does not depend on them), each batch's versions mapped onto as many resident versions. Per round it
+times EWMA's forward and the exact route over every replayed batch, and the exact route over the same batches with
+each row's tokens under one version (what the batch would cost if no row spanned versions), for LoRA and full
+fine-tuning side by side, and counts the token positions each route's forwards compute (span_plan's cut). The exact
+route also runs with span_plan's split into length groups turned off (one group: each forward pads its pairs to
+the longest), to weigh the split's saved positions against the extra forwards' fixed cost on batches this small.
 
 A row whose tokens were sampled under two versions is scored under both: the rollout engine re-prefills its
 cache after every weight swap, so a token's behaviour log-prob is its own version's over the whole prefix, and
@@ -24,10 +35,11 @@ uncut is recorded. No time is asserted anywhere.
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +216,110 @@ def per_position_mix(model: str, rank: int, rows: int, tokens: int, switch: floa
     return out
 
 
+def replayed_batches(paths: Sequence[Path], limit: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, Any]]:
+    """``(versions [rows, T], loss_mask)`` of up to ``limit`` batches of the records (spread evenly over them), each
+    batch's versions renumbered 0..k-1 in order, padded with -1; and the span summary of ALL their batches."""
+    import lora_learning as ll
+
+    every = []
+    for path in paths:
+        every += json.loads(Path(path).read_text()).get("batches", [])
+    if not every:
+        raise SystemExit(f"no batches in {[str(p) for p in paths]}: pass the LoRA arm's records of bench/lora_learning.py")
+    step = max(1, len(every) // limit)
+    out = []
+    for b in every[::step][:limit]:
+        rows = [ll.expand(r) for r in b["rows"]]
+        width = max(len(r) for r in rows)
+        vers = torch.full((len(rows), width), -1, dtype=torch.long)
+        for i, r in enumerate(rows):
+            vers[i, :len(r)] = torch.tensor(r)
+        distinct = sorted(int(v) for v in torch.unique(vers[vers >= 0]))
+        mapped = vers.clone()
+        for k, v in enumerate(distinct):
+            mapped[vers == v] = k
+        out.append((mapped, mapped >= 0))
+    return out, {"batches_in_records": len(every), **ll.span_summary(every)}
+
+
+def positions(batch: tuple[torch.Tensor, torch.Tensor], overhead_rows: int = 1) -> dict[str, int]:
+    """Token positions computed for one batch: EWMA's one forward (rows x T), and the exact route's forwards by
+    span_plan (each (row, version) pair cut after its version's last token, grouped by length)."""
+    from asyncrl.trainer.oldlogits import span_plan
+
+    vers, mask = batch
+    rows, width = vers.shape
+    pair_lengths = []
+    for v in sorted(int(x) for x in torch.unique(vers[mask])):
+        sel = mask & (vers == v)
+        pair_lengths += span_plan.needed_lengths(sel[sel.any(dim=1)]).tolist()
+    groups = span_plan.plan(pair_lengths, overhead=width * overhead_rows)
+    return {"ewma": rows * width, "exact": sum(len(idx) * n for idx, n in groups), "forwards": len(groups)}
+
+
+def measure_replayed(paths: Sequence[Path], model: str, rank: int, rounds: int, limit: int) -> dict[str, Any]:
+    """EWMA's forward against the exact route on the batches real jobs made, LoRA and full side by side."""
+    from asyncrl.trainer.oldlogits import span_plan
+    from asyncrl.trainer.oldlogits.snapshot import score_exact
+
+    planned = span_plan.plan
+
+    def one_group(fn: Callable[[], Any]) -> None:
+        """``fn`` with span_plan's split turned off for this call alone: each forward (LoRA: one over every
+        (row, version) pair; full: one per version) pads its pairs to the longest, whatever their lengths."""
+        span_plan.plan = lambda lengths, overhead: planned(lengths, overhead=1 << 40)
+        try:
+            fn()
+        finally:
+            span_plan.plan = planned
+
+    batches, spans = replayed_batches(paths, limit)
+    k = max(int(v.max()) + 1 for v, _ in batches)
+    g = torch.Generator().manual_seed(2)
+    ids = [torch.randint(0, lv.VOCAB, v.shape, generator=g) for v, _ in batches]
+    # the same rows with every token under the row's last version: the cost if no row spanned versions
+    flat = [torch.where(m, v.amax(dim=1, keepdim=True).expand_as(v), -1) for v, m in batches]
+    actors = {"lora": lv._actor(model, {"rank": rank, "alpha": 2.0 * rank}, "exact"),
+              "full": lv._actor(model, None, "exact")}
+    ops: dict[str, Callable[[], Any]] = {}
+    for kind, actor in actors.items():
+        versions = lv._versions(actor, k)
+        store = lv._store(versions)
+
+        def ewma(a: Any = actor, v: Any = versions) -> None:
+            for t in ids:
+                a.logprobs_under(v[0], t)
+
+        def exact(a: Any = actor, st: Any = store, which: Any = None) -> None:
+            for t, (v, m), f in zip(ids, batches, flat, strict=True):
+                score_exact(st, a, t, v if which is None else f, m)
+
+        ops[f"{kind}.ewma"], ops[f"{kind}.exact"] = ewma, exact
+        ops[f"{kind}.exact_flat"] = lambda e=exact: e(which="flat")
+        ops[f"{kind}.exact_one_group"] = lambda e=exact: one_group(e)
+    times = lv._rounds(ops, rounds)
+    for actor in actors.values():
+        actor.close()
+    counted = [positions(b) for b in batches]
+    shapes = [tuple(v.shape) for v, _ in batches]
+    out: dict[str, Any] = {
+        "model": model, "rank": rank, "records": [str(p) for p in paths], "batches_replayed": len(batches),
+        "rows_per_batch": statistics.median(s[0] for s in shapes), "tokens_per_batch_median": statistics.median(s[1] for s in shapes),
+        "versions_resident": k, "spans": spans,
+        "positions_exact_over_ewma": sum(c["exact"] for c in counted) / sum(c["ewma"] for c in counted),
+        "median_s": {k2: statistics.median(v) for k2, v in times.items()},
+    }
+    out["exact_forwards_per_batch"] = statistics.fmean(c["forwards"] for c in counted)  # LoRA's (the bank)
+    for kind in actors:
+        out[kind] = {"exact_over_ewma": lv._ratio(times, f"{kind}.exact", f"{kind}.ewma"),
+                     "exact_flat_over_ewma": lv._ratio(times, f"{kind}.exact_flat", f"{kind}.ewma"),
+                     "exact_over_exact_flat": lv._ratio(times, f"{kind}.exact", f"{kind}.exact_flat"),
+                     "exact_one_group_over_ewma": lv._ratio(times, f"{kind}.exact_one_group", f"{kind}.ewma")}
+    out["goal"] = {"exact_over_ewma_at_most": lv.GOAL_EXACT_OVER_EWMA,
+                   "lora_met": out["lora"]["exact_over_ewma"] <= lv.GOAL_EXACT_OVER_EWMA}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     lv.one_model_args(p)
@@ -211,12 +327,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="also the torch profiler's top ops (LoRA)")
     p.add_argument("--mix", action="store_true",
                    help="also how far one pass with per-position adapters lands from the exact route")
+    p.add_argument("--mix-from", nargs="+", type=Path, metavar="RECORD",
+                   help="replay the batches of these bench/lora_learning.py records instead of synthetic rows")
+    p.add_argument("--mix-batches", type=int, default=40, help="--mix-from: batches replayed (spread evenly)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from asyncrl.trainer.megatron import compat
 
     compat.init_megatron(seed=0, device="cpu")
     before = os.getloadavg()
+    if args.mix_from:
+        record = measure_replayed(args.mix_from, args.model, args.rank, args.rounds, args.mix_batches)
+        return lv.emit(record, "lora_spans_replayed", args, before)
     record = measure(args.model, args.rank, args.rows, args.tokens, args.rounds, args.switch)
     if args.mix:
         record["per_position_mix_vs_exact"] = per_position_mix(args.model, args.rank, args.rows, args.tokens,

@@ -92,6 +92,7 @@ class Config:
     old_logits: Mapping[str, Any] | None = None
     max_staleness: int = W_PAPER
     learning_rate: float | None = None  # the scale's unless set (the EWMA stress block: a policy that moves faster)
+    model: Mapping[str, Any] | None = None  # extra spec.model fields (bench/lora_learning.py: lora); digested when set
 
     def key(self) -> str:
         """The record's file name: a digest of what the configuration runs (not of its name, so the
@@ -102,6 +103,8 @@ class Config:
         parts: list[Any] = [_digestible(self.correction), self.old_logits, self.max_staleness]
         if self.learning_rate is not None:
             parts.append({"learning_rate": self.learning_rate})
+        if self.model is not None:
+            parts.append({"model": dict(self.model)})
         blob = json.dumps(parts, sort_keys=True)
         return "cfg-" + hashlib.sha1(blob.encode()).hexdigest()[:12]
 
@@ -110,6 +113,8 @@ class Config:
                "max_staleness": self.max_staleness}
         if self.learning_rate is not None:
             out["learning_rate"] = self.learning_rate
+        if self.model is not None:
+            out["model"] = dict(self.model)
         return out
 
 
@@ -157,8 +162,9 @@ def method(name: str) -> Config:
     raise KeyError(f"no method {name!r}; valid: {', '.join(c.name for c in METHODS)}")
 
 
-def job_doc(cfg: Config, scale: Scale, seed: int) -> dict[str, Any]:
-    """The AsyncRLJob of one (configuration, seed) at ``scale``."""
+def job_doc(cfg: Config, scale: Scale, seed: int, base: Path | None = None) -> dict[str, Any]:
+    """The AsyncRLJob of one (configuration, seed) at ``scale``; ``base``: start from that HF folder
+    (``model.weights``, no warm start of its own) instead of the preset and the cached warm start."""
     corr = dict(cfg.correction)
     corr["startupCheck"] = {"rollouts": scale.probe_rollouts}
     spec: dict[str, Any] = {
@@ -176,6 +182,11 @@ def job_doc(cfg: Config, scale: Scale, seed: int) -> dict[str, Any]:
     }
     if cfg.old_logits is not None:
         spec["oldLogits"] = dict(cfg.old_logits)
+    if base is not None:
+        spec["model"] = {"weights": str(base), "rolloutDtype": "bfloat16"}
+        spec["train"]["warmStartSteps"] = 0
+    if cfg.model is not None:
+        spec["model"].update(cfg.model)
     name = f"paper-{cfg.key()}-s{seed}"  # an RFC 1035 label, whatever the configuration's display name
     return {"apiVersion": "asyncrl.io/v1alpha1", "kind": "AsyncRLJob", "metadata": {"name": name}, "spec": spec}
 
@@ -189,8 +200,12 @@ class Runner:
     """Runs (or reads from the record folder) every (configuration, seed) of a command in one Ray session."""
 
     def __init__(self, scale: Scale, records: Path, *, work: Path, fresh: bool = False,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, base: Path | None = None,
+                 batch_probe: Callable[[Config], Any] | None = None) -> None:
         self.scale, self.records, self.work, self.fresh, self.log = scale, records, work, fresh, log
+        # base: every run starts from this HF folder (job_doc); batch_probe: makes, per run (of a config), a callable that sees
+        # every batch before the actor trains on it (run_job's on_batch) and whose .record() joins the record
+        self.base, self.batch_probe = base, batch_probe
         self.records.mkdir(parents=True, exist_ok=True)
         self.done: set[str] = set()  # what this command ran (--fresh reruns each once)
         self._ray: Any = None
@@ -215,13 +230,16 @@ class Runner:
         options = RunOptions(run_dir=rdir, warm_start_dir=self.warm_dir, actor_threads=1, rollout_threads=1,
                              num_cpus=2.0)
         load0, t0 = os.getloadavg()[0], time.monotonic()
-        res = run_job(validate_job(job_doc(cfg, self.scale, seed)), options)
+        probe = self.batch_probe(cfg) if self.batch_probe is not None else None
+        res = run_job(validate_job(job_doc(cfg, self.scale, seed, self.base)), options, on_batch=probe)
         if res.summary.status != "succeeded":
             raise SystemExit(f"run {path.stem} ({cfg.name}, seed {seed}) ended {res.summary.status!r}: "
                              f"{res.summary.error}; see {rdir}")
         record = rec.build(key=cfg.key(), seed=seed, tag=tag, config=cfg.spec(), scale=scale_record(self.scale),
                            summary=res.summary.to_json(), steps=res.steps, bench_s=time.monotonic() - t0,
                            load_avg=(load0, os.getloadavg()[0]), warm_start=warm)
+        if probe is not None:
+            record.update(probe.record())
         rec.write(self.records, record)
         self.done.add(path.name)
         shutil.rmtree(rdir, ignore_errors=True)  # the record is what is kept
@@ -246,7 +264,7 @@ class Runner:
             rdir = self.work / "runs" / "warm-start"
             shutil.rmtree(rdir, ignore_errors=True)
             tiny = replace(self.scale, steps=1, eval_every=1, eval_prompts=8, probe_rollouts=4)
-            res = run_job(validate_job(job_doc(cfg, tiny, WARM_SEED)),
+            res = run_job(validate_job(job_doc(replace(cfg, model=None), tiny, WARM_SEED)),
                           RunOptions(run_dir=rdir, warm_start_dir=self.warm_dir, actor_threads=1, rollout_threads=1,
                                      num_cpus=2.0))
             if res.summary.status != "succeeded" or not (self.warm_dir / "meta.json").exists():

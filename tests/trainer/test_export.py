@@ -124,6 +124,13 @@ def test_character_tokenizer_is_written_as_an_hf_tokenizer_with_the_same_ids(tmp
     assert (hf.pad_token_id, hf.eos_token_id, hf.bos_token_id) == (TOKENIZER.pad_id, TOKENIZER.eos_id, TOKENIZER.bos_id)
     assert list(hf.apply_chat_template([{"role": "user", "content": "Q:1+2=?"}], tokenize=True)["input_ids"]) == \
         TOKENIZER.chat_prompt("", "Q:1+2=?")
+    # the math tasks' prompt: a system text and worked examples before the question, all left out as the
+    # character tokenizer leaves them out (a run continued from the export sees the prompts it was trained on)
+    from asyncrl.rollout.envs.math_tasks import EXAMPLES_TOOL, SYSTEM_TOOL
+    from asyncrl.rollout.tokenizer import HFTokenizer
+
+    assert HFTokenizer.from_folder(tmp_path / "out").chat_prompt(SYSTEM_TOOL, "Q:1+2=?", EXAMPLES_TOOL) == \
+        TOKENIZER.chat_prompt(SYSTEM_TOOL, "Q:1+2=?", EXAMPLES_TOOL) == TOKENIZER.encode("Q:1+2=?", bos=True)
 
 
 def test_a_customer_service_run_exports_the_tasks_bpe_and_template_for_transformers(tmp_path: Path) -> None:
