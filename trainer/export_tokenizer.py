@@ -41,13 +41,13 @@ TOKENIZER_FILES: tuple[str, ...] = (
     "chat_template.jinja",
     "chat_template.json",
 )
-# The character tokenizer's chat template: <bos> + the last user turn (ToolTokenizer.chat_prompt ignores the
-# system text and the worked examples, which come as earlier user/assistant turns: its alphabet cannot spell
-# them). Rendering every user turn put the examples' questions before the question, so a run continued from an
+# The character tokenizer's chat template: <bos> + the last user turn, wherever it is in the conversation
+# (ToolTokenizer.chat_prompt ignores the system text and the worked examples, which come as earlier
+# user/assistant turns: its alphabet cannot spell them). Rendering every user turn put the examples' questions before the question, so a run continued from an
 # exported preset saw other prompts than the run it came from (calculator: 31 prompt tokens instead of 10).
 CHAR_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{% if loop.last and message['role'] == 'user' %}"
-    "{{ message['content'] }}{% endif %}{% endfor %}"
+    "{% set last = namespace(user='') %}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{% set last.user = message['content'] %}{% endif %}{% endfor %}{{ bos_token }}{{ last.user }}"
 )
 
 

@@ -124,6 +124,9 @@ def test_character_tokenizer_is_written_as_an_hf_tokenizer_with_the_same_ids(tmp
     assert (hf.pad_token_id, hf.eos_token_id, hf.bos_token_id) == (TOKENIZER.pad_id, TOKENIZER.eos_id, TOKENIZER.bos_id)
     assert list(hf.apply_chat_template([{"role": "user", "content": "Q:1+2=?"}], tokenize=True)["input_ids"]) == \
         TOKENIZER.chat_prompt("", "Q:1+2=?")
+    # the last user turn wherever it is: a conversation that goes on after it renders the same prompt
+    assert list(hf.apply_chat_template([{"role": "user", "content": "Q:1+2=?"}, {"role": "assistant", "content": "3"}],
+                                       tokenize=True)["input_ids"]) == TOKENIZER.chat_prompt("", "Q:1+2=?")
     # the math tasks' prompt: a system text and worked examples before the question, all left out as the
     # character tokenizer leaves them out (a run continued from the export sees the prompts it was trained on)
     from asyncrl.rollout.envs.math_tasks import EXAMPLES_TOOL, SYSTEM_TOOL
