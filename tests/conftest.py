@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -32,7 +33,7 @@ _ns_counter = itertools.count(1)
 
 
 @pytest.fixture(scope="session")
-def apiserver() -> Iterator[ApiServer]:
+def apiserver(request: pytest.FixtureRequest) -> Iterator[ApiServer]:
     try:
         tools = find_tools()
     except ToolMissing as exc:
@@ -49,6 +50,10 @@ def apiserver() -> Iterator[ApiServer]:
         yield server
     finally:
         server.stop()
+        if request.session.testsfailed:  # the server's and etcd's logs are kept for a failed session
+            print(f"\nkube-apiserver and etcd logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -4,8 +4,10 @@ They run in the worker's agent runner process (``rollout/agent/runner.py``), so 
 crosses in files of a folder the test process names (``$TOY_AGENTS_DIR``, inherited by the runner)."""
 
 import asyncio
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -13,7 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-DIR = Path(os.environ.setdefault("TOY_AGENTS_DIR", tempfile.mkdtemp(prefix="toy-agents-")))
+if "TOY_AGENTS_DIR" not in os.environ:  # the test process makes the folder (its runner processes inherit it) and removes it
+    os.environ["TOY_AGENTS_DIR"] = tempfile.mkdtemp(prefix="toy-agents-")
+    atexit.register(shutil.rmtree, os.environ["TOY_AGENTS_DIR"], ignore_errors=True)
+DIR = Path(os.environ["TOY_AGENTS_DIR"])
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
                                             "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
