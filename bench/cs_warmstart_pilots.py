@@ -13,15 +13,18 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
 - ``--action-frac``: a fraction of each batch are *action copy demonstrations*: an ``any_fit`` demonstration (an
   order drawn among the fitting ones, as the mix's) cut after its action, so the order-id copy is a larger share of
   the loss without a better choice of order than the mix's;
-- ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``.
+- ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``, ``--layers`` (the preset's layer count
+  overridden, as ``spec.model.numLayers`` does).
 
 At the end (and at ``--probe`` steps) it measures, on held-out scenarios (``ScenarioSamples.heldout``), the
 teacher-forced copy accuracy (argmax of the user id's digits in the lookup given the demonstration's prefix), the
 order id's greedy copy (given a held-out demonstration up to the action's ``"order":"o``, the 3 digits decoded
-greedily: ``order_listed``, an id the listing showed; ``order_fit``, one whose status fits the intent) and, at the
+greedily: ``order_listed``, an id the listing showed; ``order_fit``, one whose status fits the intent; and, teacher-
+forced digit by digit, ``digit1_tf`` .. ``digit3_tf``: the argmax digit continues a fitting id) and, at the
 end, sampled episodes (T = 1) through the engine: success and the behaviour flags of ``cs_behaviour``. One
 JSON record per pilot in ``docs/results/data/customer_service/warmstart/`` (``docs/tasks.md``'s Warm start table is
-generated from them by ``bench/doc_numbers.py``).
+generated from them by ``bench/doc_numbers.py``). The record is written at every probe too, marked ``stopped`` until
+the pilot ends: a pilot stopped early (the cores are shared) keeps its probes.
 
     nice -n 10 .venv/bin/python bench/cs_warmstart_pilots.py --name base
 """
@@ -100,11 +103,23 @@ def order_copy(model: torch.nn.Module, probes: list[tuple[list[int], Scenario]])
         logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits
         for r, t in enumerate(seqs):
             t.append(int(logits[r, len(t) - 1].argmax()))
-    model.train()
     ids = ["o" + T.decode(t[-3:]) for t in seqs]
     listed = sum(i in {o for o, _, _ in sc.orders} for i, (_, sc) in zip(ids, probes, strict=True))
     fit = sum(i in sc.fitting for i, (_, sc) in zip(ids, probes, strict=True))
-    return {"order_listed": listed / len(probes), "order_fit": fit / len(probes)}
+    # teacher-forced, digit by digit: given the target's first k digits, is the argmax next digit one that a fitting
+    # id continuing those k digits has (k = 0: the first digit of a fitting id)? Where the copy fails, by digit.
+    forced = [list(t) + T.encode(sc.target[1:]) for t, sc in probes]
+    b = pad_batch([(t, [True] * len(t)) for t in forced], pad_id=T.pad_id)
+    logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits
+    model.train()
+    digits = {}
+    for k in range(3):
+        ok = 0
+        for r, (t, sc) in enumerate(probes):
+            nxt = T.decode([int(logits[r, len(t) - 1 + k].argmax())])
+            ok += any(f[1:1 + k] == sc.target[1:1 + k] and f[1 + k] == nxt for f in sc.fitting)
+        digits[f"digit{k + 1}_tf"] = ok / len(probes)
+    return {"order_listed": listed / len(probes), "order_fit": fit / len(probes), **digits}
 
 
 def heldout_lookups(n: int) -> list[tuple[list[int], list[int]]]:
@@ -132,6 +147,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--name", required=True)
     p.add_argument("--preset", default="tiny-llama")
+    p.add_argument("--layers", type=int, default=None, help="override the preset's layer count (spec.model.numLayers)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -147,7 +163,7 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    arch = resolve_arch(ModelSpec(preset=a.preset), T.vocab_size, 256)
+    arch = resolve_arch(ModelSpec(preset=a.preset, num_layers=a.layers), T.vocab_size, 256)
     model = build_model(arch, seed=a.seed).train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.0)
     rng, probes, mix = random.Random(a.seed), heldout_lookups(64), dict(DEMO_MIX)
@@ -174,12 +190,18 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(float(((nll * mask).sum() / mask.sum()).detach()))
+        if step + 1 == 20:
+            print(json.dumps({"step": 20, "seconds": time.perf_counter() - t0}), flush=True)  # the cost, early
         if (step + 1) % a.probe == 0 or step + 1 == a.steps:
             point = {"step": step + 1, "loss": sum(losses[-a.probe:]) / len(losses[-a.probe:]),
                      "copy_tf": copy_accuracy(model, probes), **order_copy(model, actions),
                      "seconds": time.perf_counter() - t0}
             curve.append(point)
             print(json.dumps(point), flush=True)
+            _write(a.name, {"name": a.name, "started": started, "args": vars(a), "train_seconds": None,
+                            "stopped": f"stopped at step {step + 1} of {a.steps} (its probes kept; no sampled "
+                                       "evaluation)", "eval_episodes": 0, "success": None, "behaviour": None,
+                            "curve": curve, "transcripts": []})
     train_s = time.perf_counter() - t0
     engine = HFEngine(arch, dtype="float32", seed=0, pad_id=T.pad_id)
     engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version=0)
@@ -195,8 +217,12 @@ def main() -> None:
         "transcripts": [T.decode(e.tokens[83:])[:600] for e in eps[:2]],
     }
     print(json.dumps({k: record[k] for k in ("name", "train_seconds", "success", "behaviour")}), flush=True)
+    _write(a.name, record)
+
+
+def _write(name: str, record: dict[str, Any]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{a.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (OUT / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
