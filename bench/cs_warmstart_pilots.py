@@ -10,6 +10,9 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
 - ``--digit-weight``: the loss weight of agent digit tokens (the copied ids) relative to the other agent tokens;
 - ``--order-weight``: the loss weight of the digits after the first agent turn (the order id the action copies from
   the lookup's listing), when it differs from ``--digit-weight``;
+- ``--first-digit-weight``: the loss weight of the action id's first digit alone, when it differs from
+  ``--order-weight``: that digit is the demonstration's random choice among the fitting orders (about a nat of loss
+  no policy removes), the next two follow it (a copy);
 - ``--action-frac``: a fraction of each batch are *action copy demonstrations*: an ``any_fit`` demonstration (an
   order drawn among the fitting ones, as the mix's) cut after its action, so the order-id copy is a larger share of
   the loss without a better choice of order than the mix's;
@@ -155,6 +158,8 @@ def main() -> None:
     p.add_argument("--curriculum", type=float, default=0.0, help="fraction of steps on copy demonstrations only")
     p.add_argument("--digit-weight", type=float, default=1.0)
     p.add_argument("--order-weight", type=float, default=None, help="weight of the action's digits (default: digit's)")
+    p.add_argument("--first-digit-weight", type=float, default=None,
+                   help="weight of the action id's first digit (the choice among fitting orders; default: order's)")
     p.add_argument("--action-frac", type=float, default=0.0, help="fraction of action copy demonstrations")
     p.add_argument("--eval", type=int, default=64)
     p.add_argument("--probe", type=int, default=50, help="teacher-forced copy accuracy every this many steps")
@@ -169,6 +174,7 @@ def main() -> None:
     rng, probes, mix = random.Random(a.seed), heldout_lookups(64), dict(DEMO_MIX)
     actions = heldout_actions(64)
     order_w = a.digit_weight if a.order_weight is None else a.order_weight
+    first_w = order_w if a.first_digit_weight is None else a.first_digit_weight
     digit = torch.zeros(T.vocab_size, dtype=torch.bool)
     digit[list(DIGITS)] = True
     curve: list[dict[str, float]] = []
@@ -183,7 +189,9 @@ def main() -> None:
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
         mask = b.loss_mask[:, 1:].float()
         turn = (b.loss_mask & ~torch.nn.functional.pad(b.loss_mask[:, :-1], (1, 0))).cumsum(1)[:, 1:]  # agent turn no.
-        w = mask * torch.where(digit[target], torch.where(turn >= 2, order_w, a.digit_weight), 1.0)
+        first = digit[target] & ~digit[b.tokens[:, :-1]]  # an id's first digit (the token before it is not one)
+        order = torch.where(first, first_w, order_w)
+        w = mask * torch.where(digit[target], torch.where(turn >= 2, order, a.digit_weight), 1.0)
         loss = (nll * w).sum() / w.sum()
         opt.zero_grad()
         loss.backward()
