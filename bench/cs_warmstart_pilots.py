@@ -16,8 +16,8 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
 - ``--action-frac``: a fraction of each batch are *action copy demonstrations*: an ``any_fit`` demonstration (an
   order drawn among the fitting ones, as the mix's) cut after its action, so the order-id copy is a larger share of
   the loss without a better choice of order than the mix's;
-- ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``, ``--layers`` (the preset's layer count
-  overridden, as ``spec.model.numLayers`` does).
+- ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``, ``--layers`` and ``--kv-heads`` (the
+  preset's layer count and key-value heads overridden, as ``spec.model.numLayers`` / ``numKeyValueHeads`` do).
 
 At the end (and at ``--probe`` steps) it measures, on held-out scenarios (``ScenarioSamples.heldout``), the
 teacher-forced copy accuracy (argmax of the user id's digits in the lookup given the demonstration's prefix), the
@@ -151,6 +151,8 @@ def main() -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--preset", default="tiny-llama")
     p.add_argument("--layers", type=int, default=None, help="override the preset's layer count (spec.model.numLayers)")
+    p.add_argument("--kv-heads", type=int, default=None,
+                   help="override the preset's key-value heads (spec.model.numKeyValueHeads; tiny-llama shares 2 among 4)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -168,7 +170,7 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    arch = resolve_arch(ModelSpec(preset=a.preset, num_layers=a.layers), T.vocab_size, 256)
+    arch = resolve_arch(ModelSpec(preset=a.preset, num_layers=a.layers, num_key_value_heads=a.kv_heads), T.vocab_size, 256)
     model = build_model(arch, seed=a.seed).train()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.0)
     rng, probes, mix = random.Random(a.seed), heldout_lookups(64), dict(DEMO_MIX)

@@ -141,25 +141,34 @@ def tasks_values(data: Path) -> dict[str, Any]:
 
 def warmstart_table(folder: Path) -> str:
     """The warm-start pilots (``bench/cs_warmstart_pilots.py``, one record each), in the order they started; a pilot
-    stopped early (``stopped``) shows its last probe and no sampled evaluation."""
+    stopped early (``stopped``) shows its last probe and no sampled evaluation. The order id's digit-by-digit probe
+    (teacher-forced) and the first digit's own weight are shown from the pilots that have them on."""
     records = sorted((_load(p) for p in folder.glob("*.json")), key=lambda r: (r["started"], r["name"]))
-    lines = ["| pilot | copy demos | action demos | curriculum | digit weight (user / order) | steps x batch | copy "
-             "(teacher-forced) at step 50 / 100 / last | order id listed (greedy) at 100 / last | loss (last 50 steps) "
+    lines = ["| pilot | model | peak lr | copy demos | action demos | curriculum | digit weight (user / order "
+             "(first digit)) | steps x batch | copy (teacher-forced) at step 50 / 100 / last | order id listed (greedy) "
+             "at 100 / last | order digit 1 / 2 / 3 (teacher-forced) at last | loss (last 50 steps) "
              "| sampled: looked up | copied user | guessed | success | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         a, by, last = r["args"], {c["step"]: c for c in r["curve"]}, r["curve"][-1]
         tf = " / ".join(f"{by[k]['copy_tf']:.2f}" if k in by else "-" for k in (50, 100)) + f" / {last['copy_tf']:.2f}"
         order = (f"{by[100]['order_listed']:.2f} / {last['order_listed']:.2f}" if "order_listed" in last
                  else "- / -")  # probed from the order-weight pilots on
-        steps = f"{a['steps']} x {a['batch']}" if "stopped" not in r else f"{last['step']} of {a['steps']} x {a['batch']} (stopped)"
+        digits = (" / ".join(f"{last[f'digit{k}_tf']:.2f}" for k in (1, 2, 3)) if "digit1_tf" in last
+                  else "- / - / -")  # probed from the first-digit-weight pilots on
+        steps = (f"{a['steps']} x {a['batch']}" if "stopped" not in r
+                 else f"{last['step']} of {a['steps']} x {a['batch']} (stopped)")
         b = r["behaviour"]
         sampled = (f"{b['looked_up']:.2f} | **{b['copied_user']:.2f}** | {b['guessed']:.2f} | {r['success']:.3f} | "
                    f"{r['train_seconds']:.0f}") if b else "- | - | - | - | -"
         dw = a["digit_weight"]
         ow = a.get("order_weight") or dw
-        lines.append(f"| `{r['name']}` | {a['copy_frac']:.1f} | {a.get('action_frac', 0.0):.1f} | {a['curriculum']:.2f} | "
-                     f"{dw:g} / {ow:g} | {steps} | {tf} | {order} | {last['loss']:.3f} | {sampled} |")
+        fw = f" ({a['first_digit_weight']:g})" if a.get("first_digit_weight") is not None else ""
+        model = (a["preset"] + (f", {a['layers']} layers" if a.get("layers") else "")
+                 + (f", {a['kv_heads']} kv heads" if a.get("kv_heads") else ""))
+        lines.append(f"| `{r['name']}` | {model} | {a['lr']:g} | {a['copy_frac']:.1f} | {a.get('action_frac', 0.0):.1f} "
+                     f"| {a['curriculum']:.2f} | {dw:g} / {ow:g}{fw} | {steps} | {tf} | {order} | {digits} "
+                     f"| {last['loss']:.3f} | {sampled} |")
     return "\n".join(lines)
 
 
