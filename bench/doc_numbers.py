@@ -77,6 +77,9 @@ NOT_FROM_RECORDS: dict[str, tuple[str, ...]] = {
         "at 150, 0.67, too few",
         "382 s (202 s of CPU), after 297 s",  # the test's cost before and after, side by side (pytest's times)
         "6.36 s before, 2.40 s after",  # bench/cs_warmstart_test_cost.py (prints, writes no record)
+        "its first 20 steps took 277 s",  # the small-llama pilot, stopped at step 20 (before its first probe: no record)
+        "tiny-llama took 1.1-2.7 s at 2 layers, 2.0 s at 4",  # the pilots' logged step-20 times (not in the records)
+        "has a binomial chance of 0.018",  # computed from two records' counts (1 and 4 of 64)
     ),
     "agents.md": (
         "under cProfile 3.08 -> 1.10 ms",  # one round each against the first HTTP stack (not in the record)
@@ -152,8 +155,8 @@ def warmstart_table(folder: Path) -> str:
     for r in records:
         a, by, last = r["args"], {c["step"]: c for c in r["curve"]}, r["curve"][-1]
         tf = " / ".join(f"{by[k]['copy_tf']:.2f}" if k in by else "-" for k in (50, 100)) + f" / {last['copy_tf']:.2f}"
-        order = (f"{by[100]['order_listed']:.2f} / {last['order_listed']:.2f}" if "order_listed" in last
-                 else "- / -")  # probed from the order-weight pilots on
+        order = ((f"{by[100]['order_listed']:.2f}" if 100 in by else "-") + f" / {last['order_listed']:.2f}"
+                 if "order_listed" in last else "- / -")  # probed from the order-weight pilots on
         digits = (" / ".join(f"{last[f'digit{k}_tf']:.2f}" for k in (1, 2, 3)) if "digit1_tf" in last
                   else "- / - / -")  # probed from the first-digit-weight pilots on
         steps = (f"{a['steps']} x {a['batch']}" if "stopped" not in r
@@ -184,6 +187,7 @@ def warmstart_values(folder: Path) -> dict[str, Any]:
         "ws_minutes": r["train_seconds"] / 60, "ws_tf50": rc[50]["copy_tf"], "ws_tf100": rc[100]["copy_tf"],
         "co_tf100": cc[100]["copy_tf"], "co_tf150": cc[150]["copy_tf"], "co_loss150": cc[150]["loss"],
         **order_pilot_values(folder),
+        **later_pilot_values(folder),
     }
 
 
@@ -201,6 +205,34 @@ def order_pilot_values(folder: Path) -> dict[str, Any]:
         "op7_steps": long["curve"][-1]["step"], "op7_guessed": long["behaviour"]["guessed"],
         "op7_success": long["success"], "op7_wins": round(long["success"] * long["eval_episodes"]),
         "op7_episodes": long["eval_episodes"],
+    }
+
+
+DEEP_PILOT, FIRST_PILOT, LR_PILOT, KV_PILOT, FIRST_LONG = (  # the order id's later levers
+    "tiny4l-copy30-dw5-ow15-act30", "copy30-dw5-ow15-fw1-act30", "copy30-dw5-ow15-fw1-act30-lr6e-3",
+    "copy30-dw5-ow15-fw1-act30-kv4", "copy30-dw5-ow15-fw1-act30-800")
+
+
+def later_pilot_values(folder: Path) -> dict[str, Any]:
+    """The later order-id pilots' figures the prose quotes: depth, the first digit weighted apart, the rate, the
+    key-value heads, the long schedule (its last probe if it was stopped)."""
+    deep, first, lr, kv, long = (_load(folder / f"{n}.json") for n in (DEEP_PILOT, FIRST_PILOT, LR_PILOT, KV_PILOT,
+                                                                       FIRST_LONG))
+    dc, fl, lc, kl, ll = ({p["step"]: p for p in deep["curve"]}, first["curve"][-1], lr["curve"][-1], kv["curve"][-1],
+                          long["curve"][-1])
+    peak = max(long["curve"], key=lambda p: p["order_listed"])
+    return {
+        "dp_l100": dc[100]["order_listed"], "dp_llast": deep["curve"][-1]["order_listed"],
+        "dp_guessed": deep["behaviour"]["guessed"], "dp_success": deep["success"],
+        "dp_minutes": deep["train_seconds"] / 60,
+        "fp_d1": fl["digit1_tf"], "fp_d2": fl["digit2_tf"], "fp_d3": fl["digit3_tf"], "fp_llast": fl["order_listed"],
+        "fp_guessed": first["behaviour"]["guessed"], "fp_success": first["success"],
+        "lr_step": lc["step"], "lr_copy": lc["copy_tf"], "lr_loss": lc["loss"],
+        "kv_llast": kl["order_listed"], "kv_d1": kl["digit1_tf"], "kv_d2": kl["digit2_tf"], "kv_d3": kl["digit3_tf"],
+        "kv_guessed": kv["behaviour"]["guessed"], "kv_success": kv["success"],
+        "kv_wins": round(kv["success"] * kv["eval_episodes"]), "kv_episodes": kv["eval_episodes"],
+        "fl_step": ll["step"], "fl_llast": ll["order_listed"], "fl_peak": peak["order_listed"],
+        "fl_peak_step": peak["step"], "fl_d2": ll["digit2_tf"], "fl_d3": ll["digit3_tf"],
     }
 
 
@@ -241,6 +273,15 @@ TASKS_QUOTES = (
     "it rose to {op7_peak:.2f} (step {op7_peak_step}) and ended at {op7_llast:.2f} (step {op7_steps}); sampled, "
     "`guessed` {op7_guessed:.2f} and success {op7_success:.3f} ({op7_wins} of {op7_episodes})",
     "(its change from version 0: {v1_sft_gain:+.3f}, p = {v1_sft_gain_p:.2f})",
+    "the order id listed (greedy) in {dp_l100:.2f} at step 100 and {dp_llast:.2f} at the end of 400",
+    "sampled, `guessed` {dp_guessed:.2f} and success {dp_success:.3f} ({dp_minutes:.0f} min of training)",
+    "the first digit is a fitting id's in {fp_d1:.2f}; the second follows the chosen id in {fp_d2:.2f}, the third in "
+    "{fp_d3:.2f}",
+    "the order id listed in {fp_llast:.2f} at the end ({op_llast:.2f} with the first digit at 15); sampled unchanged, "
+    "`guessed` {fp_guessed:.2f} and success {fp_success:.3f}",
+    "user copy {lr_copy:.2f} teacher-forced at step {lr_step}, loss {lr_loss:.3f}",
+    "`--kv-heads 4`): listed {kv_llast:.2f}, digits {kv_d1:.2f} / {kv_d2:.2f} / {kv_d3:.2f}; sampled `guessed` "
+    "{kv_guessed:.2f} and success {kv_success:.3f} ({kv_wins} of {kv_episodes})",
 )
 
 
