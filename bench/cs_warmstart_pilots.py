@@ -16,6 +16,13 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
 - ``--action-frac``: a fraction of each batch are *action copy demonstrations*: an ``any_fit`` demonstration (an
   order drawn among the fitting ones, as the mix's) cut after its action, so the order-id copy is a larger share of
   the loss without a better choice of order than the mix's;
+- ``--drill``: the action copy demonstrations become *copy drills*: after the action, that many more copies of an
+  id the listing showed (drawn at random), each written as the action writes its id (``":"o`` and 3 digits), the
+  first digit untrained (a choice), the next two trained (the copy of the id that starts with it); no product, status
+  or intent is in them, so they teach the copy and nothing of which order to choose;
+- ``--drill-phase``: that many steps of copy drills alone first (the listing and the copies, no prompt, its own
+  warm-up and decay; the record's ``drill_phase`` holds its last batch's loss and the share of trained digits that
+  were the argmax), then a fresh optimizer and the pilot's steps;
 - ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``, ``--layers`` and ``--kv-heads`` (the
   preset's layer count and key-value heads overridden, as ``spec.model.numLayers`` / ``numKeyValueHeads`` do).
 
@@ -76,11 +83,41 @@ def action_turn(demo: Demo) -> Demo:
     return tokens[:end], mask[:end]
 
 
-def batch(n: int, copy_frac: float, rng: random.Random, mix: dict[str, float], action_frac: float = 0.0) -> list[Demo]:
+def drill(demo: Demo, repeats: int, rng: random.Random) -> Demo:
+    """An action demonstration (:func:`action_turn`) followed by ``repeats`` more copies of a listed id, each the
+    action's own ``":"o`` and 3 digits: the first digit (a choice) not trained, the next two (the copy of the id that
+    starts with it) trained. A *copy drill*: no product, status or intent in it, only the copy the action needs."""
+    tokens, mask = action_turn(demo)
+    ids = [o.split()[0][1:] for o in T.decode(tokens).split("<|im_start|>tool\n", 1)[1].split("<|im_end|>")[0].split(";")]
+    first = next(i for i in range(len(tokens) - 1, -1, -1) if tokens[i] in DIGITS and tokens[i - 1] not in DIGITS)
+    head = tokens[first - 2:first]  # '":"' 'o' before the action's id
+    body_t, body_m = list(tokens), list(mask)
+    for _ in range(repeats):
+        digits = T.encode(rng.choice(ids))
+        body_t += head + digits
+        body_m += [False] * len(head) + [False] + [True] * (len(digits) - 1)
+    return body_t, body_m
+
+
+TOOL_TURN, END = T.encode("<|im_start|>tool\n"), T.encode("<|im_end|>")
+
+
+def short_drill(demo: Demo, repeats: int, rng: random.Random) -> Demo:
+    """:func:`drill` without the prompt, the lookup and the action: the listing alone, then ``repeats`` copies (16 in the phase unless ``--drill`` says)."""
+    tokens, mask = drill(demo, repeats, rng)
+    start = next(i for i in range(len(tokens)) if tokens[i:i + len(TOOL_TURN)] == TOOL_TURN) + len(TOOL_TURN)
+    end = tokens.index(END[0], start)
+    tail = len(action_turn(demo)[0])  # the copies after the action
+    return tokens[start:end] + tokens[tail:], [False] * (end - start) + mask[tail:]
+
+
+def batch(n: int, copy_frac: float, rng: random.Random, mix: dict[str, float], action_frac: float = 0.0,
+          drill_repeats: int = 0) -> list[Demo]:
     k = sum(rng.random() < copy_frac for _ in range(n))
     j = sum(rng.random() < action_frac for _ in range(n - k)) if action_frac else 0  # the old stream when 0
     copies = [first_turn(d) for d in demonstrations("customer-service", k, rng, mix={"good": 1.0}, tokenizer=T)]
-    acts = [action_turn(d) for d in demonstrations("customer-service", j, rng, mix={"any_fit": 1.0}, tokenizer=T)]
+    acts = [action_turn(d) if not drill_repeats else drill(d, drill_repeats, rng)
+            for d in demonstrations("customer-service", j, rng, mix={"any_fit": 1.0}, tokenizer=T)]
     return copies + acts + demonstrations("customer-service", n - k - j, rng, mix=mix, tokenizer=T)
 
 
@@ -163,6 +200,9 @@ def main() -> None:
     p.add_argument("--first-digit-weight", type=float, default=None,
                    help="weight of the action id's first digit (the choice among fitting orders; default: order's)")
     p.add_argument("--action-frac", type=float, default=0.0, help="fraction of action copy demonstrations")
+    p.add_argument("--drill", type=int, default=0, help="action demonstrations as copy drills of this many repeats")
+    p.add_argument("--drill-phase", type=int, default=0, help="steps of copy drills alone (the listing and the "
+                   "copies, no prompt) before the pilot's steps")
     p.add_argument("--eval", type=int, default=64)
     p.add_argument("--probe", type=int, default=50, help="teacher-forced copy accuracy every this many steps")
     p.add_argument("--threads", type=int, default=1)
@@ -181,11 +221,31 @@ def main() -> None:
     digit[list(DIGITS)] = True
     curve: list[dict[str, float]] = []
     t0, losses, started = time.perf_counter(), [], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    phase: dict[str, Any] = {}
+    for step in range(a.drill_phase):  # copy drills alone first (their own schedule), then the pilot's steps
+        for g in opt.param_groups:
+            g["lr"] = warm_start_lr(step, a.drill_phase, peak=a.lr)
+        demos = demonstrations("customer-service", a.batch, rng, mix={"any_fit": 1.0}, tokenizer=T)
+        b = pad_batch([short_drill(d, a.drill or 16, rng) for d in demos], pad_id=T.pad_id)
+        logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits[:, :-1]
+        target, mask = b.tokens[:, 1:], b.loss_mask[:, 1:]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
+        hit = ((logits.argmax(-1) == target) & mask).sum() / mask.sum()
+        loss = (nll * mask).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if (step + 1) % a.probe == 0 or step + 1 == a.drill_phase:
+            phase = {"steps": step + 1, "loss": float(loss), "copied": float(hit), "seconds": time.perf_counter() - t0}
+            print(json.dumps({"drill_phase": phase}), flush=True)
+    if a.drill_phase:
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.0)  # a fresh start
     for step in range(a.steps):
         for g in opt.param_groups:
             g["lr"] = warm_start_lr(step, a.steps, peak=a.lr)
         copy_frac = 1.0 if step < a.curriculum * a.steps else a.copy_frac
-        b = pad_batch(batch(a.batch, copy_frac, rng, mix, a.action_frac), pad_id=T.pad_id)
+        b = pad_batch(batch(a.batch, copy_frac, rng, mix, a.action_frac, a.drill), pad_id=T.pad_id)
         logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits[:, :-1]
         target = b.tokens[:, 1:]
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")
@@ -223,7 +283,7 @@ def main() -> None:
     record: dict[str, Any] = {
         "name": a.name, "started": started, "args": vars(a), "train_seconds": round(train_s, 1),
         "eval_episodes": a.eval, "success": sum(e.success for e in eps) / a.eval,
-        "behaviour": seen, "curve": curve,
+        "behaviour": seen, "curve": curve, "drill_phase": phase,
         "transcripts": [T.decode(e.tokens[83:])[:600] for e in eps[:2]],
     }
     print(json.dumps({k: record[k] for k in ("name", "train_seconds", "success", "behaviour")}), flush=True)
