@@ -21,8 +21,8 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
   first digit untrained (a choice), the next two trained (the copy of the id that starts with it); no product, status
   or intent is in them, so they teach the copy and nothing of which order to choose;
 - ``--drill-phase``: that many steps of copy drills alone first (the listing and the copies, no prompt, its own
-  warm-up and decay; the record's ``drill_phase`` holds its last batch's loss and the share of trained digits that
-  were the argmax), then a fresh optimizer and the pilot's steps;
+  warm-up and decay; the record's ``drill_phase`` holds, every ``--probe`` steps, its batch's loss and the share of
+  trained digits that were the argmax), then a fresh optimizer and the pilot's steps;
 - ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``, ``--layers`` and ``--kv-heads`` (the
   preset's layer count and key-value heads overridden, as ``spec.model.numLayers`` / ``numKeyValueHeads`` do).
 
@@ -221,7 +221,7 @@ def main() -> None:
     digit[list(DIGITS)] = True
     curve: list[dict[str, float]] = []
     t0, losses, started = time.perf_counter(), [], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    phase: dict[str, Any] = {}
+    phase: list[dict[str, float]] = []
     for step in range(a.drill_phase):  # copy drills alone first (their own schedule), then the pilot's steps
         for g in opt.param_groups:
             g["lr"] = warm_start_lr(step, a.drill_phase, peak=a.lr)
@@ -237,8 +237,13 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if (step + 1) % a.probe == 0 or step + 1 == a.drill_phase:
-            phase = {"steps": step + 1, "loss": float(loss), "copied": float(hit), "seconds": time.perf_counter() - t0}
-            print(json.dumps({"drill_phase": phase}), flush=True)
+            phase.append({"step": step + 1, "loss": float(loss.detach()), "copied": float(hit),
+                          "seconds": time.perf_counter() - t0})
+            print(json.dumps({"drill_phase": phase[-1]}), flush=True)
+            _write(a.name, {"name": a.name, "started": started, "args": vars(a), "train_seconds": None,
+                            "stopped": f"stopped at drill step {step + 1} of {a.drill_phase}, before the pilot's "
+                                       "steps (its drill probes kept)", "eval_episodes": 0, "success": None,
+                            "behaviour": None, "curve": [], "drill_phase": phase, "transcripts": []})
     if a.drill_phase:
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.0)  # a fresh start
     for step in range(a.steps):
@@ -271,7 +276,7 @@ def main() -> None:
             _write(a.name, {"name": a.name, "started": started, "args": vars(a), "train_seconds": None,
                             "stopped": f"stopped at step {step + 1} of {a.steps} (its probes kept; no sampled "
                                        "evaluation)", "eval_episodes": 0, "success": None, "behaviour": None,
-                            "curve": curve, "transcripts": []})
+                            "curve": curve, "drill_phase": phase, "transcripts": []})
     train_s = time.perf_counter() - t0
     engine = HFEngine(arch, dtype="float32", seed=0, pad_id=T.pad_id)
     engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version=0)

@@ -80,6 +80,7 @@ NOT_FROM_RECORDS: dict[str, tuple[str, ...]] = {
         "its first 20 steps took 277 s",  # the small-llama pilot, stopped at step 20 (before its first probe: no record)
         "tiny-llama took 1.1-2.7 s at 2 layers, 2.0 s at 4",  # the pilots' logged step-20 times (not in the records)
         "has a binomial chance of 0.018",  # computed from two records' counts (1 and 4 of 64)
+        "(about 0.1 at the start)",  # the drills' argmax share at their first steps (a smoke run; chance is 0.1)
     ),
     "agents.md": (
         "under cProfile 3.08 -> 1.10 ms",  # one round each against the first HTTP stack (not in the record)
@@ -153,7 +154,14 @@ def warmstart_table(folder: Path) -> str:
              "| sampled: looked up | copied user | guessed | success | train s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        a, by, last = r["args"], {c["step"]: c for c in r["curve"]}, r["curve"][-1]
+        a = r["args"]
+        if not r["curve"]:  # stopped in its drill phase: no probe of the task yet
+            d = r["drill_phase"][-1]
+            lines.append(f"| `{r['name']}` | {a['preset']} | {a['lr']:g} | - | - | {a['drill_phase']} drill steps first "
+                         f"(copied {d['copied']:.2f} at step {d['step']}) | - | 0 of {a['steps']} x {a['batch']} "
+                         "(stopped in the drills) |" + " - |" * 9)
+            continue
+        by, last = {c["step"]: c for c in r["curve"]}, r["curve"][-1]
         tf = " / ".join(f"{by[k]['copy_tf']:.2f}" if k in by else "-" for k in (50, 100)) + f" / {last['copy_tf']:.2f}"
         order = ((f"{by[100]['order_listed']:.2f}" if 100 in by else "-") + f" / {last['order_listed']:.2f}"
                  if "order_listed" in last else "- / -")  # probed from the order-weight pilots on
@@ -169,8 +177,13 @@ def warmstart_table(folder: Path) -> str:
         fw = f" ({a['first_digit_weight']:g})" if a.get("first_digit_weight") is not None else ""
         model = (a["preset"] + (f", {a['layers']} layers" if a.get("layers") else "")
                  + (f", {a['kv_heads']} kv heads" if a.get("kv_heads") else ""))
-        lines.append(f"| `{r['name']}` | {model} | {a['lr']:g} | {a['copy_frac']:.1f} | {a.get('action_frac', 0.0):.1f} "
-                     f"| {a['curriculum']:.2f} | {dw:g} / {ow:g}{fw} | {steps} | {tf} | {order} | {digits} "
+        acts = f"{a.get('action_frac', 0.0):.1f}" + (f" (drills of {a['drill']})" if a.get("drill") else "")
+        drills = r.get("drill_phase") or []
+        drills = drills[-1] if isinstance(drills, list) and drills else drills  # a list of probes, or the last one
+        curriculum = f"{a['curriculum']:.2f}" + (f"; {a['drill_phase']} drill steps first (copied "
+                                                  f"{drills['copied']:.2f} at their end)" if drills else "")
+        lines.append(f"| `{r['name']}` | {model} | {a['lr']:g} | {a['copy_frac']:.1f} | {acts} "
+                     f"| {curriculum} | {dw:g} / {ow:g}{fw} | {steps} | {tf} | {order} | {digits} "
                      f"| {last['loss']:.3f} | {sampled} |")
     return "\n".join(lines)
 
@@ -208,9 +221,10 @@ def order_pilot_values(folder: Path) -> dict[str, Any]:
     }
 
 
-DEEP_PILOT, FIRST_PILOT, LR_PILOT, KV_PILOT, FIRST_LONG = (  # the order id's later levers
+DEEP_PILOT, FIRST_PILOT, LR_PILOT, KV_PILOT, FIRST_LONG, DRILL_PILOT = (  # the order id's later levers
     "tiny4l-copy30-dw5-ow15-act30", "copy30-dw5-ow15-fw1-act30", "copy30-dw5-ow15-fw1-act30-lr6e-3",
-    "copy30-dw5-ow15-fw1-act30-kv4", "copy30-dw5-ow15-fw1-act30-800")
+    "copy30-dw5-ow15-fw1-act30-kv4", "copy30-dw5-ow15-fw1-act30-800", "copy30-dw5-ow15-fw1-drill8")
+DRILL_PHASE_PILOT = "drills400-copy30-dw5-ow15-fw1-act30"
 
 
 def later_pilot_values(folder: Path) -> dict[str, Any]:
@@ -220,8 +234,17 @@ def later_pilot_values(folder: Path) -> dict[str, Any]:
                                                                        FIRST_LONG))
     dc, fl, lc, kl, ll = ({p["step"]: p for p in deep["curve"]}, first["curve"][-1], lr["curve"][-1], kv["curve"][-1],
                           long["curve"][-1])
-    peak = max(long["curve"], key=lambda p: p["order_listed"])
+    drill, d4 = _load(folder / f"{DRILL_PILOT}.json"), _load(folder / f"{DRILL_PHASE_PILOT}.json")
+    d4c, d4l = {p["step"]: p for p in d4["curve"]}, d4["curve"][-1]
+    dd, dl = {p["step"]: p for p in drill["curve"]}, drill["curve"][-1]
     return {
+        "dr_l250": dd[250]["order_listed"], "dr_llast": dl["order_listed"], "dr_d1": dl["digit1_tf"],
+        "dr_d2": dl["digit2_tf"], "dr_d3": dl["digit3_tf"], "dr_guessed": drill["behaviour"]["guessed"],
+        "dr_success": drill["success"],
+        "d4_copied": d4["drill_phase"][-1]["copied"], "d4_drill_s": d4["drill_phase"][-1]["seconds"],
+        "d4_s": d4["train_seconds"], "d4_tf50": d4c[50]["copy_tf"], "d4_d2": d4l["digit2_tf"],
+        "d4_d3": d4l["digit3_tf"], "d4_llast": d4l["order_listed"], "d4_guessed": d4["behaviour"]["guessed"],
+        "d4_success": d4["success"],
         "dp_l100": dc[100]["order_listed"], "dp_llast": deep["curve"][-1]["order_listed"],
         "dp_guessed": deep["behaviour"]["guessed"], "dp_success": deep["success"],
         "dp_minutes": deep["train_seconds"] / 60,
@@ -231,8 +254,7 @@ def later_pilot_values(folder: Path) -> dict[str, Any]:
         "kv_llast": kl["order_listed"], "kv_d1": kl["digit1_tf"], "kv_d2": kl["digit2_tf"], "kv_d3": kl["digit3_tf"],
         "kv_guessed": kv["behaviour"]["guessed"], "kv_success": kv["success"],
         "kv_wins": round(kv["success"] * kv["eval_episodes"]), "kv_episodes": kv["eval_episodes"],
-        "fl_step": ll["step"], "fl_llast": ll["order_listed"], "fl_peak": peak["order_listed"],
-        "fl_peak_step": peak["step"], "fl_d2": ll["digit2_tf"], "fl_d3": ll["digit3_tf"],
+        "fl_step": ll["step"], "fl_l": ll["order_listed"],
     }
 
 
@@ -280,6 +302,14 @@ TASKS_QUOTES = (
     "the order id listed in {fp_llast:.2f} at the end ({op_llast:.2f} with the first digit at 15); sampled unchanged, "
     "`guessed` {fp_guessed:.2f} and success {fp_success:.3f}",
     "user copy {lr_copy:.2f} teacher-forced at step {lr_step}, loss {lr_loss:.3f}",
+    "at step {fl_step} it listed {fl_l:.2f}, as the 400-step pilot did at step 100",
+    "listed {dr_l250:.2f} at step 250 and {dr_llast:.2f} at 400, digits {dr_d1:.2f} / {dr_d2:.2f} / {dr_d3:.2f}; sampled "
+    "`guessed` {dr_guessed:.2f} and success {dr_success:.3f}. Eight times",
+    "the drills reached {d4_copied:.2f} of their trained digits by their end",
+    "(teacher-forced {d4_tf50:.2f} at step 50; 0.00-0.08 in the pilots with neither a copy curriculum nor drills) and the third digit followed the first two in "
+    "{d4_d3:.2f} ({fp_d3:.2f} without), but the second still followed the first in only {d4_d2:.2f}; listed "
+    "{d4_llast:.2f} at the end, sampled `guessed` {d4_guessed:.2f} and success {d4_success:.3f}",
+    "the drills cost {d4_drill_s:.0f} s of the pilot's {d4_s:.0f}",
     "`--kv-heads 4`): listed {kv_llast:.2f}, digits {kv_d1:.2f} / {kv_d2:.2f} / {kv_d3:.2f}; sampled `guessed` "
     "{kv_guessed:.2f} and success {kv_success:.3f} ({kv_wins} of {kv_episodes})",
 )
