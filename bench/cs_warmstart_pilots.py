@@ -22,7 +22,7 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
   or intent is in them, so they teach the copy and nothing of which order to choose;
 - ``--drill-phase``: that many steps of copy drills alone first (the listing and the copies, no prompt, its own
   warm-up and decay; the record's ``drill_phase`` holds, every ``--probe`` steps, its batch's loss and the share of
-  trained digits that were the argmax), then a fresh optimizer and the pilot's steps;
+  trained digits that were the argmax), then a fresh optimizer and the pilot's steps; ``--drill-lr``, the phase's peak rate;
 - ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``, ``--layers`` and ``--kv-heads`` (the
   preset's layer count and key-value heads overridden, as ``spec.model.numLayers`` / ``numKeyValueHeads`` do).
 
@@ -203,6 +203,7 @@ def main() -> None:
     p.add_argument("--drill", type=int, default=0, help="action demonstrations as copy drills of this many repeats")
     p.add_argument("--drill-phase", type=int, default=0, help="steps of copy drills alone (the listing and the "
                    "copies, no prompt) before the pilot's steps")
+    p.add_argument("--drill-lr", type=float, default=None, help="the drill phase's peak (default: --lr)")
     p.add_argument("--eval", type=int, default=64)
     p.add_argument("--probe", type=int, default=50, help="teacher-forced copy accuracy every this many steps")
     p.add_argument("--threads", type=int, default=1)
@@ -224,7 +225,7 @@ def main() -> None:
     phase: list[dict[str, float]] = []
     for step in range(a.drill_phase):  # copy drills alone first (their own schedule), then the pilot's steps
         for g in opt.param_groups:
-            g["lr"] = warm_start_lr(step, a.drill_phase, peak=a.lr)
+            g["lr"] = warm_start_lr(step, a.drill_phase, peak=a.drill_lr or a.lr)
         demos = demonstrations("customer-service", a.batch, rng, mix={"any_fit": 1.0}, tokenizer=T)
         b = pad_batch([short_drill(d, a.drill or 16, rng) for d in demos], pad_id=T.pad_id)
         logits = model(input_ids=b.tokens, attention_mask=b.attention_mask).logits[:, :-1]

@@ -224,7 +224,7 @@ def order_pilot_values(folder: Path) -> dict[str, Any]:
 DEEP_PILOT, FIRST_PILOT, LR_PILOT, KV_PILOT, FIRST_LONG, DRILL_PILOT = (  # the order id's later levers
     "tiny4l-copy30-dw5-ow15-act30", "copy30-dw5-ow15-fw1-act30", "copy30-dw5-ow15-fw1-act30-lr6e-3",
     "copy30-dw5-ow15-fw1-act30-kv4", "copy30-dw5-ow15-fw1-act30-800", "copy30-dw5-ow15-fw1-drill8")
-DRILL_PHASE_PILOT = "drills400-copy30-dw5-ow15-fw1-act30"
+DRILL_PHASE_PILOT, LONG_DRILLS = "drills400-copy30-dw5-ow15-fw1-act30", "drills1500-copy30-dw5-ow15-fw1-act30"
 
 
 def later_pilot_values(folder: Path) -> dict[str, Any]:
@@ -245,6 +245,7 @@ def later_pilot_values(folder: Path) -> dict[str, Any]:
         "d4_s": d4["train_seconds"], "d4_tf50": d4c[50]["copy_tf"], "d4_d2": d4l["digit2_tf"],
         "d4_d3": d4l["digit3_tf"], "d4_llast": d4l["order_listed"], "d4_guessed": d4["behaviour"]["guessed"],
         "d4_success": d4["success"],
+        **long_drill_values(_load(folder / f"{LONG_DRILLS}.json"), {p["step"]: p for p in d4["drill_phase"]}),
         "dp_l100": dc[100]["order_listed"], "dp_llast": deep["curve"][-1]["order_listed"],
         "dp_guessed": deep["behaviour"]["guessed"], "dp_success": deep["success"],
         "dp_minutes": deep["train_seconds"] / 60,
@@ -255,6 +256,19 @@ def later_pilot_values(folder: Path) -> dict[str, Any]:
         "kv_guessed": kv["behaviour"]["guessed"], "kv_success": kv["success"],
         "kv_wins": round(kv["success"] * kv["eval_episodes"]), "kv_episodes": kv["eval_episodes"],
         "fl_step": ll["step"], "fl_l": ll["order_listed"],
+    }
+
+
+def long_drill_values(r: Mapping[str, Any], short: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """The long drill phase's pilot: its drills' probes (and the short phase's at step 100), the task's at the end."""
+    drills, last = {p["step"]: p for p in r["drill_phase"]}, r["curve"][-1]
+    return {
+        "d15_c150": drills[150]["copied"], "d4_c100": short[100]["copied"], "d15_drill_s": r["drill_phase"][-1]["seconds"],
+        "d15_lo": min(p["copied"] for p in r["drill_phase"] if p["step"] >= 150),
+        "d15_hi": max(p["copied"] for p in r["drill_phase"] if p["step"] >= 150),
+        "d15_d1": last["digit1_tf"], "d15_d2": last["digit2_tf"], "d15_d3": last["digit3_tf"],
+        "d15_llast": last["order_listed"], "d15_guessed": r["behaviour"]["guessed"], "d15_success": r["success"],
+        "d15_wins": round(r["success"] * r["eval_episodes"]), "d15_episodes": r["eval_episodes"],
     }
 
 
@@ -310,6 +324,14 @@ TASKS_QUOTES = (
     "{d4_d3:.2f} ({fp_d3:.2f} without), but the second still followed the first in only {d4_d2:.2f}; listed "
     "{d4_llast:.2f} at the end, sampled `guessed` {d4_guessed:.2f} and success {d4_success:.3f}",
     "the drills cost {d4_drill_s:.0f} s of the pilot's {d4_s:.0f}",
+    "learned by step 150 ({d15_c150:.2f} of their trained digits; the 400-step phase had {d4_c100:.2f} at step 100)",
+    "; {d15_drill_s:.0f} s of drills)",
+    "and stayed at {d15_lo:.2f}-{d15_hi:.2f} to the end",
+    "the second digit follows the first in {d15_d2:.2f} at the end, the third the first two in {d15_d3:.2f} "
+    "({fp_d2:.2f} / {fp_d3:.2f} without drills)",
+    "it is a fitting id's in only {d15_d1:.2f} ({fp_d1:.2f} without drills; its weight was 1 here), so the greedy id is "
+    "listed in {d15_llast:.2f} and sampled `guessed` is {d15_guessed:.2f}, success {d15_success:.3f} ({d15_wins} of "
+    "{d15_episodes})",
     "`--kv-heads 4`): listed {kv_llast:.2f}, digits {kv_d1:.2f} / {kv_d2:.2f} / {kv_d3:.2f}; sampled `guessed` "
     "{kv_guessed:.2f} and success {kv_success:.3f} ({kv_wins} of {kv_episodes})",
 )
