@@ -245,6 +245,7 @@ def later_pilot_values(folder: Path) -> dict[str, Any]:
         "d4_s": d4["train_seconds"], "d4_tf50": d4c[50]["copy_tf"], "d4_d2": d4l["digit2_tf"],
         "d4_d3": d4l["digit3_tf"], "d4_llast": d4l["order_listed"], "d4_guessed": d4["behaviour"]["guessed"],
         "d4_success": d4["success"],
+        **low_rate_values(folder),
         **long_drill_values(_load(folder / f"{LONG_DRILLS}.json"), {p["step"]: p for p in d4["drill_phase"]}),
         "dp_l100": dc[100]["order_listed"], "dp_llast": deep["curve"][-1]["order_listed"],
         "dp_guessed": deep["behaviour"]["guessed"], "dp_success": deep["success"],
@@ -256,6 +257,29 @@ def later_pilot_values(folder: Path) -> dict[str, Any]:
         "kv_guessed": kv["behaviour"]["guessed"], "kv_success": kv["success"],
         "kv_wins": round(kv["success"] * kv["eval_episodes"]), "kv_episodes": kv["eval_episodes"],
         "fl_step": ll["step"], "fl_l": ll["order_listed"],
+    }
+
+
+LOW_RATE_DRILLS = "drills300lr1e-3-copy30-dw5-ow15-act30"  # the pilot that copies the order's id
+
+
+def low_rate_values(folder: Path) -> dict[str, Any]:
+    """The low-rate drill pilot's figures, the best greedy copy, and ``right_tool`` across the evaluated pilots."""
+    r = _load(folder / f"{LOW_RATE_DRILLS}.json")
+    c, last = {p["step"]: p for p in r["curve"]}, r["curve"][-1]
+    evaluated = [x for x in (_load(p) for p in folder.glob("*.json")) if x.get("behaviour")]
+    tools = [x["behaviour"]["right_tool"] for x in evaluated]
+    chance, good = [t for t in tools if t < 0.7], [t for t in tools if t >= 0.7]
+    best = max(evaluated, key=lambda x: x["curve"][-1].get("order_listed", 0.0))
+    return {
+        "lw_llast": last["order_listed"], "lw_l100": c[100]["order_listed"], "lw_d1": last["digit1_tf"],
+        "lw_d2": last["digit2_tf"], "lw_d3": last["digit3_tf"], "lw_guessed": r["behaviour"]["guessed"],
+        "lw_order": r["behaviour"]["right_order"], "lw_tool": r["behaviour"]["right_tool"], "lw_success": r["success"],
+        "lw_wins": round(r["success"] * r["eval_episodes"]), "lw_episodes": r["eval_episodes"],
+        "lw_s": r["train_seconds"], "lw_drill_s": r["drill_phase"][-1]["seconds"],
+        "tool_n": len(tools), "tool_nc": len(chance), "tool_ng": len(good), "tool_clo": min(chance),
+        "tool_chi": max(chance), "tool_glo": min(good), "tool_ghi": max(good),
+        "best_listed": best["curve"][-1]["order_listed"], "best_success": best["success"],
     }
 
 
@@ -327,6 +351,16 @@ TASKS_QUOTES = (
     "learned by step 150 ({d15_c150:.2f} of their trained digits; the 400-step phase had {d4_c100:.2f} at step 100)",
     "; {d15_drill_s:.0f} s of drills)",
     "and stayed at {d15_lo:.2f}-{d15_hi:.2f} to the end",
+    "(`right_tool` {tool_clo:.2f}-{tool_chi:.2f} in {tool_nc} of the {tool_n} evaluated, {tool_glo:.2f}-{tool_ghi:.2f} "
+    "in the other {tool_ng})",
+    "greedy listed >= 0.9, few guesses, sampled success near the ceiling): the best is at {best_listed:.2f} with "
+    "success {best_success:.3f}",
+    "Greedy, an id the listing showed in {lw_llast:.2f} at the end ({lw_l100:.2f} at step 100; {op_llast:.2f} without "
+    "drills), teacher-forced digits {lw_d1:.2f} / {lw_d2:.2f} / {lw_d3:.2f}; sampled, `guessed` fell to {lw_guessed:.2f} "
+    "(0.72-0.89 in every earlier pilot) and `right_order` rose to {lw_order:.2f}, but `right_tool` is {lw_tool:.2f}, a "
+    "coin",
+    "success is {lw_success:.3f} ({lw_wins} of {lw_episodes}), still below the imitation ceiling's {imitate:.3f}; "
+    "{lw_s:.0f} s of training on the loaded cores, {lw_drill_s:.0f} s of it drills",
     "the second digit follows the first in {d15_d2:.2f} at the end, the third the first two in {d15_d3:.2f} "
     "({fp_d2:.2f} / {fp_d3:.2f} without drills)",
     "it is a fitting id's in only {d15_d1:.2f} ({fp_d1:.2f} without drills; its weight was 1 here), so the greedy id is "
