@@ -22,7 +22,9 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
   or intent is in them, so they teach the copy and nothing of which order to choose;
 - ``--drill-phase``: that many steps of copy drills alone first (the listing and the copies, no prompt, its own
   warm-up and decay; the record's ``drill_phase`` holds, every ``--probe`` steps, its batch's loss and the share of
-  trained digits that were the argmax), then a fresh optimizer and the pilot's steps; ``--drill-lr``, the phase's peak rate;
+  trained digits that were the argmax), then a fresh optimizer and the pilot's steps; ``--drill-lr``, the phase's
+  peak rate (at 1e-3, or warmed up over 150 steps, the drills were learned by step 150-250; reaching 3e-3 by
+  step 40, not in 400 steps);
 - ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``, ``--layers`` and ``--kv-heads`` (the
   preset's layer count and key-value heads overridden, as ``spec.model.numLayers`` / ``numKeyValueHeads`` do).
 
@@ -37,6 +39,8 @@ generated from them by ``bench/doc_numbers.py``). The record is written at every
 the pilot ends: a pilot stopped early (the cores are shared) keeps its probes.
 
     nice -n 10 .venv/bin/python bench/cs_warmstart_pilots.py --name base
+    nice -n 10 .venv/bin/python bench/cs_warmstart_pilots.py --name drills300lr1e-3-copy30-dw5-ow15-act30 \
+        --drill-phase 300 --drill-lr 1e-3 --copy-frac 0.3 --digit-weight 5 --order-weight 15 --action-frac 0.3
 """
 
 import argparse

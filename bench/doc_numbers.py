@@ -280,7 +280,16 @@ def low_rate_values(folder: Path) -> dict[str, Any]:
         "tool_n": len(tools), "tool_nc": len(chance), "tool_ng": len(good), "tool_clo": min(chance),
         "tool_chi": max(chance), "tool_glo": min(good), "tool_ghi": max(good),
         "best_listed": best["curve"][-1]["order_listed"], "best_success": best["success"],
+        **{f"s1_{k[3:]}": v for k, v in _low_rate_seed(folder / f"{LOW_RATE_DRILLS}-s1.json").items()},
     }
+
+
+def _low_rate_seed(path: Path) -> dict[str, Any]:
+    r = _load(path)
+    c, last = {p["step"]: p for p in r["curve"]}, r["curve"][-1]
+    return {"lw_llast": last["order_listed"], "lw_l100": c[100]["order_listed"], "lw_guessed": r["behaviour"]["guessed"],
+            "lw_tool": r["behaviour"]["right_tool"], "lw_success": r["success"],
+            "lw_wins": round(r["success"] * r["eval_episodes"]), "lw_episodes": r["eval_episodes"]}
 
 
 def long_drill_values(r: Mapping[str, Any], short: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
@@ -351,6 +360,8 @@ TASKS_QUOTES = (
     "learned by step 150 ({d15_c150:.2f} of their trained digits; the 400-step phase had {d4_c100:.2f} at step 100)",
     "; {d15_drill_s:.0f} s of drills)",
     "and stayed at {d15_lo:.2f}-{d15_hi:.2f} to the end",
+    "the same recipe listed {s1_llast:.2f} at the end ({s1_l100:.2f} at step 100), `guessed` {s1_guessed:.2f}, "
+    "`right_tool` {s1_tool:.2f}, success {s1_success:.3f} ({s1_wins} of {s1_episodes})",
     "(`right_tool` {tool_clo:.2f}-{tool_chi:.2f} in {tool_nc} of the {tool_n} evaluated, {tool_glo:.2f}-{tool_ghi:.2f} "
     "in the other {tool_ng})",
     "greedy listed >= 0.9, few guesses, sampled success near the ceiling): the best is at {best_listed:.2f} with "
