@@ -25,6 +25,7 @@ warm-start schedule of ``trainer/driver/hosts/warm_start.py``), with the levers 
   trained digits that were the argmax), then a fresh optimizer and the pilot's steps; ``--drill-lr``, the phase's
   peak rate (at 1e-3, or warmed up over 150 steps, the drills were learned by step 150-250; reaching 3e-3 by
   step 40, not in 400 steps);
+- ``--tool-weight``: the loss weight of the action's tool name (``cancel``/``refund``: the request's intent);
 - ``--lr`` (the schedule's peak), ``--steps``, ``--batch``, ``--preset``, ``--layers`` and ``--kv-heads`` (the
   preset's layer count and key-value heads overridden, as ``spec.model.numLayers`` / ``numKeyValueHeads`` do).
 
@@ -208,6 +209,7 @@ def main() -> None:
     p.add_argument("--drill-phase", type=int, default=0, help="steps of copy drills alone (the listing and the "
                    "copies, no prompt) before the pilot's steps")
     p.add_argument("--drill-lr", type=float, default=None, help="the drill phase's peak (default: --lr)")
+    p.add_argument("--tool-weight", type=float, default=None, help="weight of the action's tool name token")
     p.add_argument("--eval", type=int, default=64)
     p.add_argument("--probe", type=int, default=50, help="teacher-forced copy accuracy every this many steps")
     p.add_argument("--threads", type=int, default=1)
@@ -224,6 +226,8 @@ def main() -> None:
     first_w = order_w if a.first_digit_weight is None else a.first_digit_weight
     digit = torch.zeros(T.vocab_size, dtype=torch.bool)
     digit[list(DIGITS)] = True
+    tools = torch.zeros(T.vocab_size, dtype=torch.bool)
+    tools[[t for name in ("cancel", "refund") for t in T.encode(name)]] = True
     curve: list[dict[str, float]] = []
     t0, losses, started = time.perf_counter(), [], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     phase: list[dict[str, float]] = []
@@ -264,6 +268,8 @@ def main() -> None:
         first = digit[target] & ~digit[b.tokens[:, :-1]]  # an id's first digit (the token before it is not one)
         order = torch.where(first, first_w, order_w)
         w = mask * torch.where(digit[target], torch.where(turn >= 2, order, a.digit_weight), 1.0)
+        if a.tool_weight is not None:  # the action's tool (the request's intent, copied)
+            w = torch.where(tools[target] & (turn >= 2) & b.loss_mask[:, 1:], a.tool_weight, w)
         loss = (nll * w).sum() / w.sum()
         opt.zero_grad()
         loss.backward()

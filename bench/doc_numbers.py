@@ -149,7 +149,7 @@ def warmstart_table(folder: Path) -> str:
     (teacher-forced) and the first digit's own weight are shown from the pilots that have them on."""
     records = sorted((_load(p) for p in folder.glob("*.json")), key=lambda r: (r["started"], r["name"]))
     lines = ["| pilot | model | peak lr | copy demos | action demos | curriculum | digit weight (user / order "
-             "(first digit)) | steps x batch | copy (teacher-forced) at step 50 / 100 / last | order id listed (greedy) "
+             "(first digit); the action's tool) | steps x batch | copy (teacher-forced) at step 50 / 100 / last | order id listed (greedy) "
              "at 100 / last | order digit 1 / 2 / 3 (teacher-forced) at last | loss (last 50 steps) "
              "| sampled: looked up | copied user | guessed | success | train s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -175,6 +175,7 @@ def warmstart_table(folder: Path) -> str:
         dw = a["digit_weight"]
         ow = a.get("order_weight") or dw
         fw = f" ({a['first_digit_weight']:g})" if a.get("first_digit_weight") is not None else ""
+        fw += f"; tool {a['tool_weight']:g}" if a.get("tool_weight") is not None else ""
         model = (a["preset"] + (f", {a['layers']} layers" if a.get("layers") else "")
                  + (f", {a['kv_heads']} kv heads" if a.get("kv_heads") else ""))
         acts = f"{a.get('action_frac', 0.0):.1f}" + (f" (drills of {a['drill']})" if a.get("drill") else "")
@@ -281,7 +282,15 @@ def low_rate_values(folder: Path) -> dict[str, Any]:
         "tool_chi": max(chance), "tool_glo": min(good), "tool_ghi": max(good),
         "best_listed": best["curve"][-1]["order_listed"], "best_success": best["success"],
         **{f"s1_{k[3:]}": v for k, v in _low_rate_seed(folder / f"{LOW_RATE_DRILLS}-s1.json").items()},
+        **_tool_weighted(_load(folder / "drills300lr1e-3-copy30-dw5-ow15-tw15-act30.json")),
     }
+
+
+def _tool_weighted(r: Mapping[str, Any]) -> dict[str, Any]:
+    b = r["behaviour"]
+    return {"tw_success": r["success"], "tw_wins": round(r["success"] * r["eval_episodes"]),
+            "tw_episodes": r["eval_episodes"], "tw_tool": b["right_tool"], "tw_order": b["right_order"],
+            "tw_guessed": b["guessed"], "tw_llast": r["curve"][-1]["order_listed"], "tw_s": r["train_seconds"]}
 
 
 def _low_rate_seed(path: Path) -> dict[str, Any]:
@@ -360,12 +369,11 @@ TASKS_QUOTES = (
     "learned by step 150 ({d15_c150:.2f} of their trained digits; the 400-step phase had {d4_c100:.2f} at step 100)",
     "; {d15_drill_s:.0f} s of drills)",
     "and stayed at {d15_lo:.2f}-{d15_hi:.2f} to the end",
+    "success {tw_success:.3f} ({tw_wins} of {tw_episodes}), near the imitation ceiling's {imitate:.3f}**: `right_tool` "
+    "{tw_tool:.2f}, `right_order` {tw_order:.2f}, `guessed` {tw_guessed:.2f}, greedy listed {tw_llast:.2f}; "
+    "{tw_s:.0f} s of training",
     "the same recipe listed {s1_llast:.2f} at the end ({s1_l100:.2f} at step 100), `guessed` {s1_guessed:.2f}, "
     "`right_tool` {s1_tool:.2f}, success {s1_success:.3f} ({s1_wins} of {s1_episodes})",
-    "(`right_tool` {tool_clo:.2f}-{tool_chi:.2f} in {tool_nc} of the {tool_n} evaluated, {tool_glo:.2f}-{tool_ghi:.2f} "
-    "in the other {tool_ng})",
-    "greedy listed >= 0.9, few guesses, sampled success near the ceiling): the best is at {best_listed:.2f} with "
-    "success {best_success:.3f}",
     "Greedy, an id the listing showed in {lw_llast:.2f} at the end ({lw_l100:.2f} at step 100; {op_llast:.2f} without "
     "drills), teacher-forced digits {lw_d1:.2f} / {lw_d2:.2f} / {lw_d3:.2f}; sampled, `guessed` fell to {lw_guessed:.2f} "
     "(0.72-0.89 in every earlier pilot) and `right_order` rose to {lw_order:.2f}, but `right_tool` is {lw_tool:.2f}, a "
