@@ -283,6 +283,8 @@ def low_rate_values(folder: Path) -> dict[str, Any]:
         "best_listed": best["curve"][-1]["order_listed"], "best_success": best["success"],
         **{f"s1_{k[3:]}": v for k, v in _low_rate_seed(folder / f"{LOW_RATE_DRILLS}-s1.json").items()},
         **_tool_weighted(_load(folder / "drills300lr1e-3-copy30-dw5-ow15-tw15-act30.json")),
+        **{f"tw1_{k[3:]}": v for k, v in _tool_weighted(
+            _load(folder / "drills300lr1e-3-copy30-dw5-ow15-tw15-act30-s1.json")).items()},
     }
 
 
@@ -369,9 +371,11 @@ TASKS_QUOTES = (
     "learned by step 150 ({d15_c150:.2f} of their trained digits; the 400-step phase had {d4_c100:.2f} at step 100)",
     "; {d15_drill_s:.0f} s of drills)",
     "and stayed at {d15_lo:.2f}-{d15_hi:.2f} to the end",
-    "success {tw_success:.3f} ({tw_wins} of {tw_episodes}), near the imitation ceiling's {imitate:.3f}**: `right_tool` "
+    "success {tw_success:.3f} ({tw_wins} of {tw_episodes}), against the imitation ceiling's {imitate:.3f}**: `right_tool` "
     "{tw_tool:.2f}, `right_order` {tw_order:.2f}, `guessed` {tw_guessed:.2f}, greedy listed {tw_llast:.2f}; "
     "{tw_s:.0f} s of training",
+    "With another seed (`-s1`): success {tw1_success:.3f} ({tw1_wins} of {tw1_episodes}), `right_tool` {tw1_tool:.2f}, "
+    "`guessed` {tw1_guessed:.2f}, greedy listed {tw1_llast:.2f}",
     "the same recipe listed {s1_llast:.2f} at the end ({s1_l100:.2f} at step 100), `guessed` {s1_guessed:.2f}, "
     "`right_tool` {s1_tool:.2f}, success {s1_success:.3f} ({s1_wins} of {s1_episodes})",
     "Greedy, an id the listing showed in {lw_llast:.2f} at the end ({lw_l100:.2f} at step 100; {op_llast:.2f} without "
