@@ -181,7 +181,8 @@ def warmstart_table(folder: Path) -> str:
         acts = f"{a.get('action_frac', 0.0):.1f}" + (f" (drills of {a['drill']})" if a.get("drill") else "")
         drills = r.get("drill_phase") or []
         drills = drills[-1] if isinstance(drills, list) and drills else drills  # a list of probes, or the last one
-        curriculum = f"{a['curriculum']:.2f}" + (f"; {a['drill_phase']} drill steps first (copied "
+        drill_at = f" at a {a['drill_lr']:g} peak" if a.get("drill_lr") else ""
+        curriculum = f"{a['curriculum']:.2f}" + (f"; {a['drill_phase']} drill steps{drill_at} first (copied "
                                                   f"{drills['copied']:.2f} at their end)" if drills else "")
         lines.append(f"| `{r['name']}` | {model} | {a['lr']:g} | {a['copy_frac']:.1f} | {acts} "
                      f"| {curriculum} | {dw:g} / {ow:g}{fw} | {steps} | {tf} | {order} | {digits} "
