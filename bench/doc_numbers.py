@@ -77,6 +77,10 @@ NOT_FROM_RECORDS: dict[str, tuple[str, ...]] = {
         "at 150, 0.67, too few",
         "382 s (202 s of CPU), after 297 s",  # the test's cost before and after, side by side (pytest's times)
         "6.36 s before, 2.40 s after",  # bench/cs_warmstart_test_cost.py (prints, writes no record)
+        "its first 20 steps took 277 s",  # the small-llama pilot, stopped at step 20 (before its first probe: no record)
+        "tiny-llama took 1.1-2.7 s at 2 layers, 2.0 s at 4",  # the pilots' logged step-20 times (not in the records)
+        "has a binomial chance of 0.018",  # computed from two records' counts (1 and 4 of 64)
+        "(about 0.1 at the start)",  # the drills' argmax share at their first steps (a smoke run; chance is 0.1)
     ),
     "agents.md": (
         "under cProfile 3.08 -> 1.10 ms",  # one round each against the first HTTP stack (not in the record)
@@ -141,25 +145,48 @@ def tasks_values(data: Path) -> dict[str, Any]:
 
 def warmstart_table(folder: Path) -> str:
     """The warm-start pilots (``bench/cs_warmstart_pilots.py``, one record each), in the order they started; a pilot
-    stopped early (``stopped``) shows its last probe and no sampled evaluation."""
+    stopped early (``stopped``) shows its last probe and no sampled evaluation. The order id's digit-by-digit probe
+    (teacher-forced) and the first digit's own weight are shown from the pilots that have them on."""
     records = sorted((_load(p) for p in folder.glob("*.json")), key=lambda r: (r["started"], r["name"]))
-    lines = ["| pilot | copy demos | action demos | curriculum | digit weight (user / order) | steps x batch | copy "
-             "(teacher-forced) at step 50 / 100 / last | order id listed (greedy) at 100 / last | loss (last 50 steps) "
+    lines = ["| pilot | model | peak lr | copy demos | action demos | curriculum | digit weight (user / order "
+             "(first digit); the action's tool) | steps x batch | copy (teacher-forced) at step 50 / 100 / last | order id listed (greedy) "
+             "at 100 / last | order digit 1 / 2 / 3 (teacher-forced) at last | loss (last 50 steps) "
              "| sampled: looked up | copied user | guessed | success | train s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        a, by, last = r["args"], {c["step"]: c for c in r["curve"]}, r["curve"][-1]
+        a = r["args"]
+        if not r["curve"]:  # stopped in its drill phase: no probe of the task yet
+            d = r["drill_phase"][-1]
+            lines.append(f"| `{r['name']}` | {a['preset']} | {a['lr']:g} | - | - | {a['drill_phase']} drill steps first "
+                         f"(copied {d['copied']:.2f} at step {d['step']}) | - | 0 of {a['steps']} x {a['batch']} "
+                         "(stopped in the drills) |" + " - |" * 9)
+            continue
+        by, last = {c["step"]: c for c in r["curve"]}, r["curve"][-1]
         tf = " / ".join(f"{by[k]['copy_tf']:.2f}" if k in by else "-" for k in (50, 100)) + f" / {last['copy_tf']:.2f}"
-        order = (f"{by[100]['order_listed']:.2f} / {last['order_listed']:.2f}" if "order_listed" in last
-                 else "- / -")  # probed from the order-weight pilots on
-        steps = f"{a['steps']} x {a['batch']}" if "stopped" not in r else f"{last['step']} of {a['steps']} x {a['batch']} (stopped)"
+        order = ((f"{by[100]['order_listed']:.2f}" if 100 in by else "-") + f" / {last['order_listed']:.2f}"
+                 if "order_listed" in last else "- / -")  # probed from the order-weight pilots on
+        digits = (" / ".join(f"{last[f'digit{k}_tf']:.2f}" for k in (1, 2, 3)) if "digit1_tf" in last
+                  else "- / - / -")  # probed from the first-digit-weight pilots on
+        steps = (f"{a['steps']} x {a['batch']}" if "stopped" not in r
+                 else f"{last['step']} of {a['steps']} x {a['batch']} (stopped)")
         b = r["behaviour"]
         sampled = (f"{b['looked_up']:.2f} | **{b['copied_user']:.2f}** | {b['guessed']:.2f} | {r['success']:.3f} | "
                    f"{r['train_seconds']:.0f}") if b else "- | - | - | - | -"
         dw = a["digit_weight"]
         ow = a.get("order_weight") or dw
-        lines.append(f"| `{r['name']}` | {a['copy_frac']:.1f} | {a.get('action_frac', 0.0):.1f} | {a['curriculum']:.2f} | "
-                     f"{dw:g} / {ow:g} | {steps} | {tf} | {order} | {last['loss']:.3f} | {sampled} |")
+        fw = f" ({a['first_digit_weight']:g})" if a.get("first_digit_weight") is not None else ""
+        fw += f"; tool {a['tool_weight']:g}" if a.get("tool_weight") is not None else ""
+        model = (a["preset"] + (f", {a['layers']} layers" if a.get("layers") else "")
+                 + (f", {a['kv_heads']} kv heads" if a.get("kv_heads") else ""))
+        acts = f"{a.get('action_frac', 0.0):.1f}" + (f" (drills of {a['drill']})" if a.get("drill") else "")
+        drills = r.get("drill_phase") or []
+        drills = drills[-1] if isinstance(drills, list) and drills else drills  # a list of probes, or the last one
+        drill_at = f" at a {a['drill_lr']:g} peak" if a.get("drill_lr") else ""
+        curriculum = f"{a['curriculum']:.2f}" + (f"; {a['drill_phase']} drill steps{drill_at} first (copied "
+                                                  f"{drills['copied']:.2f} at their end)" if drills else "")
+        lines.append(f"| `{r['name']}` | {model} | {a['lr']:g} | {a['copy_frac']:.1f} | {acts} "
+                     f"| {curriculum} | {dw:g} / {ow:g}{fw} | {steps} | {tf} | {order} | {digits} "
+                     f"| {last['loss']:.3f} | {sampled} |")
     return "\n".join(lines)
 
 
@@ -175,6 +202,7 @@ def warmstart_values(folder: Path) -> dict[str, Any]:
         "ws_minutes": r["train_seconds"] / 60, "ws_tf50": rc[50]["copy_tf"], "ws_tf100": rc[100]["copy_tf"],
         "co_tf100": cc[100]["copy_tf"], "co_tf150": cc[150]["copy_tf"], "co_loss150": cc[150]["loss"],
         **order_pilot_values(folder),
+        **later_pilot_values(folder),
     }
 
 
@@ -192,6 +220,100 @@ def order_pilot_values(folder: Path) -> dict[str, Any]:
         "op7_steps": long["curve"][-1]["step"], "op7_guessed": long["behaviour"]["guessed"],
         "op7_success": long["success"], "op7_wins": round(long["success"] * long["eval_episodes"]),
         "op7_episodes": long["eval_episodes"],
+    }
+
+
+DEEP_PILOT, FIRST_PILOT, LR_PILOT, KV_PILOT, FIRST_LONG, DRILL_PILOT = (  # the order id's later levers
+    "tiny4l-copy30-dw5-ow15-act30", "copy30-dw5-ow15-fw1-act30", "copy30-dw5-ow15-fw1-act30-lr6e-3",
+    "copy30-dw5-ow15-fw1-act30-kv4", "copy30-dw5-ow15-fw1-act30-800", "copy30-dw5-ow15-fw1-drill8")
+DRILL_PHASE_PILOT, LONG_DRILLS = "drills400-copy30-dw5-ow15-fw1-act30", "drills1500-copy30-dw5-ow15-fw1-act30"
+
+
+def later_pilot_values(folder: Path) -> dict[str, Any]:
+    """The later order-id pilots' figures the prose quotes: depth, the first digit weighted apart, the rate, the
+    key-value heads, the long schedule (its last probe if it was stopped)."""
+    deep, first, lr, kv, long = (_load(folder / f"{n}.json") for n in (DEEP_PILOT, FIRST_PILOT, LR_PILOT, KV_PILOT,
+                                                                       FIRST_LONG))
+    dc, fl, lc, kl, ll = ({p["step"]: p for p in deep["curve"]}, first["curve"][-1], lr["curve"][-1], kv["curve"][-1],
+                          long["curve"][-1])
+    drill, d4 = _load(folder / f"{DRILL_PILOT}.json"), _load(folder / f"{DRILL_PHASE_PILOT}.json")
+    d4c, d4l = {p["step"]: p for p in d4["curve"]}, d4["curve"][-1]
+    dd, dl = {p["step"]: p for p in drill["curve"]}, drill["curve"][-1]
+    return {
+        "dr_l250": dd[250]["order_listed"], "dr_llast": dl["order_listed"], "dr_d1": dl["digit1_tf"],
+        "dr_d2": dl["digit2_tf"], "dr_d3": dl["digit3_tf"], "dr_guessed": drill["behaviour"]["guessed"],
+        "dr_success": drill["success"],
+        "d4_copied": d4["drill_phase"][-1]["copied"], "d4_drill_s": d4["drill_phase"][-1]["seconds"],
+        "d4_s": d4["train_seconds"], "d4_tf50": d4c[50]["copy_tf"], "d4_d2": d4l["digit2_tf"],
+        "d4_d3": d4l["digit3_tf"], "d4_llast": d4l["order_listed"], "d4_guessed": d4["behaviour"]["guessed"],
+        "d4_success": d4["success"],
+        **low_rate_values(folder),
+        **long_drill_values(_load(folder / f"{LONG_DRILLS}.json"), {p["step"]: p for p in d4["drill_phase"]}),
+        "dp_l100": dc[100]["order_listed"], "dp_llast": deep["curve"][-1]["order_listed"],
+        "dp_guessed": deep["behaviour"]["guessed"], "dp_success": deep["success"],
+        "dp_minutes": deep["train_seconds"] / 60,
+        "fp_d1": fl["digit1_tf"], "fp_d2": fl["digit2_tf"], "fp_d3": fl["digit3_tf"], "fp_llast": fl["order_listed"],
+        "fp_guessed": first["behaviour"]["guessed"], "fp_success": first["success"],
+        "lr_step": lc["step"], "lr_copy": lc["copy_tf"], "lr_loss": lc["loss"],
+        "kv_llast": kl["order_listed"], "kv_d1": kl["digit1_tf"], "kv_d2": kl["digit2_tf"], "kv_d3": kl["digit3_tf"],
+        "kv_guessed": kv["behaviour"]["guessed"], "kv_success": kv["success"],
+        "kv_wins": round(kv["success"] * kv["eval_episodes"]), "kv_episodes": kv["eval_episodes"],
+        "fl_step": ll["step"], "fl_l": ll["order_listed"],
+    }
+
+
+LOW_RATE_DRILLS = "drills300lr1e-3-copy30-dw5-ow15-act30"  # the pilot that copies the order's id
+
+
+def low_rate_values(folder: Path) -> dict[str, Any]:
+    """The low-rate drill pilot's figures, the best greedy copy, and ``right_tool`` across the evaluated pilots."""
+    r = _load(folder / f"{LOW_RATE_DRILLS}.json")
+    c, last = {p["step"]: p for p in r["curve"]}, r["curve"][-1]
+    evaluated = [x for x in (_load(p) for p in folder.glob("*.json")) if x.get("behaviour")]
+    tools = [x["behaviour"]["right_tool"] for x in evaluated]
+    chance, good = [t for t in tools if t < 0.7], [t for t in tools if t >= 0.7]
+    best = max(evaluated, key=lambda x: x["curve"][-1].get("order_listed", 0.0))
+    return {
+        "lw_llast": last["order_listed"], "lw_l100": c[100]["order_listed"], "lw_d1": last["digit1_tf"],
+        "lw_d2": last["digit2_tf"], "lw_d3": last["digit3_tf"], "lw_guessed": r["behaviour"]["guessed"],
+        "lw_order": r["behaviour"]["right_order"], "lw_tool": r["behaviour"]["right_tool"], "lw_success": r["success"],
+        "lw_wins": round(r["success"] * r["eval_episodes"]), "lw_episodes": r["eval_episodes"],
+        "lw_s": r["train_seconds"], "lw_drill_s": r["drill_phase"][-1]["seconds"],
+        "tool_n": len(tools), "tool_nc": len(chance), "tool_ng": len(good), "tool_clo": min(chance),
+        "tool_chi": max(chance), "tool_glo": min(good), "tool_ghi": max(good),
+        "best_listed": best["curve"][-1]["order_listed"], "best_success": best["success"],
+        **{f"s1_{k[3:]}": v for k, v in _low_rate_seed(folder / f"{LOW_RATE_DRILLS}-s1.json").items()},
+        **_tool_weighted(_load(folder / "drills300lr1e-3-copy30-dw5-ow15-tw15-act30.json")),
+        **{f"tw1_{k[3:]}": v for k, v in _tool_weighted(
+            _load(folder / "drills300lr1e-3-copy30-dw5-ow15-tw15-act30-s1.json")).items()},
+    }
+
+
+def _tool_weighted(r: Mapping[str, Any]) -> dict[str, Any]:
+    b = r["behaviour"]
+    return {"tw_success": r["success"], "tw_wins": round(r["success"] * r["eval_episodes"]),
+            "tw_episodes": r["eval_episodes"], "tw_tool": b["right_tool"], "tw_order": b["right_order"],
+            "tw_guessed": b["guessed"], "tw_llast": r["curve"][-1]["order_listed"], "tw_s": r["train_seconds"]}
+
+
+def _low_rate_seed(path: Path) -> dict[str, Any]:
+    r = _load(path)
+    c, last = {p["step"]: p for p in r["curve"]}, r["curve"][-1]
+    return {"lw_llast": last["order_listed"], "lw_l100": c[100]["order_listed"], "lw_guessed": r["behaviour"]["guessed"],
+            "lw_tool": r["behaviour"]["right_tool"], "lw_success": r["success"],
+            "lw_wins": round(r["success"] * r["eval_episodes"]), "lw_episodes": r["eval_episodes"]}
+
+
+def long_drill_values(r: Mapping[str, Any], short: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """The long drill phase's pilot: its drills' probes (and the short phase's at step 100), the task's at the end."""
+    drills, last = {p["step"]: p for p in r["drill_phase"]}, r["curve"][-1]
+    return {
+        "d15_c150": drills[150]["copied"], "d4_c100": short[100]["copied"], "d15_drill_s": r["drill_phase"][-1]["seconds"],
+        "d15_lo": min(p["copied"] for p in r["drill_phase"] if p["step"] >= 150),
+        "d15_hi": max(p["copied"] for p in r["drill_phase"] if p["step"] >= 150),
+        "d15_d1": last["digit1_tf"], "d15_d2": last["digit2_tf"], "d15_d3": last["digit3_tf"],
+        "d15_llast": last["order_listed"], "d15_guessed": r["behaviour"]["guessed"], "d15_success": r["success"],
+        "d15_wins": round(r["success"] * r["eval_episodes"]), "d15_episodes": r["eval_episodes"],
     }
 
 
@@ -232,6 +354,44 @@ TASKS_QUOTES = (
     "it rose to {op7_peak:.2f} (step {op7_peak_step}) and ended at {op7_llast:.2f} (step {op7_steps}); sampled, "
     "`guessed` {op7_guessed:.2f} and success {op7_success:.3f} ({op7_wins} of {op7_episodes})",
     "(its change from version 0: {v1_sft_gain:+.3f}, p = {v1_sft_gain_p:.2f})",
+    "the order id listed (greedy) in {dp_l100:.2f} at step 100 and {dp_llast:.2f} at the end of 400",
+    "sampled, `guessed` {dp_guessed:.2f} and success {dp_success:.3f} ({dp_minutes:.0f} min of training)",
+    "the first digit is a fitting id's in {fp_d1:.2f}; the second follows the chosen id in {fp_d2:.2f}, the third in "
+    "{fp_d3:.2f}",
+    "the order id listed in {fp_llast:.2f} at the end ({op_llast:.2f} with the first digit at 15); sampled unchanged, "
+    "`guessed` {fp_guessed:.2f} and success {fp_success:.3f}",
+    "user copy {lr_copy:.2f} teacher-forced at step {lr_step}, loss {lr_loss:.3f}",
+    "at step {fl_step} it listed {fl_l:.2f}, as the 400-step pilot did at step 100",
+    "listed {dr_l250:.2f} at step 250 and {dr_llast:.2f} at 400, digits {dr_d1:.2f} / {dr_d2:.2f} / {dr_d3:.2f}; sampled "
+    "`guessed` {dr_guessed:.2f} and success {dr_success:.3f}. Eight times",
+    "the drills reached {d4_copied:.2f} of their trained digits by their end",
+    "(teacher-forced {d4_tf50:.2f} at step 50; 0.00-0.08 in the pilots with neither a copy curriculum nor drills) and the third digit followed the first two in "
+    "{d4_d3:.2f} ({fp_d3:.2f} without), but the second still followed the first in only {d4_d2:.2f}; listed "
+    "{d4_llast:.2f} at the end, sampled `guessed` {d4_guessed:.2f} and success {d4_success:.3f}",
+    "the drills cost {d4_drill_s:.0f} s of the pilot's {d4_s:.0f}",
+    "learned by step 150 ({d15_c150:.2f} of their trained digits; the 400-step phase had {d4_c100:.2f} at step 100)",
+    "; {d15_drill_s:.0f} s of drills)",
+    "and stayed at {d15_lo:.2f}-{d15_hi:.2f} to the end",
+    "success {tw_success:.3f} ({tw_wins} of {tw_episodes}), against the imitation ceiling's {imitate:.3f}**: `right_tool` "
+    "{tw_tool:.2f}, `right_order` {tw_order:.2f}, `guessed` {tw_guessed:.2f}, greedy listed {tw_llast:.2f}; "
+    "{tw_s:.0f} s of training",
+    "With another seed (`-s1`): success {tw1_success:.3f} ({tw1_wins} of {tw1_episodes}), `right_tool` {tw1_tool:.2f}, "
+    "`guessed` {tw1_guessed:.2f}, greedy listed {tw1_llast:.2f}",
+    "the same recipe listed {s1_llast:.2f} at the end ({s1_l100:.2f} at step 100), `guessed` {s1_guessed:.2f}, "
+    "`right_tool` {s1_tool:.2f}, success {s1_success:.3f} ({s1_wins} of {s1_episodes})",
+    "Greedy, an id the listing showed in {lw_llast:.2f} at the end ({lw_l100:.2f} at step 100; {op_llast:.2f} without "
+    "drills), teacher-forced digits {lw_d1:.2f} / {lw_d2:.2f} / {lw_d3:.2f}; sampled, `guessed` fell to {lw_guessed:.2f} "
+    "(0.72-0.89 in every earlier pilot) and `right_order` rose to {lw_order:.2f}, but `right_tool` is {lw_tool:.2f}, a "
+    "coin",
+    "success is {lw_success:.3f} ({lw_wins} of {lw_episodes}), still below the imitation ceiling's {imitate:.3f}; "
+    "{lw_s:.0f} s of training on the loaded cores, {lw_drill_s:.0f} s of it drills",
+    "the second digit follows the first in {d15_d2:.2f} at the end, the third the first two in {d15_d3:.2f} "
+    "({fp_d2:.2f} / {fp_d3:.2f} without drills)",
+    "it is a fitting id's in only {d15_d1:.2f} ({fp_d1:.2f} without drills; its weight was 1 here), so the greedy id is "
+    "listed in {d15_llast:.2f} and sampled `guessed` is {d15_guessed:.2f}, success {d15_success:.3f} ({d15_wins} of "
+    "{d15_episodes})",
+    "`--kv-heads 4`): listed {kv_llast:.2f}, digits {kv_d1:.2f} / {kv_d2:.2f} / {kv_d3:.2f}; sampled `guessed` "
+    "{kv_guessed:.2f} and success {kv_success:.3f} ({kv_wins} of {kv_episodes})",
 )
 
 
