@@ -41,12 +41,9 @@ Nothing outside this module branches on the device kind; callers ask :func:`init
 optimizers import this module, never the other way round.
 """
 
-import atexit
 import contextlib
 import dataclasses
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -173,11 +170,9 @@ def _init_process_group(backend: str, layout: Layout) -> None:
     if "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend, init_method="env://")
         return
-    # A file rendezvous in a fresh folder: no port to collide with the other processes on the host. The
-    # group's store keeps using the file, so the folder goes when the process exits (not before).
-    folder = tempfile.mkdtemp(prefix="asyncrl-pg-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    dist.init_process_group(backend, init_method=f"file://{os.path.join(folder, 'rendezvous')}", world_size=1, rank=0)
+    # A group of one rendezvous in the process's own memory: no port to collide with the other processes on
+    # the host, and no file left behind by a process that is killed (a file rendezvous left a folder each).
+    dist.init_process_group(backend, store=dist.HashStore(), world_size=1, rank=0)
 
 
 def wrap_ddp(model: Any, *, distributed_optimizer: bool = False) -> Any:
