@@ -58,6 +58,7 @@ def test_one_char_weights_sample_one_token_and_never_the_end_of_turn() -> None:
     assert float(p[..., fill].min()) == 1.0
 
 
+@pytest.mark.slow  # 12-15 s alone: a worker, its endpoint and the real openai client in a bench run (make test's budget)
 def test_smoke_run_writes_the_record_and_both_paths_sample_the_same_tokens(tmp_path: Path) -> None:
     out = tmp_path / "agent_endpoint.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--smoke", "--out", str(out)], cwd=ROOT, capture_output=True,

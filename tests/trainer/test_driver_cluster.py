@@ -182,6 +182,7 @@ def _server_job(apiserver: Any, namespace: str, manifest: dict[str, Any]) -> Any
     return jobs
 
 
+@pytest.mark.slow  # 13-15 s alone: a whole driver run of the job (make test's budget)
 def test_local_driver_run_reports_status_to_the_api(tmp_path: Path, apiserver: Any) -> None:
     """The driver as the pod runs it: its own process (exit code), status to the real API server via KUBECONFIG."""
     import os
@@ -210,6 +211,7 @@ def test_local_driver_run_reports_status_to_the_api(tmp_path: Path, apiserver: A
     assert json.loads((tmp_path / "volume" / "runs" / "tiny" / "summary.json").read_text())["steps_done"] == 2
 
 
+@pytest.mark.slow  # 13-15 s alone: a whole driver run of the job (make test's budget)
 def test_sigterm_unwinds_with_a_final_report(tmp_path: Path, apiserver: Any) -> None:
     """Kubernetes stops the driver pod with SIGTERM: a final checkpoint, the final report, exit 0."""
     import os

@@ -33,6 +33,7 @@ def _verdicts(stdout: str) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow  # 13 s alone: every stage's process imports torch, megatron and transformers (make test's budget)
 def test_smoke_mode_passes_every_stage_and_writes_the_report(tmp_path: Path) -> None:
     proc = subprocess.run(
         ["bash", str(SCRIPT), "--", "--device", "cpu", "--tiny", "--dtypes", "float32,bfloat16"],
