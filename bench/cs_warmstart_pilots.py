@@ -249,10 +249,8 @@ def main() -> None:
             phase.append({"step": step + 1, "loss": float(loss.detach()), "copied": float(hit),
                           "seconds": time.perf_counter() - t0})
             print(json.dumps({"drill_phase": phase[-1]}), flush=True)
-            _write(a.name, {"name": a.name, "started": started, "args": vars(a), "train_seconds": None,
-                            "stopped": f"stopped at drill step {step + 1} of {a.drill_phase}, before the pilot's "
-                                       "steps (its drill probes kept)", "eval_episodes": 0, "success": None,
-                            "behaviour": None, "curve": [], "drill_phase": phase, "transcripts": []})
+            _write_partial(a, started, f"stopped at drill step {step + 1} of {a.drill_phase}, before the pilot's "
+                           "steps (its drill probes kept)", curve, phase)
     if a.drill_phase:
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.0)  # a fresh start
     for step in range(a.steps):
@@ -284,10 +282,8 @@ def main() -> None:
                      "seconds": time.perf_counter() - t0}
             curve.append(point)
             print(json.dumps(point), flush=True)
-            _write(a.name, {"name": a.name, "started": started, "args": vars(a), "train_seconds": None,
-                            "stopped": f"stopped at step {step + 1} of {a.steps} (its probes kept; no sampled "
-                                       "evaluation)", "eval_episodes": 0, "success": None, "behaviour": None,
-                            "curve": curve, "drill_phase": phase, "transcripts": []})
+            _write_partial(a, started, f"stopped at step {step + 1} of {a.steps} (its probes kept; no sampled "
+                           "evaluation)", curve, phase)
     train_s = time.perf_counter() - t0
     engine = HFEngine(arch, dtype="float32", seed=0, pad_id=T.pad_id)
     engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()}, version=0)
@@ -304,6 +300,15 @@ def main() -> None:
     }
     print(json.dumps({k: record[k] for k in ("name", "train_seconds", "success", "behaviour")}), flush=True)
     _write(a.name, record)
+
+
+def _write_partial(a: argparse.Namespace, started: str, stopped: str, curve: list[dict[str, float]],
+                   phase: list[dict[str, float]]) -> None:
+    """The record of a pilot still running, as a stopped one: its probes so far, no sampled evaluation (the final
+    record replaces it)."""
+    _write(a.name, {"name": a.name, "started": started, "args": vars(a), "train_seconds": None, "stopped": stopped,
+                    "eval_episodes": 0, "success": None, "behaviour": None, "curve": curve, "drill_phase": phase,
+                    "transcripts": []})
 
 
 def _write(name: str, record: dict[str, Any]) -> None:

@@ -179,8 +179,7 @@ def warmstart_table(folder: Path) -> str:
         model = (a["preset"] + (f", {a['layers']} layers" if a.get("layers") else "")
                  + (f", {a['kv_heads']} kv heads" if a.get("kv_heads") else ""))
         acts = f"{a.get('action_frac', 0.0):.1f}" + (f" (drills of {a['drill']})" if a.get("drill") else "")
-        drills = r.get("drill_phase") or []
-        drills = drills[-1] if isinstance(drills, list) and drills else drills  # a list of probes, or the last one
+        drills = (r.get("drill_phase") or [None])[-1]  # the drill phase's last probe (none without a phase)
         drill_at = f" at a {a['drill_lr']:g} peak" if a.get("drill_lr") else ""
         curriculum = f"{a['curriculum']:.2f}" + (f"; {a['drill_phase']} drill steps{drill_at} first (copied "
                                                   f"{drills['copied']:.2f} at their end)" if drills else "")
@@ -266,22 +265,15 @@ LOW_RATE_DRILLS = "drills300lr1e-3-copy30-dw5-ow15-act30"  # the pilot that copi
 
 
 def low_rate_values(folder: Path) -> dict[str, Any]:
-    """The low-rate drill pilot's figures, the best greedy copy, and ``right_tool`` across the evaluated pilots."""
+    """The low-rate drill pilots' figures (seeds 0 and 1, without and with the tool weighted)."""
     r = _load(folder / f"{LOW_RATE_DRILLS}.json")
     c, last = {p["step"]: p for p in r["curve"]}, r["curve"][-1]
-    evaluated = [x for x in (_load(p) for p in folder.glob("*.json")) if x.get("behaviour")]
-    tools = [x["behaviour"]["right_tool"] for x in evaluated]
-    chance, good = [t for t in tools if t < 0.7], [t for t in tools if t >= 0.7]
-    best = max(evaluated, key=lambda x: x["curve"][-1].get("order_listed", 0.0))
     return {
         "lw_llast": last["order_listed"], "lw_l100": c[100]["order_listed"], "lw_d1": last["digit1_tf"],
         "lw_d2": last["digit2_tf"], "lw_d3": last["digit3_tf"], "lw_guessed": r["behaviour"]["guessed"],
         "lw_order": r["behaviour"]["right_order"], "lw_tool": r["behaviour"]["right_tool"], "lw_success": r["success"],
         "lw_wins": round(r["success"] * r["eval_episodes"]), "lw_episodes": r["eval_episodes"],
         "lw_s": r["train_seconds"], "lw_drill_s": r["drill_phase"][-1]["seconds"],
-        "tool_n": len(tools), "tool_nc": len(chance), "tool_ng": len(good), "tool_clo": min(chance),
-        "tool_chi": max(chance), "tool_glo": min(good), "tool_ghi": max(good),
-        "best_listed": best["curve"][-1]["order_listed"], "best_success": best["success"],
         **{f"s1_{k[3:]}": v for k, v in _low_rate_seed(folder / f"{LOW_RATE_DRILLS}-s1.json").items()},
         **_tool_weighted(_load(folder / "drills300lr1e-3-copy30-dw5-ow15-tw15-act30.json")),
         **{f"tw1_{k[3:]}": v for k, v in _tool_weighted(

@@ -57,6 +57,7 @@ LORA = {"lora": {"rank": 16, "alpha": 32.0, "dropout": 0.0,
 EXACT = h.correction("exact")
 SNAPSHOT = {"strategy": "snapshot"}
 RATES = {"full": (1e-4, 3e-4), "lora": (3e-4, 1e-3, 3e-3)}  # the plan's tuning grid
+MIN_SEEDS = 5  # the plan's least number of paired seeds for a report (it runs 10)
 MARGIN = 0.05  # the plan's equivalence / non-inferiority margin (held-out success)
 LATE = (40, 50, 60)  # S1 and the tuning score: mean success at these versions minus version 0
 BOOT_RESAMPLES, BOOT_SEED = 10_000, 0
@@ -253,6 +254,12 @@ def _run(r: h.Runner, cfg: h.Config, seed: int) -> dict[str, Any]:
     return out
 
 
+def pick_rate(scores: Mapping[float, float]) -> float:
+    """The plan's rule: the rate of the best tuning score, ties (within 0.005) going to the lower rate."""
+    best = max(scores.values())
+    return min(lr for lr, sc in scores.items() if sc >= best - 0.005)
+
+
 def tune(args: argparse.Namespace) -> dict[str, float]:
     """The plan's rate grid on :data:`TUNING_SEEDS`; returns each arm's chosen rate."""
     chosen = {}
@@ -264,8 +271,7 @@ def tune(args: argparse.Namespace) -> dict[str, float]:
                 scores[lr] = statistics.fmean(late_gain(_run(r_full, arm(name, lr), s)) for s in TUNING_SEEDS)
         finally:
             r_full.close()
-        best = max(scores.values())
-        chosen[name] = min(lr for lr, sc in scores.items() if sc >= best - 0.005)  # ties go to the lower rate
+        chosen[name] = pick_rate(scores)
         print(f"{name}: tuning score (mean late gain over seeds {TUNING_SEEDS}) "
               + ", ".join(f"{lr:g}: {sc:+.3f}" for lr, sc in scores.items()) + f" -> {chosen[name]:g}", flush=True)
     return chosen
@@ -283,8 +289,7 @@ def chosen_rates(folder: Path = TUNING) -> dict[str, float]:
                 scores[lr] = statistics.fmean(late_gain(r) for r in runs)
         if len(scores) != len(rates):
             raise SystemExit(f"{folder}: the tuning grid of {name} is incomplete (have {sorted(scores)}); run tune")
-        best = max(scores.values())
-        out[name] = min(lr for lr, sc in scores.items() if sc >= best - 0.005)
+        out[name] = pick_rate(scores)
     return out
 
 
@@ -326,8 +331,8 @@ def pairs(folder: Path = DATA) -> tuple[dict[str, h.Config], list[tuple[int, dic
 def analyse(folder: Path = DATA) -> dict[str, Any]:
     """Every number the report shows, from the records."""
     arms, got = pairs(folder)
-    if len(got) < 2:
-        raise SystemExit(f"{folder}: {len(got)} complete seed(s); the plan needs at least 5 (run confirm)")
+    if len(got) < MIN_SEEDS:
+        raise SystemExit(f"{folder}: {len(got)} complete seed(s); the plan needs at least {MIN_SEEDS} (run confirm)")
     eq = [equal_time(lo, fu) for _, lo, fu in got]
     endpoints = {
         "P": ([e.a for e in eq], [e.b for e in eq]),
